@@ -1,0 +1,28 @@
+# The two commands in the README: `make demo` (the demo sweep) and `make test` (the test suite).
+# Both create the virtual environment on first use; nothing else needs installing by hand.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.parasweep-installed
+
+.PHONY: setup demo test lint clean-runs
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) run.py -m pp.async_depth=0,4,8,16
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean-runs:
+	rm -rf runs/mlflow.db runs/artifacts runs/multirun runs/outputs

@@ -1,0 +1,1 @@
+"""Turning a trial's records and telemetry into summaries, findings, plots and sweep tables."""

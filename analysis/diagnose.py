@@ -1,0 +1,121 @@
+"""Diagnosis rules: each reads the trial's config, the engine's resolved values and the per-point
+results, and returns findings with evidence and a suggestion (ids are stable, see DESIGN.md)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+SEVERITIES = ("info", "warning", "critical")
+
+
+@dataclass
+class Finding:
+    id: str
+    severity: str
+    title: str
+    evidence: str
+    suggestion: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass
+class TrialFacts:
+    """What the rules look at. ``points`` maps a load-point label to its metrics."""
+
+    pp_size: int
+    async_depth: int
+    resolved: Mapping[str, Any]
+    points: Mapping[str, Mapping[str, float]]
+    concurrency: Mapping[str, int]  # label -> concurrency, closed-loop points only
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def client_bound(f: TrialFacts) -> list[Finding]:
+    bad = [label for label, m in f.points.items() if m.get("valid", 1) == 0]
+    if not bad:
+        return []
+    reasons = "; ".join(f"{label}: {f.points[label].get('invalid_reason', 'client fell behind')}"
+                        for label in bad)
+    return [Finding("client_bound", "critical", f"The load generator fell behind at {', '.join(bad)}",
+                    f"valid=0 at {', '.join(bad)} ({reasons})",
+                    "Do not read those points as server numbers; lower the load or give the client "
+                    "its own cores.")]
+
+
+def too_few_microbatches(f: TrialFacts) -> list[Finding]:
+    """PP decode is a closed ring: with m micro-batches in flight a stage is busy at most m/p."""
+    cap = _int(f.resolved.get("pp_max_micro_batch_size"))
+    if f.pp_size <= 1 or not cap:
+        return []
+    slots = f.pp_size + f.async_depth
+    worst = None
+    for label, c in f.concurrency.items():
+        m = min(slots, math.ceil(c / cap))
+        if c > 1 and m < f.pp_size and (worst is None or c > worst[1]):
+            worst = (label, c, m)
+    if worst is None:
+        return []
+    label, c, m = worst
+    idle = 1 - m / f.pp_size
+    severity = "critical" if idle >= 0.5 else "warning"
+    return [Finding(
+        "too_few_microbatches", severity,
+        f"Only {m} micro-batch{'es' if m > 1 else ''} in flight for {f.pp_size} pipeline stages at {label}",
+        f"pp_max_micro_batch_size={cap} (resolved) puts all {c} requests of {label} into {m} slot(s) of "
+        f"{slots}; each stage idles at least {idle:.0%} of the time",
+        f"Set pp.micro_batch_size={max(1, math.ceil(c / f.pp_size))} (ceil(C/pp)) so the {c} requests of "
+        f"{label} spread over all {f.pp_size} stages.")]
+
+
+def admission_cap(f: TrialFacts) -> list[Finding]:
+    mrr = _int(f.resolved.get("max_running_requests"))
+    if not mrr:
+        return []
+    over = {label: c for label, c in f.concurrency.items() if c > mrr}
+    if not over:
+        return []
+    worst = max(over, key=lambda k: over[k])
+    return [Finding(
+        "admission_cap", "warning",
+        f"Concurrency above max_running_requests={mrr} queues at the server",
+        f"{worst} offers {over[worst]} concurrent requests; the engine admits at most {mrr} "
+        f"(resolved max_running_requests)",
+        "Raise server.max_running_requests (KV capacity permitting) or read those points as queueing.")]
+
+
+def pp_bubble(f: TrialFacts) -> list[Finding]:
+    if f.pp_size <= 1:
+        return []
+    busy = {label: m["sim_stage_busy_mean"] for label, m in f.points.items() if "sim_stage_busy_mean" in m}
+    if not busy:
+        return []
+    label = max(busy, key=lambda k: f.concurrency.get(k, 0))
+    if busy[label] >= 0.6:
+        return []
+    return [Finding(
+        "pp_bubble", "warning" if busy[label] >= 0.3 else "critical",
+        f"Pipeline stages idle {1 - busy[label]:.0%} of the time at {label}",
+        f"simulated mean stage busy fraction {busy[label]:.2f} at {label} (parasweep_sim series)",
+        "Put more micro-batches in flight (pp.micro_batch_size, concurrency) or hide per-step "
+        "overhead with pp.async_depth.")]
+
+
+RULES: list[Callable[[TrialFacts], list[Finding]]] = [
+    client_bound, too_few_microbatches, admission_cap, pp_bubble,
+]
+
+
+def diagnose(facts: TrialFacts) -> list[Finding]:
+    findings = [finding for rule in RULES for finding in rule(facts)]
+    return sorted(findings, key=lambda x: -SEVERITIES.index(x.severity))

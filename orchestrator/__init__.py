@@ -1,0 +1,1 @@
+"""parasweep orchestrator: config schema and validation, trial lifecycle, engines, tracking."""

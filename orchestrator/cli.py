@@ -1,0 +1,134 @@
+"""What ``run.py`` does around Hydra: one-line errors for bad input, and closing the sweep (its
+parent run's status, the summary table, the command that opens the MLflow UI)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from orchestrator.errors import UserError
+from orchestrator.paths import group_options
+
+CONFIG_GROUPS = ("engine", "model", "hardware", "parallelism", "workload", "experiment")
+
+
+def preflight_overrides(args: list[str]) -> None:
+    """Reject unknown config-group options (``model=foo``) before Hydra composes anything."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    candidates = [a for a in args if "=" in a and not a.startswith("-")]
+    try:
+        overrides = OverridesParser.create().parse_overrides(candidates)
+    except Exception:  # Hydra reports syntax errors itself (one_line_error formats them)
+        return
+    for ov in overrides:
+        group = ov.key_or_group.lstrip("+~")
+        if group not in CONFIG_GROUPS or ov.is_delete():
+            continue
+        if ov.is_sweep_override():
+            values = list(ov.sweep_string_iterator())
+        else:
+            values = [ov.get_value_element_as_str()]
+        options = group_options(group)
+        for value in values:
+            if value not in options and not (group == "experiment" and value == "null"):
+                raise UserError(f"{group}={value}: unknown {group}; valid: {', '.join(options)}")
+
+
+def _schema_keys(path: str) -> list[str]:
+    from orchestrator.config.schema import ParasweepConf
+
+    node = OmegaConf.structured(ParasweepConf)
+    if path:
+        node = OmegaConf.select(node, path)
+    return sorted(node.keys()) if node is not None and hasattr(node, "keys") else []
+
+
+def _type_word(message: str) -> str:
+    m = re.search(r"could not be converted to (\w+)", message)
+    if m:
+        return {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}.get(
+            m.group(1), m.group(1).lower())
+    m = re.search(r"Invalid value '[^']*', expected one of \[([^\]]*)\]", message)
+    if m:
+        return m.group(1)
+    return "a value of the key's type"
+
+
+def one_line_error(exc: BaseException) -> tuple[str, int]:
+    """Map an exception to (one line, exit code): 2 for user mistakes, 1 for failures."""
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    if isinstance(exc, UserError):
+        return str(exc), 2
+    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
+    inner = cause or (exc if isinstance(exc, OmegaConfBaseException) else None)
+    if isinstance(inner, ConfigKeyError | ValidationError | OmegaConfBaseException) and inner is not None:
+        key = getattr(inner, "full_key", None) or ""
+        first = str(inner).splitlines()[0]
+        if isinstance(inner, ConfigKeyError) or "not in" in first:
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            where = f"under {parent}" if parent else "at the top level"
+            return (f"{key}: unknown config key; valid keys {where}: {', '.join(_schema_keys(parent))}", 2)
+        value = getattr(inner, "value", None)
+        shown = f"={value}" if value is not None else ""
+        return f"{key}{shown}: invalid ({first}); valid: {_type_word(first)}", 2
+    if isinstance(exc, MissingConfigException):
+        m = re.search(r"Could not find '([^/']+)/([^']+)'", str(exc))
+        if m:
+            return (f"{m.group(1)}={m.group(2)}: unknown {m.group(1)}; valid: "
+                    f"{', '.join(group_options(m.group(1)))}", 2)
+        return str(exc).splitlines()[0], 2
+    if isinstance(exc, OverrideParseException | HydraException):
+        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        return text, 2
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 1
+
+
+def finish(code: int) -> int:
+    """Close the sweep's parent run, print the per-trial table; the process exit code."""
+    from orchestrator import sweep
+
+    state = sweep.ACTIVE
+    _shutdown_ray()
+    if state is None or state.run_id is None:
+        return code
+    from rich.console import Console
+
+    from analysis.report import print_sweep_summary
+    from orchestrator.tracking import Tracker, runs_url, ui_command
+
+    console = Console() if sys.stdout.isatty() else Console(width=200)  # logs: no wrapping
+    tracker = Tracker(state.uri, state.experiment)
+    runs = tracker.children(state.run_id)
+    statuses = [r.data.tags.get("parasweep.status", "failed") for r in runs]
+    if code == 130 or "killed" in statuses:
+        status = "killed"
+    elif code != 0 or any(s not in ("ok", "skipped") for s in statuses) or not runs:
+        status = "failed"
+    else:
+        status = "ok"
+    tracker.finish(state.run_id, status)
+    failed = [r for r in runs if r.data.tags.get("parasweep.status") not in ("ok", "skipped")]
+    print_sweep_summary(runs, f"sweep {state.run_id}: {len(runs)} trial(s), status {status}", console)
+    for run in failed:
+        reason = (run.data.tags.get("parasweep.error") or "").strip().splitlines()
+        tags = run.data.tags
+        console.print(f"[red]{tags.get('parasweep.status')}[/red] #{tags.get('parasweep.trial_num')} "
+                      f"{tags.get('parasweep.overrides')}: {reason[-1] if reason else 'no reason recorded'}",
+                      highlight=False)
+    console.print(f"Browse: {ui_command(state.uri)}\n  then open {runs_url(state.experiment_id)}",
+                  highlight=False, soft_wrap=True)
+    if code == 0 and status != "ok":
+        code = 1
+    return code
+
+
+def _shutdown_ray() -> None:
+    ray: Any = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()

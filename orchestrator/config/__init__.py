@@ -1,0 +1,1 @@
+"""Structured config schema (Hydra/OmegaConf) and validation before anything launches."""

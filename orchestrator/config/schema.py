@@ -1,0 +1,121 @@
+"""The typed shape of a parasweep configuration.
+
+Hydra composes ``conf/`` onto these dataclasses, so a misspelt key or a wrong type fails at start-up
+(OmegaConf struct mode) instead of half-way through a sweep. Cross-field rules (world size vs GPUs,
+pp vs layers, ...) live in :mod:`orchestrator.config.validate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+from orchestrator.config.hardware import HardwareConf
+
+
+@dataclass
+class EngineConf:
+    # "auto" picks sglang where a GPU and SGLang are present, else the simulated engine
+    name: str = "auto"
+    python: str | None = None  # interpreter that runs the engine (null: the one running parasweep)
+    startup_timeout_s: float = 900.0  # readiness deadline; the failure message carries the log tail
+    stop_grace_s: float = 10.0  # SIGTERM to the process group, then SIGKILL after this long
+    time_scale: float = 1.0  # simulated engine only: simulated seconds per wall second
+
+
+@dataclass
+class ModelConf:
+    name: str = "???"
+    path: str = "???"  # HF config directory; relative paths are relative to the project root
+    load_format: str = "dummy"  # real SGLang: random weights, no download
+    skip_tokenizer_init: bool = True  # drive /generate with input_ids; no tokenizer files needed
+
+
+@dataclass
+class TPConf:
+    size: int = 1
+
+
+@dataclass
+class PPConf:
+    size: int = 1
+    async_depth: int = 0  # --pp-async-batch-depth
+    micro_batch_size: int | None = None  # --pp-max-micro-batch-size (null: engine default)
+
+
+@dataclass
+class EPConf:
+    size: int = 1
+
+
+@dataclass
+class DPConf:
+    size: int = 1
+
+
+@dataclass
+class ServerConf:
+    max_running_requests: int | None = None
+    cuda_graph: bool = True
+    chunked_prefill_size: int | None = None
+    mem_fraction_static: float | None = None
+    # null: chosen coprime with pp.size + pp.async_depth so PP log lines do not always show one slot
+    decode_log_interval: int | None = None
+    random_seed: int = 0
+    extra_args: dict[str, Any] = field(default_factory=dict)  # further engine flags: {flag-name: value}
+
+
+@dataclass
+class WorkloadConf:
+    name: str = "custom"
+    api: str = "generate"  # generate | completions | chat
+    concurrency: list[int] = field(default_factory=list)  # closed-loop load points
+    rate: list[float] = field(default_factory=list)  # open-loop load points, req/s
+    arrival: str = "poisson"  # open loop: poisson | constant
+    input_len: int = 256
+    output_len: int = 64
+    # null: each point sends max(8, requests_per_concurrency x C) requests (open loop: x rate)
+    requests_per_point: int | None = None
+    requests_per_concurrency: int = 4
+    warmup_requests: int = 2
+    seed: int = 0
+
+
+@dataclass
+class TrackingConf:
+    uri: str | None = None  # null: sqlite file runs/mlflow.db under the working directory
+    experiment: str = "parasweep"
+    # set by parasweep itself: the sweep's parent run, handed to each trial
+    parent_run_id: str | None = None
+
+
+@dataclass
+class RayConf:
+    address: str | None = None  # null: start a local Ray; "auto" or host:port joins a cluster
+    num_gpus: int | None = None  # GPUs to declare for a local Ray (null: detected, or the sim node)
+    num_cpus: int | None = None  # CPUs for a local Ray (null: all)
+    cpus_per_trial: float = 1.0
+
+
+@dataclass
+class ParasweepConf:
+    engine: EngineConf = field(default_factory=EngineConf)
+    model: ModelConf = field(default_factory=ModelConf)
+    hardware: HardwareConf = field(default_factory=HardwareConf)
+    tp: TPConf = field(default_factory=TPConf)
+    pp: PPConf = field(default_factory=PPConf)
+    ep: EPConf = field(default_factory=EPConf)
+    dp: DPConf = field(default_factory=DPConf)
+    server: ServerConf = field(default_factory=ServerConf)
+    workload: WorkloadConf = field(default_factory=WorkloadConf)
+    tracking: TrackingConf = field(default_factory=TrackingConf)
+    ray: RayConf = field(default_factory=RayConf)
+    dry_run: bool = False  # print each trial's plan and server argv, launch nothing
+
+
+def register_configs() -> None:
+    """Make the schema known to Hydra; ``conf/config.yaml`` lists ``parasweep_schema`` first."""
+    cs = ConfigStore.instance()
+    cs.store(name="parasweep_schema", node=ParasweepConf)

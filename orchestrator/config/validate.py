@@ -1,0 +1,141 @@
+"""Cross-field checks that a schema cannot express, run before anything launches.
+
+Each failure is a :class:`ConfigError` whose message names the key, the value and what is valid.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator.config.model_info import read_model_info
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.errors import ConfigError
+from orchestrator.gpus import local_gpu_count, sglang_installed
+
+ENGINES = ("auto", "sim", "sglang")
+APIS = ("generate", "completions", "chat")
+ARRIVALS = ("poisson", "constant")
+MAX_ASYNC_DEPTH = 64
+
+
+def typed_config(cfg: DictConfig | ParasweepConf) -> ParasweepConf:
+    """The task config (without Hydra's own node) as resolved, typed dataclasses."""
+    if isinstance(cfg, ParasweepConf):
+        return cfg
+    plain = {k: OmegaConf.to_container(cfg[k], resolve=True) if isinstance(cfg[k], DictConfig) else cfg[k]
+             for k in cfg if k != "hydra"}
+    merged = OmegaConf.merge(OmegaConf.structured(ParasweepConf), plain)
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+
+
+def resolve_engine(cfg: ParasweepConf) -> str:
+    """``auto`` becomes ``sglang`` on a node with GPUs and SGLang, else ``sim``."""
+    if cfg.engine.name != "auto":
+        return cfg.engine.name
+    return "sglang" if local_gpu_count() > 0 and (cfg.engine.python or sglang_installed()) else "sim"
+
+
+def available_gpus(cfg: ParasweepConf, engine: str) -> tuple[int, str]:
+    """GPUs a trial may use, and where that number comes from (for the error message)."""
+    if engine == "sim":
+        return cfg.hardware.num_gpus, f"hardware {cfg.hardware.name} has {cfg.hardware.num_gpus} GPUs"
+    if cfg.ray.num_gpus is not None:
+        return cfg.ray.num_gpus, f"ray.num_gpus declares {cfg.ray.num_gpus} GPUs"
+    if cfg.ray.address is not None:
+        return 1 << 30, "a Ray cluster decides"  # placement is checked against the cluster itself
+    n = local_gpu_count()
+    return n, f"this node has {n} GPUs (NVML)"
+
+
+def world_size(cfg: ParasweepConf) -> int:
+    return cfg.tp.size * cfg.pp.size * cfg.dp.size
+
+
+def _positive(key: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or value < 1:
+        raise ConfigError(key, value, "an integer >= 1" + (" or null" if allow_none else ""))
+
+
+def validate(cfg: ParasweepConf) -> str:
+    """Check one trial's config; return the engine it will run on (``sim`` or ``sglang``)."""
+    if cfg.engine.name not in ENGINES:
+        raise ConfigError("engine.name", cfg.engine.name, ", ".join(ENGINES))
+    engine = resolve_engine(cfg)
+    if cfg.engine.time_scale <= 0 or (engine == "sglang" and cfg.engine.time_scale != 1.0):
+        raise ConfigError("engine.time_scale", cfg.engine.time_scale,
+                          "> 0 for the simulated engine; 1.0 for sglang")
+
+    for key, value in (("tp.size", cfg.tp.size), ("pp.size", cfg.pp.size), ("ep.size", cfg.ep.size),
+                       ("dp.size", cfg.dp.size)):
+        _positive(key, value)
+    gpus, where = available_gpus(cfg, engine)
+    ws = world_size(cfg)
+    if ws > gpus:
+        raise ConfigError("tp.size*pp.size*dp.size", ws, f"at most {gpus} ({where})",
+                          why=f"world size {cfg.tp.size}x{cfg.pp.size}x{cfg.dp.size} needs {ws} GPUs")
+
+    model = read_model_info(cfg.model.path)
+    if cfg.pp.size > model.num_layers:
+        raise ConfigError("pp.size", cfg.pp.size, f"1..{model.num_layers}",
+                          why=f"model {cfg.model.name} has {model.num_layers} layers")
+    if cfg.ep.size > 1:
+        if not model.is_moe:
+            raise ConfigError("ep.size", cfg.ep.size, "1", why=f"model {cfg.model.name} has no experts")
+        if cfg.tp.size % cfg.ep.size:
+            divisors = [d for d in range(1, cfg.tp.size + 1) if cfg.tp.size % d == 0]
+            raise ConfigError("ep.size", cfg.ep.size, f"a divisor of tp.size={cfg.tp.size}: {divisors}",
+                              why="expert parallelism lives inside the TP group")
+
+    if not 0 <= cfg.pp.async_depth <= MAX_ASYNC_DEPTH:
+        raise ConfigError("pp.async_depth", cfg.pp.async_depth, f"0..{MAX_ASYNC_DEPTH}")
+    if cfg.pp.async_depth > 0 and cfg.pp.size == 1:
+        raise ConfigError("pp.async_depth", cfg.pp.async_depth, "0 when pp.size=1",
+                          why="async depth only exists in the pipeline-parallel loop")
+    _positive("pp.micro_batch_size", cfg.pp.micro_batch_size, allow_none=True)
+    mrr = cfg.server.max_running_requests
+    _positive("server.max_running_requests", mrr, allow_none=True)
+    if cfg.pp.micro_batch_size is not None and mrr is not None and cfg.pp.micro_batch_size > mrr:
+        raise ConfigError("pp.micro_batch_size", cfg.pp.micro_batch_size,
+                          f"1..{mrr} (server.max_running_requests) or null")
+    cps = cfg.server.chunked_prefill_size
+    if cps is not None and cps != -1 and cps < 1:
+        raise ConfigError("server.chunked_prefill_size", cps, "an integer >= 1, -1 (off) or null")
+    mfs = cfg.server.mem_fraction_static
+    if mfs is not None and not 0 < mfs < 1:
+        raise ConfigError("server.mem_fraction_static", mfs, "a fraction in (0, 1) or null")
+    _positive("server.decode_log_interval", cfg.server.decode_log_interval, allow_none=True)
+
+    _validate_workload(cfg)
+    if cfg.ray.address is not None and (cfg.tracking.uri or "").startswith("sqlite"):
+        raise ConfigError("tracking.uri", cfg.tracking.uri, "an MLflow tracking server URL (http://...)",
+                          why="trials on a remote Ray cluster cannot write a local sqlite file; "
+                              "start one with: mlflow server --host 0.0.0.0 --port 5000")
+    return engine
+
+
+def _validate_workload(cfg: ParasweepConf) -> None:
+    w = cfg.workload
+    if w.api not in APIS:
+        raise ConfigError("workload.api", w.api, ", ".join(APIS))
+    if w.arrival not in ARRIVALS:
+        raise ConfigError("workload.arrival", w.arrival, ", ".join(ARRIVALS))
+    if not w.concurrency and not w.rate:
+        raise ConfigError("workload.concurrency", "[]", "a non-empty list of integers >= 1",
+                          why="no load points (workload.rate is empty too)")
+    for c in w.concurrency:
+        if not isinstance(c, int) or c < 1:
+            raise ConfigError("workload.concurrency", list(w.concurrency), "a list of integers >= 1")
+    for r in w.rate:
+        if not (isinstance(r, int | float) and math.isfinite(r) and r > 0):
+            raise ConfigError("workload.rate", list(w.rate), "a list of request rates > 0 (req/s)")
+    _positive("workload.input_len", w.input_len)
+    _positive("workload.output_len", w.output_len)
+    _positive("workload.requests_per_point", w.requests_per_point, allow_none=True)
+    _positive("workload.requests_per_concurrency", w.requests_per_concurrency)
+    if w.warmup_requests < 0:
+        raise ConfigError("workload.warmup_requests", w.warmup_requests, "an integer >= 0")

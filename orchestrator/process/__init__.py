@@ -1,0 +1,1 @@
+"""Starting and always stopping engine server processes (whole process groups)."""

@@ -1,0 +1,125 @@
+"""An engine server process: started in its own process group, probed for readiness, always stopped.
+
+Stopping sends SIGTERM to the whole group, waits a grace period, then SIGKILLs the group: SGLang
+spawns a process per rank plus tokenizer and detokenizer, and all of them must go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import EngineStartError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        with path.open(errors="replace") as f:
+            return "".join(deque(f, maxlen=lines)).rstrip()
+    except OSError:
+        return "(no log)"
+
+
+def http_get_json(url: str, timeout: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+class ServerProcess:
+    """One engine server. Use as a context manager so it is stopped on success, error and Ctrl-C."""
+
+    def __init__(self, argv: list[str], log_path: Path, host: str, port: int,
+                 env: dict[str, str] | None = None, stop_grace_s: float = 10.0) -> None:
+        self.argv, self.log_path, self.env = argv, log_path, env
+        self.url = f"http://{host}:{port}"
+        self.stop_grace_s = stop_grace_s
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        wrapper = [sys.executable, "-m", "orchestrator.process.deathsig", "--"]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(  # argv list, no shell
+                wrapper + self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.env, start_new_session=True)
+        # a janitor can reap this group if the whole trial process is killed
+        (self.log_path.parent / "server.pgid").write_text(str(self.proc.pid))
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Poll /health until 200; fail early if the process exits, late if the deadline passes."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise EngineStartError(
+                    f"engine exited with code {code} before it was ready; log tail "
+                    f"({self.log_path}):\n{log_tail(self.log_path)}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2.0) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise EngineStartError(
+                    f"engine not ready after {timeout_s:g} s (engine.startup_timeout_s); log tail "
+                    f"({self.log_path}):\n{log_tail(self.log_path)}")
+            time.sleep(0.2)
+
+    def stop(self) -> int | None:
+        """SIGTERM the group, SIGKILL it after the grace period. Safe to call more than once."""
+        if self.proc is None:
+            return None
+        pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
+        _signal_group(pgid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=self.stop_grace_s)
+        # members other than the leader may linger (SGLang workers): kill whatever is left
+        _signal_group(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        return self.proc.returncode
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,67 @@
+"""The sweep's parent MLflow run. A Hydra callback notes the sweep in the driver before any trial;
+the run itself is created once the trials' configs have passed validation (so a typo leaves no empty
+sweep behind), and ``run.py`` closes it with the overall status once every trial has ended."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from orchestrator.tracking import Tracker, tracking_uri
+
+
+@dataclass
+class SweepState:
+    uri: str
+    experiment: str
+    sweep_dir: str
+    multirun: bool
+    run_id: str | None = None
+    experiment_id: str | None = None
+    started: float = 0.0
+
+
+ACTIVE: SweepState | None = None
+
+
+def note_sweep(config: DictConfig, multirun: bool) -> None:
+    global ACTIVE
+    if config.get("dry_run"):
+        return
+    sweep_dir = str(config.hydra.sweep.dir if multirun else config.hydra.run.dir)
+    ACTIVE = SweepState(tracking_uri(config.tracking.uri), config.tracking.experiment,
+                        os.path.abspath(sweep_dir), multirun)
+
+
+def ensure_started() -> str | None:
+    """The parent run id, creating the run on first use (driver process only)."""
+    state = ACTIVE
+    if state is None:
+        return None
+    if state.run_id is None:
+        tracker = Tracker(state.uri, state.experiment)
+        args = " ".join(sys.argv[1:])
+        state.run_id = tracker.start_run(
+            f"sweep {time.strftime('%Y-%m-%d %H:%M:%S')}" + (f": {args}" if args else ""),
+            tags={"parasweep.kind": "sweep", "parasweep.status": "running",
+                  "parasweep.command": f"python run.py {args}".strip(),
+                  "parasweep.sweep_dir": state.sweep_dir})
+        state.experiment_id = tracker.experiment_id
+        state.started = time.time()
+    return state.run_id
+
+
+class SweepCallback(Callback):
+    """Registered in conf/config.yaml under hydra.callbacks; runs in the driver process."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        note_sweep(config, multirun=True)
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        note_sweep(config, multirun=False)

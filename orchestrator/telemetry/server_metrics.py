@@ -1,0 +1,76 @@
+"""Scrape the engine's Prometheus ``/metrics`` on a fixed period, rows appended to disk as they come.
+
+Histogram buckets are skipped (their ``_sum`` and ``_count`` are kept): per-request latency already
+comes from the client's records, and buckets would multiply the rows by ~20. So are the constant
+``_created`` timestamps prometheus_client adds to counters and histograms.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def parse_samples(text: str, ts: float) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith(("_bucket", "_created")):
+                continue
+            rows.append({"ts": ts, "name": sample.name, "labels": json.dumps(sample.labels, sort_keys=True),
+                         "value": float(sample.value)})
+    return rows
+
+
+class MetricsScraper:
+    """A background thread: GET /metrics every ``period_s``, append JSON lines to ``jsonl_path``."""
+
+    def __init__(self, url: str, jsonl_path: Path, period_s: float = 1.0) -> None:
+        self.url, self.jsonl_path, self.period_s = url, jsonl_path, period_s
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="metrics-scraper", daemon=True)
+
+    def start(self) -> MetricsScraper:
+        self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+        return self
+
+    def scrape_once(self) -> int:
+        ts = time.time()
+        try:
+            with urllib.request.urlopen(self.url, timeout=5) as resp:
+                text = resp.read().decode("utf-8", "replace")
+        except OSError:
+            self.errors += 1
+            return 0
+        rows = parse_samples(text, ts)
+        with self.jsonl_path.open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        return len(rows)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.scrape_once()
+            self._stop.wait(self.period_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+            self.scrape_once()  # a final sample closes the last load point's window
+
+
+def jsonl_to_parquet(jsonl_path: Path, parquet_path: Path) -> pd.DataFrame | None:
+    if not jsonl_path.exists() or jsonl_path.stat().st_size == 0:
+        return None
+    df = pd.read_json(jsonl_path, lines=True, convert_dates=False, dtype={"labels": str})
+    parquet_path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_parquet(parquet_path, index=False)
+    return df

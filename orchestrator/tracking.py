@@ -1,0 +1,133 @@
+"""MLflow layout (DESIGN.md "MLflow layout"): a parent run per sweep, a child run per trial.
+
+Everything goes through ``MlflowClient`` with explicit run ids (no fluent global state), because
+trials run in Ray worker processes, several at a time, against the same store.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from orchestrator.paths import default_tracking_uri, runs_dir
+
+KIND_TAG = "parasweep.kind"
+STATUS_TAG = "parasweep.status"
+STATUSES = ("ok", "failed", "killed", "skipped")
+_MLFLOW_STATUS = {"ok": "FINISHED", "skipped": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+MAX_PARAM_LEN = 6000  # longer values are truncated by MLflow; keep big blobs as artifacts
+
+
+def tracking_uri(uri: str | None) -> str:
+    return uri or default_tracking_uri()
+
+
+def _client(uri: str):  # imported lazily: `import mlflow` costs ~1 s
+    os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def ensure_experiment(uri: str, name: str) -> str:
+    """The experiment's id, creating it with artifacts under runs/artifacts for a sqlite store
+    (otherwise MLflow puts them in ./mlruns relative to whichever cwd created the experiment)."""
+    client = _client(uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    if uri.startswith("sqlite:"):
+        db = Path(uri.split("sqlite:///", 1)[1])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        location = (db.parent / "artifacts").resolve().as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:  # another process created it first
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Dotted keys -> string values, as MLflow params (``pp.async_depth`` -> ``"8"``)."""
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            text = json.dumps(value) if isinstance(value, list | dict) else str(value)
+            out[name] = text[:MAX_PARAM_LEN]
+    return out
+
+
+class Tracker:
+    """Opens and fills runs in one MLflow store."""
+
+    def __init__(self, uri: str | None, experiment: str) -> None:
+        self.uri = tracking_uri(uri)
+        self.client = _client(self.uri)
+        self.experiment_id = ensure_experiment(self.uri, experiment)
+
+    def start_run(self, name: str, tags: Mapping[str, str], parent_run_id: str | None = None) -> str:
+        all_tags = dict(tags)
+        if parent_run_id:
+            all_tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        return run.info.run_id
+
+    def log_params(self, run_id: str, params: Mapping[str, str]) -> None:
+        from mlflow.entities import Param
+
+        self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_metrics(self, run_id: str, metrics: Iterable[tuple[str, float, int]]) -> None:
+        """(key, value, step) triples in one batch; MLflow chunks to its 1000-per-request limit."""
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, int(step)) for k, v, step in metrics
+                 if v is not None and not (isinstance(v, float) and math.isinf(v))]
+        if batch:
+            self.client.log_batch(run_id, metrics=batch)
+
+    def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
+        if path.exists():
+            self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def log_dict(self, run_id: str, data: Any, artifact_file: str) -> None:
+        self.client.log_dict(run_id, data, artifact_file)
+
+    def finish(self, run_id: str, status: str) -> None:
+        self.set_tags(run_id, {STATUS_TAG: status})
+        self.client.set_terminated(run_id, _MLFLOW_STATUS[status])
+
+    def children(self, parent_run_id: str) -> list[Any]:
+        return self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
+            max_results=10000)
+
+
+def ui_command(uri: str) -> str:
+    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+
+
+def runs_url(experiment_id: str) -> str:
+    # the runs table (the experiment page itself opens on MLflow's GenAI overview)
+    return f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs"
+
+
+__all__ = ["STATUSES", "Tracker", "flatten", "runs_dir", "runs_url", "tracking_uri", "ui_command"]

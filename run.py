@@ -1,0 +1,56 @@
+"""parasweep entry point.
+
+    python run.py                                   one trial with the default configuration
+    python run.py -m pp.async_depth=0,4,8,16        a sweep: one trial per value, scheduled on Ray
+    python run.py dry_run=true -m pp.async_depth=0,8   print each trial's server argv, launch nothing
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from orchestrator.cli import finish, one_line_error, preflight_overrides
+from orchestrator.config.schema import register_configs
+from orchestrator.errors import UserError
+
+register_configs()
+USER_ERRORS: list[UserError] = []
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def trial(cfg: DictConfig) -> str:
+    from orchestrator.trial import run_trial
+
+    try:
+        return run_trial(cfg)
+    except UserError as exc:  # re-raised by main(): Hydra would print its own "Error executing job"
+        USER_ERRORS.append(exc)
+        return "invalid"
+
+
+def main() -> int:
+    # let configuration errors reach us as exceptions, so each becomes one readable line
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    # Hydra's argparse rejects overrides on both sides of -m; users write them either way
+    flags = [a for a in sys.argv[1:] if a in ("-m", "--multirun")]
+    sys.argv[1:] = flags + [a for a in sys.argv[1:] if a not in ("-m", "--multirun")]
+    code = 0
+    try:
+        preflight_overrides(sys.argv[1:])
+        trial()
+        if USER_ERRORS:
+            raise USER_ERRORS[0]
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as exc:
+        message, code = one_line_error(exc)
+        print(f"parasweep: {message}", file=sys.stderr)
+    return finish(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Command line: SGLang's launch flags (the subset parasweep uses) plus ``--sim-*`` flags; ``main()``."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+_HRI = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]i?)?\s*$")
+_HRI_MULT = {"k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+
+
+def human_readable_int(text: str) -> int:
+    """SGLang 0.5.23's ``human_readable_int``: ``16384``, ``16k`` (x1000), ``16Ki`` (x1024), ``1M``..."""
+    m = _HRI.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"invalid integer value: {text!r}")
+    value = float(m.group(1)) * _HRI_MULT.get((m.group(2) or "").lower(), 1)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
+    return int(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False: a misspelt or abbreviated flag must fail loudly instead of silently matching.
+    p = argparse.ArgumentParser(
+        prog="python -m simulator",
+        description="parasweep simulated engine: SGLang-compatible server with discrete-event timing.",
+        allow_abbrev=False,
+    )
+    a = p.add_argument
+    # model / tokenizer
+    a("--model-path", "--model", dest="model_path", required=True, help="directory with config.json")
+    a("--served-model-name", default=None)
+    a("--tokenizer-path", default=None)
+    a("--skip-tokenizer-init", action="store_true")
+    a("--load-format", default="auto")
+    a("--trust-remote-code", action="store_true")
+    a("--context-length", type=human_readable_int, default=None)
+    a("--dtype", default="auto")
+    a("--kv-cache-dtype", default="auto")
+    # parallelism
+    a("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
+    a("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1)
+    a("--ep-size", "--expert-parallel-size", "--ep", dest="ep_size", type=int, default=1)
+    a("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    a("--pp-async-batch-depth", type=int, default=0)
+    a("--pp-max-micro-batch-size", type=int, default=None)
+    a("--moe-a2a-backend", default="none")
+    # capacity / scheduling
+    a("--max-running-requests", type=int, default=None)
+    a("--max-queued-requests", type=int, default=None)
+    a("--max-total-tokens", type=human_readable_int, default=None)
+    a("--chunked-prefill-size", type=int, default=None)
+    a("--max-prefill-tokens", type=human_readable_int, default=16384)
+    a("--schedule-policy", default="fcfs")
+    a("--disable-overlap-schedule", action="store_true")
+    a("--mem-fraction-static", type=float, default=None)
+    a("--page-size", type=int, default=None)
+    a("--disable-radix-cache", action="store_true")
+    # CUDA graphs / kernels
+    a("--disable-cuda-graph", action="store_true")
+    a("--cuda-graph-max-bs-decode", type=int, default=None)
+    a("--attention-backend", default=None)
+    # network / observability
+    a("--host", default="127.0.0.1")
+    a("--port", type=int, default=30000)
+    a("--enable-metrics", action="store_true")
+    a("--decode-log-interval", type=int, default=40)
+    a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
+    a("--random-seed", type=int, default=None)
+    a("--stream-interval", type=int, default=1)
+    a("--skip-server-warmup", action="store_true")
+    a("--watchdog-timeout", type=float, default=300.0)
+    # simulator-only
+    a("--sim-hardware", required=True, metavar="NAME_OR_PATH",
+      help="hardware profile: a name under conf/hardware/ or a path to a .yaml/.json file")
+    a("--sim-time-scale", type=float, default=1.0, metavar="F",
+      help="simulated seconds per wall-clock second (2.0 runs twice as fast)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # exits 2 on unknown flags, as SGLang does
+    # Imports after parsing keep `--help` and flag errors instant.
+    from simulator.resolve import ConfigError, resolve
+
+    try:
+        cfg = resolve(args)
+    except ConfigError as e:
+        print(f"ValueError: {e}", file=sys.stderr, flush=True)
+        return 1
+    from simulator.server import serve
+
+    return serve(cfg)

@@ -1,0 +1,119 @@
+"""Event queue and clocks. The model only sees ``Simulation`` (``now``, ``schedule``); a driver decides
+whether simulated time follows the wall clock (live server) or jumps from event to event (predictions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class Simulation:
+    """A heap of (time, seq, callback, args). Callbacks run with ``now`` set to their event time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[..., Any], tuple]] = []
+        self._seq = itertools.count()
+        self.on_schedule: Callable[[float], None] | None = None  # a driver's hook: "earliest may change"
+
+    def schedule(self, t: float, fn: Callable[..., Any], *args: Any) -> None:
+        if t < self.now:
+            t = self.now  # never schedule into the past: it would reorder already-processed history
+        heapq.heappush(self._heap, (t, next(self._seq), fn, args))
+        if self.on_schedule is not None:
+            self.on_schedule(t)
+
+    def peek(self) -> float | None:
+        return self._heap[0][0] if self._heap else None
+
+    def run_until(self, t_end: float) -> int:
+        """Process every event with time <= t_end, in time order. Returns how many ran."""
+        n = 0
+        heap = self._heap
+        while heap and heap[0][0] <= t_end:
+            t, _, fn, args = heapq.heappop(heap)
+            self.now = t
+            fn(*args)
+            n += 1
+        return n
+
+
+class VirtualDriver:
+    """Runs the model as fast as the CPU allows (for predictions); wall time is start + simulated time."""
+
+    def __init__(self, sim: Simulation, wall_start: float | None = None) -> None:
+        self.sim = sim
+        self.wall_start = time.time() if wall_start is None else wall_start
+
+    def wall(self, t_sim: float) -> float:
+        return self.wall_start + t_sim
+
+    def now(self) -> float:
+        return self.sim.now
+
+    def run_until(self, t_end: float) -> None:
+        self.sim.run_until(t_end)
+        self.sim.now = max(self.sim.now, t_end)
+
+
+class LiveDriver:
+    """Follows the wall clock on an asyncio loop: simulated t maps to wall t0 + t / scale.
+
+    One loop timer is kept armed for the earliest pending event (no polling task, no spinning). The
+    asyncio timer has ~1 ms resolution, so events closer together than that are processed in one batch,
+    each still at its own simulated time: the model's numbers do not depend on wakeup jitter.
+    """
+
+    def __init__(self, sim: Simulation, loop: asyncio.AbstractEventLoop, scale: float = 1.0) -> None:
+        self.sim = sim
+        self.loop = loop
+        self.scale = scale
+        self._t0_loop = loop.time()
+        self._t0_wall = time.time()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._running = False
+        self.lag = 0.0  # wall seconds the last wakeup came after its event was due (server overloaded?)
+        sim.on_schedule = self._on_schedule
+
+    def now(self) -> float:
+        """Simulated time corresponding to the wall clock right now (never behind processed events)."""
+        return max((self.loop.time() - self._t0_loop) * self.scale, self.sim.now)
+
+    def wall(self, t_sim: float) -> float:
+        return self._t0_wall + t_sim / self.scale
+
+    def _on_schedule(self, t: float) -> None:
+        if not self._running and t < self._timer_at:
+            self._arm(t)
+
+    def _arm(self, t: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = t
+        self._timer = self.loop.call_at(self._t0_loop + t / self.scale, self._fire)
+
+    def _fire(self) -> None:
+        due = self._timer_at
+        self._timer = None
+        self._timer_at = float("inf")
+        self._running = True
+        now = (self.loop.time() - self._t0_loop) * self.scale
+        self.lag = max(now - due, 0.0) / self.scale
+        try:
+            self.sim.run_until(now)
+        finally:
+            self._running = False
+        nxt = self.sim.peek()
+        if nxt is not None:
+            self._arm(nxt)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

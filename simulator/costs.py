@@ -1,0 +1,251 @@
+"""Roofline cost of one forward step of a micro-batch on one pipeline stage, plus hop and host costs.
+
+    t_stage = max(bytes / (eta_mem * BW), flops / (eta_compute * peak), kernels * kernel_floor)
+              + t_comm + t_fixed
+
+Every constant is explained in docs/simulator.md; the defaults in ``CostParams`` are engine-side
+(software) constants, the hardware ones come from the profile (``HardwareConf``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simulator.hardware import HardwareConf
+from simulator.model_spec import BF16_BYTES, ModelSpec
+
+
+@dataclass(frozen=True)
+class CostParams:
+    # Fraction of peak DRAM bandwidth that weight-streaming GEMV/GEMM and attention kernels reach at
+    # decode batch sizes (BF16 dense layers, KV reads).
+    eta_mem: float = 0.75
+    # Same for the routed-expert path (fused MoE / Marlin-style grouped GEMMs with INT4 dequant):
+    # scattered expert loads and small per-expert tiles reach less of peak.
+    eta_expert: float = 0.60
+    # Fraction of dense BF16 tensor-core peak reached by prefill GEMMs (MFU of a well-tuned prefill).
+    eta_compute: float = 0.60
+    # Fraction of link bandwidth NCCL reaches for medium messages (bus-bandwidth efficiency).
+    eta_link: float = 0.70
+    # Shortest time the GPU spends on any kernel (launch-to-completion of a tiny kernel on the device).
+    kernel_floor_us: float = 2.0
+    # Kernels launched per layer in an eager forward (host cost = kernels x kernel_launch_us).
+    kernels_attn_gqa: int = 8  # norm, qkv GEMM, rope, kv store, attention, o GEMM, residual, misc
+    kernels_attn_mla: int = 14  # + q_a/q_b, kv_a/kv_b, latent norm, absorbed projections
+    kernels_dense_mlp: int = 4  # norm, gate_up GEMM, act, down GEMM
+    kernels_moe: int = 10  # router GEMM, top-k, align/sort, 2 grouped GEMMs, act, combine, 3 shared
+    kernels_tp_collective: int = 1  # per all-reduce
+    kernels_head: int = 8  # final norm, LM head GEMM, logits gather, sampling
+    # Host work of one scheduler iteration (build the batch, process results, stream outputs): paid on
+    # the critical path unless the overlap scheduler (pp=1) or pp_async_batch_depth>0 hides it.
+    sched_base_us: float = 800.0
+    sched_per_req_us: float = 15.0
+    # PP: the output dict (sampled ids) goes back from the last stage to stage 0 through the CPU (gloo)
+    # group as a pickle; the request list is relayed stage by stage the same way.
+    pp_return_host_us: float = 150.0
+
+
+@dataclass(frozen=True)
+class Parallel:
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    moe_a2a_backend: str = "none"
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """What one forward of a micro-batch processes."""
+
+    tokens: int  # new tokens (decode: one per request; prefill: the chunk's tokens)
+    seqs: int  # sequences (LM head rows)
+    kv_read_tokens: int  # cached tokens whose KV is read (sum of prefix/context lengths)
+    attn_ctx: float  # sum over new tokens of the context each attends to
+    decode: bool
+
+
+def pp_layer_split(num_layers: int, pp: int) -> list[int]:
+    """SGLang's split: even, the remainder goes to the last stages."""
+    base, rem = divmod(num_layers, pp)
+    return [base + (1 if i >= pp - rem else 0) for i in range(pp)]
+
+
+def distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:
+    """Expected experts touched by ``tokens`` tokens under uniform top-k routing: E(1-(1-k/E)^n)."""
+    if num_experts == 0 or tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def ep_imbalance(num_experts: int, ep: int, touched: float) -> float:
+    """E[max over EP ranks of touched experts] / mean: the slowest rank sets the step time.
+
+    Each rank owns E/ep experts, each touched independently with p = touched/E, so the per-rank count is
+    ~Binomial(E/ep, p); the expected maximum of ep such counts is about mean + sd*sqrt(2 ln ep).
+    """
+    if ep <= 1 or touched <= 0:
+        return 1.0
+    per_rank = num_experts / ep
+    p = min(touched / num_experts, 1.0)
+    mean = per_rank * p
+    sd = math.sqrt(per_rank * p * (1.0 - p))
+    return min(mean + sd * math.sqrt(2.0 * math.log(ep)), per_rank) / mean
+
+
+class CostModel:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        hw: HardwareConf,
+        par: Parallel,
+        cuda_graph_max_bs: int,
+        disable_cuda_graph: bool,
+        params: CostParams | None = None,
+    ) -> None:
+        self.spec = spec
+        self.hw = hw
+        self.par = par
+        self.p = params or CostParams()
+        self.cuda_graph_max_bs = cuda_graph_max_bs
+        self.disable_cuda_graph = disable_cuda_graph
+        self.stage_layers = pp_layer_split(spec.num_layers, par.pp)
+        tp = par.tp
+        self._bw = hw.mem_bw_gbs * 1e9
+        self._peak = hw.peak_tflops_bf16 * 1e12
+        self._link = hw.link_bw_gbs * 1e9 * self.p.eta_link
+        # GQA KV is sharded by kv heads (replicated when kv_heads < tp); MLA's latent cache is the same
+        # on every TP rank.
+        kv_shard = 1 if spec.attention == "mla" else min(tp, spec.num_kv_heads)
+        kv_token_layer = spec.kv_elems_per_token_layer() * spec.kv_bytes_per_elem / kv_shard
+        if spec.attention == "mla":  # absorbed MLA decode: q.k over (latent+rope), attn.v over latent
+            attn_flops_ctx = 2.0 * spec.num_heads * (2 * spec.kv_lora_rank + spec.qk_rope_head_dim)
+        else:
+            attn_flops_ctx = 2.0 * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim)
+        attn_flops_ctx /= tp
+
+        self.stages: list[_Stage] = []
+        start = 0
+        for s, n in enumerate(self.stage_layers):
+            layers = range(start, start + n)
+            start += n
+            first, last = s == 0, s == par.pp - 1
+            n_moe = sum(spec.moe_layer_mask[i] for i in layers)
+            ne_bytes = sum(spec.layer_nonexpert_bytes(i) for i in layers) / tp
+            ne_params = sum(spec.layer_nonexpert_params(i) for i in layers) / tp
+            head_bytes = spec.lm_head_params * spec.lm_head_bytes_per_param / tp if last else 0.0
+            embed_bytes = spec.embed_params * spec.embed_bytes_per_param / tp if first else 0.0
+            # Experts are split over tp GPUs whether by EP (whole experts) or TP (slices of every expert).
+            expert_mem = n_moe * spec.num_experts * spec.expert_bytes / tp
+            kernels = n * (self.p.kernels_attn_mla if spec.attention == "mla" else self.p.kernels_attn_gqa)
+            kernels += n_moe * self.p.kernels_moe + (n - n_moe) * self.p.kernels_dense_mlp
+            if tp > 1:
+                kernels += 2 * n * self.p.kernels_tp_collective
+            kernels += (self.p.kernels_head if last else 0) + (1 if first else 0)
+            self.stages.append(
+                _Stage(
+                    index=s,
+                    layers=n,
+                    moe_layers=n_moe,
+                    nonexpert_bytes=ne_bytes + head_bytes,
+                    nonexpert_params=ne_params,
+                    weight_bytes=ne_bytes + head_bytes + embed_bytes + expert_mem,
+                    kv_bytes_per_token=kv_token_layer * n,
+                    attn_flops_per_ctx=attn_flops_ctx * n,
+                    kernels=kernels,
+                    last=last,
+                )
+            )
+
+    # -- per-step costs -------------------------------------------------------------------------------
+
+    def uses_cuda_graph(self, shape: BatchShape) -> bool:
+        return shape.decode and not self.disable_cuda_graph and shape.seqs <= self.cuda_graph_max_bs
+
+    def stage_time(self, stage: int, shape: BatchShape) -> float:
+        """Seconds stage ``stage`` is busy with one forward of ``shape`` (GPU + comm + host launch)."""
+        st = self.stages[stage]
+        spec, tp, p = self.spec, self.par.tp, self.p
+        n = shape.tokens
+        mem_t = (st.nonexpert_bytes + shape.kv_read_tokens * st.kv_bytes_per_token) / (p.eta_mem * self._bw)
+        flops = 2.0 * n * st.nonexpert_params + shape.attn_ctx * st.attn_flops_per_ctx
+        if st.last:
+            flops += 2.0 * shape.seqs * spec.lm_head_params / tp
+        if st.moe_layers:
+            touched = distinct_experts(spec.num_experts, spec.top_k, n)
+            imb = ep_imbalance(spec.num_experts, self.par.ep, touched)
+            mem_t += st.moe_layers * touched * spec.expert_bytes * imb / tp / (p.eta_expert * self._bw)
+            flops += 2.0 * n * st.moe_layers * spec.top_k * spec.expert_params / tp
+        gpu = max(mem_t, flops / (p.eta_compute * self._peak), st.kernels * p.kernel_floor_us * 1e-6)
+        return gpu + self.comm_time(stage, shape) + self.launch_time(stage, shape)
+
+    def comm_time(self, stage: int, shape: BatchShape) -> float:
+        st, tp, ep = self.stages[stage], self.par.tp, self.par.ep
+        if tp == 1:
+            return 0.0
+        hw, hidden = self.hw, self.spec.hidden
+        act = shape.tokens * hidden * BF16_BYTES
+        alpha = hw.allreduce_latency_us * 1e-6
+        allreduce = alpha + 2.0 * (tp - 1) / tp * act / self._link
+        a2a_moe = ep > 1 and self.par.moe_a2a_backend != "none"
+        # Attention output and MLP output are each all-reduced; with an all-to-all MoE backend the MoE
+        # layer's all-reduce becomes a dispatch and a combine of the k routed copies of each token.
+        t = st.layers * allreduce + (st.layers - st.moe_layers) * allreduce
+        if a2a_moe:
+            a2a = alpha + act * self.spec.top_k * (ep - 1) / ep / self._link
+            t += st.moe_layers * 2 * a2a
+        else:
+            t += st.moe_layers * allreduce
+        if st.last:  # vocab-parallel logits are gathered before sampling
+            t += alpha + (tp - 1) / tp * shape.seqs * self.spec.vocab * BF16_BYTES / self._link
+        return t
+
+    def launch_time(self, stage: int, shape: BatchShape) -> float:
+        if self.uses_cuda_graph(shape):
+            return self.hw.graph_launch_us * 1e-6
+        return self.stages[stage].kernels * self.hw.kernel_launch_us * 1e-6
+
+    def hop_time(self, shape: BatchShape) -> float:
+        """Stage k -> k+1: hidden states and residual of every new token, point to point."""
+        nbytes = 2 * shape.tokens * self.spec.hidden * BF16_BYTES
+        return self.hw.link_latency_us * 1e-6 + nbytes / (self.hw.link_bw_gbs * 1e9 * self.p.eta_link)
+
+    def return_time(self) -> float:
+        """Last stage -> stage 0: sampled token ids, via the CPU group (pp>1 only)."""
+        if self.par.pp == 1:
+            return 0.0
+        return (self.hw.link_latency_us + self.p.pp_return_host_us) * 1e-6
+
+    def sched_time(self, num_reqs: int) -> float:
+        """Host time of one scheduler iteration for a batch of ``num_reqs`` requests."""
+        return (self.p.sched_base_us + self.p.sched_per_req_us * num_reqs) * 1e-6
+
+    # -- analytic helpers (diagnostics, tests, predictions) ---------------------------------------------
+
+    def ring_trip(self, shape: BatchShape, cpu_exposed: bool = True) -> float:
+        """One micro-batch's trip from stage-0 launch back to its next launch, with no queueing."""
+        t = sum(self.stage_time(s, shape) for s in range(self.par.pp))
+        t += (self.par.pp - 1) * self.hop_time(shape) + self.return_time()
+        if cpu_exposed:
+            t += self.sched_time(shape.seqs)
+        return t
+
+
+@dataclass(frozen=True)
+class _Stage:
+    index: int
+    layers: int
+    moe_layers: int
+    nonexpert_bytes: float  # read every step, per GPU (incl. LM head on the last stage)
+    nonexpert_params: float  # per GPU, multiplied by tokens for FLOPs
+    weight_bytes: float  # resident per GPU (incl. embedding, all experts)
+    kv_bytes_per_token: float  # per GPU, all of this stage's layers
+    attn_flops_per_ctx: float  # per GPU, per (new token x context token), all layers
+    kernels: int  # kernels of one eager forward
+    last: bool
+
+
+def decode_shape(context_lens: list[int] | tuple[int, ...], total_ctx: int | None = None) -> BatchShape:
+    n = len(context_lens)
+    ctx = sum(context_lens) if total_ctx is None else total_ctx
+    return BatchShape(tokens=n, seqs=n, kv_read_tokens=ctx, attn_ctx=float(ctx), decode=True)

@@ -1,0 +1,162 @@
+"""SGLang-format log lines on stdout (sglang.md section 3): ``[%Y-%m-%d %H:%M:%S PPk TPt] message``.
+
+Every line is flushed at once: the orchestrator tails the log file while the server runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from simulator.resolve import GIB, SimConfig
+
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+
+
+class LogWriter:
+    def __init__(self, level: str = "info", stream: TextIO | None = None,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.level = _LEVELS.get(level, 20)
+        self.stream = stream or sys.stdout
+        self.wall = wall
+        self._last_sec = -1
+        self._last_stamp = ""
+
+    def _stamp(self) -> str:
+        t = self.wall()
+        sec = int(t)
+        if sec != self._last_sec:  # strftime is the expensive part; one per second is enough
+            self._last_sec = sec
+            self._last_stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+        return self._last_stamp
+
+    def log(self, msg: str, tag: str = "", level: str = "info") -> None:
+        if _LEVELS[level] < self.level:
+            return
+        self.stream.write(f"[{self._stamp()}{tag}] {msg}\n")
+        self.stream.flush()
+
+    def info(self, msg: str, tag: str = "") -> None:
+        self.log(msg, tag, "info")
+
+    def warning(self, msg: str, tag: str = "") -> None:
+        self.log(msg, tag, "warning")
+
+    def lines(self, msgs: list[tuple[str, str]], level: str = "info") -> None:
+        """Several (tag, message) lines in one write, e.g. one per PP stage."""
+        if _LEVELS[level] < self.level:
+            return
+        stamp = self._stamp()
+        self.stream.write("".join(f"[{stamp}{tag}] {msg}\n" for tag, msg in msgs))
+        self.stream.flush()
+
+
+def rank_tag(cfg: SimConfig, pp_rank: int, tp_rank: int = 0, dp_rank: int = 0) -> str:
+    """SGLang 0.5.23 order: DP, PP, TP, EP; each only when that dimension is > 1."""
+    tag = ""
+    if cfg.dp > 1:
+        tag += f" DP{dp_rank}"
+    if cfg.pp > 1:
+        tag += f" PP{pp_rank}"
+    if cfg.tp > 1:
+        tag += f" TP{tp_rank}"
+    if cfg.ep > 1:
+        tag += f" EP{tp_rank // (cfg.tp // cfg.ep)}"
+    return tag
+
+
+def decode_line(batch_size: int, used: int, usage: float, cuda_graph: bool, gen_tput: float,
+                queue: int) -> str:
+    return (
+        f"Decode batch, #running-req: {batch_size}, #token: {used}, token usage: {usage:.2f}, "
+        f"cuda graph: {cuda_graph}, gen throughput (token/s): {gen_tput:.2f}, #queue-req: {queue}"
+    )
+
+
+def prefill_line(new_seq: int, new_tok: int, usage: float, running: int, queue: int, pending: int,
+                 input_tput: float) -> str:
+    return (
+        f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_tok}, #cached-token: 0, "
+        f"token usage: {usage:.2f}, #running-req: {running}, #queue-req: {queue}, "
+        f"#pending-token: {pending}, cuda graph: False, input throughput (token/s): {input_tput:.2f}"
+    )
+
+
+def _server_args_repr(cfg: SimConfig) -> str:
+    info = cfg.server_info()
+    keys = [
+        "model_path", "tokenizer_path", "served_model_name", "load_format", "context_length", "tp_size",
+        "pp_size", "ep_size", "dp_size", "pp_async_batch_depth", "pp_max_micro_batch_size",
+        "max_running_requests", "max_total_tokens", "chunked_prefill_size", "max_prefill_tokens",
+        "mem_fraction_static", "disable_cuda_graph", "cuda_graph_max_bs_decode", "attention_backend",
+        "disable_overlap_schedule", "moe_a2a_backend", "host", "port", "enable_metrics",
+        "decode_log_interval", "random_seed", "log_level",
+    ]
+    body = ", ".join(f"{k}={info[k]!r}" for k in keys)
+    return f"server_args=ServerArgs({body})"
+
+
+def startup_lines(cfg: SimConfig, log: LogWriter) -> None:
+    """The lines SGLang prints between launch and readiness, with simulated numbers."""
+    spec = cfg.spec
+    log.info(_server_args_repr(cfg))
+    if cfg.args.attention_backend is None:
+        log.info(f"Attention backend not specified. Use {cfg.attention_backend} backend by default.")
+    for w in cfg.warnings:
+        log.warning(w)
+    total_gb = cfg.hw.memory_gb * 1e9 / GIB
+    quant = f"quant={spec.quant_desc.split(' ')[0]}, " if spec.quant_desc else ""
+    graph_sizes = _graph_sizes(cfg.cuda_graph_max_bs_decode)
+    for dp_rank in range(cfg.dp):
+        for pp_rank, st in enumerate(cfg.stages):
+            for tp_rank in range(cfg.tp):
+                tag = rank_tag(cfg, pp_rank, tp_rank, dp_rank)
+                w_gb = st.weight_bytes / GIB
+                # Simulated load time: reading this GPU's shard from page cache at ~5 GB/s.
+                load_s = st.weight_bytes / 5e9
+                log.info(f"Load weight begin. avail mem={total_gb:.2f} GB", tag)
+                log.info(
+                    f"Load weight end. elapsed={load_s:.2f} s, type={spec.architecture}, {quant}"
+                    f"avail mem={total_gb - w_gb:.2f} GB, mem usage={w_gb:.2f} GB.", tag
+                )
+                kv_gb = st.kv_bytes / GIB
+                if spec.attention == "mla":
+                    kv_desc = f"KV size: {kv_gb:.2f} GB"
+                else:
+                    kv_desc = f"K size: {kv_gb / 2:.2f} GB, V size: {kv_gb / 2:.2f} GB"
+                log.info(
+                    f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {cfg.max_total_num_tokens}, "
+                    f"{kv_desc}", tag
+                )
+                avail = (st.available_bytes + st.graph_bytes) / GIB
+                log.info(f"Memory pool end. avail mem={avail:.2f} GB", tag)
+                if not cfg.disable_cuda_graph:
+                    log.info(
+                        "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+                        f"avail mem={avail:.2f} GB", tag
+                    )
+                    log.info(
+                        f"Capture target decode CUDA graph end. bs={graph_sizes}, elapsed=0.00 s, "
+                        f"mem usage={st.graph_bytes / GIB:.2f} GB, "
+                        f"avail mem={st.available_bytes / GIB:.2f} GB.",
+                        tag,
+                    )
+            log.info(
+                f"max_total_num_tokens={cfg.max_total_num_tokens}, "
+                f"chunked_prefill_size={cfg.chunked_prefill_size}, "
+                f"max_prefill_tokens={cfg.max_prefill_tokens}, "
+                f"max_running_requests={cfg.max_running_requests}, context_len={cfg.context_len}, "
+                f"available_gpu_mem={st.available_bytes / GIB:.2f} GB",
+                rank_tag(cfg, pp_rank, 0, dp_rank),
+            )
+
+
+def _graph_sizes(max_bs: int) -> list[int]:
+    """SGLang's decode capture list, clipped to max_bs with max_bs appended (sglang.md 1.3)."""
+    sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
+    sizes = [s for s in sizes if s <= max_bs]
+    if not sizes or sizes[-1] != max_bs:
+        sizes.append(max_bs)
+    return sizes

@@ -1,0 +1,171 @@
+"""Prometheus exposition: SGLang's ``sglang:`` series (sglang.md 2.5) and the simulator's own
+``parasweep_sim:`` series, on a private ``CollectorRegistry``.
+
+Scheduler series carry ``model_name, engine_type, tp_rank, pp_rank, moe_ep_rank`` (+ ``dp_rank`` when
+dp>1), one set per PP stage as SGLang exports from each stage's attn_tp_rank 0. Their values are those
+the stage last *reported* (at a decode-log or prefill batch), like SGLang's gauges. Tokenizer-level
+histograms and counters use simulated seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from simulator.engine import Engine
+    from simulator.resolve import SimConfig
+
+# SGLang's default buckets (observability/metrics_collector.py).
+TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
+ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
+               0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0]
+E2E_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200,
+               1800, 2400]
+
+
+class StageGauges:
+    """What one replica's stages last reported (identical on every stage: SGLang's replicated state)."""
+
+    __slots__ = ("cuda_graph", "gen_throughput", "num_queue", "num_running", "num_used", "token_usage")
+
+    def __init__(self) -> None:
+        self.num_running = 0
+        self.num_queue = 0
+        self.num_used = 0
+        self.token_usage = 0.0
+        self.gen_throughput = 0.0
+        self.cuda_graph = False
+
+
+class Metrics:
+    def __init__(self, cfg: SimConfig, engines: list[Engine], now: Callable[[], float],
+                 lag: Callable[[], float] | None = None) -> None:
+        self.cfg = cfg
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.gauges = [StageGauges() for _ in engines]
+        model = cfg.served_model_name
+        tok_labels = ["model_name", "engine_type", "is_streaming"]
+        reg = self.registry
+        ttft = Histogram("sglang:time_to_first_token_seconds", "Time to first token (simulated seconds).",
+                         tok_labels, buckets=TTFT_BUCKETS, registry=reg)
+        e2e = Histogram("sglang:e2e_request_latency_seconds", "End-to-end request latency (simulated s).",
+                        tok_labels, buckets=E2E_BUCKETS, registry=reg)
+        itl = Histogram("sglang:inter_token_latency_seconds", "Inter-token latency (simulated seconds).",
+                        ["model_name", "engine_type"], buckets=ITL_BUCKETS, registry=reg)
+        prompt = Counter("sglang:prompt_tokens", "Prefill tokens processed.", tok_labels, registry=reg)
+        gen = Counter("sglang:generation_tokens", "Generation tokens processed.", tok_labels, registry=reg)
+        nreq = Counter("sglang:num_requests", "Requests finished.", tok_labels, registry=reg)
+        # Bind label children once: the per-token path then costs one observe().
+        self.itl = itl.labels(model, "unified")
+        self.ttft = {s: ttft.labels(model, "unified", str(s).lower()) for s in (True, False)}
+        self.e2e = {s: e2e.labels(model, "unified", str(s).lower()) for s in (True, False)}
+        self.prompt_tokens = {s: prompt.labels(model, "unified", str(s).lower()) for s in (True, False)}
+        self.gen_tokens = {s: gen.labels(model, "unified", str(s).lower()) for s in (True, False)}
+        self.num_requests = {s: nreq.labels(model, "unified", str(s).lower()) for s in (True, False)}
+        reg.register(_EngineCollector(cfg, engines, self.gauges, now, lag or (lambda: 0.0)))
+
+
+class _EngineCollector(Collector):
+    def __init__(self, cfg: SimConfig, engines: list[Engine], gauges: list[StageGauges],
+                 now: Callable[[], float], lag: Callable[[], float]) -> None:
+        self.cfg = cfg
+        self.engines = engines
+        self.gauges = gauges
+        self.now = now
+        self.lag = lag
+
+    def _rank_labels(self, dp_rank: int, pp_rank: int) -> tuple[list[str], list[str]]:
+        names = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
+        values = [self.cfg.served_model_name, "unified", "0", str(pp_rank), "0"]
+        if self.cfg.dp > 1:
+            names.append("dp_rank")
+            values.append(str(dp_rank))
+        return names, values
+
+    def collect(self) -> Iterator[Metric]:
+        cfg = self.cfg
+        now = self.now()
+        names, _ = self._rank_labels(0, 0)
+        g = {
+            key: GaugeMetricFamily(f"sglang:{key}", doc, labels=names)
+            for key, doc in (
+                ("num_running_reqs", "Running requests of the micro-batch last reported (per PP stage)."),
+                ("num_queue_reqs", "Requests in the waiting queue."),
+                ("gen_throughput", "Generation throughput over the last decode-log window (token/s)."),
+                ("token_usage", "KV pool usage (fraction)."),
+                ("num_used_tokens", "KV pool tokens in use."),
+                ("max_total_num_tokens", "KV pool size in tokens."),
+                ("cache_hit_rate", "Prefix cache hit rate (the simulator has no prefix cache)."),
+                ("is_cuda_graph", "Whether the last reported decode batch ran as a CUDA graph."),
+                ("context_len", "Context length."),
+            )
+        }
+        realtime = CounterMetricFamily("sglang:realtime_tokens", "Tokens processed, by mode.",
+                                       labels=[*names, "mode"])
+        sim_names = ["pp_rank"] + (["dp_rank"] if cfg.dp > 1 else [])
+        busy = CounterMetricFamily("parasweep_sim:stage_busy_seconds",
+                                   "SIMULATED seconds each PP stage's GPUs were busy (not NVML).",
+                                   labels=sim_names)
+        busy_ratio = GaugeMetricFamily("parasweep_sim:stage_busy_ratio",
+                                       "SIMULATED busy fraction of each PP stage over the last second.",
+                                       labels=sim_names)
+        power = GaugeMetricFamily("parasweep_sim:gpu_power_watts",
+                                  "SIMULATED GPU power: idle + busy fraction x (limit - idle).",
+                                  labels=["gpu"])
+        dp_names = ["dp_rank"] if cfg.dp > 1 else []
+        inflight = GaugeMetricFamily("parasweep_sim:microbatches_in_flight",
+                                     "Micro-batches launched and not yet back at stage 0.", labels=dp_names)
+        running_all = GaugeMetricFamily("parasweep_sim:num_running_reqs_all_slots",
+                                        "Running requests summed over all micro-batch slots.",
+                                        labels=dp_names)
+        slot_reqs = GaugeMetricFamily("parasweep_sim:slot_running_reqs",
+                                      "Running requests owned by each micro-batch slot.",
+                                      labels=[*dp_names, "slot"])
+        steps = CounterMetricFamily("parasweep_sim:forward_steps", "Micro-batch forwards launched, by mode.",
+                                    labels=[*dp_names, "mode"])
+        hw = cfg.hw
+        for dp_rank, (eng, sg) in enumerate(zip(self.engines, self.gauges, strict=True)):
+            dpl = [str(dp_rank)] if cfg.dp > 1 else []
+            for pp_rank in range(cfg.pp):
+                _, values = self._rank_labels(dp_rank, pp_rank)
+                g["num_running_reqs"].add_metric(values, sg.num_running)
+                g["num_queue_reqs"].add_metric(values, sg.num_queue)
+                g["gen_throughput"].add_metric(values, sg.gen_throughput)
+                g["token_usage"].add_metric(values, sg.token_usage)
+                g["num_used_tokens"].add_metric(values, sg.num_used)
+                g["max_total_num_tokens"].add_metric(values, cfg.max_total_num_tokens)
+                g["cache_hit_rate"].add_metric(values, 0.0)
+                g["is_cuda_graph"].add_metric(values, 1.0 if sg.cuda_graph else 0.0)
+                g["context_len"].add_metric(values, cfg.context_len)
+                realtime.add_metric([*values, "prefill_compute"], eng.tokens_prefill_total)
+                realtime.add_metric([*values, "prefill_cache"], 0)
+                realtime.add_metric([*values, "decode"], eng.tokens_decode_total)
+                busy.add_metric([str(pp_rank), *dpl], eng.busy[pp_rank].busy_total(now))
+                frac = eng.busy[pp_rank].busy_fraction(now)
+                busy_ratio.add_metric([str(pp_rank), *dpl], frac)
+                watts = hw.idle_power_w + frac * (hw.power_limit_w - hw.idle_power_w)
+                for tp_rank in range(cfg.tp):
+                    # SGLang's placement: replica offset + pp_rank * tp + tp_rank
+                    gpu = dp_rank * cfg.tp * cfg.pp + pp_rank * cfg.tp + tp_rank
+                    power.add_metric([str(gpu)], watts)
+            inflight.add_metric(dpl, eng.in_flight)
+            running_all.add_metric(dpl, eng.num_running)
+            for slot in eng.slots:
+                slot_reqs.add_metric([*dpl, str(slot.index)], len(slot.reqs))
+            steps.add_metric([*dpl, "prefill"], eng.prefill_steps)
+            steps.add_metric([*dpl, "decode"], eng.decode_steps)
+        yield from g.values()
+        yield from (realtime, busy, busy_ratio, power, inflight, running_all, slot_reqs, steps)
+        sim_time = GaugeMetricFamily("parasweep_sim:sim_time_seconds", "Simulated time since start.")
+        sim_time.add_metric([], now)
+        yield sim_time
+        lag = GaugeMetricFamily("parasweep_sim:live_lag_seconds",
+                                "Wall seconds the live driver's last wakeup was late (CPU-bound server "
+                                "when this stays well above ~0.002).")
+        lag.add_metric([], self.lag())
+        yield lag

@@ -1,0 +1,297 @@
+"""Turn a Hugging Face ``config.json`` into the numbers the cost model needs: parameters, bytes, KV size.
+
+Supported families: Llama-style dense GQA (``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2/3``),
+Qwen-style MoE (``Qwen3MoeForCausalLM``, ``Qwen2MoeForCausalLM``, ``MixtralForCausalLM``) and
+DeepSeek-V3-style MLA + MoE (``DeepseekV3ForCausalLM``, Kimi K2). Parameter counts ignore norms and
+biases (well under 0.1 % of any model here).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+BF16_BYTES = 2.0
+DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0}
+
+
+class ModelConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    path: str
+    architecture: str
+    model_type: str
+    num_layers: int
+    hidden: int
+    vocab: int
+    num_heads: int
+    num_kv_heads: int  # for MLA: the number of query heads (the latent cache is shared by all of them)
+    attention: str  # "mla" or "gqa"
+    qk_head_dim: int
+    v_head_dim: int
+    kv_lora_rank: int  # MLA only, else 0
+    qk_rope_head_dim: int  # MLA only, else 0
+    context_length: int  # the serving context (``--context-length`` or the model maximum)
+    max_context_length: int  # ``max_position_embeddings``
+    eos_token_ids: tuple[int, ...]
+    # parameters (counts, not bytes)
+    attn_params: int  # one layer's attention projections
+    dense_mlp_params: int  # one dense layer's MLP
+    expert_params: int  # one routed expert
+    shared_expert_params: int  # all shared experts of one MoE layer
+    router_params: int  # one MoE layer's gate
+    num_experts: int  # routed experts per MoE layer (0 for dense models)
+    top_k: int
+    moe_layer_mask: tuple[bool, ...]  # per layer: True if it is a MoE layer
+    embed_params: int
+    lm_head_params: int
+    # bytes per parameter, by weight category (quantization may differ between them)
+    attn_bytes_per_param: float
+    dense_mlp_bytes_per_param: float
+    expert_bytes_per_param: float
+    shared_expert_bytes_per_param: float
+    lm_head_bytes_per_param: float
+    embed_bytes_per_param: float
+    kv_bytes_per_elem: float
+    quant_desc: str  # e.g. "compressed-tensors (int4, group 32) on routed experts"; "" when unquantized
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layer_mask)
+
+    @property
+    def expert_bytes(self) -> float:
+        return self.expert_params * self.expert_bytes_per_param
+
+    def kv_elems_per_token_layer(self) -> int:
+        """Elements cached per token per layer (before any TP sharding)."""
+        if self.attention == "mla":
+            return self.kv_lora_rank + self.qk_rope_head_dim  # one latent vector, shared by all heads
+        return 2 * self.num_kv_heads * self.qk_head_dim  # K and V
+
+    def layer_nonexpert_params(self, layer: int) -> int:
+        """Parameters of one layer that every token reads: attention, dense MLP or shared experts, gate."""
+        if self.moe_layer_mask[layer]:
+            return self.attn_params + self.shared_expert_params + self.router_params
+        return self.attn_params + self.dense_mlp_params
+
+    def layer_nonexpert_bytes(self, layer: int) -> float:
+        b = self.attn_params * self.attn_bytes_per_param
+        if self.moe_layer_mask[layer]:
+            b += self.shared_expert_params * self.shared_expert_bytes_per_param
+            b += self.router_params * BF16_BYTES
+        else:
+            b += self.dense_mlp_params * self.dense_mlp_bytes_per_param
+        return b
+
+    def total_params(self) -> int:
+        n = self.embed_params + self.lm_head_params
+        for layer in range(self.num_layers):
+            n += self.layer_nonexpert_params(layer)
+            if self.moe_layer_mask[layer]:
+                n += self.num_experts * self.expert_params
+        return n
+
+    def active_params_per_token(self) -> int:
+        n = self.lm_head_params
+        for layer in range(self.num_layers):
+            n += self.layer_nonexpert_params(layer)
+            if self.moe_layer_mask[layer]:
+                n += self.top_k * self.expert_params
+        return n
+
+
+def _get(cfg: dict, *keys: str, default=None):
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    return default
+
+
+# Representative module names per weight category, matched against a quantization ``ignore`` list.
+_CATEGORY_MODULES = {
+    "attn": "model.layers.1.self_attn.o_proj",
+    "dense_mlp": "model.layers.0.mlp.down_proj",
+    "expert": "model.layers.1.mlp.experts.0.down_proj",
+    "shared_expert": "model.layers.1.mlp.shared_experts.down_proj",
+    "lm_head": "lm_head",
+}
+
+
+def _ignored(module: str, ignore: list[str]) -> bool:
+    for pat in ignore:
+        if pat.startswith("re:"):
+            if re.match(pat[3:], module):
+                return True
+        elif pat == module or module.endswith("." + pat):
+            return True
+    return False
+
+
+def _quant_bytes(cfg: dict, base: float) -> tuple[dict[str, float], str]:
+    """Bytes per parameter for each weight category, from ``quantization_config``."""
+    per_cat = {c: base for c in _CATEGORY_MODULES}
+    q = cfg.get("quantization_config")
+    if not q:
+        return per_cat, ""
+    method = q.get("quant_method", "")
+    ignore = list(q.get("ignore") or q.get("modules_to_not_convert") or [])
+    if method == "compressed-tensors":
+        groups = q.get("config_groups") or {}
+        if not groups:
+            raise ModelConfigError("compressed-tensors quantization_config without config_groups")
+        w = next(iter(groups.values())).get("weights") or {}
+        bits = int(w.get("num_bits", 8))
+        group = w.get("group_size")
+        # packed integers plus one BF16 scale per group (symmetric: no zero point)
+        qbytes = bits / 8 + (BF16_BYTES / group if group else 0.0)
+        desc = f"compressed-tensors ({w.get('type', 'int')}{bits}, group {group})"
+    elif method == "fp8":
+        block = q.get("weight_block_size") or [128, 128]
+        qbytes = 1.0 + 4.0 / (block[0] * block[1])  # FP8 weights + one FP32 scale per block
+        desc = f"fp8 (block {block[0]}x{block[1]})"
+    else:
+        raise ModelConfigError(f"unsupported quant_method {method!r} (supported: compressed-tensors, fp8)")
+    quantized = []
+    for cat, module in _CATEGORY_MODULES.items():
+        if not _ignored(module, ignore):
+            per_cat[cat] = qbytes
+            quantized.append(cat)
+    return per_cat, f"{desc} on {', '.join(quantized) or 'nothing'}"
+
+
+def load_model_spec(model_path: str, context_length: int | None = None) -> ModelSpec:
+    path = Path(model_path).expanduser()
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ModelConfigError(f"config.json not found in model path {model_path!r}")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelConfigError(f"{cfg_file}: invalid JSON ({e})") from e
+    return spec_from_config(cfg, name=path.name, path=str(path), context_length=context_length)
+
+
+def spec_from_config(
+    cfg: dict, name: str = "model", path: str = "", context_length: int | None = None
+) -> ModelSpec:
+    archs = cfg.get("architectures") or ["?"]
+    arch = archs[0]
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        hidden = int(cfg["hidden_size"])
+        vocab = int(cfg["vocab_size"])
+        heads = int(cfg["num_attention_heads"])
+    except KeyError as e:
+        raise ModelConfigError(f"config.json lacks {e.args[0]!r}") from e
+    kv_heads = int(_get(cfg, "num_key_value_heads", default=heads))
+    base = DTYPE_BYTES.get(str(cfg.get("torch_dtype", "bfloat16")), BF16_BYTES)
+    inter = int(_get(cfg, "intermediate_size", default=4 * hidden))
+
+    mla = cfg.get("kv_lora_rank") is not None
+    if mla:
+        q_lora = cfg.get("q_lora_rank")
+        kv_lora = int(cfg["kv_lora_rank"])
+        rope = int(cfg["qk_rope_head_dim"])
+        nope = int(cfg["qk_nope_head_dim"])
+        v_dim = int(cfg["v_head_dim"])
+        qk_dim = nope + rope
+        # q_a/q_b low-rank pair when q_lora_rank is set, else one q_proj
+        q_params = hidden * int(q_lora) + int(q_lora) * heads * qk_dim if q_lora else hidden * heads * qk_dim
+        attn = (
+            q_params
+            + hidden * (kv_lora + rope)  # kv_a_proj_with_mqa
+            + kv_lora * heads * (nope + v_dim)  # kv_b_proj
+            + heads * v_dim * hidden  # o_proj
+        )
+        attention = "mla"
+        kv_heads = heads
+    else:
+        kv_lora = rope = 0
+        qk_dim = int(_get(cfg, "head_dim", default=hidden // heads))
+        v_dim = qk_dim
+        attn = hidden * heads * qk_dim + 2 * hidden * kv_heads * qk_dim + heads * qk_dim * hidden
+        attention = "gqa"
+
+    num_experts = int(_get(cfg, "n_routed_experts", "num_experts", "num_local_experts", default=0))
+    top_k = int(_get(cfg, "num_experts_per_tok", default=0)) if num_experts else 0
+    if num_experts:
+        moe_inter = int(_get(cfg, "moe_intermediate_size", default=inter))
+        expert = 3 * hidden * moe_inter  # gate, up, down
+        n_shared = int(_get(cfg, "n_shared_experts", default=0))
+        shared_inter = int(_get(cfg, "shared_expert_intermediate_size", default=n_shared * moe_inter))
+        shared = 3 * hidden * shared_inter
+        router = hidden * num_experts
+        first_dense = int(_get(cfg, "first_k_dense_replace", default=0))
+        freq = int(_get(cfg, "moe_layer_freq", "decoder_sparse_step", default=1)) or 1
+        mlp_only = set(cfg.get("mlp_only_layers") or [])
+        if "first_k_dense_replace" in cfg:  # DeepSeek convention: layer i >= k with i % freq == 0
+            mask = tuple(i >= first_dense and i % freq == 0 for i in range(layers))
+        else:  # Qwen convention: (i + 1) % decoder_sparse_step == 0, minus mlp_only_layers
+            mask = tuple(i not in mlp_only and (i + 1) % freq == 0 for i in range(layers))
+        if not 0 < top_k <= num_experts:
+            raise ModelConfigError(f"num_experts_per_tok must be in [1, {num_experts}], got {top_k}")
+    else:
+        expert = shared = router = 0
+        mask = (False,) * layers
+    dense_mlp = 3 * hidden * inter
+
+    embed = vocab * hidden
+    # A tied head shares storage with the embedding only when both sit on one GPU; under PP they are on
+    # different stages, so the simulator always counts both (a small overestimate for tied models).
+    lm_head = vocab * hidden
+    bytes_per, quant_desc = _quant_bytes(cfg, base)
+
+    max_ctx = int(_get(cfg, "max_position_embeddings", "max_sequence_length", "seq_length", default=4096))
+    ctx = max_ctx if context_length is None else int(context_length)
+
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ())
+    return ModelSpec(
+        name=name,
+        path=path,
+        architecture=arch,
+        model_type=str(cfg.get("model_type", "")),
+        num_layers=layers,
+        hidden=hidden,
+        vocab=vocab,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        attention=attention,
+        qk_head_dim=qk_dim,
+        v_head_dim=v_dim,
+        kv_lora_rank=kv_lora,
+        qk_rope_head_dim=rope,
+        context_length=ctx,
+        max_context_length=max_ctx,
+        eos_token_ids=eos_ids,
+        attn_params=attn,
+        dense_mlp_params=dense_mlp,
+        expert_params=expert,
+        shared_expert_params=shared,
+        router_params=router,
+        num_experts=num_experts,
+        top_k=top_k,
+        moe_layer_mask=mask,
+        embed_params=embed,
+        lm_head_params=lm_head,
+        attn_bytes_per_param=bytes_per["attn"],
+        dense_mlp_bytes_per_param=bytes_per["dense_mlp"],
+        expert_bytes_per_param=bytes_per["expert"],
+        shared_expert_bytes_per_param=bytes_per["shared_expert"],
+        lm_head_bytes_per_param=bytes_per["lm_head"],
+        embed_bytes_per_param=base,
+        kv_bytes_per_elem=BF16_BYTES,
+        quant_desc=quant_desc,
+    )
+

@@ -1,0 +1,339 @@
+"""Validate the launch flags and compute SGLang's auto defaults (sglang.md 1.4) from memory arithmetic."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from simulator import SGLANG_COMPAT_VERSION, __version__
+from simulator.costs import CostModel, CostParams, Parallel
+from simulator.hardware import HardwareConf, HardwareError, load_hardware, resolve_hardware_path
+from simulator.model_spec import ModelConfigError, ModelSpec, load_model_spec
+
+MIB = 2**20
+GIB = 2**30
+# SGLang memory tiers by total GPU memory (MiB thresholds): chunked_prefill_size, decode graph max bs
+# for tp<4 and tp>=4 (arg_groups/memory_hook.handle_gpu_memory_settings, 0.5.23).
+_TIERS = [
+    (20 * 1024, 2048, 8, 8),
+    (35 * 1024, 4096, 48, 160),
+    (60 * 1024, 4096, 32, 160),
+    (90 * 1024, 8192, 256, 512),
+    (160 * 1024, 8192, 256, 512),
+    (float("inf"), 16384, 512, 512),
+]
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class StageMemory:
+    weight_bytes: float
+    kv_bytes: float
+    graph_bytes: float
+    token_capacity: int
+    available_bytes: float
+
+
+@dataclass
+class SimConfig:
+    args: argparse.Namespace
+    spec: ModelSpec
+    hw: HardwareConf
+    hw_path: str
+    cost: CostModel
+    par: Parallel
+    tp: int
+    pp: int
+    ep: int
+    dp: int
+    depth: int
+    served_model_name: str
+    context_len: int
+    chunked_prefill_size: int  # -1 = disabled
+    max_prefill_tokens: int
+    max_total_num_tokens: int
+    max_running_requests: int
+    pp_max_micro_batch_size: int
+    cuda_graph_max_bs_decode: int  # what was captured (clipped to max_running_requests)
+    disable_cuda_graph: bool
+    disable_overlap_schedule: bool
+    mem_fraction_static: float
+    attention_backend: str
+    random_seed: int
+    time_scale: float
+    stages: list[StageMemory]
+    warnings: list[str] = field(default_factory=list)
+    startup_time: float = field(default_factory=time.time)
+
+    @property
+    def max_req_input_len(self) -> int:
+        return min(self.context_len - 1, self.max_total_num_tokens - 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def server_info(self) -> dict:
+        a = self.args
+        s0 = self.stages[0]
+        info = {
+            "model_path": a.model_path,
+            "served_model_name": self.served_model_name,
+            "tokenizer_path": a.tokenizer_path or a.model_path,
+            "skip_tokenizer_init": a.skip_tokenizer_init,
+            "load_format": a.load_format,
+            "trust_remote_code": a.trust_remote_code,
+            "context_length": a.context_length,
+            "dtype": a.dtype,
+            "kv_cache_dtype": a.kv_cache_dtype,
+            "tp_size": self.tp,
+            "pp_size": self.pp,
+            "ep_size": self.ep,
+            "dp_size": self.dp,
+            "moe_a2a_backend": a.moe_a2a_backend,
+            "pp_async_batch_depth": self.depth,
+            "pp_max_micro_batch_size": self.pp_max_micro_batch_size,
+            "max_running_requests": self.max_running_requests,
+            "max_queued_requests": a.max_queued_requests,
+            "max_total_tokens": a.max_total_tokens,
+            "chunked_prefill_size": self.chunked_prefill_size,
+            "max_prefill_tokens": self.max_prefill_tokens,
+            "schedule_policy": a.schedule_policy,
+            "disable_overlap_schedule": self.disable_overlap_schedule,
+            "mem_fraction_static": self.mem_fraction_static,
+            "page_size": a.page_size or 1,
+            "disable_radix_cache": a.disable_radix_cache,
+            "disable_cuda_graph": self.disable_cuda_graph,
+            "cuda_graph_max_bs_decode": self.cuda_graph_max_bs_decode,
+            "attention_backend": self.attention_backend,
+            "host": a.host,
+            "port": a.port,
+            "enable_metrics": a.enable_metrics,
+            "decode_log_interval": a.decode_log_interval,
+            "log_level": a.log_level,
+            "random_seed": self.random_seed,
+            "stream_interval": a.stream_interval,
+            # scheduler init info
+            "status": "ready",
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "max_req_input_len": self.max_req_input_len,
+            "context_len": self.context_len,
+            "startup_time": self.startup_time,
+            "version": SGLANG_COMPAT_VERSION,
+            "engine": "parasweep-sim",
+            "sim_version": __version__,
+            "sim_hardware": self.hw.name,
+            "sim_hardware_path": self.hw_path,
+            "sim_time_scale": self.time_scale,
+            "sim_stage_layers": list(self.cost.stage_layers),
+            "sim_stage_weight_gb": [round(s.weight_bytes / 1e9, 3) for s in self.stages],
+            "sim_stage_token_capacity": [s.token_capacity for s in self.stages],
+        }
+        info["internal_states"] = [
+            {
+                "effective_max_running_requests_per_dp": self.max_running_requests,
+                "last_gen_throughput": 0.0,
+                "memory_usage": {
+                    "weight": round(s0.weight_bytes / GIB, 2),
+                    "kvcache": round(s0.kv_bytes / GIB, 2),
+                    "token_capacity": self.max_total_num_tokens,
+                    "graph": round(s0.graph_bytes / GIB, 2),
+                },
+                "world_size": self.tp * self.pp,
+            }
+            for _ in range(self.dp)
+        ]
+        return info
+
+
+def _tier(gpu_mem_mib: float) -> tuple[int, int, int]:
+    for limit, chunk, bs_small_tp, bs_large_tp in _TIERS:
+        if gpu_mem_mib < limit:
+            return chunk, bs_small_tp, bs_large_tp
+    raise AssertionError("unreachable")
+
+
+def _default_attention_backend(spec: ModelSpec, hw: HardwareConf) -> str:
+    gpu = hw.gpu.upper()
+    hopper = "H100" in gpu or "H200" in gpu or "H800" in gpu or "H20" in gpu
+    sm100 = "B200" in gpu or "B300" in gpu or "GB200" in gpu
+    if spec.attention == "mla":
+        return "fa3" if hopper else ("flashinfer" if (sm100 or "BLACKWELL" in gpu) else "triton")
+    if hopper:
+        return "fa3"
+    if sm100:
+        return "trtllm_mha"
+    return "flashinfer"
+
+
+def resolve(args: argparse.Namespace) -> SimConfig:
+    warnings: list[str] = []
+    try:
+        hw_path = resolve_hardware_path(args.sim_hardware)
+        hw = load_hardware(args.sim_hardware)
+    except HardwareError as e:
+        raise ConfigError(str(e)) from e
+    if not Path(args.model_path).is_dir():
+        raise ConfigError(f"model path {args.model_path!r} is not a directory with a config.json")
+    try:
+        spec = load_model_spec(args.model_path, args.context_length)
+    except ModelConfigError as e:
+        raise ConfigError(str(e)) from e
+
+    tp, pp, ep, dp, depth = args.tp_size, args.pp_size, args.ep_size, args.dp_size, args.pp_async_batch_depth
+    for name, v in (("tp_size", tp), ("pp_size", pp), ("ep_size", ep), ("dp_size", dp)):
+        if v < 1:
+            raise ConfigError(f"{name} must be >= 1, got {v}")
+    if depth < 0:
+        raise ConfigError(f"pp_async_batch_depth must be >= 0, got {depth}")
+    if args.pp_max_micro_batch_size is not None and args.pp_max_micro_batch_size < 1:
+        raise ConfigError(f"pp_max_micro_batch_size must be >= 1, got {args.pp_max_micro_batch_size}")
+    if args.max_running_requests is not None and args.max_running_requests < 1:
+        raise ConfigError(f"max_running_requests must be >= 1, got {args.max_running_requests}")
+    if args.sim_time_scale <= 0:
+        raise ConfigError(f"--sim-time-scale must be > 0, got {args.sim_time_scale}")
+    if args.decode_log_interval < 1:
+        raise ConfigError(f"decode_log_interval must be >= 1, got {args.decode_log_interval}")
+    if ep > 1 and tp % ep != 0:
+        raise ConfigError(f"ep_size ({ep}) must divide tp_size ({tp}): expert parallelism lives inside TP")
+    if pp > spec.num_layers:
+        raise ConfigError(f"pp_size ({pp}) must be <= num_hidden_layers ({spec.num_layers})")
+    if spec.num_heads % tp != 0:
+        raise ConfigError(f"num_attention_heads ({spec.num_heads}) must be divisible by tp_size ({tp})")
+    if spec.attention == "gqa" and spec.num_kv_heads % tp != 0 and tp % spec.num_kv_heads != 0:
+        raise ConfigError(
+            f"num_key_value_heads ({spec.num_kv_heads}) and tp_size ({tp}) must divide one another"
+        )
+    if ep > 1 and (not spec.is_moe or spec.num_experts % ep != 0):
+        raise ConfigError(f"ep_size ({ep}) needs a MoE model whose expert count divides by it")
+    if args.moe_a2a_backend != "none" and ep != tp:
+        warnings.append(
+            f"MoE a2a backend {args.moe_a2a_backend} is enabled. The expert parallel size is adjusted "
+            f"from {ep} to the tensor parallel size [{tp}]."
+        )
+        ep = tp
+    world = tp * pp * dp
+    if world > hw.num_gpus:
+        raise ConfigError(
+            f"world size tp*pp*dp = {tp}*{pp}*{dp} = {world} exceeds the {hw.num_gpus} GPUs of {hw.name}"
+        )
+    if spec.context_length > spec.max_context_length:
+        raise ConfigError(
+            f"User-specified context_length ({spec.context_length}) is greater than the derived "
+            f"context_length ({spec.max_context_length}) from the model's config.json"
+        )
+    if spec.context_length < 2:
+        raise ConfigError(f"context_length must be >= 2, got {spec.context_length}")
+
+    disable_overlap = bool(args.disable_overlap_schedule)
+    if pp > 1 and not disable_overlap:
+        warnings.append("Pipeline parallelism is incompatible with overlap schedule.")
+        disable_overlap = True
+
+    gpu_mem_mib = hw.memory_gb * 1e9 / MIB
+    tier_chunk, bs_small, bs_large = _tier(gpu_mem_mib)
+    chunked = args.chunked_prefill_size if args.chunked_prefill_size is not None else tier_chunk
+    if chunked == 0 or chunked < -1:
+        raise ConfigError(f"chunked_prefill_size must be positive or -1 (disabled), got {chunked}")
+    graph_bs = args.cuda_graph_max_bs_decode
+    if graph_bs is None:
+        graph_bs = bs_small if tp < 4 else bs_large
+        if args.max_running_requests is not None:
+            graph_bs = min(graph_bs, args.max_running_requests)
+
+    frac = args.mem_fraction_static
+    if frac is None:
+        reserved = 512 + max(chunked, 2048) * 1.5 + tp * pp / 8 * 1024 + graph_bs * 2
+        if gpu_mem_mib > 60 * 1024:
+            reserved = max(reserved, 10 * 1024)
+        frac = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
+    if not 0 < frac < 1:
+        raise ConfigError(f"mem_fraction_static must be in (0, 1), got {frac}")
+
+    par = Parallel(tp=tp, pp=pp, ep=ep, moe_a2a_backend=args.moe_a2a_backend)
+    disable_graph = bool(args.disable_cuda_graph)
+    # Build the cost model once to get per-stage weights; graph bs is fixed up after max_running_requests.
+    cost = CostModel(spec, hw, par, graph_bs, disable_graph, CostParams())
+    total = hw.memory_gb * 1e9
+    graph_mem = 0.0 if disable_graph else graph_bs * 2 * MIB  # activations of the captured graphs
+    capacities = []
+    for st in cost.stages:
+        kv_bytes = total * frac - st.weight_bytes
+        cap = int(kv_bytes // st.kv_bytes_per_token) if kv_bytes > 0 else 0
+        if cap <= 0:
+            raise ConfigError(
+                f"Not enough memory. Please try to increase --mem-fraction-static. (PP stage {st.index}: "
+                f"weights {st.weight_bytes / 1e9:.1f} GB per GPU, static budget {total * frac / 1e9:.1f} GB)"
+            )
+        capacities.append(cap)
+    token_capacity = min(capacities)  # SGLang MIN-all-reduces the pool size across PP ranks
+    if args.max_total_tokens is not None:
+        token_capacity = min(token_capacity, args.max_total_tokens)
+    if token_capacity < 2:
+        raise ConfigError(f"max_total_tokens too small: {token_capacity}")
+
+    ctx = spec.context_length
+    if args.max_running_requests is None:
+        estimated = min(max(int(token_capacity / ctx * 512), 2048), 4096)
+        mrr = min(estimated, token_capacity // 2)
+    else:
+        mrr = min(args.max_running_requests, token_capacity // 2)
+        if mrr < args.max_running_requests:
+            warnings.append(
+                f"max_running_requests was reduced from the requested {args.max_running_requests} to {mrr} "
+                "(per dp worker) due to the available KV cache capacity."
+            )
+    mrr = max(mrr, 1)
+    cap = args.pp_max_micro_batch_size or max(mrr // pp, 1)
+    graph_bs = min(graph_bs, mrr)  # captured sizes are clipped to the request pool size
+    cost = CostModel(spec, hw, par, graph_bs, disable_graph, CostParams())
+
+    stages = []
+    for st in cost.stages:
+        kv = token_capacity * st.kv_bytes_per_token
+        stages.append(
+            StageMemory(
+                weight_bytes=st.weight_bytes,
+                kv_bytes=kv,
+                graph_bytes=graph_mem,
+                token_capacity=token_capacity,
+                available_bytes=max(total - st.weight_bytes - kv - graph_mem, 0.0),
+            )
+        )
+    backend = args.attention_backend or _default_attention_backend(spec, hw)
+    seed = args.random_seed if args.random_seed is not None else random.randint(0, 1 << 30)
+    return SimConfig(
+        args=args,
+        spec=spec,
+        hw=hw,
+        hw_path=str(hw_path),
+        cost=cost,
+        par=par,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        dp=dp,
+        depth=depth,
+        served_model_name=args.served_model_name or args.model_path,
+        context_len=ctx,
+        chunked_prefill_size=chunked,
+        max_prefill_tokens=args.max_prefill_tokens,
+        max_total_num_tokens=token_capacity,
+        max_running_requests=mrr,
+        pp_max_micro_batch_size=cap,
+        cuda_graph_max_bs_decode=graph_bs,
+        disable_cuda_graph=disable_graph,
+        disable_overlap_schedule=disable_overlap,
+        mem_fraction_static=frac,
+        attention_backend=backend,
+        random_seed=seed,
+        time_scale=args.sim_time_scale,
+        stages=stages,
+        warnings=warnings,
+    )

@@ -1,0 +1,47 @@
+"""Bad input: one line on stderr naming the key, the value and what is valid; exit code 2;
+nothing launched and nothing written to the MLflow store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+CASES = [
+    # (overrides, fragments the one-line message must contain)
+    (["model=gpt-9"], ["model=gpt-9", "unknown model", "kimi-k2", "tiny-test"]),
+    (["hardware=dgx-a100"], ["hardware=dgx-a100", "unknown hardware", "h200-nvlink-x8"]),
+    (["pp.asyn_depth=4"], ["pp.asyn_depth", "unknown config key", "async_depth", "micro_batch_size"]),
+    (["pp.async_depth=abc"], ["pp.async_depth=abc", "an integer"]),
+    (["tp.size=2"], ["tp.size*pp.size*dp.size=16", "at most 8", "rtx-pro-6000-pcie-x8"]),
+    (["parallelism=tp1", "pp.size=5", "model=tiny-test"], ["pp.size=5", "1..4", "4 layers"]),
+    (["parallelism=tp8", "ep.size=3"], ["ep.size=3", "divisor of tp.size=8", "[1, 2, 4, 8]"]),
+    (["model=llama-3.1-8b", "parallelism=ep8"], ["ep.size=8", "no experts"]),
+    (["pp.async_depth=99"], ["pp.async_depth=99", "0..64"]),
+    (["pp.micro_batch_size=0"], ["pp.micro_batch_size=0", ">= 1 or null"]),
+    (["parallelism=tp8", "pp.async_depth=4"], ["pp.async_depth=4", "0 when pp.size=1"]),
+    (["workload.api=grpc"], ["workload.api=grpc", "generate, completions, chat"]),
+    (["engine=vllm"], ["engine=vllm", "unknown engine", "sglang", "sim"]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "fragments"), CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_config_is_one_clear_line(overrides: list[str], fragments: list[str], workdir: Path) -> None:
+    result = run_cli(overrides, workdir)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("parasweep: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert "Traceback" not in result.stderr
+    assert not (workdir / "runs" / "mlflow.db").exists()  # nothing tracked, nothing launched
+
+
+def test_bad_value_in_a_sweep_fails_before_any_trial(workdir: Path) -> None:
+    result = run_cli(["-m", "pp.async_depth=0,99"], workdir)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == "parasweep: pp.async_depth=99: invalid; valid: 0..64"
+    assert not (workdir / "runs" / "mlflow.db").exists()

@@ -1,0 +1,44 @@
+"""`dry_run=true` prints each trial's plan and exact server argv, and launches nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import run_cli
+
+
+def test_dry_run_sweep_prints_argv_per_trial(workdir: Path) -> None:
+    result = run_cli(["dry_run=true", "-m", "pp.async_depth=0,8"], workdir)
+    assert result.returncode == 0, result.stderr
+    argvs = [json.loads(line[len("argv: "):]) for line in result.stdout.splitlines()
+             if line.startswith("argv: ")]
+    assert len(argvs) == 2
+    for argv, depth in zip(argvs, ("0", "8"), strict=True):
+        assert argv[1:3] == ["-m", "simulator"]
+        assert argv[argv.index("--pp-size") + 1] == "8"
+        assert argv[argv.index("--pp-async-batch-depth") + 1] == depth
+        assert argv[argv.index("--host") + 1] == "127.0.0.1"
+        assert "--enable-metrics" in argv
+        # decode log interval coprime with pp + depth, so log lines rotate through the slots
+        interval = int(argv[argv.index("--decode-log-interval") + 1])
+        assert interval >= 40 and all((8 + int(depth)) % k or interval % k for k in range(2, 17))
+        # full flag names only: SGLang accepts unambiguous prefixes, we never rely on it
+        assert all(not a.startswith("--") or len(a) > 4 for a in argv)
+    assert "world_size=8" in result.stdout
+    assert not (workdir / "runs" / "mlflow.db").exists()
+
+
+def test_dry_run_sglang_engine_argv(workdir: Path) -> None:
+    result = run_cli(["dry_run=true", "engine=sglang", "ray.num_gpus=8", "parallelism=tp8",
+                      "pp.micro_batch_size=4", "server.max_running_requests=64",
+                      "+server.extra_args.schedule_policy=lpm"], workdir)
+    assert result.returncode == 0, result.stderr
+    argv = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("argv: "))[6:])
+    assert argv[1:3] == ["-m", "sglang.launch_server"]
+    assert argv[argv.index("--tp-size") + 1] == "8"
+    assert "--pp-async-batch-depth" not in argv  # only meaningful with pp > 1
+    assert argv[argv.index("--pp-max-micro-batch-size") + 1] == "4"
+    assert argv[argv.index("--max-running-requests") + 1] == "64"
+    assert argv[argv.index("--schedule-policy") + 1] == "lpm"
+    assert "--sim-hardware" not in argv

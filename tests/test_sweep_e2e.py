@@ -1,0 +1,110 @@
+"""The spine end to end: a Hydra sweep on a real local Ray, the simulated engine over real HTTP, and
+a real sqlite MLflow store, checked against the MLflow layout in DESIGN.md."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.conftest import run_cli
+
+# fast but honest: a tiny MoE model in PP2 on the simulated RTX PRO node, two load points
+SMALL = ["model=tiny-test", "parallelism=pp2", "workload=tiny", "ray.num_cpus=2"]
+CONTRACT_METRICS = ["output_tok_s", "request_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
+                    "tpot_p50_ms", "e2e_p50_ms", "achieved_concurrency", "errors", "valid"]
+CONTRACT_ARTIFACTS = ["config/resolved.yaml", "config/overrides.yaml", "server/server.log",
+                      "server/server_info.json", "server/argv.json", "records/requests.parquet",
+                      "diagnosis.json"]
+
+
+def _artifacts(client, run_id: str, path: str = "") -> list[str]:
+    out = []
+    for item in client.list_artifacts(run_id, path or None):
+        out += _artifacts(client, run_id, item.path) if item.is_dir else [item.path]
+    return out
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory):
+    workdir = tmp_path_factory.mktemp("sweep")
+    result = run_cli(["-m", *SMALL, "pp.async_depth=0,2"], workdir, timeout=600)
+    return workdir, result
+
+
+def test_sweep_completes_and_prints_summary(sweep) -> None:
+    _workdir, result = sweep
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "2 trial(s), status ok" in out
+    assert "pp.async_depth=0" in out and "pp.async_depth=2" in out
+    assert "mlflow ui --backend-store-uri sqlite:///" in out and "--host 127.0.0.1" in out
+    assert "#/experiments/" in out
+
+
+def test_mlflow_layout(sweep) -> None:
+    workdir, result = sweep
+    assert result.returncode == 0, result.stderr
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'runs' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("parasweep")
+    assert exp is not None
+    assert exp.artifact_location.startswith("file://") and "runs/artifacts" in exp.artifact_location
+    runs = client.search_runs([exp.experiment_id])
+    sweeps = [r for r in runs if r.data.tags.get("parasweep.kind") == "sweep"]
+    trials = [r for r in runs if r.data.tags.get("parasweep.kind") == "trial"]
+    assert len(sweeps) == 1 and len(trials) == 2
+    parent = sweeps[0]
+    assert parent.data.tags["parasweep.status"] == "ok" and parent.info.status == "FINISHED"
+
+    depths = set()
+    for run in trials:
+        tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+        assert tags["mlflow.parentRunId"] == parent.info.run_id
+        assert tags["parasweep.status"] == "ok" and run.info.status == "FINISHED"
+        assert tags["parasweep.engine"] == "sim"
+        assert tags["parasweep.engine_version"] and tags["parasweep.engine_version"] != "unknown"
+        assert len(tags["parasweep.config_hash"]) == 16
+        depths.add(params["pp.async_depth"])
+        assert params["pp.size"] == "2" and params["model.name"] == "tiny-test"
+        assert int(params["resolved.max_running_requests"]) >= 1
+        cap = int(params["resolved.pp_max_micro_batch_size"])
+        assert cap == max(int(params["resolved.max_running_requests"]) // 2, 1)
+        for c in (1, 4):
+            for name in CONTRACT_METRICS:
+                assert f"c{c}/{name}" in metrics, f"c{c}/{name} missing"
+            assert metrics[f"c{c}/errors"] == 0
+            assert metrics[f"c{c}/output_tok_s"] > 0
+            assert not math.isnan(metrics[f"c{c}/ttft_p99_ms"])
+        # the same metrics as step series against load (step = concurrency)
+        history = client.get_metric_history(run.info.run_id, "output_tok_s")
+        assert sorted(m.step for m in history) == [1, 4]
+        # more concurrency, more throughput, on any sane engine
+        assert metrics["c4/output_tok_s"] > metrics["c1/output_tok_s"]
+        arts = _artifacts(client, run.info.run_id)
+        for name in CONTRACT_ARTIFACTS:
+            assert name in arts, f"{name} missing from {arts}"
+        assert any(a.startswith("telemetry/") and a.endswith(".parquet") for a in arts)
+        assert any(a.startswith("plots/") and a.endswith(".png") for a in arts)
+    assert depths == {"0", "2"}
+
+
+def test_records_and_diagnosis_content(sweep) -> None:
+    import json
+
+    import pandas as pd
+
+    workdir, _ = sweep
+    trial_dirs = sorted(p.parent for p in (workdir / "runs" / "multirun").glob("*/*/*/progress.json"))
+    assert len(trial_dirs) == 2
+    for d in trial_dirs:
+        df = pd.read_parquet(d / "records" / "requests.parquet")
+        measured = df[~df["warmup"]]
+        # workload=tiny: max(8, 2 x C) requests at C=1 and C=4, plus one warm-up request per point
+        assert len(measured) == 16
+        assert (measured["output_tokens"] == 8).all()
+        findings = json.loads((d / "diagnosis.json").read_text())
+        assert isinstance(findings, list)
+        for f in findings:
+            assert set(f) == {"id", "severity", "title", "evidence", "suggestion"}

@@ -1,0 +1,218 @@
+"""``python -m workloads``: one load point against any SGLang / OpenAI-compatible endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import orjson
+
+from .backend import ServerCheckError, normalize_url, probe_server
+from .metrics import DEFAULT_LAG_THRESHOLD_MS, LATENCIES, STATS
+from .payloads import APIS, RequestSpec
+from .records import ERROR_KINDS
+from .runner import PointResult, run_point, run_sync
+from .scheduler import LoadPoint
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m workloads",
+        description="Drive one load point (closed-loop concurrency or open-loop rate) against an SGLang "
+        "or OpenAI-compatible server and report latency/throughput metrics.",
+    )
+    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
+    p.add_argument(
+        "--api",
+        choices=APIS,
+        default="generate",
+        help="endpoint: /generate, /v1/completions or /v1/chat/completions (default: generate)",
+    )
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--concurrency", type=_positive_int, help="closed loop: requests kept in flight")
+    mode.add_argument("--rate", type=_positive_float, help="open loop: requests per second")
+    p.add_argument("--requests", type=_positive_int, default=100, help="measured requests (default 100)")
+    p.add_argument("--input-len", type=_positive_int, default=128, help="prompt tokens (default 128)")
+    p.add_argument("--output-len", type=_positive_int, default=128, help="output tokens (default 128)")
+    p.add_argument(
+        "--warmup",
+        type=_non_negative_int,
+        default=0,
+        help="warmup requests sent first, excluded from metrics (default 0)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for prompts and arrivals (default 0)")
+    p.add_argument(
+        "--arrival",
+        choices=("poisson", "constant"),
+        default="poisson",
+        help="open-loop arrival process (default poisson)",
+    )
+    p.add_argument("--max-concurrency", type=_positive_int, help="open loop: cap on requests in flight")
+    p.add_argument(
+        "--vocab-size",
+        type=_positive_int,
+        default=32000,
+        help="random token ids are drawn from [0, N) (default 32000)",
+    )
+    p.add_argument("--model", help="OpenAI 'model' field (default: ask GET /v1/models)")
+    p.add_argument(
+        "--read-timeout",
+        type=_positive_float,
+        default=300.0,
+        help="seconds without a byte before a request times out (default 300)",
+    )
+    p.add_argument(
+        "--lag-threshold-ms",
+        type=_positive_float,
+        default=DEFAULT_LAG_THRESHOLD_MS,
+        help="client event-loop lag p99 above which the point is invalid (default 20)",
+    )
+    p.add_argument("--records", type=Path, help="append one JSON line per finished request to FILE.jsonl")
+    p.add_argument("--json", action="store_true", help="print one JSON object of metrics instead of tables")
+    return p
+
+
+def _fmt(v: float) -> str:
+    if not math.isfinite(v):
+        return "-"
+    if v == int(v) and abs(v) < 1e12:
+        return f"{int(v)}"
+    return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+
+
+def _print_tables(result: PointResult, url: str, spec: RequestSpec) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    m = result.metrics
+    console = Console()
+    point = result.point
+    console.print(
+        f"[bold]{point.label}[/] {spec.api} against {url}: {m['completed']:.0f}/{m['num_requests']:.0f} "
+        f"completed, input {spec.input_len} / output {spec.output_len} tokens, {m['duration_s']:.2f} s"
+    )
+    lat = Table(title="Latency (ms)")
+    lat.add_column("metric")
+    for s in STATS:
+        lat.add_column(s, justify="right")
+    for name in LATENCIES:
+        lat.add_row(name, *(_fmt(m[f"{name}_{s}_ms"]) for s in STATS))
+    console.print(lat)
+
+    summary = Table(title="Throughput and load")
+    summary.add_column("metric")
+    summary.add_column("value", justify="right")
+    keys = ["request_s", "output_tok_s", "input_tok_s", "total_tok_s"]
+    keys += ["achieved_concurrency", "peak_concurrency"]
+    keys += (
+        ["offered_rate", "scheduled_rate", "achieved_rate", "schedule_lag_p99_ms"]
+        if point.open_loop
+        else ["offered_concurrency"]
+    )
+    keys += ["client_lag_p99_ms", "client_lag_max_ms", "errors"]
+    keys += [f"errors_{k}" for k in ERROR_KINDS if m.get(f"errors_{k}", 0) > 0]
+    for k in keys:
+        summary.add_row(k, _fmt(m[k]))
+    console.print(summary)
+    if result.invalid_reasons:
+        console.print("[bold red]INVALID[/] (the client did not deliver the load it claims):")
+        for reason in result.invalid_reasons:
+            console.print(f"  - {reason}")
+    else:
+        console.print("[bold green]valid[/]: the client kept up with the requested load")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        spec = RequestSpec(
+            api=args.api,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            seed=args.seed,
+            vocab_size=args.vocab_size,
+            model=args.model,
+        )
+        point = LoadPoint(
+            num_requests=args.requests,
+            concurrency=args.concurrency,
+            rate=args.rate,
+            arrival=args.arrival,
+            max_concurrency=args.max_concurrency,
+            warmup_requests=args.warmup,
+            seed=args.seed,
+        )
+    except ValueError as e:
+        parser.error(str(e))
+    url = normalize_url(args.url)
+
+    try:
+        model = run_sync(probe_server(url))
+        if spec.model is None and spec.api != "generate" and model is not None:
+            spec = dataclasses.replace(spec, model=model)
+        result = run_point(
+            url,
+            point,
+            spec,
+            records_path=args.records,
+            sock_read_timeout=args.read_timeout,
+            lag_threshold_ms=args.lag_threshold_ms,
+        )
+    except ServerCheckError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except OSError as e:  # e.g. the records file cannot be written
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+    if args.json:
+        out = {**result.metrics, "invalid_reasons": result.invalid_reasons}
+        # orjson writes NaN as null: "no sample" stays distinguishable from 0.
+        sys.stdout.write(orjson.dumps(out).decode() + "\n")
+    else:
+        _print_tables(result, url, spec)
+
+    m = result.metrics
+    if m["num_requests"] > 0 and m["completed"] == 0:
+        first = next((r.error for r in result.records if r.error and not r.warmup), "unknown error")
+        print(f"error: all {m['num_requests']:.0f} requests failed; first: {first}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,228 @@
+"""Per-point metrics from request records, and the client's self-check.
+
+Latencies are computed over measured (non-warmup), successful requests only, so failures never
+pollute TTFT/ITL (guidellm#444). Definitions (all latencies in ms):
+
+* TTFT: send -> arrival of the first chunk that carried >= 1 output token.
+* ITL (``itl_*``), per token, SGLang ``bench_serving`` native convention: between consecutive
+  token-carrying chunks, a chunk with k tokens after a gap g contributes k samples of g/k.
+  Tokens in the first chunk produce no ITL sample (they are covered by TTFT).
+* Per-chunk ITL (``itl_chunk_*``): one sample g per gap between token-carrying chunks (the
+  vLLM / bench_serving OpenAI-backend convention).
+* TPOT: per request (e2e - ttft) / (output_tokens - 1), requests with >= 2 output tokens.
+* E2E: send -> end of stream ([DONE]).
+
+Latency statistics are NaN (never 0) when no sample exists.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from .records import ERROR_KINDS, RequestRecord
+from .scheduler import LoadPoint
+
+NAN = float("nan")
+STATS: tuple[str, ...] = ("mean", "p50", "p90", "p95", "p99", "max")
+LATENCIES: tuple[str, ...] = ("ttft", "itl", "itl_chunk", "tpot", "e2e")
+
+DEFAULT_LAG_THRESHOLD_MS = 20.0
+CONCURRENCY_TOLERANCE = 0.95  # closed loop: achieved >= 95 % of the target
+RATE_TOLERANCE = 0.01  # open loop: achieved within 1 % of the schedule
+
+
+def _stats(name: str, values: Sequence[float]) -> dict[str, float]:
+    if len(values) == 0:
+        return {f"{name}_{s}_ms": NAN for s in STATS}
+    arr = np.asarray(values, dtype=float)
+    p50, p90, p95, p99 = np.percentile(arr, [50, 90, 95, 99])  # linear, as bench_serving
+    return {
+        f"{name}_mean_ms": float(arr.mean()),
+        f"{name}_p50_ms": float(p50),
+        f"{name}_p90_ms": float(p90),
+        f"{name}_p95_ms": float(p95),
+        f"{name}_p99_ms": float(p99),
+        f"{name}_max_ms": float(arr.max()),
+    }
+
+
+def latency_samples(records: Iterable[RequestRecord]) -> dict[str, list[float]]:
+    """Raw latency samples in ms, per metric, from successful records (warmup not filtered here)."""
+    out: dict[str, list[float]] = {name: [] for name in LATENCIES}
+    for r in records:
+        if r.error is not None or r.send_time is None or r.end_time is None:
+            continue
+        e2e = (r.end_time - r.send_time) * 1000.0
+        out["e2e"].append(e2e)
+        if r.first_token_time is None:
+            continue  # finished without a single output token: no TTFT/ITL/TPOT to speak of
+        ttft = (r.first_token_time - r.send_time) * 1000.0
+        out["ttft"].append(ttft)
+        if r.output_tokens > 1:
+            out["tpot"].append((e2e - ttft) / (r.output_tokens - 1))
+        prev: float | None = None
+        for t, k in zip(r.chunk_times, r.chunk_tokens, strict=True):
+            if k <= 0:
+                continue
+            if prev is not None:
+                gap = (t - prev) * 1000.0
+                out["itl_chunk"].append(gap)
+                out["itl"].extend([gap / k] * k)
+            prev = t
+    return out
+
+
+def _time_weighted_in_flight(intervals: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """Mean number of intervals covering [t0, t1] (integral of the in-flight count / width)."""
+    width = t1 - t0
+    if width <= 0:
+        return NAN
+    covered = sum(max(0.0, min(e, t1) - max(s, t0)) for s, e in intervals)
+    return covered / width
+
+
+def _peak_in_flight(intervals: list[tuple[float, float]]) -> int:
+    # Ends sort before starts at the same instant: a closed-loop worker's next request is not
+    # counted as overlapping the one it replaces.
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    peak = cur = 0
+    for _, d in events:
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
+def summarize(
+    records: Iterable[RequestRecord | None],
+    point: LoadPoint,
+    *,
+    lag_ms: Sequence[float] = (),
+    lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS,
+) -> dict[str, float]:
+    """All metrics of one point (see the module docstring and docs/loadgen.md)."""
+    recs = [r for r in records if r is not None and r.send_time is not None and r.end_time is not None]
+    measured = [r for r in recs if not r.warmup]
+    ok = [r for r in measured if r.error is None]
+    m: dict[str, float] = {}
+
+    samples = latency_samples(ok)
+    for name in LATENCIES:
+        m.update(_stats(name, samples[name]))
+
+    n_measured = len(measured)
+    m["num_requests"] = float(n_measured)
+    m["completed"] = float(len(ok))
+    m["errors"] = float(n_measured - len(ok))
+    for kind in ERROR_KINDS:
+        m[f"errors_{kind}"] = float(sum(1 for r in measured if r.error_kind == kind))
+
+    in_tok = sum(r.input_tokens for r in ok)
+    out_tok = sum(r.output_tokens for r in ok)
+    m["input_tokens"] = float(in_tok)
+    m["output_tokens"] = float(out_tok)
+    if measured:
+        t_first_send = min(r.send_time for r in measured)  # type: ignore[type-var]
+        t_last_send = max(r.send_time for r in measured)  # type: ignore[type-var]
+        t_last_end = max(r.end_time for r in measured)  # type: ignore[type-var]
+        duration = t_last_end - t_first_send
+    else:
+        t_first_send = t_last_send = t_last_end = duration = NAN
+    m["duration_s"] = duration
+    ok_duration = duration > 0
+    m["output_tok_s"] = out_tok / duration if ok_duration else NAN
+    m["input_tok_s"] = in_tok / duration if ok_duration else NAN
+    m["total_tok_s"] = (in_tok + out_tok) / duration if ok_duration else NAN
+    m["request_s"] = len(ok) / duration if ok_duration else NAN
+
+    # In flight counts every request (warmup included: it loads the server just the same).
+    intervals = [(r.send_time, r.end_time) for r in recs]
+    if measured:
+        # Steady window: first -> last measured send; the closed-loop drain tail is excluded.
+        t_end = t_last_send
+        if not t_end > t_first_send:
+            t_end = min(r.end_time for r in measured)  # type: ignore[type-var]
+        m["achieved_concurrency"] = _time_weighted_in_flight(intervals, t_first_send, t_end)  # type: ignore[arg-type]
+    else:
+        m["achieved_concurrency"] = NAN
+    m["peak_concurrency"] = float(_peak_in_flight(intervals)) if intervals else NAN  # type: ignore[arg-type]
+
+    if point.open_loop:
+        assert point.rate is not None
+        m["offered_rate"] = float(point.rate)
+        sends = sorted(r.send_time for r in measured)  # type: ignore[type-var]
+        sched = sorted(r.scheduled_time for r in measured if r.scheduled_time is not None)
+        n = len(sends)
+        m["achieved_rate"] = (n - 1) / (sends[-1] - sends[0]) if n > 1 and sends[-1] > sends[0] else NAN
+        # The rate the schedule itself asked for over these requests: a Poisson realisation of
+        # 100 arrivals is ~10 % off its nominal rate, so the client is judged against this.
+        m["scheduled_rate"] = (
+            (len(sched) - 1) / (sched[-1] - sched[0]) if len(sched) > 1 and sched[-1] > sched[0] else NAN
+        )
+        late = [
+            (r.send_time - r.scheduled_time) * 1000.0  # type: ignore[operator]
+            for r in measured
+            if r.scheduled_time is not None
+        ]
+        m["schedule_lag_p99_ms"] = float(np.percentile(late, 99)) if late else NAN
+        m["schedule_lag_max_ms"] = float(max(late)) if late else NAN
+    else:
+        m["offered_concurrency"] = float(point.concurrency or 0)
+
+    m["client_lag_p99_ms"] = float(np.percentile(lag_ms, 99)) if len(lag_ms) else NAN
+    m["client_lag_max_ms"] = float(max(lag_ms)) if len(lag_ms) else NAN
+
+    m["valid"] = 0.0 if validity_reasons(m, point, lag_threshold_ms=lag_threshold_ms) else 1.0
+    return m
+
+
+def validity_reasons(
+    metrics: dict[str, float], point: LoadPoint, *, lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS
+) -> list[str]:
+    """One line per reason the point does not measure the server at the load it claims."""
+    reasons: list[str] = []
+    n = metrics.get("num_requests", 0.0)
+    errors = metrics.get("errors", 0.0)
+    if n == 0:
+        reasons.append("no measured request finished")
+    elif errors > n / 2:
+        kinds = {k: metrics.get(f"errors_{k}", 0.0) for k in ERROR_KINDS}
+        top = max(kinds, key=lambda k: kinds[k])
+        reasons.append(f"{errors:.0f} of {n:.0f} requests failed (mostly {top})")
+
+    if point.concurrency is not None:
+        # Fewer requests than workers can never reach C; judge against what was possible.
+        target = min(point.concurrency, point.total_requests)
+        achieved = metrics.get("achieved_concurrency", NAN)
+        if math.isfinite(achieved) and achieved < CONCURRENCY_TOLERANCE * target:
+            reasons.append(
+                f"client kept {achieved:.2f} requests in flight, below 95 % of concurrency {target}"
+            )
+    else:
+        achieved = metrics.get("achieved_rate", NAN)
+        scheduled = metrics.get("scheduled_rate", NAN)
+        target_rate = scheduled if math.isfinite(scheduled) else float(point.rate or NAN)
+        capped = ""
+        if point.max_concurrency and metrics.get("peak_concurrency", 0.0) >= point.max_concurrency:
+            capped = f" (max_concurrency={point.max_concurrency} was reached: the cap held requests back)"
+        if math.isfinite(achieved) and abs(achieved / target_rate - 1.0) > RATE_TOLERANCE:
+            reasons.append(
+                f"achieved {achieved:.3g} req/s vs {target_rate:.3g} scheduled "
+                f"({(achieved / target_rate - 1.0) * 100:+.1f} %){capped}"
+            )
+        # The rate can match end to end while sends in between slip; late sends change the load too.
+        late = metrics.get("schedule_lag_p99_ms", NAN)
+        if math.isfinite(late) and late > lag_threshold_ms:
+            reasons.append(
+                f"sends were late: p99 {late:.1f} ms behind schedule > {lag_threshold_ms:g} ms{capped}"
+            )
+
+    lag = metrics.get("client_lag_p99_ms", NAN)
+    if math.isfinite(lag) and lag > lag_threshold_ms:
+        reasons.append(
+            f"client event-loop lag p99 {lag:.1f} ms > {lag_threshold_ms:g} ms: "
+            "the load generator was CPU-bound"
+        )
+    return reasons

@@ -1,0 +1,125 @@
+"""Per-request records: the raw material every metric is computed from.
+
+Records keep per-chunk arrival times *and* per-chunk token counts, so latency metrics can be
+re-expressed later under another tool's convention (per-token vs per-chunk ITL) without
+re-running anything. They are appended to a JSONL file as each request finishes, so a crashed
+or killed trial still leaves every finished request on disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+import orjson
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# Every kind an error can have. ``client`` is an unexpected exception inside the load generator
+# itself (a bug, reported rather than crashing the point).
+ERROR_KINDS: tuple[str, ...] = (
+    "http_5xx",
+    "http_4xx",
+    "malformed",
+    "disconnected",
+    "timeout",
+    "connect",
+    "server_error",
+    "client",
+)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request. Times are epoch seconds from :mod:`workloads.clock`.
+
+    ``first_byte_time`` is when the response headers arrived; ``first_token_time`` is the arrival
+    of the first chunk that carried at least one output token (role-only and usage-only chunks do
+    not count). ``chunk_times[i]`` is the arrival of one network read that completed at least one
+    SSE event and ``chunk_tokens[i]`` the output tokens those events carried (may be 0).
+    ``scheduled_time`` is the intended send time in open loop (None in closed loop).
+    """
+
+    point: str
+    index: int
+    warmup: bool = False
+    scheduled_time: float | None = None
+    send_time: float | None = None
+    first_byte_time: float | None = None
+    first_token_time: float | None = None
+    end_time: float | None = None
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    error_kind: str | None = None
+    http_status: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RequestRecord:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class RecordWriter:
+    """Appends one JSON line per finished request and flushes it at once.
+
+    Flushing per line costs one ``write`` syscall per request (cheap next to a streamed LLM
+    response) and means nothing finished is lost if the process dies.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: IO[bytes] | None = self.path.open("ab")
+
+    def write(self, record: RequestRecord) -> None:
+        if self._fh is None:
+            raise ValueError("RecordWriter is closed")
+        self._fh.write(record.to_json() + b"\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_records(path: Path | str) -> Iterator[RequestRecord]:
+    """Records from a JSONL file; a torn last line (process killed mid-write) is skipped."""
+    with Path(path).open("rb") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                yield RequestRecord.from_dict(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                continue
+
+
+def records_to_dataframe(records: Iterable[RequestRecord]) -> pd.DataFrame:
+    """One row per request; ``chunk_times``/``chunk_tokens`` stay list columns (Parquet-ready)."""
+    import pandas as pd  # imported lazily: the hot path and the CLI do not need pandas
+
+    columns = [f.name for f in dataclasses.fields(RequestRecord)]
+    rows = [{name: getattr(r, name) for name in columns} for r in records]
+    return pd.DataFrame(rows, columns=columns)
