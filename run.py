@@ -8,7 +8,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig
@@ -22,19 +24,24 @@ USER_ERRORS: list[UserError] = []
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def trial(cfg: DictConfig) -> str:
+def trial(cfg: DictConfig) -> dict[str, Any] | None:
     from orchestrator.trial import run_trial
 
     try:
         return run_trial(cfg)
     except UserError as exc:  # re-raised by main(): Hydra would print its own "Error executing job"
         USER_ERRORS.append(exc)
-        return "invalid"
+        return None
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def main() -> int:
     # let configuration errors reach us as exceptions, so each becomes one readable line
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    signal.signal(signal.SIGTERM, _terminate)  # SIGTERM stops trials exactly like Ctrl-C
     # Hydra's argparse rejects overrides on both sides of -m; users write them either way
     flags = [a for a in sys.argv[1:] if a in ("-m", "--multirun")]
     sys.argv[1:] = flags + [a for a in sys.argv[1:] if a not in ("-m", "--multirun")]

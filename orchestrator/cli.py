@@ -72,6 +72,9 @@ def one_line_error(exc: BaseException) -> tuple[str, int]:
         first = str(inner).splitlines()[0]
         if isinstance(inner, ConfigKeyError) or "not in" in first:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
+            if parent == "server.extra_args":
+                return (f"{key}: engine flags are added with a leading +; valid: "
+                        f"+{key}=VALUE (true for a bare flag)", 2)
             where = f"under {parent}" if parent else "at the top level"
             return (f"{key}: unknown config key; valid keys {where}: {', '.join(_schema_keys(parent))}", 2)
         value = getattr(inner, "value", None)

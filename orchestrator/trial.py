@@ -8,7 +8,6 @@ the end, also when the trial failed or was interrupted (with its status and the 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -16,7 +15,7 @@ import os
 import subprocess
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from orchestrator.config.identity import config_hash, resolved_config_dict
 from orchestrator.config.model_info import read_model_info
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.validate import typed_config, validate, world_size
@@ -40,8 +40,6 @@ from orchestrator.tracking import Tracker, flatten
 log = logging.getLogger("parasweep")
 
 IN_RAY_ENV = "PARASWEEP_IN_RAY"  # set by the Ray launcher: the driver renders progress, not the trial
-# keys that do not change what is measured; left out of the config hash used to match trials
-_HASH_EXCLUDE = ("tracking", "ray", "dry_run")
 # resolved engine values worth a param of their own (from /server_info)
 _RESOLVED_KEYS = ("max_running_requests", "pp_max_micro_batch_size", "chunked_prefill_size",
                   "max_prefill_tokens", "max_total_num_tokens", "context_length", "cuda_graph_max_bs_decode",
@@ -76,17 +74,6 @@ def trial_context() -> TrialContext:
     return TrialContext(num, label, overrides, Path(hc.runtime.output_dir).resolve())
 
 
-def resolved_config_dict(cfg: ParasweepConf, engine: str) -> dict[str, Any]:
-    data = asdict(cfg)
-    data["engine"]["name"] = engine  # record what "auto" became
-    return data
-
-
-def config_hash(resolved: dict[str, Any]) -> str:
-    measured = {k: v for k, v in resolved.items() if k not in _HASH_EXCLUDE}
-    return hashlib.sha256(json.dumps(measured, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def git_sha() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True,
@@ -119,8 +106,10 @@ def print_plan(ctx: TrialContext, cfg: ParasweepConf, engine: str, argv: list[st
     print("argv: " + json.dumps(argv), flush=True)
 
 
-def run_trial(raw_cfg: DictConfig) -> str:
-    """The Hydra task function body; returns the trial status (ok, failed, killed, skipped)."""
+def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
+    """The Hydra task function body. Returns ``{"status": ok|failed|killed|skipped, "run_id", "timings"}``
+    (timings: epoch seconds of task start, engine launch/ready, load start/end, end)."""
+    task_start = time.time()
     cfg = typed_config(raw_cfg)
     engine_name = validate(cfg)
     ctx = trial_context()
@@ -129,7 +118,7 @@ def run_trial(raw_cfg: DictConfig) -> str:
     argv = engine.argv(cfg, port, ctx.trial_dir)
     if cfg.dry_run:
         print_plan(ctx, cfg, engine_name, argv)
-        return "skipped"
+        return {"status": "skipped", "run_id": None, "timings": {}}
 
     ctx.trial_dir.mkdir(parents=True, exist_ok=True)
     parent_run_id = cfg.tracking.parent_run_id or ensure_started()  # single runs: this process
@@ -148,8 +137,10 @@ def run_trial(raw_cfg: DictConfig) -> str:
     own_view = (ProgressView([TrialSlot(ctx.trial_dir, ctx.label, "running")])
                 if not os.environ.get(IN_RAY_ENV) else contextlib.nullcontext())
     trial = _TrialRun(cfg, ctx, engine_name, argv, port, tracker, run_id, progress)
+    trial.timings["task_start"] = task_start
     with own_view:
-        return trial.run()
+        status = trial.run()
+    return {"status": status, "run_id": run_id, "timings": trial.timings}
 
 
 class _TrialRun:
@@ -166,6 +157,7 @@ class _TrialRun:
         self.server_info: dict[str, Any] = {}
         self.resolved: dict[str, Any] = {}
         self.outcomes: list[PointOutcome] = []
+        self.timings: dict[str, float] = {}
         self.error = ""
 
     def run(self) -> str:
@@ -195,10 +187,14 @@ class _TrialRun:
         (d / "server").mkdir(parents=True, exist_ok=True)
         (d / "server" / "argv.json").write_text(json.dumps(self.argv, indent=1))
         self.progress.update(status="starting engine", force=True)
-        env = dict(os.environ)
+        env = dict(os.environ)  # CUDA_VISIBLE_DEVICES as Ray assigned it reaches the engine
+        self.tracker.set_tags(self.run_id, {
+            "parasweep.cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES", "")})
+        self.timings["engine_launch"] = time.time()
         with ServerProcess(self.argv, self.server_log, HOST, self.port, env=env,
                            stop_grace_s=cfg.engine.stop_grace_s) as server:
             server.wait_ready(cfg.engine.startup_timeout_s)
+            self.timings["engine_ready"] = time.time()
             self._read_server_info(server.url)
             model = read_model_info(cfg.model.path)
             spec = RequestSpec(api=cfg.workload.api, input_len=cfg.workload.input_len,
@@ -207,6 +203,7 @@ class _TrialRun:
             scraper = MetricsScraper(server.url + "/metrics", self.metrics_jsonl).start()
             try:
                 points = load_points(cfg)
+                self.timings["load_start"] = time.time()
                 for i, point in enumerate(points):
                     self.progress.update(status="running", point=point.label, point_index=i,
                                          points_total=len(points), done=0, total=point.num_requests,
@@ -223,6 +220,7 @@ class _TrialRun:
                     self.outcomes.append(outcome)
                     self._log_point(outcome)
                     log.info("%s: %s", point.label, _short_metrics(outcome.metrics))
+                self.timings["load_end"] = time.time()
             finally:
                 scraper.stop()
 
@@ -318,9 +316,20 @@ class _TrialRun:
                 (d / "error.txt").write_text(self.error)
                 t.log_artifact(rid, d / "error.txt")
 
+        def timings() -> None:
+            tm = self.timings
+            tm["end"] = time.time()
+            out = {"total_s": tm["end"] - tm["task_start"]}
+            if "engine_ready" in tm:
+                out["engine_start_s"] = tm["engine_ready"] - tm["engine_launch"]
+            if "load_end" in tm:
+                out["load_s"] = tm["load_end"] - tm["load_start"]
+                out["overhead_s"] = out["total_s"] - out["engine_start_s"] - out["load_s"]
+            t.log_metrics(rid, [(f"trial/{k}", v, 0) for k, v in out.items()])
+
         for name, fn in (("records", records), ("server_metrics", server_metrics), ("configs", configs),
                          ("server_files", server_files), ("findings", findings), ("plots", plots),
-                         ("errors", errors)):
+                         ("errors", errors), ("timings", timings)):
             try:
                 fn()
             except Exception:

@@ -36,16 +36,20 @@ def _wait_for_running_trial(workdir: Path, proc: subprocess.Popen[str], timeout:
     raise AssertionError("no trial started driving load in time")
 
 
-@pytest.mark.parametrize("mode", ["sweep", "single"])
-def test_sigint_stops_engine(mode: str, tmp_path: Path) -> None:
-    args = ["-m", *LONG] if mode == "sweep" else LONG
+@pytest.mark.parametrize("mode", ["sweep", "single", "sweep-sigterm"])
+def test_interrupt_stops_engine(mode: str, tmp_path: Path) -> None:
+    # the sweep has a second 8-GPU trial that must wait for the first: it is cancelled while queued
+    args = ["-m", *LONG, "workload.seed=0,1"] if mode.startswith("sweep") else LONG
     proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         pgid = _wait_for_running_trial(tmp_path, proc)
         assert group_alive(pgid)
         time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the foreground group
+        if mode == "sweep-sigterm":
+            os.kill(proc.pid, signal.SIGTERM)  # what a batch system or `kill` sends the driver alone
+        else:
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the foreground group
         out, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
@@ -56,3 +60,5 @@ def test_sigint_stops_engine(mode: str, tmp_path: Path) -> None:
         time.sleep(0.2)
     assert not group_alive(pgid), "engine process group survived Ctrl-C"
     assert "killed" in out  # the sweep table shows the trial's status
+    if mode.startswith("sweep"):
+        assert "cancelled 1 queued trial(s) before they started" in out

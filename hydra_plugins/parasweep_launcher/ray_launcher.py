@@ -1,15 +1,16 @@
 """``hydra/launcher=parasweep_ray``: one Ray task per Hydra job, asking for the trial's world size in
 GPUs (Hydra's stock Ray launcher gives every job the same resources and aborts the sweep when a
-worker dies). Every job is composed and validated before the first one starts.
+worker dies). Every job is composed and validated before the first one starts; trials that already
+succeeded with the same resolved config are reused (``resume=false`` re-runs them).
+
+The scheduling itself lives in :mod:`orchestrator.launcher`; this module adapts it to Hydra.
 
 No `from __future__ import annotations` here: Hydra execs plugin modules without registering them
 in sys.modules, and dataclasses then cannot resolve string annotations.
 """
 
-
 import logging
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,13 @@ def _execute_job(hydra_context: HydraContext, sweep_config: DictConfig, task_fun
                    job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
 
 
+def _job_return(sc: DictConfig, status: JobStatus, value: Any) -> JobReturn:
+    ret = JobReturn(overrides=list(sc.hydra.overrides.task), cfg=sc, hydra_cfg=sc)
+    ret.status = status
+    ret.return_value = value
+    return ret
+
+
 class ParasweepRayLauncher(Launcher):
     def __init__(self, cancel_grace_s: float = 20.0) -> None:
         self.cancel_grace_s = cancel_grace_s
@@ -61,8 +69,9 @@ class ParasweepRayLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from orchestrator.config.identity import config_hash, resolved_config_dict
         from orchestrator.config.validate import typed_config, validate, world_size
-        from orchestrator.errors import ConfigError
+        from orchestrator.launcher.queue import QueuedTrial
         from orchestrator.sweep import ensure_started
         from orchestrator.tracking import tracking_uri
 
@@ -71,20 +80,15 @@ class ParasweepRayLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()  # resolve ${now:} once, here
 
-        jobs: list[tuple[DictConfig, int, str]] = []
         checked = []
-        for i, overrides in enumerate(job_overrides):
-            idx = initial_job_idx + i
+        for i, overrides in enumerate(job_overrides):  # compose and validate all before starting any
             sc = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            label = " ".join(overrides) or "defaults"
-            try:
-                cfg = typed_config(sc)
-                engine = validate(cfg)
-            except ConfigError as exc:  # nothing has launched yet: fail the whole sweep now
-                raise ConfigError(exc.key, exc.value, exc.valid, exc.why) from None
-            checked.append((idx, sc, cfg, engine, label))
-        parent_run_id = None if any(cfg.dry_run for _, _, cfg, _, _ in checked) else ensure_started()
-        for idx, sc, cfg, engine, label in checked:
+            cfg = typed_config(sc)
+            engine = validate(cfg)
+            checked.append((initial_job_idx + i, sc, cfg, engine, " ".join(overrides) or "defaults"))
+        dry_run = any(cfg.dry_run for _, _, cfg, _, _ in checked)
+        parent_run_id = None if dry_run else ensure_started()
+        for idx, sc, cfg, engine, _ in checked:
             with open_dict(sc):
                 sc.hydra.job.id = str(idx)
                 sc.hydra.job.num = idx
@@ -92,91 +96,85 @@ class ParasweepRayLauncher(Launcher):
                 sc.tracking.uri = tracking_uri(cfg.tracking.uri)
                 sc.tracking.parent_run_id = parent_run_id
                 sc.engine.name = engine
-            jobs.append((sc, world_size(cfg), label))
 
-        if any(bool(sc.dry_run) for sc, _, _ in jobs):  # plans only: no Ray, nothing launched
+        if dry_run:  # plans only: no Ray, nothing launched
             return [_execute_job(self.hydra_context, sc, self.task_function, Singleton.get_state(), False)
-                    for sc, _, _ in jobs]
-        return self._launch_on_ray(jobs, sweep_dir)
+                    for _, sc, _, _, _ in checked]
 
-    def _init_ray(self, first: DictConfig) -> None:
-        import ray
+        hashes = {idx: config_hash(resolved_config_dict(cfg, engine)) for idx, _, cfg, engine, _ in checked}
+        reused = self._reuse(checked, hashes, parent_run_id, sweep_dir)
+        jobs = []
+        from orchestrator.launcher.ray_runner import TrialJob
+        from orchestrator.progress import TrialSlot
 
-        if ray.is_initialized():
-            return
-        rc = first.ray
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                  "configure_logging": False}
-        if rc.address:
-            kwargs["address"] = rc.address
-        else:
-            num_gpus = rc.num_gpus
-            if num_gpus is None and first.engine.name == "sim":
-                num_gpus = int(first.hardware.num_gpus)  # the simulated node's GPUs, for placement
-            if num_gpus is not None:
-                kwargs["num_gpus"] = int(num_gpus)
-            if rc.num_cpus is not None:
-                kwargs["num_cpus"] = int(rc.num_cpus)
-        ray.init(**kwargs)
+        for idx, sc, cfg, _, label in checked:
+            if idx in reused:
+                continue
+            job = TrialJob(QueuedTrial(idx, world_size(cfg), label), sc, cpus=cfg.ray.cpus_per_trial,
+                           accelerator_type=cfg.ray.accelerator_type)
+            job.slot = TrialSlot(sweep_dir / str(idx), f"#{idx} {label}")
+            jobs.append(job)
+        results = {idx: ret for idx, ret in reused.items()}
+        if jobs:
+            for job in self._run_on_ray(jobs, checked, sweep_dir):
+                if job.result is not None:
+                    results[job.queued.index] = job.result
+                else:
+                    results[job.queued.index] = _job_return(job.payload, JobStatus.FAILED, job.error)
+        return [results[idx] for idx, _, _, _, _ in checked]
 
-    def _launch_on_ray(self, jobs: list[tuple[DictConfig, int, str]], sweep_dir: Path) -> list[JobReturn]:
-        import ray
+    def _reuse(self, checked: list[Any], hashes: dict[int, str], parent_run_id: str | None,
+               sweep_dir: Path) -> dict[int, JobReturn]:
+        """Trials that already succeeded with the same config hash: recorded as skipped, not run."""
+        from orchestrator.launcher.resume import previous_successes, record_reuse
+        from orchestrator.progress import ProgressWriter
+        from orchestrator.tracking import Tracker
 
-        from orchestrator.progress import ProgressView, TrialSlot
+        if not all(cfg.resume for _, _, cfg, _, _ in checked):
+            return {}
+        first = checked[0][2]
+        tracker = Tracker(checked[0][1].tracking.uri, first.tracking.experiment)
+        previous = previous_successes(tracker, set(hashes.values()))
+        reused: dict[int, JobReturn] = {}
+        for idx, sc, _, _, label in checked:
+            prev = previous.get(hashes[idx])
+            if prev is None:
+                continue
+            record_reuse(tracker, parent_run_id, idx, label, prev)
+            message = f"reused run {prev.info.run_id} (same config hash {hashes[idx]})"
+            log.info("skipping #%d %s: %s", idx, label, message)
+            print(f"[parasweep] skipping #{idx} {label}: succeeded before, {message}; "
+                  "resume=false re-runs it", flush=True)
+            (sweep_dir / str(idx)).mkdir(parents=True, exist_ok=True)
+            ProgressWriter(sweep_dir / str(idx), label).update(status="skipped", message=message, force=True)
+            reused[idx] = _job_return(sc, JobStatus.COMPLETED, {"status": "skipped",
+                                                                "run_id": prev.info.run_id, "timings": {}})
+        return reused
 
-        self._init_ray(jobs[0][0])
-        total_gpus = int(ray.cluster_resources().get("GPU", 0))
-        remote = ray.remote(max_retries=0)(_execute_job)  # a crashed trial is reported, never re-run
-        slots = [TrialSlot(sweep_dir / str(sc.hydra.job.num), f"#{sc.hydra.job.num} {label}")
-                 for sc, _, label in jobs]
-        refs: list[Any] = []
-        for (sc, gpus, label), _slot in zip(jobs, slots, strict=True):
-            if gpus > total_gpus:
-                raise RuntimeError(f"trial '{label}' needs {gpus} GPUs; the Ray cluster has {total_gpus}")
-            refs.append(remote.options(num_gpus=gpus, num_cpus=float(sc.ray.cpus_per_trial),
-                                       name=f"trial-{sc.hydra.job.num}")
-                        .remote(self.hydra_context, sc, self.task_function, Singleton.get_state(), True))
-        index = {ref: i for i, ref in enumerate(refs)}
-        results: list[JobReturn | None] = [None] * len(refs)
-        pending = list(refs)
-        with ProgressView(slots):
-            try:
-                while pending:
-                    done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
-                    for slot in slots:  # a trial that wrote progress has been placed
-                        if slot.state == "queued" and (slot.trial_dir / "progress.json").exists():
-                            slot.state = "running"
-                    for ref in done:
-                        i = index[ref]
-                        slots[i].state = "done"
-                        results[i] = self._result(ref, jobs[i][0])
-            except KeyboardInterrupt:
-                self._cancel(pending)
-                raise
-        return [r for r in results if r is not None]
+    def _run_on_ray(self, jobs: list[Any], checked: list[Any], sweep_dir: Path) -> list[Any]:
+        from orchestrator.errors import UserError
+        from orchestrator.launcher.ray_runner import RayTrialRunner, cluster_gpus, init_ray
 
-    @staticmethod
-    def _result(ref: Any, sc: DictConfig) -> JobReturn:
-        import ray
+        first = checked[0][2]
+        num_gpus = first.ray.num_gpus
+        if num_gpus is None and checked[0][3] == "sim":
+            num_gpus = first.hardware.num_gpus  # the simulated node's GPUs, for placement
+        num_cpus = first.ray.num_cpus
+        if num_cpus is None and first.ray.address is None and num_gpus:
+            # let GPUs decide how many trials fit side by side, not this machine's core count
+            num_cpus = max(os.cpu_count() or 1, int(num_gpus * first.ray.cpus_per_trial))
+        init_ray(first.ray.address, num_gpus, num_cpus)
+        _, _, nodes = cluster_gpus()
+        uri = str(checked[0][1].tracking.uri)
+        if nodes > 1 and uri.startswith("sqlite"):
+            raise UserError(
+                f"tracking.uri={uri}: trials on other Ray nodes cannot write this machine's sqlite file; "
+                "valid: an MLflow tracking server, e.g. run `mlflow server --host <an address the other "
+                "nodes reach> --port 5000 --backend-store-uri sqlite:///runs/mlflow.db` and pass "
+                "tracking.uri=http://<that address>:5000")
 
-        try:
-            return ray.get(ref)
-        except Exception as exc:  # worker crash or cancellation: a failed job, not a crashed sweep
-            ret = JobReturn(overrides=list(sc.hydra.overrides.task), cfg=sc, hydra_cfg=sc)
-            ret.status = JobStatus.FAILED
-            ret.return_value = exc
-            return ret
+        def args_for(job: Any) -> tuple[Any, ...]:
+            return (self.hydra_context, job.payload, self.task_function, Singleton.get_state(), True)
 
-    def _cancel(self, pending: list[Any]) -> None:
-        """Soft cancel (KeyboardInterrupt in the trial, whose finally stops its engine group), then
-        force whatever is still running after the grace period."""
-        import ray
-
-        for ref in pending:
-            ray.cancel(ref, force=False)
-        deadline = time.monotonic() + self.cancel_grace_s
-        left = list(pending)
-        while left and time.monotonic() < deadline:
-            _, left = ray.wait(left, num_returns=len(left), timeout=0.5)
-        for ref in left:
-            ray.cancel(ref, force=True)
+        runner = RayTrialRunner(_execute_job, args_for, sweep_dir, self.cancel_grace_s)
+        return runner.run(jobs)

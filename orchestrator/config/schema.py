@@ -95,8 +95,9 @@ class TrackingConf:
 class RayConf:
     address: str | None = None  # null: start a local Ray; "auto" or host:port joins a cluster
     num_gpus: int | None = None  # GPUs to declare for a local Ray (null: detected, or the sim node)
-    num_cpus: int | None = None  # CPUs for a local Ray (null: all)
+    num_cpus: int | None = None  # CPUs for a local Ray (null: enough for one trial per GPU)
     cpus_per_trial: float = 1.0
+    accelerator_type: str | None = None  # Ray accelerator type every trial needs, e.g. "H200"
 
 
 @dataclass
@@ -113,6 +114,8 @@ class ParasweepConf:
     tracking: TrackingConf = field(default_factory=TrackingConf)
     ray: RayConf = field(default_factory=RayConf)
     dry_run: bool = False  # print each trial's plan and server argv, launch nothing
+    # sweeps: skip trials whose resolved config already succeeded in this experiment (false: run all)
+    resume: bool = True
 
 
 def register_configs() -> None:

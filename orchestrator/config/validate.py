@@ -111,10 +111,12 @@ def validate(cfg: ParasweepConf) -> str:
     _positive("server.decode_log_interval", cfg.server.decode_log_interval, allow_none=True)
 
     _validate_workload(cfg)
-    if cfg.ray.address is not None and (cfg.tracking.uri or "").startswith("sqlite"):
+    remote = cfg.ray.address not in (None, "auto", "local") and not str(cfg.ray.address).startswith(
+        ("127.", "localhost"))
+    if remote and (cfg.tracking.uri or "sqlite").startswith("sqlite"):
         raise ConfigError("tracking.uri", cfg.tracking.uri, "an MLflow tracking server URL (http://...)",
-                          why="trials on a remote Ray cluster cannot write a local sqlite file; "
-                              "start one with: mlflow server --host 0.0.0.0 --port 5000")
+                          why="trials on a remote Ray cluster cannot write a local sqlite file; start "
+                              "one with: mlflow server --host <address the nodes reach> --port 5000")
     return engine
 
 

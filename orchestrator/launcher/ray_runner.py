@@ -1,0 +1,162 @@
+"""Run a sweep's trials as Ray tasks: one task per trial asking for its world size in GPUs, started
+in queue order (largest first, with backfill) as GPUs free up, never retried, cancellable.
+
+The progress display shows queued / running / done; ``schedule.json`` in the sweep directory records
+when each trial was submitted, started and ended (the scheduling benchmark reads it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import UserError
+from orchestrator.launcher.queue import QueuedTrial, pick_startable
+from orchestrator.progress import ProgressView, TrialSlot
+
+log = logging.getLogger("parasweep")
+
+
+@dataclass
+class TrialJob:
+    """One trial as the launcher sees it."""
+
+    queued: QueuedTrial
+    payload: Any  # what the remote function receives (the Hydra job config)
+    cpus: float = 1.0
+    accelerator_type: str | None = None
+    result: Any = None
+    error: BaseException | None = None
+    submitted: float = 0.0
+    finished: float = 0.0
+    slot: TrialSlot | None = field(default=None, repr=False)
+
+
+def init_ray(address: str | None, num_gpus: int | None, num_cpus: int | None) -> None:
+    """Join a cluster (address) or start a local Ray without dashboard."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if address:
+        # Ray >= 2.59 turns token auth on for clusters started on this host; a client given an explicit
+        # address must then say so itself (shared/reference/ecosystem.md 3.3)
+        token = Path.home() / ".ray" / "auth_token"
+        if address != "auto" and token.exists() and "RAY_AUTH_MODE" not in os.environ:
+            os.environ["RAY_AUTH_MODE"] = "token"
+        kwargs["address"] = address
+    else:
+        if num_gpus is not None:
+            kwargs["num_gpus"] = int(num_gpus)
+        if num_cpus is not None:
+            kwargs["num_cpus"] = int(num_cpus)
+    handler = signal.getsignal(signal.SIGTERM)
+    ray.init(**kwargs)
+    # Ray's core installs a crash handler for SIGTERM that aborts the driver (exit -6) before any
+    # trial can stop its engine; put back ours (run.py turns SIGTERM into a Ctrl-C)
+    if callable(handler) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
+def cluster_gpus() -> tuple[int, int, int]:
+    """(total GPUs, GPUs of the largest node, alive nodes)."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    per_node = [int(n.get("Resources", {}).get("GPU", 0)) for n in nodes]
+    return sum(per_node), max(per_node, default=0), len(nodes)
+
+
+class RayTrialRunner:
+    def __init__(self, remote_fn: Callable[..., Any], args_for: Callable[[TrialJob], tuple[Any, ...]],
+                 sweep_dir: Path, cancel_grace_s: float = 20.0) -> None:
+        self.remote_fn, self.args_for = remote_fn, args_for
+        self.sweep_dir, self.cancel_grace_s = sweep_dir, cancel_grace_s
+
+    def run(self, jobs: list[TrialJob]) -> list[TrialJob]:
+        import ray
+
+        total, largest, _ = cluster_gpus()
+        for job in jobs:
+            if job.queued.gpus > largest:
+                raise UserError(f"trial '{job.queued.label}' needs {job.queued.gpus} GPUs on one node; the "
+                                f"largest Ray node has {largest} (ray.num_gpus or the cluster's GPUs)")
+        remote = ray.remote(max_retries=0)(self.remote_fn)  # a crashed trial is reported, never re-run
+        queue = {job.queued.index: job for job in jobs}
+        running: dict[Any, TrialJob] = {}
+        free = total
+        with ProgressView([job.slot for job in jobs if job.slot]):
+            try:
+                while queue or running:
+                    for q in pick_startable([j.queued for j in queue.values()], free):
+                        job = queue.pop(q.index)
+                        options: dict[str, Any] = {"num_gpus": q.gpus, "num_cpus": job.cpus,
+                                                   "name": f"trial-{q.index}"}
+                        if job.accelerator_type:
+                            options["accelerator_type"] = job.accelerator_type
+                        ref = remote.options(**options).remote(*self.args_for(job))
+                        job.submitted = time.time()
+                        if job.slot:
+                            job.slot.state = "running"
+                        running[ref] = job
+                        free -= q.gpus
+                    if not running:
+                        break
+                    done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
+                    for ref in done:
+                        job = running.pop(ref)
+                        free += job.queued.gpus
+                        job.finished = time.time()
+                        if job.slot:
+                            job.slot.state = "done"
+                        try:
+                            job.result = ray.get(ref)
+                        except Exception as exc:  # worker crash or cancellation: this trial failed
+                            job.error = exc
+            except KeyboardInterrupt:
+                if queue:
+                    print(f"[parasweep] cancelled {len(queue)} queued trial(s) before they started: "
+                          + ", ".join(j.queued.label for j in queue.values()), flush=True)
+                self._cancel(list(running))
+                raise
+            finally:
+                self._write_schedule(jobs)
+        return jobs
+
+    def _cancel(self, refs: list[Any]) -> None:
+        """Soft cancel first (the trial gets KeyboardInterrupt and its ``finally`` stops the engine's
+        process group); force what is still running after the grace period."""
+        import ray
+
+        for ref in refs:
+            ray.cancel(ref, force=False)
+        deadline = time.monotonic() + self.cancel_grace_s
+        left = refs
+        while left and time.monotonic() < deadline:
+            _, left = ray.wait(left, num_returns=len(left), timeout=0.5)
+        for ref in left:
+            ray.cancel(ref, force=True)
+
+    def _write_schedule(self, jobs: list[TrialJob]) -> None:
+        rows = []
+        for job in jobs:
+            timings = {}
+            result = getattr(job.result, "_return_value", None)
+            if isinstance(result, dict):
+                timings = result.get("timings", {})
+            rows.append({"index": job.queued.index, "label": job.queued.label, "gpus": job.queued.gpus,
+                         "est_s": job.queued.est_s, "submitted": job.submitted or None,
+                         "finished": job.finished or None, "timings": timings,
+                         "status": result.get("status") if isinstance(result, dict) else
+                         ("failed" if job.error or job.finished else "not started")})
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        (self.sweep_dir / "schedule.json").write_text(json.dumps(rows, indent=1))

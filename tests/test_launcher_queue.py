@@ -1,0 +1,29 @@
+"""Queue order: largest first, with backfill of smaller trials into GPUs left over."""
+
+from __future__ import annotations
+
+from orchestrator.launcher.queue import QueuedTrial, pick_startable, queue_order
+
+
+def _trials(gpus: list[int], est: list[float] | None = None) -> list[QueuedTrial]:
+    return [QueuedTrial(i, g, f"t{i}", est[i] if est else None) for i, g in enumerate(gpus)]
+
+
+def test_largest_first_then_backfill() -> None:
+    queue = _trials([1, 2, 8, 4, 4, 1])
+    assert [t.gpus for t in queue_order(queue)] == [8, 4, 4, 2, 1, 1]
+    assert [t.index for t in pick_startable(queue, 8)] == [2]  # the 8-GPU trial alone
+    assert [t.gpus for t in pick_startable(queue, 7)] == [4, 2, 1]  # 8 cannot start: backfill
+    assert [t.gpus for t in pick_startable(queue, 3)] == [2, 1]
+    assert pick_startable(queue, 0) == []
+
+
+def test_estimates_order_by_gpu_seconds() -> None:
+    queue = _trials([1, 2, 4], est=[100.0, 10.0, 10.0])  # a long 1-GPU trial outweighs short wide ones
+    assert [t.index for t in queue_order(queue)] == [0, 2, 1]
+    assert [t.index for t in pick_startable(queue, 5)] == [0, 2]
+
+
+def test_ties_keep_sweep_order() -> None:
+    queue = _trials([2, 2, 2])
+    assert [t.index for t in pick_startable(queue, 4)] == [0, 1]

@@ -1,0 +1,95 @@
+"""Ray placement by GPU demand on a real local Ray with declared GPUs: side by side on disjoint GPU
+sets, isolation of a crashing trial, and resume of a finished sweep."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+def _client(workdir: Path):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{workdir / 'runs' / 'mlflow.db'}")
+
+
+def _trials(workdir: Path, sweep_index: int = -1) -> list:
+    client = _client(workdir)
+    exp = client.get_experiment_by_name("parasweep")
+    sweeps = client.search_runs([exp.experiment_id], "tags.`parasweep.kind` = 'sweep'",
+                                order_by=["attributes.start_time ASC"])
+    parent = sweeps[sweep_index]
+    return client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+
+
+def _schedule(workdir: Path) -> list[dict]:
+    (path,) = sorted((workdir / "runs" / "multirun").glob("*/*/schedule.json"))[-1:]
+    return json.loads(path.read_text())
+
+
+def test_trials_run_side_by_side_on_disjoint_gpus(tmp_path: Path) -> None:
+    # a dense 8B model that fits one GPU: world sizes 1, 2 and 4 fit the 8 declared GPUs together
+    result = run_cli(["-m", "model=llama-3.1-8b", "parallelism=tp1,tp2,tp4", "ray.num_gpus=8",
+                      "workload.concurrency=[1]", "workload.requests_per_point=4", "workload.warmup_requests=0",
+                      "workload.input_len=32", "workload.output_len=200"], tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = _trials(tmp_path)
+    assert len(runs) == 3
+    devices = {r.data.params["tp.size"]: r.data.tags["parasweep.cuda_visible_devices"] for r in runs}
+    sets = {tp: set(cvd.split(",")) for tp, cvd in devices.items()}
+    assert {tp: len(s) for tp, s in sets.items()} == {"1": 1, "2": 2, "4": 4}
+    assert not (sets["1"] & sets["2"] or sets["1"] & sets["4"] or sets["2"] & sets["4"]), devices
+    # they really overlapped in time: every trial was driving load before any finished it
+    rows = _schedule(tmp_path)
+    starts = [r["timings"]["load_start"] for r in rows]
+    ends = [r["timings"]["load_end"] for r in rows]
+    assert max(starts) < min(ends), rows
+
+
+@pytest.fixture(scope="module")
+def crash_then_resume(tmp_path_factory: pytest.TempPathFactory):
+    workdir = tmp_path_factory.mktemp("resume")
+    base = ["-m", "model=tiny-test", "parallelism=pp2", "workload=tiny", "ray.num_cpus=4"]
+    # trial 1 passes the engine a flag it does not know: the engine exits at start-up
+    first = run_cli([*base, "+server.extra_args.bogus_flag=null,1"], workdir, timeout=300)
+    second = run_cli([*base, "+server.extra_args.bogus_flag=null,1"], workdir, timeout=300)
+    third = run_cli([*base, "+server.extra_args.bogus_flag=null", "resume=false"], workdir, timeout=300)
+    return workdir, first, second, third
+
+
+def test_crashing_trial_does_not_stop_the_sweep(crash_then_resume) -> None:
+    workdir, first, _, _ = crash_then_resume
+    assert first.returncode == 1, first.stdout + first.stderr
+    runs = {r.data.tags["parasweep.trial_num"]: r for r in _trials(workdir, 0)}
+    assert runs["0"].data.tags["parasweep.status"] == "ok"
+    failed = runs["1"].data.tags
+    assert failed["parasweep.status"] == "failed"
+    assert "engine exited with code" in failed["parasweep.error"]
+    assert "bogus" in failed["parasweep.error"]  # the log tail names the problem
+    assert "failed #1" in first.stdout and "status failed" in first.stdout
+
+
+def test_second_run_resumes(crash_then_resume) -> None:
+    workdir, first, second, _ = crash_then_resume
+    ok_run = next(r for r in _trials(workdir, 0) if r.data.tags["parasweep.status"] == "ok")
+    assert "skipping #0" in second.stdout and ok_run.info.run_id in second.stdout
+    runs = {r.data.tags["parasweep.trial_num"]: r for r in _trials(workdir, 1)}
+    reused = runs["0"].data
+    assert reused.tags["parasweep.status"] == "skipped"
+    assert reused.tags["parasweep.reused_run_id"] == ok_run.info.run_id
+    assert reused.metrics["c4/output_tok_s"] == ok_run.data.metrics["c4/output_tok_s"]
+    assert runs["1"].data.tags["parasweep.status"] == "failed"  # failed trials run again
+    assert "parasweep.reused_run_id" not in runs["1"].data.tags
+    assert "skipping" not in first.stdout
+
+
+def test_resume_false_reruns(crash_then_resume) -> None:
+    workdir, _, _, third = crash_then_resume
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "skipping" not in third.stdout
+    (run,) = _trials(workdir, 2)
+    assert run.data.tags["parasweep.status"] == "ok" and "parasweep.reused_run_id" not in run.data.tags
