@@ -1,4 +1,8 @@
-"""Per-trial plots: throughput and latency against load."""
+"""Plots against load: per trial (throughput and latency) and per sweep (every trial on one chart).
+
+Drawn by the driver once trials have ended, from what landed in MLflow, so a trial's GPUs are never
+held while matplotlib renders.
+"""
 
 from __future__ import annotations
 
@@ -10,37 +14,63 @@ import matplotlib
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt
 
+Points = Mapping[int, Mapping[str, float]]  # concurrency -> metrics
+LATENCIES = (("ttft_p99_ms", "TTFT p99"), ("itl_p99_ms", "ITL p99"), ("tpot_p50_ms", "TPOT p50"))
 
-def plot_trial(points: Mapping[int, Mapping[str, float]], title: str, out_dir: Path) -> list[Path]:
-    """``points``: concurrency -> metrics. Writes plots/throughput.png and plots/latency.png."""
+
+def _nan(m: Mapping[str, float], key: str) -> float:
+    return m.get(key, float("nan"))
+
+
+def plot_trial(points: Points, title: str, out_dir: Path) -> list[Path]:
+    """Writes ``throughput.png`` and ``latency.png`` for one trial's closed-loop points."""
     if not points:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
     xs = sorted(points)
-    written = []
-
+    paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(xs, [points[x].get("output_tok_s", float("nan")) for x in xs], marker="o")
+    ax.plot(xs, [_nan(points[x], "output_tok_s") for x in xs], marker="o")
     ax.set(xlabel="concurrency", ylabel="output tok/s", title=f"{title}: throughput")
     ax.set_xscale("log", base=2)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = out_dir / "throughput.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    written.append(path)
+    paths.append(_save(fig, out_dir / "throughput.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("ttft_p99_ms", "TTFT p99"), ("itl_p99_ms", "ITL p99"), ("tpot_p50_ms", "TPOT p50")):
-        ax.plot(xs, [points[x].get(key, float("nan")) for x in xs], marker="o", label=label)
+    for key, label in LATENCIES:
+        ax.plot(xs, [_nan(points[x], key) for x in xs], marker="o", label=label)
     ax.set(xlabel="concurrency", ylabel="ms", title=f"{title}: latency")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend()
+    paths.append(_save(fig, out_dir / "latency.png"))
+    return paths
+
+
+def plot_sweep(trials: Mapping[str, Points], title: str, out_dir: Path) -> list[Path]:
+    """Every trial's throughput and TPOT against concurrency on one figure (``sweep.png``)."""
+    trials = {label: pts for label, pts in trials.items() if pts}
+    if not trials:
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for label, pts in trials.items():
+        xs = sorted(pts)
+        left.plot(xs, [_nan(pts[x], "output_tok_s") for x in xs], marker="o", label=label)
+        right.plot(xs, [_nan(pts[x], "tpot_p50_ms") for x in xs], marker="o", label=label)
+    left.set(xlabel="concurrency", ylabel="output tok/s", title="throughput")
+    right.set(xlabel="concurrency", ylabel="ms", title="TPOT p50")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+    left.legend(fontsize="small")
+    fig.suptitle(title)
+    return [_save(fig, out_dir / "sweep.png")]
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
     fig.tight_layout()
-    path = out_dir / "latency.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    written.append(path)
-    return written
+    return path

@@ -13,6 +13,16 @@ from rich.table import Table
 POINT_RE = re.compile(r"^([cr])([0-9.]+)/output_tok_s$")
 
 
+def points_from_metrics(metrics: dict[str, float]) -> dict[int, dict[str, float]]:
+    """``{"c8/output_tok_s": x}`` -> ``{8: {"output_tok_s": x}}`` (closed-loop points only)."""
+    points: dict[int, dict[str, float]] = {}
+    for key, value in metrics.items():
+        head, _, name = key.partition("/")
+        if name and head[:1] == "c" and head[1:].isdigit():
+            points.setdefault(int(head[1:]), {})[name] = value
+    return points
+
+
 def _num(value: float | None, fmt: str = "{:.1f}") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"

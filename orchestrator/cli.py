@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -117,18 +118,45 @@ def finish(code: int) -> int:
         status = "ok"
     tracker.finish(state.run_id, status)
     failed = [r for r in runs if r.data.tags.get("parasweep.status") not in ("ok", "skipped")]
-    print_sweep_summary(runs, f"sweep {state.run_id}: {len(runs)} trial(s), status {status}", console)
+    what = "prediction (virtual time, simulated engine)" if state.mode == "prediction" else "sweep"
+    print_sweep_summary(runs, f"{what} {state.run_id}: {len(runs)} trial(s), status {status}", console)
     for run in failed:
         reason = (run.data.tags.get("parasweep.error") or "").strip().splitlines()
         tags = run.data.tags
         console.print(f"[red]{tags.get('parasweep.status')}[/red] #{tags.get('parasweep.trial_num')} "
                       f"{tags.get('parasweep.overrides')}: {reason[-1] if reason else 'no reason recorded'}",
                       highlight=False)
+    _log_plots(tracker, state.run_id, runs, Path(state.sweep_dir))
     console.print(f"Browse: {ui_command(state.uri)}\n  then open {runs_url(state.experiment_id)}",
                   highlight=False, soft_wrap=True)
     if code == 0 and status != "ok":
         code = 1
     return code
+
+
+def _log_plots(tracker: Any, sweep_run_id: str, runs: list[Any], sweep_dir: Path) -> None:
+    """Per-trial plots into each child run, and every trial on one chart in the sweep's run."""
+    import logging
+    import tempfile
+
+    from analysis.plots import plot_sweep, plot_trial
+    from analysis.report import points_from_metrics
+
+    try:
+        by_label = {}
+        for run in runs:
+            points = points_from_metrics(run.data.metrics)
+            tags = run.data.tags
+            label = f"#{tags.get('parasweep.trial_num', '?')} {tags.get('parasweep.overrides', '')}"
+            by_label[label] = points
+            trial_dir = run.data.tags.get("parasweep.trial_dir")
+            out = Path(trial_dir) / "plots" if trial_dir else Path(tempfile.mkdtemp()) / "plots"
+            for path in plot_trial(points, label, out):
+                tracker.log_artifact(run.info.run_id, path, "plots")
+        for path in plot_sweep(by_label, f"sweep {sweep_run_id}", sweep_dir / "plots"):
+            tracker.log_artifact(sweep_run_id, path, "plots")
+    except Exception:  # plots are a convenience; the numbers are already stored
+        logging.getLogger("parasweep").exception("could not draw plots")
 
 
 def _shutdown_ray() -> None:

@@ -22,6 +22,7 @@ class SweepState:
     experiment: str
     sweep_dir: str
     multirun: bool
+    mode: str = "measure"  # or "prediction" (predict=true)
     run_id: str | None = None
     experiment_id: str | None = None
     started: float = 0.0
@@ -36,7 +37,8 @@ def note_sweep(config: DictConfig, multirun: bool) -> None:
         return
     sweep_dir = str(config.hydra.sweep.dir if multirun else config.hydra.run.dir)
     ACTIVE = SweepState(tracking_uri(config.tracking.uri), config.tracking.experiment,
-                        os.path.abspath(sweep_dir), multirun)
+                        os.path.abspath(sweep_dir), multirun,
+                        mode="prediction" if config.get("predict") else "measure")
 
 
 def ensure_started() -> str | None:
@@ -48,8 +50,9 @@ def ensure_started() -> str | None:
         tracker = Tracker(state.uri, state.experiment)
         args = " ".join(sys.argv[1:])
         state.run_id = tracker.start_run(
-            f"sweep {time.strftime('%Y-%m-%d %H:%M:%S')}" + (f": {args}" if args else ""),
-            tags={"parasweep.kind": "sweep", "parasweep.status": "running",
+            f"{'prediction' if state.mode == 'prediction' else 'sweep'} {time.strftime('%Y-%m-%d %H:%M:%S')}"
+            + (f": {args}" if args else ""),
+            tags={"parasweep.kind": "sweep", "parasweep.mode": state.mode, "parasweep.status": "running",
                   "parasweep.command": f"python run.py {args}".strip(),
                   "parasweep.sweep_dir": state.sweep_dir})
         state.experiment_id = tracker.experiment_id

@@ -15,7 +15,7 @@ import os
 import subprocess
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +30,18 @@ from orchestrator.config.validate import typed_config, validate, world_size
 from orchestrator.engines.base import HOST
 from orchestrator.engines.registry import get_engine
 from orchestrator.errors import EngineStartError
+from orchestrator.gpu_release import process_group_pids, wait_gpus_free
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.process.server import ServerProcess, free_port, http_get_json, log_tail
 from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
 from orchestrator.sweep import ensure_started
+from orchestrator.telemetry.server_log import resolved_config, resolved_params, server_log_frame
 from orchestrator.telemetry.server_metrics import MetricsScraper, jsonl_to_parquet
 from orchestrator.tracking import Tracker, flatten
 
 log = logging.getLogger("parasweep")
 
 IN_RAY_ENV = "PARASWEEP_IN_RAY"  # set by the Ray launcher: the driver renders progress, not the trial
-# resolved engine values worth a param of their own (from /server_info)
-_RESOLVED_KEYS = ("max_running_requests", "pp_max_micro_batch_size", "chunked_prefill_size",
-                  "max_prefill_tokens", "max_total_num_tokens", "context_length", "cuda_graph_max_bs_decode",
-                  "disable_cuda_graph", "mem_fraction_static", "attention_backend", "pp_async_batch_depth",
-                  "decode_log_interval", "disable_overlap_schedule", "random_seed")
 
 
 @dataclass
@@ -98,6 +95,15 @@ def load_points(cfg: ParasweepConf) -> list[Any]:
     return points
 
 
+def request_spec(cfg: ParasweepConf) -> Any:
+    from workloads import RequestSpec
+
+    model = read_model_info(cfg.model.path)
+    return RequestSpec(api=cfg.workload.api, input_len=cfg.workload.input_len,
+                       output_len=cfg.workload.output_len, seed=cfg.workload.seed,
+                       vocab_size=model.vocab_size, model=cfg.model.name)
+
+
 def print_plan(ctx: TrialContext, cfg: ParasweepConf, engine: str, argv: list[str]) -> None:
     gpus = world_size(cfg)
     print(f"trial {ctx.num} [{ctx.label}]: engine={engine} model={cfg.model.name} "
@@ -118,15 +124,19 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
     argv = engine.argv(cfg, port, ctx.trial_dir)
     if cfg.dry_run:
         print_plan(ctx, cfg, engine_name, argv)
+        for note in engine.plan_notes(cfg):
+            print(note, flush=True)
         return {"status": "skipped", "run_id": None, "timings": {}}
 
     ctx.trial_dir.mkdir(parents=True, exist_ok=True)
     parent_run_id = cfg.tracking.parent_run_id or ensure_started()  # single runs: this process
     resolved_cfg = resolved_config_dict(cfg, engine_name)
     tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment)
+    kind = "prediction" if cfg.predict else "trial"
     run_id = tracker.start_run(
-        f"{ctx.num}: {ctx.label}",
-        tags={"parasweep.kind": "trial", "parasweep.status": "running", "parasweep.engine": engine_name,
+        f"{ctx.num}: {ctx.label}" + (" (predicted)" if cfg.predict else ""),
+        tags={"parasweep.kind": kind, "parasweep.status": "running",
+              "parasweep.engine": "sim-predict" if cfg.predict else engine_name,
               "parasweep.config_hash": config_hash(resolved_cfg), "parasweep.trial_num": str(ctx.num),
               "parasweep.overrides": ctx.label, "parasweep.git_sha": git_sha(),
               "parasweep.trial_dir": str(ctx.trial_dir)},
@@ -138,6 +148,9 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
                 if not os.environ.get(IN_RAY_ENV) else contextlib.nullcontext())
     trial = _TrialRun(cfg, ctx, engine_name, argv, port, tracker, run_id, progress)
     trial.timings["task_start"] = task_start
+    if cfg.predict:
+        status = trial.predict()
+        return {"status": status, "run_id": run_id, "timings": trial.timings}
     with own_view:
         status = trial.run()
     return {"status": status, "run_id": run_id, "timings": trial.timings}
@@ -178,63 +191,129 @@ class _TrialRun:
             self._finalize(status)
         return status
 
-    def _measure(self) -> None:
-        from workloads import RequestSpec, run_point
+    def predict(self) -> str:
+        """The same trial in the simulator's virtual time: nothing is launched, the same metrics,
+        diagnosis are logged (run tagged ``parasweep.kind=prediction``)."""
+        from orchestrator.engines.sim import SimEngine
+        from simulator.predict import predict_trial, resolved_server_info
 
+        status = "failed"
+        try:
+            sim = SimEngine()
+            sim.prepare(self.cfg, self.ctx.trial_dir)
+            argv = sim.argv(self.cfg, self.port, self.ctx.trial_dir)[3:]  # without `python -m simulator`
+            self._use_server_info(resolved_server_info(argv))
+            points = load_points(self.cfg)
+            results = predict_trial(argv, points, request_spec(self.cfg))
+            self.records_jsonl.parent.mkdir(parents=True, exist_ok=True)
+            with self.records_jsonl.open("w") as f:
+                for result in results:
+                    f.writelines(json.dumps(asdict(r)) + "\n" for r in result.records)
+            for point, result in zip(points, results, strict=True):
+                # virtual seconds: the point's window on the simulated clock
+                times = [r.send_time for r in result.records] + [r.end_time for r in result.records]
+                outcome = PointOutcome(point.label, point.concurrency, point.rate, min(times), max(times),
+                                       dict(result.metrics), list(result.invalid_reasons))
+                self.outcomes.append(outcome)
+                self._log_point(outcome)
+            status = "ok"
+        except KeyboardInterrupt:
+            status, self.error = "killed", "interrupted"
+            raise
+        except Exception:
+            self.error = traceback.format_exc()
+        finally:
+            self._finalize(status)
+        return status
+
+    def _measure(self) -> None:
         cfg, d = self.cfg, self.ctx.trial_dir
         engine = get_engine(self.engine_name)
         engine.prepare(cfg, d)
         (d / "server").mkdir(parents=True, exist_ok=True)
-        (d / "server" / "argv.json").write_text(json.dumps(self.argv, indent=1))
         self.progress.update(status="starting engine", force=True)
         env = dict(os.environ)  # CUDA_VISIBLE_DEVICES as Ray assigned it reaches the engine
         self.tracker.set_tags(self.run_id, {
             "parasweep.cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES", "")})
         self.timings["engine_launch"] = time.time()
-        with ServerProcess(self.argv, self.server_log, HOST, self.port, env=env,
-                           stop_grace_s=cfg.engine.stop_grace_s) as server:
-            server.wait_ready(cfg.engine.startup_timeout_s)
-            self.timings["engine_ready"] = time.time()
-            self._read_server_info(server.url)
-            model = read_model_info(cfg.model.path)
-            spec = RequestSpec(api=cfg.workload.api, input_len=cfg.workload.input_len,
-                               output_len=cfg.workload.output_len, seed=cfg.workload.seed,
-                               vocab_size=model.vocab_size, model=cfg.model.name)
-            scraper = MetricsScraper(server.url + "/metrics", self.metrics_jsonl).start()
+        pids: set[int] = set()
+        try:
+            with self._start_engine(engine, env) as server:
+                self.timings["engine_ready"] = time.time()
+                pids = process_group_pids(server.pid or 0)
+                self._drive_load(server)
+        finally:
+            if self.engine_name == "sglang":  # the next trial on these GPUs needs their memory back
+                for warning in wait_gpus_free(env.get("CUDA_VISIBLE_DEVICES"), 60.0, pids or None):
+                    log.warning("%s", warning)
+        self.timings["engine_stopped"] = time.time()
+
+    def _drive_load(self, server: ServerProcess) -> None:
+        from workloads import run_point
+
+        cfg = self.cfg
+        self._read_server_info(server.url)
+        spec = request_spec(cfg)
+        scraper = MetricsScraper(server.url + "/metrics", self.metrics_jsonl).start()
+        try:
+            points = load_points(cfg)
+            self.timings["load_start"] = time.time()
+            for i, point in enumerate(points):
+                self.progress.update(status="running", point=point.label, point_index=i,
+                                     points_total=len(points), done=0, total=point.num_requests,
+                                     force=True)
+
+                def on_progress(done: int, total: int, _label: str = point.label) -> None:
+                    self.progress.update(done=done, total=total)
+
+                start = time.time()
+                result = run_point(server.url, point, spec, records_path=self.records_jsonl,
+                                   on_progress=on_progress)
+                outcome = PointOutcome(point.label, point.concurrency, point.rate, start, time.time(),
+                                       dict(result.metrics), list(result.invalid_reasons))
+                self.outcomes.append(outcome)
+                self._log_point(outcome)
+                log.info("%s: %s", point.label, _short_metrics(outcome.metrics))
+            self.timings["load_end"] = time.time()
+        finally:
+            scraper.stop()
+
+    def _start_engine(self, engine: Any, env: dict[str, str], attempts: int = 3) -> ServerProcess:
+        """A ready engine. A free port can be taken by another trial between our probe and the engine's
+        bind (trials start side by side): then try another port, up to ``attempts`` times."""
+        for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                self.port = free_port()
+                self.argv = engine.argv(self.cfg, self.port, self.ctx.trial_dir)
+            (self.ctx.trial_dir / "server" / "argv.json").write_text(json.dumps(self.argv, indent=1))
+            server = ServerProcess(self.argv, self.server_log, HOST, self.port, env=env,
+                                   stop_grace_s=self.cfg.engine.stop_grace_s)
+            server.start()
             try:
-                points = load_points(cfg)
-                self.timings["load_start"] = time.time()
-                for i, point in enumerate(points):
-                    self.progress.update(status="running", point=point.label, point_index=i,
-                                         points_total=len(points), done=0, total=point.num_requests,
-                                         force=True)
-
-                    def on_progress(done: int, total: int, _label: str = point.label) -> None:
-                        self.progress.update(done=done, total=total)
-
-                    start = time.time()
-                    result = run_point(server.url, point, spec, records_path=self.records_jsonl,
-                                       on_progress=on_progress)
-                    outcome = PointOutcome(point.label, point.concurrency, point.rate, start, time.time(),
-                                           dict(result.metrics), list(result.invalid_reasons))
-                    self.outcomes.append(outcome)
-                    self._log_point(outcome)
-                    log.info("%s: %s", point.label, _short_metrics(outcome.metrics))
-                self.timings["load_end"] = time.time()
-            finally:
-                scraper.stop()
+                server.wait_ready(self.cfg.engine.startup_timeout_s)
+                return server
+            except EngineStartError as exc:
+                server.stop()
+                if attempt == attempts or "address already in use" not in str(exc).lower():
+                    raise
+                log.warning("port %d was taken before the engine bound it; retrying", self.port)
+            except BaseException:
+                server.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def _read_server_info(self, url: str) -> None:
-        self.server_info = http_get_json(url + "/server_info")
+        self._use_server_info(http_get_json(url + "/server_info"))
+
+    def _use_server_info(self, info: dict[str, Any]) -> None:
+        self.server_info = info
         path = self.ctx.trial_dir / "server" / "server_info.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.server_info, indent=1))
-        states = self.server_info.get("internal_states") or [{}]
-        resolved = {k: self.server_info.get(k) for k in _RESOLVED_KEYS if k in self.server_info}
-        effective = states[0].get("effective_max_running_requests_per_dp")
-        if effective is not None:  # the value the scheduler actually enforces
-            resolved["max_running_requests"] = effective
-        self.resolved = resolved
-        self.tracker.log_params(self.run_id, {f"resolved.{k}": str(v) for k, v in resolved.items()})
+        # /server_info, completed by the startup log (CUDA-graph sizes, per-stage limits, backend)
+        log_text = self.server_log.read_text(errors="replace") if self.server_log.exists() else ""
+        self.resolved = resolved_config(info, log_text)
+        self.tracker.log_params(self.run_id, resolved_params(self.resolved))
         version = self.server_info.get("version", "unknown")
         engine_tag = self.server_info.get("engine")
         self.tracker.set_tags(self.run_id, {
@@ -251,9 +330,9 @@ class _TrialRun:
         self.tracker.log_metrics(self.run_id, batch)
 
     def _finalize(self, status: str) -> None:
-        """Log artifacts, telemetry summaries, diagnosis and plots; never raise."""
+        """Log artifacts, telemetry summaries and diagnosis; never raise. (Plots are drawn by the
+        driver once the sweep ends: see orchestrator/cli.py.)"""
         from analysis.diagnose import TrialFacts, diagnose
-        from analysis.plots import plot_trial
         from analysis.telemetry import point_telemetry
 
         d, t, rid = self.ctx.trial_dir, self.tracker, self.run_id
@@ -266,6 +345,12 @@ class _TrialRun:
                 df = records_to_dataframe(list(read_records(self.records_jsonl)))
                 df.to_parquet(d / "records" / "requests.parquet", index=False)
                 t.log_artifact(rid, d / "records" / "requests.parquet", "records")
+
+        def server_log() -> None:  # per-stage batch lines (running-req, queue-req, token usage, ...)
+            frame = server_log_frame(self.server_log) if self.server_log.exists() else None
+            if frame is not None and not frame.empty:
+                (d / "telemetry").mkdir(parents=True, exist_ok=True)
+                frame.to_parquet(d / "telemetry" / "server_log.parquet", index=False)
 
         def server_metrics() -> None:
             telemetry["df"] = jsonl_to_parquet(self.metrics_jsonl, d / "telemetry" / "server_metrics.parquet")
@@ -305,11 +390,6 @@ class _TrialRun:
             (d / "diagnosis.json").write_text(json.dumps(result, indent=1))
             t.log_artifact(rid, d / "diagnosis.json")
 
-        def plots() -> None:
-            by_c = {o.concurrency: o.metrics for o in self.outcomes if o.concurrency is not None}
-            for path in plot_trial(by_c, self.ctx.label, d / "plots"):
-                t.log_artifact(rid, path, "plots")
-
         def errors() -> None:
             if self.error:
                 t.set_tags(rid, {"parasweep.error": self.error[-2000:]})
@@ -327,13 +407,16 @@ class _TrialRun:
                 out["overhead_s"] = out["total_s"] - out["engine_start_s"] - out["load_s"]
             t.log_metrics(rid, [(f"trial/{k}", v, 0) for k, v in out.items()])
 
-        for name, fn in (("records", records), ("server_metrics", server_metrics), ("configs", configs),
-                         ("server_files", server_files), ("findings", findings), ("plots", plots),
-                         ("errors", errors), ("timings", timings)):
+        steps = (("records", records), ("server_log", server_log), ("server_metrics", server_metrics),
+                 ("configs", configs), ("server_files", server_files), ("findings", findings),
+                 ("errors", errors), ("timings", timings))
+        for name, fn in steps:
+            began = time.perf_counter()
             try:
                 fn()
             except Exception:
                 log.exception("could not save %s for trial %s", name, self.ctx.label)
+            self.timings[f"finalize_{name}_s"] = time.perf_counter() - began
         try:
             t.finish(rid, status)
         except Exception:

@@ -102,6 +102,7 @@ class CostModel:
         cuda_graph_max_bs: int,
         disable_cuda_graph: bool,
         params: CostParams | None = None,
+        layer_partition: list[int] | None = None,
     ) -> None:
         self.spec = spec
         self.hw = hw
@@ -109,7 +110,9 @@ class CostModel:
         self.p = params or CostParams()
         self.cuda_graph_max_bs = cuda_graph_max_bs
         self.disable_cuda_graph = disable_cuda_graph
-        self.stage_layers = pp_layer_split(spec.num_layers, par.pp)
+        # SGLANG_PP_LAYER_PARTITION (validated in resolve) overrides SGLang's even split.
+        self.stage_layers = (list(layer_partition) if layer_partition
+                             else pp_layer_split(spec.num_layers, par.pp))
         tp = par.tp
         self._bw = hw.mem_bw_gbs * 1e9
         self._peak = hw.peak_tflops_bf16 * 1e12
@@ -178,6 +181,14 @@ class CostModel:
             flops += 2.0 * n * st.moe_layers * spec.top_k * spec.expert_params / tp
         gpu = max(mem_t, flops / (p.eta_compute * self._peak), st.kernels * p.kernel_floor_us * 1e-6)
         return gpu + self.comm_time(stage, shape) + self.launch_time(stage, shape)
+
+    def breakdown(self, stage: int, shape: BatchShape) -> dict[str, float]:
+        """The parts of ``stage_time`` in seconds: ``gpu`` (roofline max of memory, compute and kernel
+        floor), ``comm`` (TP/EP collectives), ``launch`` (host launch), and their sum ``total``."""
+        total = self.stage_time(stage, shape)
+        comm = self.comm_time(stage, shape)
+        launch = self.launch_time(stage, shape)
+        return {"gpu": total - comm - launch, "comm": comm, "launch": launch, "total": total}
 
     def comm_time(self, stage: int, shape: BatchShape) -> float:
         st, tp, ep = self.stages[stage], self.par.tp, self.par.ep

@@ -201,6 +201,8 @@ class Engine:
         self.gpu_free = [0.0] * cfg.pp
         self.busy = [StageBusy() for _ in range(cfg.pp)]
         self.in_flight = 0
+        self.peak_in_flight = 0  # most micro-batches ever in flight at once (tests, predictions)
+        self.peak_pool_used = 0  # most requests ever admitted at once (never above max_running_requests)
         # counters (SGLang's scheduler statistics)
         self.forward_ct_decode = 0
         self.gen_tokens_since_log = 0
@@ -316,6 +318,8 @@ class Engine:
                 break  # max_prefill_tokens bounds one batch (a lone oversize request still goes)
             waiting.popleft()
             self.pool_used += 1
+            if self.pool_used > self.peak_pool_used:
+                self.peak_pool_used = self.pool_used
             req.kv_reserved = req.input_len + reserve
             self.kv_committed += req.kv_reserved
             if req.input_len <= rem_chunk:
@@ -384,6 +388,8 @@ class Engine:
             t = end + hop if s < last else end
         slot.in_flight = batch
         self.in_flight += 1
+        if self.in_flight > self.peak_in_flight:
+            self.peak_in_flight = self.in_flight
         self.sim.schedule(t, self._emit, batch)
         self.sim.schedule(t + cost.return_time(), self._return, slot, batch)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -172,6 +173,23 @@ def _default_attention_backend(spec: ModelSpec, hw: HardwareConf) -> str:
     return "flashinfer"
 
 
+def _layer_partition(num_layers: int, pp: int) -> list[int] | None:
+    """SGLang's ``SGLANG_PP_LAYER_PARTITION="a,b,..."`` (sglang.md 1.4): layers per PP stage."""
+    raw = os.environ.get("SGLANG_PP_LAYER_PARTITION", "").strip()
+    if not raw or pp == 1:
+        return None
+    try:
+        parts = [int(x) for x in raw.split(",")]
+    except ValueError as e:
+        raise ConfigError(f"SGLANG_PP_LAYER_PARTITION={raw!r} is not a comma-separated list of ints") from e
+    if len(parts) != pp or sum(parts) != num_layers or min(parts) < 1:
+        raise ConfigError(
+            f"SGLANG_PP_LAYER_PARTITION={raw!r} must have pp_size ({pp}) positive entries summing to "
+            f"num_hidden_layers ({num_layers})"
+        )
+    return parts
+
+
 def resolve(args: argparse.Namespace) -> SimConfig:
     warnings: list[str] = []
     try:
@@ -258,8 +276,9 @@ def resolve(args: argparse.Namespace) -> SimConfig:
 
     par = Parallel(tp=tp, pp=pp, ep=ep, moe_a2a_backend=args.moe_a2a_backend)
     disable_graph = bool(args.disable_cuda_graph)
+    partition = _layer_partition(spec.num_layers, pp)
     # Build the cost model once to get per-stage weights; graph bs is fixed up after max_running_requests.
-    cost = CostModel(spec, hw, par, graph_bs, disable_graph, CostParams())
+    cost = CostModel(spec, hw, par, graph_bs, disable_graph, CostParams(), partition)
     total = hw.memory_gb * 1e9
     graph_mem = 0.0 if disable_graph else graph_bs * 2 * MIB  # activations of the captured graphs
     capacities = []
@@ -292,7 +311,7 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     mrr = max(mrr, 1)
     cap = args.pp_max_micro_batch_size or max(mrr // pp, 1)
     graph_bs = min(graph_bs, mrr)  # captured sizes are clipped to the request pool size
-    cost = CostModel(spec, hw, par, graph_bs, disable_graph, CostParams())
+    cost = CostModel(spec, hw, par, graph_bs, disable_graph, CostParams(), partition)
 
     stages = []
     for st in cost.stages:

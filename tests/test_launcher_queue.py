@@ -18,12 +18,20 @@ def test_largest_first_then_backfill() -> None:
     assert pick_startable(queue, 0) == []
 
 
-def test_estimates_order_by_gpu_seconds() -> None:
-    queue = _trials([1, 2, 4], est=[100.0, 10.0, 10.0])  # a long 1-GPU trial outweighs short wide ones
-    assert [t.index for t in queue_order(queue)] == [0, 2, 1]
-    assert [t.index for t in pick_startable(queue, 5)] == [0, 2]
+def test_estimates_put_the_longest_first() -> None:
+    queue = _trials([1, 2, 4, 2], est=[100.0, 10.0, 10.0, 50.0])  # a long trial started late sets the end
+    assert [t.index for t in queue_order(queue)] == [0, 3, 2, 1]  # equal estimates: wider first
+    assert [t.index for t in pick_startable(queue, 5)] == [0, 3, 1]  # the 4-GPU one does not fit: backfill
 
 
 def test_ties_keep_sweep_order() -> None:
     queue = _trials([2, 2, 2])
     assert [t.index for t in pick_startable(queue, 4)] == [0, 1]
+
+
+def test_max_parallel_trials_replays_the_queue() -> None:
+    from orchestrator.launcher.warmup import max_parallel_trials
+
+    assert max_parallel_trials(_trials([8, 8, 8, 8]), 8) == 1  # the demo sweep: one at a time
+    assert max_parallel_trials(_trials([8, 4, 4, 2, 2, 2, 2, 1, 1, 1, 1, 1]), 8) == 6
+    assert max_parallel_trials(_trials([1, 2, 4]), 8) == 3

@@ -18,8 +18,9 @@ from simulator.costs import decode_shape, distinct_experts, pp_layer_split  # no
 from simulator.engine import Engine, Request  # noqa: E402
 from simulator.hardware import HardwareConf, load_hardware  # noqa: E402
 from simulator.model_spec import load_model_spec  # noqa: E402
-from simulator.predict import predict_closed_loop  # noqa: E402
+from simulator.predict import predict_point  # noqa: E402
 from simulator.resolve import resolve  # noqa: E402
+from workloads import LoadPoint, RequestSpec  # noqa: E402
 
 HW_NAMES = ["rtx-pro-6000-pcie-x8", "h200-nvlink-x8", "h100-sxm-x8"]
 
@@ -89,31 +90,39 @@ def test_mla_kv_is_replicated_under_tp_but_split_under_pp() -> None:
     assert pp8.max_total_num_tokens > 3 * tp8.max_total_num_tokens  # simulation.md 2.4: ~170K vs ~1.4M
 
 
+def _predict(argv: list[str], concurrency: int, input_len: int, output_len: int, requests: int) -> dict:
+    spec = RequestSpec(api="generate", input_len=input_len, output_len=output_len)
+    point = LoadPoint(num_requests=requests, concurrency=concurrency)
+    return predict_point([*argv, "--random-seed", "3"], point, spec).metrics
+
+
 def test_pp8_ring_and_bubbles_in_virtual_time() -> None:
     kimi = str(REPO / "models" / "kimi-k2")
     base = ["--model-path", kimi, "--pp-size", "8", "--sim-hardware", "rtx-pro-6000-pcie-x8"]
     cfg = _cfg(*base)
-    one = predict_closed_loop(cfg, concurrency=1, input_len=200, output_len=64, requests=2)
+    one = _predict(base, concurrency=1, input_len=200, output_len=64, requests=2)
     # a single request: every token is one ring trip, host time included; stages ~1/8 busy
     ring = cfg.cost.ring_trip(decode_shape([232]))
-    assert one.tpot_p50_ms / 1e3 == pytest.approx(ring, rel=0.03)
+    assert one["tpot_p50_ms"] / 1e3 == pytest.approx(ring, rel=0.03)
     # 8 micro-batches of one request: the slowest stage (LM head) paces the ring and is nearly always busy
     mb1 = _cfg(*base, "--pp-max-micro-batch-size", "1")
-    p = predict_closed_loop(mb1, concurrency=8, input_len=200, output_len=256, requests=8)
+    p = _predict([*base, "--pp-max-micro-batch-size", "1"], concurrency=8, input_len=200, output_len=256,
+                 requests=8)
     last = mb1.cost.stage_time(7, decode_shape([328]))
-    assert p.tpot_p50_ms / 1e3 == pytest.approx(8 * last, rel=0.1)
-    assert p.stage_busy_fraction[7] > 0.8
+    assert p["tpot_p50_ms"] / 1e3 == pytest.approx(8 * last, rel=0.1)
+    assert p["sim_stage_busy_max"] > 0.8
 
 
 def test_overlap_scheduler_hides_host_time_at_pp1() -> None:
     llama = str(REPO / "models" / "llama-3.1-8b")
-    on = _cfg("--model-path", llama, "--sim-hardware", "h100-sxm-x8")
-    off = _cfg("--model-path", llama, "--sim-hardware", "h100-sxm-x8", "--disable-overlap-schedule")
-    a = predict_closed_loop(on, concurrency=4, input_len=128, output_len=128, requests=4)
-    b = predict_closed_loop(off, concurrency=4, input_len=128, output_len=128, requests=4)
+    base = ["--model-path", llama, "--sim-hardware", "h100-sxm-x8"]
+    on = _cfg(*base)
+    a = _predict(base, concurrency=4, input_len=128, output_len=128, requests=4)
+    b = _predict([*base, "--disable-overlap-schedule"], concurrency=4, input_len=128, output_len=128,
+                 requests=4)
     host = on.cost.sched_time(4) * 1e3
-    assert b.tpot_p50_ms - a.tpot_p50_ms == pytest.approx(host, rel=0.05)
-    assert a.tpot_p50_ms / 1e3 == pytest.approx(on.cost.stage_time(0, decode_shape([192] * 4)), rel=0.05)
+    assert b["tpot_p50_ms"] - a["tpot_p50_ms"] == pytest.approx(host, rel=0.05)
+    assert a["tpot_p50_ms"] / 1e3 == pytest.approx(on.cost.stage_time(0, decode_shape([192] * 4)), rel=0.05)
 
 
 def test_admission_respects_request_pool_and_slot_cap() -> None:

@@ -7,7 +7,7 @@ Synchronous use from a trial::
     result.metrics["output_tok_s"], result.invalid_reasons
 """
 
-from .metrics import summarize, validity_reasons
+from .metrics import SLO, summarize, validity_reasons
 from .payloads import RequestSpec
 from .records import ERROR_KINDS, RecordWriter, RequestRecord, read_records, records_to_dataframe
 from .runner import PointResult, run_point, run_point_async
@@ -15,6 +15,7 @@ from .scheduler import LoadPoint
 
 __all__ = [
     "ERROR_KINDS",
+    "SLO",
     "LoadPoint",
     "PointResult",
     "RecordWriter",

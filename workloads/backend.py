@@ -14,6 +14,7 @@ import aiohttp
 import orjson
 
 from . import clock
+from .fasthttp import HTTPError, Pool, Sink
 from .payloads import PreparedRequest
 from .records import RequestRecord
 from .sse import DONE, SSEParser
@@ -142,6 +143,90 @@ async def send_request(
     finally:
         if rec.end_time is None:
             rec.end_time = now()
+        rec.output_tokens = state.output_tokens
+        if state.prompt_tokens is not None:
+            rec.input_tokens = state.prompt_tokens
+        rec.finish_reason = state.finish_reason
+
+
+class SSESink(Sink):
+    """Turns one streamed response into a :class:`RequestRecord`, inside ``data_received``."""
+
+    __slots__ = ("bad", "finished", "parser", "rec", "snippet", "state")
+
+    def __init__(self, rec: RequestRecord, api: str) -> None:
+        self.rec = rec
+        self.state = make_stream(api)
+        self.parser = SSEParser()
+        self.finished = False
+        self.bad: tuple[str, str] | None = None
+        self.snippet = b""
+
+    def on_head(self, status: int, headers: dict[str, str], t: float) -> None:
+        rec = self.rec
+        rec.first_byte_time = t
+        rec.http_status = status
+        if status >= 400:
+            self.bad = ("http_5xx" if status >= 500 else "http_4xx", f"HTTP {status}: ")
+            return
+        ctype = headers.get("content-type", "")
+        if not ctype.startswith("text/event-stream"):
+            self.bad = (
+                "malformed",
+                f"expected an SSE stream (text/event-stream), got {ctype or 'no content type'}: ",
+            )
+
+    def _fail_bad(self) -> StreamError:
+        assert self.bad is not None
+        text = " ".join(self.snippet[:4096].decode("utf-8", "replace").split())
+        text = text[:300] + ("…" if len(text) > 300 else "")
+        return StreamError(self.bad[0], self.bad[1] + text)
+
+    def on_data(self, data: bytes, t: float) -> None:
+        if self.bad is not None:
+            self.snippet += data
+            if len(self.snippet) >= 4096:
+                raise self._fail_bad()
+            return
+        parser = self.parser
+        events = parser.feed(data)
+        if not events:
+            if parser.pending > MAX_PENDING_BYTES:
+                raise StreamError("malformed", "no SSE event boundary in the first 64 MiB")
+            return
+        if _consume(events, self.state, t, self.rec):
+            self.finished = True
+
+    def on_end(self, t: float) -> None:
+        if self.bad is not None:
+            raise self._fail_bad()
+        if _consume(self.parser.flush(), self.state, t, self.rec):
+            self.finished = True
+            return
+        if self.state.finish_reason is None:
+            raise StreamError(
+                "disconnected", f"stream ended before [DONE] after {self.state.output_tokens} tokens"
+            )
+        # A stream that ends cleanly with a finish_reason but no [DONE] is accepted (lenient).
+        self.rec.end_time = t
+
+
+async def send_request_fast(pool: Pool, req: PreparedRequest, api: str, rec: RequestRecord) -> None:
+    """:func:`send_request` on parasweep's own HTTP client (:mod:`workloads.fasthttp`)."""
+    sink = SSESink(rec, api)
+    payload = pool.request_bytes(req.path, req.body)
+    now = clock.now
+    rec.send_time = now()
+    try:
+        await pool.request(payload, sink)
+    except (StreamError, HTTPError) as e:
+        rec.error_kind, rec.error = e.kind, e.message
+    except Exception as e:  # a bug in the client must not end the point; it is reported per request
+        rec.error_kind, rec.error = "client", f"{type(e).__name__}: {e}"
+    finally:
+        if rec.end_time is None:
+            rec.end_time = now()
+        state = sink.state
         rec.output_tokens = state.output_tokens
         if state.prompt_tokens is not None:
             rec.input_tokens = state.prompt_tokens

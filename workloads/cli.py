@@ -12,10 +12,10 @@ from pathlib import Path
 import orjson
 
 from .backend import ServerCheckError, normalize_url, probe_server
-from .metrics import DEFAULT_LAG_THRESHOLD_MS, LATENCIES, STATS
+from .metrics import DEFAULT_LAG_THRESHOLD_MS, LATENCIES, SLO, STATS
 from .payloads import APIS, RequestSpec
 from .records import ERROR_KINDS
-from .runner import PointResult, run_point, run_sync
+from .runner import HTTP_CLIENTS, PointResult, run_point, run_sync
 from .scheduler import LoadPoint
 
 
@@ -65,9 +65,37 @@ def build_parser() -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--concurrency", type=_positive_int, help="closed loop: requests kept in flight")
     mode.add_argument("--rate", type=_positive_float, help="open loop: requests per second")
-    p.add_argument("--requests", type=_positive_int, default=100, help="measured requests (default 100)")
+    p.add_argument(
+        "--requests",
+        type=_positive_int,
+        help="measured requests (default 100; with --duration, an optional cap)",
+    )
+    p.add_argument(
+        "--duration",
+        type=_positive_float,
+        help="seconds of measured sends instead of a request count (closed loop: then in-flight "
+        "requests finish; open loop: every request scheduled in the window)",
+    )
     p.add_argument("--input-len", type=_positive_int, default=128, help="prompt tokens (default 128)")
     p.add_argument("--output-len", type=_positive_int, default=128, help="output tokens (default 128)")
+    p.add_argument(
+        "--input-dist",
+        default="fixed",
+        help="input length distribution around --input-len: fixed, uniform:R, normal:CV, exponential, "
+        "lognormal:SIGMA (default fixed)",
+    )
+    p.add_argument("--output-dist", default="fixed", help="output length distribution (as --input-dist)")
+    p.add_argument(
+        "--prompt-file",
+        help="JSONL prompts, one object a line: prompt|text (str), input_ids (ints) or messages; "
+        "optional output_len",
+    )
+    p.add_argument("--shuffle-prompts", action="store_true", help="seeded shuffle of the prompt file rows")
+    p.add_argument(
+        "--continuous-usage",
+        action="store_true",
+        help="OpenAI APIs: ask for a running usage on every chunk (exact per-chunk token counts)",
+    )
     p.add_argument(
         "--warmup",
         type=_non_negative_int,
@@ -101,6 +129,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_LAG_THRESHOLD_MS,
         help="client event-loop lag p99 above which the point is invalid (default 20)",
     )
+    p.add_argument("--slo-ttft-ms", type=_positive_float, help="goodput: TTFT bound per request (ms)")
+    p.add_argument("--slo-tpot-ms", type=_positive_float, help="goodput: TPOT bound per request (ms)")
+    p.add_argument("--slo-e2e-ms", type=_positive_float, help="goodput: E2E bound per request (ms)")
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        help="load generator processes; the parent merges records and metrics (default 1)",
+    )
+    p.add_argument(
+        "--http",
+        choices=HTTP_CLIENTS,
+        default="fast",
+        help="HTTP client: parasweep's own (fast, default) or aiohttp",
+    )
     p.add_argument("--records", type=Path, help="append one JSON line per finished request to FILE.jsonl")
     p.add_argument("--json", action="store_true", help="print one JSON object of metrics instead of tables")
     return p
@@ -123,7 +166,8 @@ def _print_tables(result: PointResult, url: str, spec: RequestSpec) -> None:
     point = result.point
     console.print(
         f"[bold]{point.label}[/] {spec.api} against {url}: {m['completed']:.0f}/{m['num_requests']:.0f} "
-        f"completed, input {spec.input_len} / output {spec.output_len} tokens, {m['duration_s']:.2f} s"
+        f"completed, input {m['input_tokens']:.0f} / output {m['output_tokens']:.0f} tokens, "
+        f"{m['duration_s']:.2f} s"
     )
     lat = Table(title="Latency (ms)")
     lat.add_column("metric")
@@ -143,6 +187,7 @@ def _print_tables(result: PointResult, url: str, spec: RequestSpec) -> None:
         if point.open_loop
         else ["offered_concurrency"]
     )
+    keys += ["goodput_req_s", "goodput_tok_s", "slo_attainment"] if "slo_attainment" in m else []
     keys += ["client_lag_p99_ms", "client_lag_max_ms", "errors"]
     keys += [f"errors_{k}" for k in ERROR_KINDS if m.get(f"errors_{k}", 0) > 0]
     for k in keys:
@@ -157,6 +202,11 @@ def _print_tables(result: PointResult, url: str, spec: RequestSpec) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["calibrate"]:
+        from .calibrate_cli import main as calibrate_main
+
+        return calibrate_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -167,16 +217,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             vocab_size=args.vocab_size,
             model=args.model,
+            continuous_usage=args.continuous_usage,
+            input_dist=args.input_dist,
+            output_dist=args.output_dist,
+            prompt_file=args.prompt_file,
+            shuffle_prompts=args.shuffle_prompts,
         )
         point = LoadPoint(
-            num_requests=args.requests,
+            num_requests=args.requests if args.requests or args.duration else 100,
             concurrency=args.concurrency,
             rate=args.rate,
             arrival=args.arrival,
             max_concurrency=args.max_concurrency,
             warmup_requests=args.warmup,
             seed=args.seed,
+            duration_s=args.duration,
         )
+        slo = None
+        if args.slo_ttft_ms or args.slo_tpot_ms or args.slo_e2e_ms:
+            slo = SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms, e2e_ms=args.slo_e2e_ms)
     except ValueError as e:
         parser.error(str(e))
     url = normalize_url(args.url)
@@ -192,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             records_path=args.records,
             sock_read_timeout=args.read_timeout,
             lag_threshold_ms=args.lag_threshold_ms,
+            http=args.http,
+            slo=slo,
+            workers=args.workers,
         )
     except ServerCheckError as e:
         print(f"error: {e}", file=sys.stderr)

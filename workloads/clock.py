@@ -23,3 +23,8 @@ def now() -> float:
 def to_perf(epoch: float) -> float:
     """Convert one of our epoch timestamps back to the perf_counter timeline (for sleeps)."""
     return epoch - _WALL0 + _PERF0
+
+
+def from_perf(perf: float) -> float:
+    """A ``time.perf_counter()`` value as one of our epoch timestamps."""
+    return _WALL0 + (perf - _PERF0)

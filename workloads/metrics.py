@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,6 +33,42 @@ LATENCIES: tuple[str, ...] = ("ttft", "itl", "itl_chunk", "tpot", "e2e")
 DEFAULT_LAG_THRESHOLD_MS = 20.0
 CONCURRENCY_TOLERANCE = 0.95  # closed loop: achieved >= 95 % of the target
 RATE_TOLERANCE = 0.01  # open loop: achieved within 1 % of the schedule
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency bounds a request must meet to count towards goodput (None: no bound).
+
+    ``ttft_ms`` and ``e2e_ms`` bound the request's own TTFT and E2E; ``tpot_ms`` bounds its TPOT
+    (a request with a single output token has no TPOT and passes that bound), as vLLM's
+    ``--goodput`` does. A failed request never meets the SLO.
+    """
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            v = getattr(self, name)
+            if v is not None and not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"SLO {name} must be a positive number of ms")
+        if self.ttft_ms is None and self.tpot_ms is None and self.e2e_ms is None:
+            raise ValueError("an SLO needs at least one of ttft_ms, tpot_ms, e2e_ms")
+
+    def met_by(self, r: RequestRecord) -> bool:
+        if r.error is not None or r.send_time is None or r.end_time is None:
+            return False
+        e2e = (r.end_time - r.send_time) * 1000.0
+        if self.e2e_ms is not None and e2e > self.e2e_ms:
+            return False
+        if r.first_token_time is None:
+            return self.ttft_ms is None and self.tpot_ms is None
+        ttft = (r.first_token_time - r.send_time) * 1000.0
+        if self.ttft_ms is not None and ttft > self.ttft_ms:
+            return False
+        tpot_bad = self.tpot_ms is not None and r.output_tokens > 1
+        return not (tpot_bad and (e2e - ttft) / (r.output_tokens - 1) > self.tpot_ms)  # type: ignore[operator]
 
 
 def _stats(name: str, values: Sequence[float]) -> dict[str, float]:
@@ -101,8 +138,14 @@ def summarize(
     *,
     lag_ms: Sequence[float] = (),
     lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS,
+    slo: SLO | None = None,
 ) -> dict[str, float]:
-    """All metrics of one point (see the module docstring and docs/loadgen.md)."""
+    """All metrics of one point (see the module docstring and docs/loadgen.md).
+
+    With ``slo``, adds ``goodput_req_s`` and ``goodput_tok_s`` (measured requests that succeeded
+    and met every bound, and their output tokens, over ``duration_s``) and ``slo_attainment``
+    (their fraction of all measured requests, failures included).
+    """
     recs = [r for r in records if r is not None and r.send_time is not None and r.end_time is not None]
     measured = [r for r in recs if not r.warmup]
     ok = [r for r in measured if r.error is None]
@@ -136,6 +179,11 @@ def summarize(
     m["input_tok_s"] = in_tok / duration if ok_duration else NAN
     m["total_tok_s"] = (in_tok + out_tok) / duration if ok_duration else NAN
     m["request_s"] = len(ok) / duration if ok_duration else NAN
+    if slo is not None:
+        good = [r for r in ok if slo.met_by(r)]
+        m["goodput_req_s"] = len(good) / duration if ok_duration else NAN
+        m["goodput_tok_s"] = sum(r.output_tokens for r in good) / duration if ok_duration else NAN
+        m["slo_attainment"] = len(good) / n_measured if n_measured else NAN
 
     # In flight counts every request (warmup included: it loads the server just the same).
     intervals = [(r.send_time, r.end_time) for r in recs]
@@ -195,6 +243,8 @@ def validity_reasons(
     if point.concurrency is not None:
         # Fewer requests than workers can never reach C; judge against what was possible.
         target = min(point.concurrency, point.total_requests)
+        if point.num_requests is None:
+            target = point.concurrency
         achieved = metrics.get("achieved_concurrency", NAN)
         if math.isfinite(achieved) and achieved < CONCURRENCY_TOLERANCE * target:
             reasons.append(

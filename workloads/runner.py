@@ -1,26 +1,31 @@
-"""Run one load point end to end: session, requests, schedule, records, metrics, self-check."""
+"""Run one load point end to end: connections, requests, schedule, records, metrics, self-check."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .backend import fetch_model, make_session, normalize_url, send_request
-from .metrics import DEFAULT_LAG_THRESHOLD_MS, summarize, validity_reasons
+from .backend import fetch_model, make_session, normalize_url, send_request, send_request_fast
+from .fasthttp import Pool
+from .metrics import DEFAULT_LAG_THRESHOLD_MS, SLO, summarize, validity_reasons
 from .payloads import PreparedRequest, RequestSpec, build_request
 from .records import RecordWriter, RequestRecord
 from .scheduler import LagMonitor, LoadPoint, drive
 
 ProgressFn = Callable[[int, int], None]
+RecordFn = Callable[[RequestRecord], None]
 T = TypeVar("T")
 
 # Bodies are serialised before the point starts unless they would take more memory than this;
 # then each is built just before it is sent (a few tens of microseconds per request).
 PREBUILD_LIMIT_BYTES = 256 * 1024 * 1024
+HTTP_CLIENTS = ("fast", "aiohttp")
+GC_THRESHOLD0 = 20_000
 
 
 @dataclass
@@ -37,12 +42,87 @@ class PointResult:
         return not self.invalid_reasons
 
 
-def _prepare(spec: RequestSpec, total: int) -> Callable[[int], PreparedRequest]:
-    est = total * (spec.input_len * 7 + 256)
+def _prepare(
+    spec: RequestSpec, point: LoadPoint, shard: int, shards: int
+) -> Callable[[int], PreparedRequest]:
+    n = point.measured_requests
+    if n is None:  # closed loop bounded by time: the count is unknown, build each just in time
+        return lambda i: build_request(spec, i)
+    indices = range(shard, point.warmup_requests + n, shards)
+    est = len(indices) * (spec.input_len * 7 + 256)
     if est > PREBUILD_LIMIT_BYTES:
         return lambda i: build_request(spec, i)
-    built = [build_request(spec, i) for i in range(total)]
+    built = {i: build_request(spec, i) for i in indices}
     return built.__getitem__
+
+
+async def run_shard(
+    base: str,
+    point: LoadPoint,
+    spec: RequestSpec,
+    on_record: RecordFn,
+    *,
+    shard: int = 0,
+    shards: int = 1,
+    start_perf: float | None = None,
+    sock_read_timeout: float = 300.0,
+    http: str = "fast",
+    get_request: Callable[[int], PreparedRequest] | None = None,
+) -> list[float]:
+    """Send this process's share of ``point``; ``on_record`` gets each finished request.
+
+    Returns the event-loop lag samples (ms). ``spec.model`` must already be resolved.
+    """
+    if http not in HTTP_CLIENTS:
+        raise ValueError(f"http must be one of {', '.join(HTTP_CLIENTS)}, got {http!r}")
+    label = point.label
+    warmup = point.warmup_requests
+    if get_request is None:
+        get_request = _prepare(spec, point, shard, shards)
+    lag = LagMonitor()
+    pool = Pool(base, read_timeout=sock_read_timeout) if http == "fast" else None
+    session = make_session(sock_read_timeout=sock_read_timeout) if pool is None else None
+    api = spec.api
+
+    async def send(i: int, scheduled: float | None) -> None:
+        req = get_request(i)
+        rec = RequestRecord(
+            point=label, index=i, warmup=i < warmup, scheduled_time=scheduled, input_tokens=req.input_tokens
+        )
+        if pool is not None:
+            await send_request_fast(pool, req, api, rec)
+        else:
+            assert session is not None
+            await send_request(session, base, req, api, rec)
+        on_record(rec)
+
+    # Garbage collection: orjson makes a few dicts per event, so the collector runs often, and a
+    # full collection walks every object of the process (tens of ms: a TTFT/ITL spike). Freezing
+    # what exists now and collecting the young generations less often removes those pauses.
+    gc.collect()
+    gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(GC_THRESHOLD0, 50, 1000)
+    lag.start()
+    try:
+        await drive(point, send, shard=shard, shards=shards, start_perf=start_perf)
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+        await lag.stop()
+        if pool is not None:
+            pool.close()
+        if session is not None:
+            await session.close()
+    return lag.samples_ms
+
+
+async def resolve_model(base: str, spec: RequestSpec) -> RequestSpec:
+    """Fill ``spec.model`` from ``GET /v1/models`` for the OpenAI APIs when it is None."""
+    if spec.api == "generate" or spec.model is not None:
+        return spec
+    async with make_session(sock_read_timeout=10.0) as session:
+        return dataclasses.replace(spec, model=await fetch_model(session, base))
 
 
 async def run_point_async(
@@ -54,52 +134,48 @@ async def run_point_async(
     on_progress: ProgressFn | None = None,
     sock_read_timeout: float = 300.0,
     lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS,
+    http: str = "fast",
+    slo: SLO | None = None,
 ) -> PointResult:
-    """:func:`run_point` for callers that already run an event loop."""
+    """:func:`run_point` for callers that already run an event loop (always one process)."""
     base = normalize_url(url)
-    total = point.total_requests
-    label = point.label
-    records: list[RequestRecord | None] = [None] * total
+    records: list[RequestRecord] = []
     done = 0
+    total = point.measured_requests or 0
     writer = RecordWriter(records_path) if records_path is not None else None
-    lag = LagMonitor()
+
+    def on_record(rec: RequestRecord) -> None:
+        nonlocal done
+        records.append(rec)
+        if writer is not None:
+            writer.write(rec)
+        if not rec.warmup:
+            done += 1
+            if on_progress is not None:
+                on_progress(done, max(total, done))
+
     try:
-        async with make_session(sock_read_timeout=sock_read_timeout) as session:
-            if spec.api != "generate" and spec.model is None:
-                spec = dataclasses.replace(spec, model=await fetch_model(session, base))
-            get_request = _prepare(spec, total)
-
-            async def send(i: int, scheduled: float | None) -> None:
-                nonlocal done
-                req = get_request(i)
-                rec = RequestRecord(
-                    point=label,
-                    index=i,
-                    warmup=i < point.warmup_requests,
-                    scheduled_time=scheduled,
-                    input_tokens=req.input_tokens,
-                )
-                await send_request(session, base, req, spec.api, rec)
-                records[i] = rec
-                if writer is not None:
-                    writer.write(rec)
-                if not rec.warmup:
-                    done += 1
-                    if on_progress is not None:
-                        on_progress(done, point.num_requests)
-
-            lag.start()
-            try:
-                await drive(point, send)
-            finally:
-                await lag.stop()
+        spec = await resolve_model(base, spec)
+        lag_ms = await run_shard(base, point, spec, on_record, sock_read_timeout=sock_read_timeout, http=http)
     finally:
         if writer is not None:
             writer.close()
+    return finish(point, records, lag_ms, lag_threshold_ms=lag_threshold_ms, slo=slo)
 
-    metrics = summarize(records, point, lag_ms=lag.samples_ms, lag_threshold_ms=lag_threshold_ms)
+
+def finish(
+    point: LoadPoint,
+    records: list[RequestRecord],
+    lag_ms: list[float],
+    *,
+    lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS,
+    slo: SLO | None = None,
+) -> PointResult:
+    """Metrics and verdict from the (merged) records of a point."""
+    records = sorted(records, key=lambda r: r.index)
+    metrics = summarize(records, point, lag_ms=lag_ms, lag_threshold_ms=lag_threshold_ms, slo=slo)
     reasons = validity_reasons(metrics, point, lag_threshold_ms=lag_threshold_ms)
-    return PointResult(point, metrics, reasons, [r for r in records if r is not None])
+    return PointResult(point, metrics, reasons, records)
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
@@ -130,13 +206,35 @@ def run_point(
     on_progress: ProgressFn | None = None,
     sock_read_timeout: float = 300.0,
     lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS,
+    http: str = "fast",
+    slo: SLO | None = None,
+    workers: int = 1,
 ) -> PointResult:
     """Drive ``point`` against the server at ``url`` and return its metrics and records.
 
     Runs its own event loop, so call it from synchronous code. ``on_progress(done, total)`` is
-    called after each measured request (keep it cheap: it runs on the load generator's loop).
-    With ``records_path`` each finished request is appended to that JSONL file as it finishes.
+    called after each measured request (keep it cheap: it runs on the load generator's loop;
+    ``total`` is 0 while unknown, for a closed-loop point bounded by duration). With
+    ``records_path`` each finished request is appended to that JSONL file as it finishes.
+    ``workers`` > 1 splits the point over that many processes (see :mod:`workloads.workers`).
+    ``http`` picks the client: ``fast`` (parasweep's own, the default) or ``aiohttp``.
+    ``slo`` adds goodput metrics (requests meeting every given latency bound).
     """
+    if workers > 1:
+        from .workers import run_point_workers
+
+        return run_point_workers(
+            url,
+            point,
+            spec,
+            workers=workers,
+            records_path=records_path,
+            on_progress=on_progress,
+            sock_read_timeout=sock_read_timeout,
+            lag_threshold_ms=lag_threshold_ms,
+            http=http,
+            slo=slo,
+        )
     return run_sync(
         run_point_async(
             url,
@@ -146,5 +244,7 @@ def run_point(
             on_progress=on_progress,
             sock_read_timeout=sock_read_timeout,
             lag_threshold_ms=lag_threshold_ms,
+            http=http,
+            slo=slo,
         )
     )

@@ -14,6 +14,7 @@ loop they fill the pipeline so measured requests start at steady state.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,15 +32,23 @@ SendFn = Callable[[int, float | None], Awaitable[None]]
 
 @dataclass(frozen=True)
 class LoadPoint:
-    """One load level: exactly one of ``concurrency`` (closed loop) or ``rate`` (open loop, req/s)."""
+    """One load level: exactly one of ``concurrency`` (closed loop) or ``rate`` (open loop, req/s).
 
-    num_requests: int
+    The point's length is ``num_requests`` measured requests, or ``duration_s`` seconds of measured
+    sends, or both (whichever ends first). In duration mode, closed-loop workers stop taking new
+    requests ``duration_s`` after the first measured send and the requests in flight then finish;
+    open loop sends every request whose scheduled time falls within ``duration_s`` of the first
+    measured one (the count is fixed by the schedule, so it is known up front).
+    """
+
+    num_requests: int | None = None
     concurrency: int | None = None
     rate: float | None = None
     arrival: Arrival = "poisson"
     max_concurrency: int | None = None
     warmup_requests: int = 0
     seed: int = 0  # seeds the Poisson arrival schedule
+    duration_s: float | None = None
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate is None):
@@ -52,8 +61,14 @@ class LoadPoint:
             raise ValueError("arrival must be 'poisson' or 'constant'")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
-        if self.num_requests < 1 or self.warmup_requests < 0:
-            raise ValueError("num_requests must be >= 1 and warmup_requests >= 0")
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("give num_requests or duration_s (or both)")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError("num_requests must be >= 1")
+        if self.warmup_requests < 0:
+            raise ValueError("warmup_requests must be >= 0")
+        if self.duration_s is not None and not (self.duration_s > 0 and np.isfinite(self.duration_s)):
+            raise ValueError("duration_s must be a positive number of seconds")
 
     @property
     def label(self) -> str:
@@ -67,47 +82,128 @@ class LoadPoint:
         return self.rate is not None
 
     @property
+    def measured_requests(self) -> int | None:
+        """Measured requests this point sends, if known before it runs (None: closed loop by duration)."""
+        if self.open_loop and self.duration_s is not None:
+            return len(self.send_offsets()) - self.warmup_requests
+        return self.num_requests
+
+    @property
     def total_requests(self) -> int:
-        return self.warmup_requests + self.num_requests
+        """Warmup plus measured requests; for a closed-loop point bounded only by duration, the
+        warmup plus the concurrency (the least it can send; it sends more)."""
+        n = self.measured_requests
+        if n is None:
+            assert self.concurrency is not None
+            return self.warmup_requests + self.concurrency
+        return self.warmup_requests + n
 
     def send_offsets(self) -> np.ndarray:
         """Send time of every request (warmup first), in seconds from the schedule start."""
         if self.rate is None:
             raise ValueError("closed-loop points have no send schedule")
-        n = self.total_requests
-        if self.arrival == "constant":
-            return np.arange(n, dtype=float) / self.rate
-        gaps = np.random.default_rng(self.seed).exponential(1.0 / self.rate, size=n)
+        return _offsets(
+            self.rate, self.arrival, self.seed, self.warmup_requests, self.num_requests, self.duration_s
+        )
+
+
+@functools.lru_cache(maxsize=32)
+def _offsets(
+    rate: float, arrival: str, seed: int, warmup: int, num: int | None, duration: float | None
+) -> np.ndarray:
+    def make(n: int) -> np.ndarray:
+        if arrival == "constant":
+            return np.arange(n, dtype=float) / rate
+        gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
         gaps[0] = 0.0  # the first request opens the schedule
         return np.cumsum(gaps)
 
-
-async def drive(point: LoadPoint, send: SendFn) -> None:
-    """Run every request of ``point`` through ``send`` according to its load mode."""
-    if point.open_loop:
-        await _open_loop(point, send)
+    if duration is None:
+        assert num is not None
+        out = make(warmup + num)
     else:
-        await _closed_loop(point, send)
+        # Enough arrivals to cover the window almost surely; the same seed gives the same prefix.
+        n = warmup + int(rate * duration * 1.2) + 64
+        while True:
+            out = make(n)
+            if out[-1] > out[min(warmup, n - 1)] + duration:
+                break
+            n *= 2
+        t_measured = out[warmup]
+        keep = int(np.searchsorted(out, t_measured + duration, side="left"))
+        keep = max(keep, warmup + 1)
+        if num is not None:
+            keep = min(keep, warmup + num)
+        out = out[:keep]
+    out.setflags(write=False)
+    return out
 
 
-async def _closed_loop(point: LoadPoint, send: SendFn) -> None:
+def shard_share(total: int, shard: int, shards: int) -> int:
+    """This shard's part of ``total`` when it is split as evenly as possible."""
+    return total // shards + (1 if shard < total % shards else 0)
+
+
+async def drive(
+    point: LoadPoint,
+    send: SendFn,
+    *,
+    shard: int = 0,
+    shards: int = 1,
+    start_perf: float | None = None,
+) -> None:
+    """Run every request of ``point`` through ``send`` according to its load mode.
+
+    With ``shards`` > 1 this process runs only request indices ``i % shards == shard``, with its
+    share of the concurrency (or of ``max_concurrency``); open-loop shards share one schedule that
+    starts at ``start_perf`` (a ``time.perf_counter`` value), so together they send the point.
+    """
+    if point.open_loop:
+        await _open_loop(point, send, shard, shards, start_perf)
+    else:
+        await _closed_loop(point, send, shard, shards, start_perf)
+
+
+async def _closed_loop(
+    point: LoadPoint, send: SendFn, shard: int, shards: int, start_perf: float | None
+) -> None:
     assert point.concurrency is not None
-    total = point.total_requests
-    next_index = 0
+    if start_perf is not None:
+        delay = start_perf - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    warmup = point.warmup_requests
+    limit = None if point.num_requests is None else warmup + point.num_requests
+    duration = point.duration_s
+    workers = shard_share(point.concurrency, shard, shards)
+    next_index = shard
+    deadline = float("inf")
 
     async def worker() -> None:
-        nonlocal next_index
-        while next_index < total:
+        nonlocal next_index, deadline
+        while limit is None or next_index < limit:
             i = next_index
-            next_index += 1  # single-threaded loop: no lock needed between read and increment
+            if i >= warmup and duration is not None:
+                now = time.perf_counter()
+                if deadline == float("inf"):
+                    deadline = now + duration  # the first measured send opens the window
+                elif now >= deadline:
+                    return
+            next_index += shards  # single-threaded loop: no lock needed between read and increment
             await send(i, None)
 
-    await asyncio.gather(*(worker() for _ in range(min(point.concurrency, total))))
+    n_workers = workers if limit is None else min(workers, max(0, (limit - shard + shards - 1) // shards))
+    await asyncio.gather(*(worker() for _ in range(n_workers)))
 
 
-async def _open_loop(point: LoadPoint, send: SendFn) -> None:
+async def _open_loop(
+    point: LoadPoint, send: SendFn, shard: int, shards: int, start_perf: float | None
+) -> None:
     offsets = point.send_offsets()
-    sem = asyncio.Semaphore(point.max_concurrency) if point.max_concurrency else None
+    cap = point.max_concurrency
+    if cap is not None and shards > 1:
+        cap = max(1, shard_share(cap, shard, shards))
+    sem = asyncio.Semaphore(cap) if cap else None
     tasks: set[asyncio.Task[None]] = set()
 
     async def one(i: int, scheduled: float) -> None:
@@ -117,10 +213,13 @@ async def _open_loop(point: LoadPoint, send: SendFn) -> None:
             async with sem:
                 await send(i, scheduled)
 
-    start_perf = time.perf_counter()
-    start_epoch = clock.now()
-    for i, off in enumerate(offsets.tolist()):
-        delay = start_perf + off - time.perf_counter()
+    if start_perf is None:
+        start_perf = time.perf_counter()
+    start_epoch = clock.from_perf(start_perf)
+    perf = time.perf_counter
+    for i in range(shard, len(offsets), shards):
+        off = float(offsets[i])
+        delay = start_perf + off - perf()
         if delay > 0:
             await asyncio.sleep(delay)
         task = asyncio.create_task(one(i, start_epoch + off))

@@ -32,15 +32,20 @@ class SSEParser:
             buf = buf.replace(b"\r\n", b"\n") + tail
         out: list[bytes] = []
         start = 0
+        find = buf.find
         while True:
-            end = buf.find(b"\n\n", start)
+            end = find(b"\n\n", start)
             if end < 0:
                 break
-            payload = _event_data(buf[start:end])
-            if payload is not None:
-                out.append(payload)
+            # Fast path: a single "data: " line (what every LLM server sends).
+            if buf.startswith(b"data: ", start) and find(b"\n", start, end) < 0:
+                out.append(buf[start + 6 : end])
+            else:
+                payload = _event_data(buf[start:end])
+                if payload is not None:
+                    out.append(payload)
             start = end + 2
-        self._buf = buf[start:]
+        self._buf = buf[start:] if start < len(buf) else b""
         return out
 
     def flush(self) -> list[bytes]:

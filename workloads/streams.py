@@ -71,6 +71,22 @@ class GenerateStream(StreamState):
     """SGLang native ``/generate``: cumulative ``meta_info.completion_tokens``."""
 
     def on_event(self, payload: bytes) -> int:
+        # Fast path for a well-formed event; anything unusual takes the validating path below.
+        try:
+            obj = orjson.loads(payload)
+            meta = obj["meta_info"]
+            cumulative = meta["completion_tokens"]
+            if "error" not in obj and type(cumulative) is int and meta["finish_reason"] is None:
+                new = cumulative - self.counted
+                if new > 0:
+                    self.counted = self.total = cumulative
+                    return new
+                return 0
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            pass
+        return self._on_event_checked(payload)
+
+    def _on_event_checked(self, payload: bytes) -> int:
         obj = _load(payload)
         meta = obj.get("meta_info")
         if not isinstance(meta, dict) or not isinstance(meta.get("completion_tokens"), int):

@@ -274,14 +274,17 @@ class ServerProcess:
     Usable as a context manager: ``with ServerProcess(itl_ms=1) as srv: run_point(srv.url, ...)``.
     """
 
-    def __init__(self, startup_timeout_s: float = 20.0, **settings: Any) -> None:
+    def __init__(
+        self, startup_timeout_s: float = 20.0, *, module: str = "workloads.testing", **settings: Any
+    ) -> None:
+        self.module = module  # "workloads.loopback" runs the fast no-op server instead
         self.settings = settings
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
     def start(self) -> ServerProcess:
-        argv = [sys.executable, "-m", "workloads.testing", "--port", "0"]
+        argv = [sys.executable, "-m", self.module, "--port", "0"]
         for key, value in self.settings.items():
             argv += [f"--{key.replace('_', '-')}", str(value)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True)

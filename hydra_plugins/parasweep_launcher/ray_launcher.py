@@ -71,6 +71,8 @@ class ParasweepRayLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from orchestrator.config.identity import config_hash, resolved_config_dict
         from orchestrator.config.validate import typed_config, validate, world_size
+        from orchestrator.engines.registry import get_engine
+        from orchestrator.launcher.estimate import estimate_durations
         from orchestrator.launcher.queue import QueuedTrial
         from orchestrator.sweep import ensure_started
         from orchestrator.tracking import tracking_uri
@@ -85,6 +87,7 @@ class ParasweepRayLauncher(Launcher):
             sc = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             cfg = typed_config(sc)
             engine = validate(cfg)
+            get_engine(engine).preflight(cfg)  # e.g. a flag the installed SGLang does not know
             checked.append((initial_job_idx + i, sc, cfg, engine, " ".join(overrides) or "defaults"))
         dry_run = any(cfg.dry_run for _, _, cfg, _, _ in checked)
         parent_run_id = None if dry_run else ensure_started()
@@ -97,12 +100,16 @@ class ParasweepRayLauncher(Launcher):
                 sc.tracking.parent_run_id = parent_run_id
                 sc.engine.name = engine
 
-        if dry_run:  # plans only: no Ray, nothing launched
+        if dry_run or any(cfg.predict for _, _, cfg, _, _ in checked):
+            # plans or virtual-time predictions: nothing is launched, so no Ray and no GPUs
             return [_execute_job(self.hydra_context, sc, self.task_function, Singleton.get_state(), False)
                     for _, sc, _, _, _ in checked]
 
         hashes = {idx: config_hash(resolved_config_dict(cfg, engine)) for idx, _, cfg, engine, _ in checked}
         reused = self._reuse(checked, hashes, parent_run_id, sweep_dir)
+        todo = [c for c in checked if c[0] not in reused]
+        estimates = estimate_durations([cfg for _, _, cfg, _, _ in todo], sweep_dir / ".estimates") or []
+        est_by_idx = {c[0]: est for c, est in zip(todo, estimates, strict=False)}
         jobs = []
         from orchestrator.launcher.ray_runner import TrialJob
         from orchestrator.progress import TrialSlot
@@ -110,7 +117,8 @@ class ParasweepRayLauncher(Launcher):
         for idx, sc, cfg, _, label in checked:
             if idx in reused:
                 continue
-            job = TrialJob(QueuedTrial(idx, world_size(cfg), label), sc, cpus=cfg.ray.cpus_per_trial,
+            job = TrialJob(QueuedTrial(idx, world_size(cfg), label, est_by_idx.get(idx)), sc,
+                           cpus=cfg.ray.cpus_per_trial,
                            accelerator_type=cfg.ray.accelerator_type)
             job.slot = TrialSlot(sweep_dir / str(idx), f"#{idx} {label}")
             jobs.append(job)
@@ -176,5 +184,6 @@ class ParasweepRayLauncher(Launcher):
         def args_for(job: Any) -> tuple[Any, ...]:
             return (self.hydra_context, job.payload, self.task_function, Singleton.get_state(), True)
 
-        runner = RayTrialRunner(_execute_job, args_for, sweep_dir, self.cancel_grace_s)
+        runner = RayTrialRunner(_execute_job, args_for, sweep_dir, self.cancel_grace_s,
+                                tracking=(uri, first.tracking.experiment))
         return runner.run(jobs)

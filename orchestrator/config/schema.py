@@ -31,6 +31,8 @@ class ModelConf:
     path: str = "???"  # HF config directory; relative paths are relative to the project root
     load_format: str = "dummy"  # real SGLang: random weights, no download
     skip_tokenizer_init: bool = True  # drive /generate with input_ids; no tokenizer files needed
+    # config.json fields to override, e.g. {num_hidden_layers: 4} to shrink a model for a smoke test
+    override_args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,6 +116,7 @@ class ParasweepConf:
     tracking: TrackingConf = field(default_factory=TrackingConf)
     ray: RayConf = field(default_factory=RayConf)
     dry_run: bool = False  # print each trial's plan and server argv, launch nothing
+    predict: bool = False  # run the simulator's model in virtual time instead of launching anything
     # sweeps: skip trials whose resolved config already succeeded in this experiment (false: run all)
     resume: bool = True
 

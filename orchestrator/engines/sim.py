@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.base import Engine, sglang_flags
+from orchestrator.paths import model_dir
+
+
+def _override_args(cfg: ParasweepConf) -> dict:
+    from orchestrator.engines.sglang_compat.command import _plain
+
+    return _plain(getattr(cfg.model, "override_args", None) or {})
 
 
 class SimEngine(Engine):
@@ -18,8 +26,19 @@ class SimEngine(Engine):
         # the resolved profile, so command-line overrides of hardware.* reach the simulator too
         return trial_dir / "engine" / "hardware.yaml"
 
+    @staticmethod
+    def model_copy(trial_dir: Path) -> Path:
+        return trial_dir / "engine" / "model"
+
     def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path) -> list[str]:
-        return [self.python(cfg), "-m", "simulator", *sglang_flags(cfg, port),
+        flags = sglang_flags(cfg, port)
+        if _override_args(cfg):
+            # the simulator has no --json-model-override-args: it reads a config.json with the
+            # overrides already applied (written by prepare), so it models the same shrunk model
+            i = flags.index("--json-model-override-args")
+            del flags[i:i + 2]
+            flags[flags.index("--model-path") + 1] = str(self.model_copy(trial_dir))
+        return [self.python(cfg), "-m", "simulator", *flags,
                 "--sim-hardware", str(self.hardware_file(trial_dir)),
                 "--sim-time-scale", f"{cfg.engine.time_scale:g}"]
 
@@ -29,3 +48,10 @@ class SimEngine(Engine):
         path = self.hardware_file(trial_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(asdict(cfg.hardware), sort_keys=False))
+        override = _override_args(cfg)
+        if override:
+            config = json.loads((model_dir(cfg.model.path) / "config.json").read_text())
+            config.update(override)  # top-level update, as SGLang applies the override JSON
+            out = self.model_copy(trial_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.json").write_text(json.dumps(config, indent=1))

@@ -20,6 +20,7 @@ from typing import Any
 
 from orchestrator.errors import UserError
 from orchestrator.launcher.queue import QueuedTrial, pick_startable
+from orchestrator.launcher.warmup import max_parallel_trials, warm_workers
 from orchestrator.progress import ProgressView, TrialSlot
 
 log = logging.getLogger("parasweep")
@@ -55,6 +56,8 @@ def init_ray(address: str | None, num_gpus: int | None, num_cpus: int | None) ->
             os.environ["RAY_AUTH_MODE"] = "token"
         kwargs["address"] = address
     else:
+        # keep warmed, idle workers alive between trials (Ray reaps idle workers above this limit)
+        kwargs["_system_config"] = {"num_workers_soft_limit": 64}
         if num_gpus is not None:
             kwargs["num_gpus"] = int(num_gpus)
         if num_cpus is not None:
@@ -78,8 +81,10 @@ def cluster_gpus() -> tuple[int, int, int]:
 
 class RayTrialRunner:
     def __init__(self, remote_fn: Callable[..., Any], args_for: Callable[[TrialJob], tuple[Any, ...]],
-                 sweep_dir: Path, cancel_grace_s: float = 20.0) -> None:
-        self.remote_fn, self.args_for = remote_fn, args_for
+                 sweep_dir: Path, cancel_grace_s: float = 20.0, warm: bool = True,
+                 tracking: tuple[str | None, str | None] = (None, None)) -> None:
+        self.remote_fn, self.args_for, self.warm = remote_fn, args_for, warm
+        self.tracking = tracking  # (uri, experiment), so warm-up opens the same MLflow store
         self.sweep_dir, self.cancel_grace_s = sweep_dir, cancel_grace_s
 
     def run(self, jobs: list[TrialJob]) -> list[TrialJob]:
@@ -90,7 +95,16 @@ class RayTrialRunner:
             if job.queued.gpus > largest:
                 raise UserError(f"trial '{job.queued.label}' needs {job.queued.gpus} GPUs on one node; the "
                                 f"largest Ray node has {largest} (ray.num_gpus or the cluster's GPUs)")
-        remote = ray.remote(max_retries=0)(self.remote_fn)  # a crashed trial is reported, never re-run
+        if self.warm:
+            try:
+                warm_workers(min(max_parallel_trials([j.queued for j in jobs], total), total),
+                             *self.tracking)
+            except Exception as exc:  # only an optimisation: the trials will report real problems
+                log.warning("warming Ray workers failed: %s", str(exc).splitlines()[0])
+        # max_retries=0: a crashed trial is reported, never re-run. max_calls=0: keep the worker (and its
+        # imports) for the next trial; Ray's default of 1 for GPU tasks frees GPU memory a framework holds
+        # inside the worker, but a trial's GPU memory belongs to its engine process, stopped at trial end.
+        remote = ray.remote(max_retries=0, max_calls=0)(self.remote_fn)
         queue = {job.queued.index: job for job in jobs}
         running: dict[Any, TrialJob] = {}
         free = total

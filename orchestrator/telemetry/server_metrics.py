@@ -70,7 +70,11 @@ class MetricsScraper:
 def jsonl_to_parquet(jsonl_path: Path, parquet_path: Path) -> pd.DataFrame | None:
     if not jsonl_path.exists() or jsonl_path.stat().st_size == 0:
         return None
-    df = pd.read_json(jsonl_path, lines=True, convert_dates=False, dtype={"labels": str})
+    import orjson
+
+    with jsonl_path.open("rb") as f:
+        rows = [orjson.loads(line) for line in f if line.strip()]
+    df = pd.DataFrame(rows, columns=["ts", "name", "labels", "value"])
     parquet_path.parent.mkdir(parents=True, exist_ok=True)
     df.to_parquet(parquet_path, index=False)
     return df

@@ -1,0 +1,23 @@
+"""SGLang version differences: flag spellings per version, the installed version and its flag set,
+and the preflight that refuses a flag the target version does not accept (sglang.md sections 1-3)."""
+
+from orchestrator.engines.sglang_compat.command import (
+    Arg,
+    build_args,
+    check_args,
+    decode_log_interval,
+    flatten,
+)
+from orchestrator.engines.sglang_compat.detect import SGLangTarget, flags_from_help, resolve_target
+from orchestrator.engines.sglang_compat.versions import (
+    NEWEST_KNOWN,
+    FlagSet,
+    parse_version,
+    recorded_flag_set,
+    spelling,
+)
+
+__all__ = [
+    "NEWEST_KNOWN", "Arg", "FlagSet", "SGLangTarget", "build_args", "check_args", "decode_log_interval",
+    "flags_from_help", "flatten", "parse_version", "recorded_flag_set", "resolve_target", "spelling",
+]

@@ -1,0 +1,211 @@
+"""Config -> SGLang launch flags for one SGLang version, and the preflight check against its flag set.
+
+Every flag is built with the config key it came from, so a flag the target version does not know is
+reported against the key the user can change, in one line, before anything launches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.engines.sglang_compat.versions import (
+    NEWEST_KNOWN,
+    RENAMES,
+    FlagSet,
+    canonical_name,
+    spelling,
+)
+from orchestrator.errors import ConfigError
+from orchestrator.paths import model_dir
+
+HOST = "127.0.0.1"  # servers are never exposed beyond this machine by default
+
+# dests parasweep sets from its own config keys: an extra arg for one of them would silently win
+# (argparse keeps the last value), so it is refused with the key to use instead
+_MANAGED = {
+    "model_path": "model.path", "served_model_name": "model.name", "load_format": "model.load_format",
+    "skip_tokenizer_init": "model.skip_tokenizer_init", "json_model_override_args": "model.override_args",
+    "tp_size": "tp.size", "tensor_parallel_size": "tp.size", "pp_size": "pp.size",
+    "pipeline_parallel_size": "pp.size", "ep_size": "ep.size", "expert_parallel_size": "ep.size",
+    "dp_size": "dp.size", "data_parallel_size": "dp.size", "pp_async_batch_depth": "pp.async_depth",
+    "pp_max_micro_batch_size": "pp.micro_batch_size", "max_micro_batch_size": "pp.micro_batch_size",
+    "max_running_requests": "server.max_running_requests",
+    "chunked_prefill_size": "server.chunked_prefill_size",
+    "mem_fraction_static": "server.mem_fraction_static", "disable_cuda_graph": "server.cuda_graph",
+    "decode_log_interval": "server.decode_log_interval", "random_seed": "server.random_seed",
+    "port": "(chosen by parasweep: a free port per trial)", "enable_metrics": "(always on)",
+}
+
+
+def decode_log_interval(cfg: ParasweepConf) -> int:
+    """SGLang's decode log samples every Nth processed slot; with N a multiple of the PP loop size
+    every line shows the same micro-batch. Pick the smallest N >= 40 coprime with the loop size."""
+    if cfg.server.decode_log_interval is not None:
+        return cfg.server.decode_log_interval
+    loop = cfg.pp.size + cfg.pp.async_depth if cfg.pp.size > 1 else 1
+    n = 40
+    while math.gcd(n, loop) != 1:
+        n += 1
+    return n
+
+
+@dataclass
+class Arg:
+    """One flag with its values and the config key that produced it (for error messages)."""
+
+    flag: str
+    values: list[str] = field(default_factory=list)
+    key: str = ""
+    value: Any = None  # the config value, as the user wrote it
+    optional: bool = False  # a default value: dropped, not refused, where the version lacks the flag
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers -> plain dict/list, so they print as JSON."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
+        return [_plain(v) for v in value]
+    return value
+
+
+def _values(value: Any) -> list[str]:
+    value = _plain(value)
+    if isinstance(value, dict):
+        return [json.dumps(value, separators=(",", ":"), sort_keys=True)]
+    if isinstance(value, list):
+        return [json.dumps(v) if isinstance(v, dict) else str(v) for v in value]
+    return [str(value)]
+
+
+def _attn_dp_old_style(args: list[Arg], key: str, size: Any, cfg: ParasweepConf, version: str) -> None:
+    """Before --attn-dp-size, attention DP was --enable-dp-attention with --dp-size = the group count."""
+    if cfg.dp.size > 1:
+        raise ConfigError(key, size, f"dp.size=1 when attention DP is on with SGLang {version}",
+                          "before 0.5.20 --dp-size counts attention-DP groups, so model replicas and "
+                          "attention DP cannot be combined")
+    dp = next(a for a in args if a.key == "dp.size")
+    dp.values, dp.key, dp.optional = [str(size)], key, False
+    args.append(Arg("--enable-dp-attention", [], key, size))
+
+
+def _extra(args: list[Arg], cfg: ParasweepConf, version: str, flags: FlagSet | None) -> None:
+    for name, value in (cfg.server.extra_args or {}).items():
+        key = f"server.extra_args.{name}"
+        canonical = canonical_name(name)
+        if canonical == "enable_dp_attention" and value:
+            raise ConfigError(key, value, "server.extra_args.attn_dp_size=N (parasweep maps it to each "
+                              "version's spelling)", "--enable-dp-attention changes what --dp-size means, "
+                              "so dp.size would no longer count GPUs; deprecated in SGLang 0.5.23")
+        if value is False or value is None:
+            continue
+        flag = spelling(canonical, version, flags)
+        if flag is None and canonical == "attn_dp_size":
+            if str(value) != "1":
+                _attn_dp_old_style(args, key, value, cfg, version)
+            continue
+        if flag is None:
+            raise ConfigError(key, value, f"a flag of SGLang {version}",
+                              f"SGLang {version} has no spelling of --{canonical.replace('_', '-')}")
+        if name.startswith("--") and canonical not in RENAMES:
+            flag = name  # written as a flag and never renamed: keep it verbatim
+        args.append(Arg(flag, [] if value is True else _values(value), key, value))
+
+
+def build_args(cfg: ParasweepConf, port: int, version: str = NEWEST_KNOWN,
+               flags: FlagSet | None = None) -> list[Arg]:
+    """The flags for this trial on SGLang ``version``: full names only (SGLang accepts unique prefixes,
+    and `--pp` is ambiguous since 0.5.7), defaults left to the engine unless the config sets them."""
+    m, s = cfg.model, cfg.server
+    args = [
+        Arg("--model-path", [str(model_dir(m.path))], "model.path", m.path),
+        Arg("--served-model-name", [m.name], "model.name", m.name),
+        Arg("--load-format", [m.load_format], "model.load_format", m.load_format),
+        Arg("--tp-size", [str(cfg.tp.size)], "tp.size", cfg.tp.size, optional=cfg.tp.size == 1),
+        Arg("--pp-size", [str(cfg.pp.size)], "pp.size", cfg.pp.size, optional=cfg.pp.size == 1),
+        Arg("--ep-size", [str(cfg.ep.size)], "ep.size", cfg.ep.size, optional=cfg.ep.size == 1),
+        Arg("--dp-size", [str(cfg.dp.size)], "dp.size", cfg.dp.size, optional=cfg.dp.size == 1),
+    ]
+    if m.skip_tokenizer_init:
+        args.append(Arg("--skip-tokenizer-init", [], "model.skip_tokenizer_init", True))
+    override = _plain(getattr(m, "override_args", None) or {})
+    if override:  # e.g. {"num_hidden_layers": 2}: shrink a model for a smoke test
+        args.append(Arg("--json-model-override-args", _values(override), "model.override_args", override))
+    if cfg.pp.size > 1:
+        depth = cfg.pp.async_depth
+        flag = spelling("pp_async_batch_depth", version, flags)
+        if flag is not None:
+            args.append(Arg(flag, [str(depth)], "pp.async_depth", depth))
+        elif depth > 0:
+            raise ConfigError("pp.async_depth", depth, f"0 with SGLang {version}",
+                              "--pp-async-batch-depth exists only in SGLang 0.5.7 and later")
+    if cfg.pp.micro_batch_size is not None:
+        flag = spelling("pp_max_micro_batch_size", version, flags) or "--pp-max-micro-batch-size"
+        args.append(Arg(flag, [str(cfg.pp.micro_batch_size)], "pp.micro_batch_size", cfg.pp.micro_batch_size))
+    for attr, flag in (("max_running_requests", "--max-running-requests"),
+                       ("chunked_prefill_size", "--chunked-prefill-size"),
+                       ("mem_fraction_static", "--mem-fraction-static")):
+        value = getattr(s, attr)
+        if value is not None:
+            args.append(Arg(flag, [str(value)], f"server.{attr}", value))
+    if not s.cuda_graph:
+        args.append(Arg("--disable-cuda-graph", [], "server.cuda_graph", False))
+    interval = decode_log_interval(cfg)
+    args += [
+        Arg("--enable-metrics", [], "(always on)", True),
+        Arg("--decode-log-interval", [str(interval)], "server.decode_log_interval", interval),
+        Arg("--random-seed", [str(s.random_seed)], "server.random_seed", s.random_seed),
+        Arg("--host", [HOST], "server.extra_args.host", HOST),
+        Arg("--port", [str(port)], "(chosen by parasweep)", port),
+    ]
+    _extra(args, cfg, version, flags)
+    return _dedupe_host(args)
+
+
+def _dedupe_host(args: list[Arg]) -> list[Arg]:
+    """``server.extra_args.host`` replaces the default bind address instead of repeating --host."""
+    hosts = [a for a in args if a.flag == "--host"]
+    if len(hosts) > 1:
+        hosts[0].values = hosts[-1].values
+        args = [a for a in args if a is not hosts[-1]]
+    return args
+
+
+def check_args(args: list[Arg], flags: FlagSet, version: str) -> list[Arg]:
+    """Refuse any flag ``flags`` does not list exactly (an abbreviation included), a flag that repeats
+    one parasweep sets from a config key, and a value where the flag takes none (or the reverse).
+    Returns the args with defaults dropped that this version has no flag for."""
+    kept: list[Arg] = []
+    seen: dict[str, Arg] = {}
+    for a in args:
+        if a.flag not in flags:
+            if a.optional:
+                continue
+            longer = flags.prefix_matches(a.flag)
+            hint = (f"; {a.flag} would be an abbreviation of {', '.join(longer[:4])}, which parasweep never "
+                    "passes" if longer else "")
+            raise ConfigError(a.key, a.value, f"a full flag name of SGLang {version} "
+                              f"(see `python -m sglang.launch_server --help`)",
+                              f"{a.flag} is not a flag of SGLang {version}, per the {flags.source}{hint}")
+        dest = flags.dest(a.flag) or a.flag
+        if dest in seen and a.key.startswith("server.extra_args.") and a.flag != "--host":
+            owner = _MANAGED.get(dest, seen[dest].key)
+            raise ConfigError(a.key, a.value, f"set it with {owner}",
+                              f"{a.flag} is already set by parasweep from {seen[dest].key}")
+        seen[dest] = a
+        takes = flags.takes_value.get(a.flag)
+        if takes is False and a.values:
+            raise ConfigError(a.key, a.value, "true (a bare flag)", f"{a.flag} takes no value")
+        if takes is True and not a.values:
+            raise ConfigError(a.key, a.value, "a value", f"{a.flag} needs a value")
+        kept.append(a)
+    return kept
+
+
+def flatten(args: list[Arg]) -> list[str]:
+    return [x for a in args for x in (a.flag, *a.values)]

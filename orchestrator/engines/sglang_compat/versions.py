@@ -1,0 +1,128 @@
+"""What differs between SGLang versions on the command line: flag spellings, and the flag set itself.
+
+Facts come from shared/reference/sglang.md section 1.2 (read from SGLang's own parsers). Where the
+exact release of a change is unknown (a gap between two versions that were checked), the installed
+flag set decides; the version thresholds are only the fallback when no flag set is at hand.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+
+Version = tuple[int, ...]
+
+NEWEST_KNOWN = "0.5.23"  # the newest SGLang whose flag set is recorded in this package
+
+
+def parse_version(text: str) -> Version:
+    """``"0.5.23"`` -> (0, 5, 23); pre/post/dev suffixes (``0.4.6.post5``, ``0.5.10rc0``) are dropped:
+    flag sets change between releases, not between a release and its post-release."""
+    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", text)
+    if not m:
+        raise ValueError(f"not a version: {text!r}")
+    return tuple(int(x) for x in m.group(1).split("."))
+
+
+@dataclass(frozen=True)
+class Spelling:
+    flag: str
+    since: Version = (0,)  # first release known to accept it
+    until: Version | None = None  # first release known to reject it (None: still accepted)
+
+    def in_range(self, v: Version) -> bool:
+        return v >= self.since and (self.until is None or v < self.until)
+
+
+# Canonical name (the newest dest) -> spellings, newest first.
+RENAMES: dict[str, tuple[Spelling, ...]] = {
+    # renamed in 0.5.4 (PR #11279)
+    "pp_max_micro_batch_size": (Spelling("--pp-max-micro-batch-size", (0, 5, 4)),
+                                Spelling("--max-micro-batch-size", until=(0, 5, 4))),
+    # new in 0.5.7; absent in 0.5.4-0.5.6
+    "pp_async_batch_depth": (Spelling("--pp-async-batch-depth", (0, 5, 7)),),
+    # the -decode/-prefill split appeared by 0.5.15; the old names are an ambiguous prefix in 0.5.23
+    "cuda_graph_max_bs_decode": (Spelling("--cuda-graph-max-bs-decode", (0, 5, 15)),
+                                 Spelling("--cuda-graph-max-bs", until=(0, 5, 23))),
+    "cuda_graph_bs_decode": (Spelling("--cuda-graph-bs-decode", (0, 5, 15)),
+                             Spelling("--cuda-graph-bs", until=(0, 5, 23))),
+    # renamed between 0.5.9 and 0.5.23
+    "incremental_streaming_output": (Spelling("--incremental-streaming-output", (0, 5, 10)),
+                                     Spelling("--stream-output", until=(0, 5, 10))),
+    # new after 0.5.19; older releases express attention DP as --enable-dp-attention + --dp-size N
+    "attn_dp_size": (Spelling("--attn-dp-size", (0, 5, 20)),),
+}
+# Older names users may write in server.extra_args -> canonical name.
+ALIASES: dict[str, str] = {
+    "max_micro_batch_size": "pp_max_micro_batch_size",
+    "cuda_graph_max_bs": "cuda_graph_max_bs_decode",
+    "cuda_graph_bs": "cuda_graph_bs_decode",
+    "stream_output": "incremental_streaming_output",
+}
+
+
+@dataclass(frozen=True)
+class FlagSet:
+    """The option strings one SGLang version's parser accepts, each with its argparse dest."""
+
+    version: str
+    options: dict[str, str]  # option string -> dest
+    takes_value: dict[str, bool] = field(default_factory=dict)
+    source: str = ""  # where the list came from, for messages
+
+    def __contains__(self, flag: str) -> bool:
+        return flag in self.options
+
+    def dest(self, flag: str) -> str | None:
+        return self.options.get(flag)
+
+    def prefix_matches(self, flag: str) -> list[str]:
+        """What argparse's abbreviation matching would expand ``flag`` to (why we never abbreviate)."""
+        return sorted(o for o in self.options if o.startswith(flag) and o != flag)
+
+    def to_json(self) -> dict[str, object]:
+        by_dest: dict[str, list[str]] = {}
+        for opt, dest in self.options.items():
+            by_dest.setdefault(dest, []).append(opt)
+        return {"sglang_version": self.version, "how": self.source,
+                "actions": [{"options": opts, "dest": d, "takes_value": self.takes_value.get(opts[0], True)}
+                            for d, opts in by_dest.items()]}
+
+    @classmethod
+    def from_json(cls, data: dict, source: str | None = None) -> FlagSet:
+        options: dict[str, str] = {}
+        takes: dict[str, bool] = {}
+        for action in data["actions"]:
+            for opt in action["options"]:
+                options[opt] = action["dest"]
+                takes[opt] = bool(action.get("takes_value", True))
+        return cls(str(data["sglang_version"]), options, takes, source or str(data.get("how", "")))
+
+
+def recorded_flag_set(version: str = NEWEST_KNOWN) -> FlagSet:
+    """A flag set recorded in this package (only NEWEST_KNOWN is): the fallback where SGLang is absent."""
+    text = resources.files(__package__).joinpath(f"flags-{version}.json").read_text()
+    return FlagSet.from_json(json.loads(text), source=f"recorded flag set of SGLang {version}")
+
+
+def spelling(canonical: str, version: str, flags: FlagSet | None) -> str | None:
+    """The flag that means ``canonical`` on this version, or None where the version has no such flag.
+
+    With a flag set, the newest spelling it contains wins (exact even for releases between the checked
+    ones); without one, the version ranges decide."""
+    choices = RENAMES.get(canonical)
+    if choices is None:  # not renamed in any known release; the preflight checks it exists
+        return "--" + canonical.replace("_", "-")
+    if flags is not None:
+        return next((s.flag for s in choices if s.flag in flags), None)
+    v = parse_version(version)
+    return next((s.flag for s in choices if s.in_range(v)), None)
+
+
+def canonical_name(key: str) -> str:
+    """A ``server.extra_args`` key or flag (``--cuda-graph-max-bs``, ``cuda_graph_max_bs``) as a dest-like
+    canonical name (``cuda_graph_max_bs_decode``)."""
+    name = key.lstrip("-").replace("-", "_")
+    return ALIASES.get(name, name)

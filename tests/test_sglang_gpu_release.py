@@ -1,0 +1,117 @@
+"""Waiting for a stopped engine's GPUs to be free: CVD -> NVML mapping and polling, with a fake NVML
+(no GPU here; the real module is exercised on a GPU node) and the real one's no-driver path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+from orchestrator.gpu_release import process_group_pids, wait_gpus_free
+
+
+class FakeNVMLError(Exception):
+    pass
+
+
+class FakeNVML:
+    """Four GPUs; ``procs[i]`` is a list of pid lists, one popped per poll (the last one stays)."""
+
+    NVMLError = FakeNVMLError
+
+    def __init__(self, procs: dict[int, list[list[int]]], fail_init: bool = False) -> None:
+        self.procs, self.fail_init = procs, fail_init
+        self.uuids = [f"GPU-{i}aaa-bbbb" for i in range(4)]
+        self.polls: list[int] = []
+        self.shutdown = False
+
+    def nvmlInit(self) -> None:
+        if self.fail_init:
+            raise FakeNVMLError("NVML Shared Library Not Found")
+
+    def nvmlShutdown(self) -> None:
+        self.shutdown = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 4
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return self.uuids[h]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        raise FakeNVMLError("Not Found")
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+        self.polls.append(h)
+        queue = self.procs.get(h, [[]])
+        pids = queue.pop(0) if len(queue) > 1 else queue[0]
+        return [SimpleNamespace(pid=p, usedGpuMemory=1 << 30) for p in pids]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def test_waits_until_the_engine_processes_leave() -> None:
+    nvml, clock = FakeNVML({2: [[11, 12], [12], []], 3: [[13], []]}), Clock()
+    warnings = wait_gpus_free("2,3", 30, {11, 12, 13}, nvml=nvml, clock=clock, sleep=clock.sleep)
+    assert warnings == []
+    assert set(nvml.polls) == {2, 3} and clock.t == 1.0  # two sleeps of 0.5 s
+    assert nvml.shutdown
+
+
+def test_uuid_entries_and_only_own_pids() -> None:
+    nvml, clock = FakeNVML({1: [[99]]}), Clock()  # pid 99 is not ours: not waited for
+    assert wait_gpus_free("GPU-1aaa", 30, {5}, nvml=nvml, clock=clock, sleep=clock.sleep) == []
+    assert nvml.polls == [1]
+
+
+def test_timeout_reports_what_is_left() -> None:
+    nvml, clock = FakeNVML({0: [[7]]}), Clock()
+    warnings = wait_gpus_free("0,9,MIG-zzz", 2, None, nvml=nvml, clock=clock, sleep=clock.sleep)
+    assert any("entry 9 is past NVML's 4 GPUs" in w for w in warnings)
+    assert any("'MIG-zzz' matches no GPU" in w for w in warnings)
+    assert warnings[-1] == "GPUs still in use 2 s after the engine stopped (GPU 0: pids 7)"
+    assert clock.t >= 2
+
+
+def test_no_cvd_means_every_gpu_and_empty_cvd_means_none() -> None:
+    nvml, clock = FakeNVML({}), Clock()
+    assert wait_gpus_free(None, 1, nvml=nvml, clock=clock, sleep=clock.sleep) == []
+    assert sorted(nvml.polls) == [0, 1, 2, 3]
+    assert wait_gpus_free("", 1, nvml=FakeNVML({}, fail_init=True)) == []
+
+
+def test_without_nvml_returns_at_once() -> None:
+    assert wait_gpus_free("0", 60, nvml=FakeNVML({0: [[1]]}, fail_init=True)) == []
+    start = time.monotonic()
+    assert wait_gpus_free("0,1", 60, {1}) == []  # the real pynvml: no driver on this machine
+    assert time.monotonic() - start < 5
+
+
+def test_process_group_pids_lists_the_group() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+                             "time.sleep(30)"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        pids: set[int] = set()
+        while time.monotonic() < deadline and len(pids) < 2:
+            pids = process_group_pids(proc.pid)
+            time.sleep(0.05)
+        assert proc.pid in pids and len(pids) == 2 and os.getpid() not in pids
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()

@@ -1,0 +1,116 @@
+"""SGLang log parsing across versions: batch lines (fixtures per version), startup lines -> resolved
+configuration, merged with /server_info."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.telemetry.server_log import (
+    merge_resolved,
+    parse_log_line,
+    parse_log_lines,
+    resolved_from_startup_log,
+    resolved_params,
+    server_log_frame,
+    stage_series,
+)
+
+DATA = Path(__file__).parent / "data" / "sglang"
+CASES = yaml.safe_load((DATA / "batch-lines.yaml").read_text())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c['version']}:{i}" for i, c in enumerate(CASES)])
+def test_batch_line_fixture(case: dict) -> None:
+    row = parse_log_line(case["line"])
+    expect = case["expect"]
+    if expect is None:
+        assert row is None
+        return
+    assert row is not None
+    expect = dict(expect)
+    fraction = expect.pop("ts_fraction", 0.0)
+    for key, value in expect.items():
+        assert row.get(key) == pytest.approx(value) if isinstance(value, float) else row.get(key) == value, (
+            key, row)
+        assert type(row.get(key)) is type(value), (key, row)
+    stamp = case["line"][1:20]
+    assert row["ts"] == pytest.approx(time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + fraction)
+
+
+def test_parse_log_lines_skips_unrelated_and_keeps_order() -> None:
+    rows = parse_log_lines(c["line"] for c in CASES)
+    assert len(rows) == sum(c["expect"] is not None for c in CASES)
+    assert [r["kind"] for r in rows[:3]] == ["decode", "decode", "prefill"]
+
+
+def test_server_log_frame_and_stage_series(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("\n".join([
+        "[2026-05-02 09:00:00] The server is fired up and ready to roll!",
+        "[2026-05-02 09:00:01 PP0] Decode batch, #running-req: 4, #token: 10, token usage: 0.01, "
+        "cuda graph: True, gen throughput (token/s): 100.00, #queue-req: 0",
+        "[2026-05-02 09:00:01 PP1] Decode batch, #running-req: 3, #token: 10, token usage: 0.01, "
+        "cuda graph: True, gen throughput (token/s): 100.00, #queue-req: 0",
+        "[2026-05-02 09:00:02 PP0] Decode batch, #running-req: 5, #token: 12, token usage: 0.01, "
+        "cuda graph: False, gen throughput (token/s): 120.00, #queue-req: 2",
+        "garbage \x00 line",
+    ]) + "\n")
+    frame = server_log_frame(log)
+    assert list(frame.columns[:7]) == ["ts", "kind", "iter", "dp", "pp", "tp", "ep"]
+    assert len(frame) == 3
+    series = stage_series(frame, "running_req")
+    assert sorted(series) == ["PP0", "PP1"]
+    assert series["PP0"].tolist() == [4, 5] and series["PP1"].tolist() == [3]
+    assert stage_series(frame, "cuda_graph")["PP0"].tolist() == [True, False]
+    assert stage_series(frame, "running_req", kind="prefill") == {}
+    empty = tmp_path / "empty.log"
+    empty.write_text("nothing here\n")
+    assert server_log_frame(empty).empty
+
+
+def test_startup_log_0_5_23_pp2() -> None:
+    r = resolved_from_startup_log((DATA / "startup-0.5.23.log").read_text())
+    assert r["max_total_num_tokens"] == 812345
+    assert r["max_running_requests"] == 64
+    assert r["chunked_prefill_size"] == 8192 and r["max_prefill_tokens"] == 16384
+    assert r["context_len"] == 131072
+    assert r["available_gpu_mem_gb"] == pytest.approx(17.4)  # min over stages
+    assert r["available_gpu_mem_gb_by_stage"] == {"PP0": 18.9, "PP1": 17.4}
+    assert "max_running_requests_by_stage" not in r  # stages agree
+    assert r["cuda_graph_bs_decode"] == [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64]
+    assert r["cuda_graph_max_bs_decode_captured"] == 64
+    assert r["attention_backend"] == "fa3"
+    assert r["disable_overlap_schedule"] is True
+    assert r["cuda_graph_backend_prefill"] == "disabled"
+    assert r["kv_cache_tokens"] == 812345 and r["kv_cache_dtype"] == "torch.bfloat16"
+    assert r["weight_mem_gb_max"] == pytest.approx(9.0)
+    assert r["ready_logged"] is True
+
+
+def test_startup_log_0_5_9() -> None:
+    r = resolved_from_startup_log((DATA / "startup-0.5.9.log").read_text())
+    assert r["cuda_graph_bs_decode"] == [1, 2, 4, 8, 12, 16, 24, 32]
+    assert r["max_running_requests"] == 2048 and r["max_running_requests_requested"] == 4096
+    assert r["attention_backend"] == "flashinfer"
+    assert r["kv_cache_tokens"] == 350000 and "kv_cache_dtype" not in r
+    assert "disable_overlap_schedule" not in r
+
+
+def test_merge_resolved_prefers_server_info_and_internal_states() -> None:
+    startup = resolved_from_startup_log((DATA / "startup-0.5.23.log").read_text())
+    info = {"max_running_requests": None, "pp_size": 2, "attention_backend": "fa3", "tp_size": 2,
+            "chunked_prefill_size": 8192, "pp_max_micro_batch_size": None, "version": "0.5.23",
+            "internal_states": [{"effective_max_running_requests_per_dp": 60}]}
+    r = merge_resolved(info, startup)
+    assert r["max_running_requests"] == 60  # the scheduler's enforced value wins
+    assert r["pp_max_micro_batch_size"] == 30  # max_running_requests // pp_size, as SGLang sets it
+    assert r["version"] == "0.5.23" and r["tp_size"] == 2
+    assert r["cuda_graph_bs_decode"][-1] == 64  # from the log: /server_info has no capture list
+    params = resolved_params(r)
+    assert params["resolved.cuda_graph_bs_decode"] == "1,2,4,8,12,16,24,32,40,48,56,64"
+    assert params["resolved.available_gpu_mem_gb_by_stage"] == "PP0=18.9;PP1=17.4"
+    assert merge_resolved({}, {}) == {}
