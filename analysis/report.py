@@ -42,11 +42,12 @@ def point_labels(runs: list[Any]) -> list[str]:
 def sweep_table(runs: list[Any], title: str) -> Table:
     runs = sorted(runs, key=lambda r: int(r.data.tags.get("parasweep.trial_num", 0)))
     labels = point_labels(runs)
+    with_pred = any(k.startswith("pred/") for r in runs for k in r.data.metrics)
     table = Table(title=title, title_justify="left")
     table.add_column("trial")
     table.add_column("status")
     for label in labels:
-        table.add_column(f"{label} tok/s", justify="right")
+        table.add_column(f"{label} tok/s" + (" (predicted)" if with_pred else ""), justify="right")
         table.add_column(f"{label} TTFT p99 ms", justify="right")
         table.add_column(f"{label} ITL p99 ms", justify="right")
     for run in runs:
@@ -58,7 +59,10 @@ def sweep_table(runs: list[Any], title: str) -> Table:
         for label in labels:
             valid = metrics.get(f"{label}/valid", 1.0)
             mark = "" if valid == 1.0 or label + "/valid" not in metrics else " !"
-            row += [_num(metrics.get(f"{label}/output_tok_s")) + mark,
+            tok = _num(metrics.get(f"{label}/output_tok_s")) + mark
+            if f"pred/{label}/output_tok_s" in metrics:
+                tok += f" ({_num(metrics[f'pred/{label}/output_tok_s'])})"
+            row += [tok,
                     _num(metrics.get(f"{label}/ttft_p99_ms")),
                     _num(metrics.get(f"{label}/itl_p99_ms"), "{:.2f}")]
         table.add_row(*row)

@@ -40,6 +40,7 @@ def test_sweep_completes_and_prints_summary(sweep) -> None:
     assert "pp.async_depth=0" in out and "pp.async_depth=2" in out
     assert "mlflow ui --backend-store-uri sqlite:///" in out and "--host 127.0.0.1" in out
     assert "#/experiments/" in out
+    assert "tok/s (predicted)" in out
 
 
 def test_mlflow_layout(sweep) -> None:
@@ -80,6 +81,8 @@ def test_mlflow_layout(sweep) -> None:
         # the same metrics as step series against load (step = concurrency)
         history = client.get_metric_history(run.info.run_id, "output_tok_s")
         assert sorted(m.step for m in history) == [1, 4]
+        # the simulator's prediction for the same config, logged next to the measurement
+        assert metrics["pred/c4/output_tok_s"] > 0 and "pred/c1/ttft_p99_ms" in metrics
         # more concurrency, more throughput, on any sane engine
         assert metrics["c4/output_tok_s"] > metrics["c1/output_tok_s"]
         arts = _artifacts(client, run.info.run_id)

@@ -72,7 +72,7 @@ class ParasweepRayLauncher(Launcher):
         from orchestrator.config.identity import config_hash, resolved_config_dict
         from orchestrator.config.validate import typed_config, validate, world_size
         from orchestrator.engines.registry import get_engine
-        from orchestrator.launcher.estimate import estimate_durations
+        from orchestrator.launcher.estimate import predict_trials
         from orchestrator.launcher.queue import QueuedTrial
         from orchestrator.sweep import ensure_started
         from orchestrator.tracking import tracking_uri
@@ -108,8 +108,11 @@ class ParasweepRayLauncher(Launcher):
         hashes = {idx: config_hash(resolved_config_dict(cfg, engine)) for idx, _, cfg, engine, _ in checked}
         reused = self._reuse(checked, hashes, parent_run_id, sweep_dir)
         todo = [c for c in checked if c[0] not in reused]
-        estimates = estimate_durations([cfg for _, _, cfg, _, _ in todo], sweep_dir / ".estimates") or []
-        est_by_idx = {c[0]: est for c, est in zip(todo, estimates, strict=False)}
+        predictions = predict_trials([cfg for _, _, cfg, _, _ in todo], sweep_dir / ".predictions")
+        pred_by_idx = {c[0]: p for c, p in zip(todo, predictions, strict=True) if p is not None}
+        # estimates order the queue only if every trial has one (mixing would compare unlike numbers)
+        est_by_idx = ({i: p.duration_s for i, p in pred_by_idx.items()}
+                      if len(pred_by_idx) == len(todo) else {})
         jobs = []
         from orchestrator.launcher.ray_runner import TrialJob
         from orchestrator.progress import TrialSlot
@@ -124,12 +127,32 @@ class ParasweepRayLauncher(Launcher):
             jobs.append(job)
         results = {idx: ret for idx, ret in reused.items()}
         if jobs:
-            for job in self._run_on_ray(jobs, checked, sweep_dir):
+            finished = self._run_on_ray(jobs, checked, sweep_dir)
+            self._log_predictions(finished, pred_by_idx, checked[0][1].tracking.uri,
+                                  checked[0][2].tracking.experiment)
+            for job in finished:
                 if job.result is not None:
                     results[job.queued.index] = job.result
                 else:
                     results[job.queued.index] = _job_return(job.payload, JobStatus.FAILED, job.error)
         return [results[idx] for idx, _, _, _, _ in checked]
+
+    @staticmethod
+    def _log_predictions(jobs: list[Any], predictions: dict[int, Any], uri: str, experiment: str) -> None:
+        """Predicted next to measured: ``pred/<point>/<metric>`` in each trial's run."""
+        from orchestrator.tracking import Tracker
+
+        tracker = None
+        for job in jobs:
+            value = getattr(job.result, "_return_value", None)
+            prediction = predictions.get(job.queued.index)
+            if not isinstance(value, dict) or not value.get("run_id") or prediction is None:
+                continue
+            try:
+                tracker = tracker or Tracker(uri, experiment)
+                tracker.log_metrics(value["run_id"], prediction.as_metrics())
+            except Exception as exc:  # a convenience: the measured numbers are already stored
+                log.warning("could not log predictions for trial %d: %s", job.queued.index, exc)
 
     def _reuse(self, checked: list[Any], hashes: dict[int, str], parent_run_id: str | None,
                sweep_dir: Path) -> dict[int, JobReturn]:

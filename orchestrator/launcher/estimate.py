@@ -1,10 +1,13 @@
-"""How long each trial will take, from the simulator's model in virtual time, so the queue can start
-the largest trials (GPUs x seconds) first. Best effort: no estimate means ordering by GPU count."""
+"""Each trial predicted by the simulator's model in virtual time before it runs. Used twice: the
+queue starts the longest trials first, and every measured trial gets its predicted metrics logged
+beside the measured ones (``pred/c8/output_tok_s`` next to ``c8/output_tok_s``). Best effort: a
+trial that cannot be predicted in the time budget just has no prediction."""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config.schema import ParasweepConf
@@ -12,33 +15,47 @@ from orchestrator.config.schema import ParasweepConf
 log = logging.getLogger("parasweep")
 
 ENGINE_START_S = 2.0  # rough fixed cost per trial on top of the load (start, logging, teardown)
+PRED_PREFIX = "pred/"
 
 
-def estimate_durations(cfgs: list[ParasweepConf], scratch: Path,
-                       budget_s: float = 10.0) -> list[float] | None:
-    """Predicted seconds per trial, or None if any trial could not be predicted within the budget."""
+@dataclass
+class TrialPrediction:
+    duration_s: float  # load time on the simulated clock plus a fixed start-up cost
+    points: dict[str, dict[str, float]]  # load-point label -> predicted metrics
+
+    def as_metrics(self) -> list[tuple[str, float, int]]:
+        return [(f"{PRED_PREFIX}{label}/{key}", float(value), 0) for label, metrics in self.points.items()
+                for key, value in metrics.items() if isinstance(value, int | float)]
+
+
+def predict_trials(cfgs: list[ParasweepConf], scratch: Path,
+                   budget_s: float = 10.0) -> list[TrialPrediction | None]:
     from orchestrator.engines.sim import SimEngine
     from orchestrator.trial import load_points, request_spec
 
     try:
         from simulator.predict import predict_trial
     except ImportError:
-        return None
+        return [None] * len(cfgs)
     deadline = time.monotonic() + budget_s
-    out = []
+    out: list[TrialPrediction | None] = []
     for i, cfg in enumerate(cfgs):
         if time.monotonic() > deadline:
-            log.info("trial duration estimates skipped: over the %.0f s budget", budget_s)
-            return None
+            log.info("trial predictions stopped after the %.0f s budget", budget_s)
+            out.append(None)
+            continue
         try:
             sim = SimEngine()
-            trial_dir = scratch / f"estimate-{i}"
+            trial_dir = scratch / f"predict-{i}"
             sim.prepare(cfg, trial_dir)
-            argv = sim.argv(cfg, 30000, trial_dir)[3:]
-            results = predict_trial(argv, load_points(cfg), request_spec(cfg))
-        except Exception as exc:  # e.g. a layout the simulator cannot model: order by GPUs instead
-            log.info("no duration estimate for trial %d: %s", i, (str(exc) or repr(exc)).splitlines()[0])
-            return None
+            argv = sim.argv(cfg, 30000, trial_dir)[3:]  # without `python -m simulator`
+            points = load_points(cfg)
+            results = predict_trial(argv, points, request_spec(cfg))
+        except Exception as exc:  # e.g. a layout the simulator cannot model
+            log.info("no prediction for trial %d: %s", i, (str(exc) or repr(exc)).splitlines()[0])
+            out.append(None)
+            continue
         virtual = sum(r.metrics.get("duration_s", 0.0) for r in results)
-        out.append(virtual / max(cfg.engine.time_scale, 1e-9) + ENGINE_START_S)
+        out.append(TrialPrediction(virtual / max(cfg.engine.time_scale, 1e-9) + ENGINE_START_S,
+                                   {p.label: dict(r.metrics) for p, r in zip(points, results, strict=True)}))
     return out
