@@ -35,7 +35,14 @@ def trial(cfg: DictConfig) -> dict[str, Any] | None:
 
 
 def _terminate(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+    """SIGTERM does what Ctrl-C does. Hand it to SIGINT's current handler: while the load generator's
+    event loop runs, that handler cancels the loop's main task cleanly, where an exception raised here
+    could land inside a transport callback and be logged and swallowed by the loop."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler) and handler is not _terminate:
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
 
 
 def main() -> int:

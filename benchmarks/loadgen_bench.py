@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/loadgen_bench.py [--rounds 3] [--concurrency 512] [--requests 2048]
         [--output-len 200] [--itl-ms 10] [--bench-serving-python /tmp/sglang-bench-venv/bin/python]
-        [--tokenizer /tmp/loopback-tokenizer] [--json out.json]
+        [--tokenizer /tmp/loopback-tokenizer] [--clients reference,parasweep,bench_serving]
+        [--skip-open-loop] [--json out.json]
 
 A fast loopback streaming server (``python -m workloads.loopback``, SGLang ``/generate`` shape) runs in
 its own process pinned to the first CPU; every client runs in turn pinned to the second CPU, in
@@ -204,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bench-serving-python", default="/tmp/sglang-bench-venv/bin/python")
     p.add_argument("--tokenizer", default="/tmp/loopback-tokenizer")
     p.add_argument("--skip-open-loop", action="store_true")
+    p.add_argument(
+        "--clients",
+        default="reference,parasweep,bench_serving",
+        help="comma-separated subset of reference,parasweep,bench_serving (reference is always run)",
+    )
     p.add_argument("--json", type=Path, help="also write all results to this file")
     a = p.parse_args(argv)
 
@@ -214,7 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{a.requests} requests x {a.output_len} tokens, {a.itl_ms:g} ms/token: {offered:,.0f} tok/s offered",
         flush=True,
     )
-    clients = {"reference": run_reference, "parasweep": run_parasweep, "bench_serving": run_bench_serving}
+    every = {"reference": run_reference, "parasweep": run_parasweep, "bench_serving": run_bench_serving}
+    wanted = {c.strip() for c in a.clients.split(",") if c.strip()} | {"reference"}
+    unknown = wanted - every.keys()
+    if unknown:
+        p.error(f"unknown client(s): {', '.join(sorted(unknown))}")
+    clients = {name: fn for name, fn in every.items() if name in wanted}
     rounds: list[dict[str, object]] = []
     settings: dict[str, object] = {"itl_ms": a.itl_ms, "ttft_ms": a.ttft_ms}
     if server_cpu is not None:

@@ -56,6 +56,8 @@ def _type_word(message: str) -> str:
     m = re.search(r"Invalid value '[^']*', expected one of \[([^\]]*)\]", message)
     if m:
         return m.group(1)
+    if "ListConfig" in message or "list" in message.lower():
+        return "a list, e.g. [8] or [1,8,32]"
     return "a value of the key's type"
 
 
@@ -127,8 +129,8 @@ def finish(code: int) -> int:
                       f"{tags.get('parasweep.overrides')}: {reason[-1] if reason else 'no reason recorded'}",
                       highlight=False)
     _log_plots(tracker, state.run_id, runs, Path(state.sweep_dir))
-    console.print(f"Browse: {ui_command(state.uri)}\n  then open {runs_url(state.experiment_id)}",
-                  highlight=False, soft_wrap=True)
+    url = runs_url(state.experiment_id or "0", state.uri)
+    console.print(f"Browse: {ui_command(state.uri)}\n  then open {url}", highlight=False, soft_wrap=True)
     if code == 0 and status != "ok":
         code = 1
     return code

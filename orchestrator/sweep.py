@@ -13,6 +13,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from orchestrator.redact import redact_argv
 from orchestrator.tracking import Tracker, tracking_uri
 
 
@@ -48,7 +49,7 @@ def ensure_started() -> str | None:
         return None
     if state.run_id is None:
         tracker = Tracker(state.uri, state.experiment)
-        args = " ".join(sys.argv[1:])
+        args = " ".join(redact_argv(sys.argv[1:]))
         state.run_id = tracker.start_run(
             f"{'prediction' if state.mode == 'prediction' else 'sweep'} {time.strftime('%Y-%m-%d %H:%M:%S')}"
             + (f": {args}" if args else ""),

@@ -121,13 +121,26 @@ class Tracker:
             max_results=10000)
 
 
+def rate_step(rate: float) -> int:
+    """MLflow steps are integers: open-loop series (``open/<metric>``) use the rate in milli-req/s,
+    so 0.5 and 0.4 req/s stay apart (closed-loop series use the concurrency itself)."""
+    return round(rate * 1000)
+
+
 def ui_command(uri: str) -> str:
+    from orchestrator.redact import redact_url
+
+    if not uri.startswith("sqlite:"):  # a tracking server has its own UI
+        return f"open {redact_url(uri)}"
     return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
 
 
-def runs_url(experiment_id: str) -> str:
+def runs_url(experiment_id: str, uri: str = "sqlite:") -> str:
     # the runs table (the experiment page itself opens on MLflow's GenAI overview)
-    return f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs"
+    from orchestrator.redact import redact_url
+
+    base = "http://127.0.0.1:5000" if uri.startswith("sqlite:") else redact_url(uri).rstrip("/")
+    return f"{base}/#/experiments/{experiment_id}/runs"
 
 
 __all__ = ["STATUSES", "Tracker", "flatten", "runs_dir", "runs_url", "tracking_uri", "ui_command"]

@@ -34,10 +34,17 @@ from orchestrator.gpu_release import process_group_pids, wait_gpus_free
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.process.server import ServerProcess, free_port, http_get_json, log_tail
 from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
+from orchestrator.redact import (
+    redact_argv,
+    redact_mapping,
+    redact_override,
+    redact_text,
+    secret_values,
+)
 from orchestrator.sweep import ensure_started
 from orchestrator.telemetry.server_log import resolved_config, resolved_params, server_log_frame
 from orchestrator.telemetry.server_metrics import MetricsScraper, jsonl_to_parquet
-from orchestrator.tracking import Tracker, flatten
+from orchestrator.tracking import Tracker, flatten, rate_step
 
 log = logging.getLogger("parasweep")
 
@@ -65,7 +72,7 @@ class PointOutcome:
 
 def trial_context() -> TrialContext:
     hc = HydraConfig.get()
-    overrides = list(hc.overrides.task)
+    overrides = [redact_override(o) for o in hc.overrides.task]  # labels and tags never carry secrets
     num = int(hc.job.num) if hc.job.get("num") is not None else 0
     label = " ".join(overrides) if overrides else "defaults"
     return TrialContext(num, label, overrides, Path(hc.runtime.output_dir).resolve())
@@ -109,7 +116,7 @@ def print_plan(ctx: TrialContext, cfg: ParasweepConf, engine: str, argv: list[st
     print(f"trial {ctx.num} [{ctx.label}]: engine={engine} model={cfg.model.name} "
           f"hardware={cfg.hardware.name} tp={cfg.tp.size} pp={cfg.pp.size} ep={cfg.ep.size} "
           f"dp={cfg.dp.size} world_size={gpus} GPUs={gpus}", flush=True)
-    print("argv: " + json.dumps(argv), flush=True)
+    print("argv: " + json.dumps(redact_argv(argv)), flush=True)
 
 
 def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
@@ -120,6 +127,7 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
     engine_name = validate(cfg)
     ctx = trial_context()
     engine = get_engine(engine_name)
+    engine.preflight(cfg)  # a flag the engine would refuse stops here, before any run is recorded
     port = free_port()
     argv = engine.argv(cfg, port, ctx.trial_dir)
     if cfg.dry_run:
@@ -137,11 +145,13 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
         f"{ctx.num}: {ctx.label}" + (" (predicted)" if cfg.predict else ""),
         tags={"parasweep.kind": kind, "parasweep.status": "running",
               "parasweep.engine": "sim-predict" if cfg.predict else engine_name,
-              "parasweep.config_hash": config_hash(resolved_cfg), "parasweep.trial_num": str(ctx.num),
+              "parasweep.config_hash": config_hash(resolved_cfg, engine.version(cfg)),
+              "parasweep.trial_num": str(ctx.num),
               "parasweep.overrides": ctx.label, "parasweep.git_sha": git_sha(),
               "parasweep.trial_dir": str(ctx.trial_dir)},
         parent_run_id=parent_run_id)
-    tracker.log_params(run_id, flatten({k: v for k, v in resolved_cfg.items() if k != "tracking"}))
+    tracker.log_params(run_id, flatten(redact_mapping({k: v for k, v in resolved_cfg.items()
+                                                       if k != "tracking"})))
 
     progress = ProgressWriter(ctx.trial_dir, ctx.label)
     own_view = (ProgressView([TrialSlot(ctx.trial_dir, ctx.label, "running")])
@@ -172,6 +182,7 @@ class _TrialRun:
         self.outcomes: list[PointOutcome] = []
         self.timings: dict[str, float] = {}
         self.error = ""
+        self.secrets = secret_values(asdict(cfg))  # scrubbed from logs and messages we upload
 
     def run(self) -> str:
         status = "failed"
@@ -238,10 +249,13 @@ class _TrialRun:
         self.timings["engine_launch"] = time.time()
         pids: set[int] = set()
         try:
-            with self._start_engine(engine, env) as server:
+            server = self._start_engine(engine, env)  # started and ready
+            try:
                 self.timings["engine_ready"] = time.time()
                 pids = process_group_pids(server.pid or 0)
                 self._drive_load(server)
+            finally:
+                server.stop()
         finally:
             if self.engine_name == "sglang":  # the next trial on these GPUs needs their memory back
                 for warning in wait_gpus_free(env.get("CUDA_VISIBLE_DEVICES"), 60.0, pids or None):
@@ -285,11 +299,12 @@ class _TrialRun:
             if attempt > 1:
                 self.port = free_port()
                 self.argv = engine.argv(self.cfg, self.port, self.ctx.trial_dir)
-            (self.ctx.trial_dir / "server" / "argv.json").write_text(json.dumps(self.argv, indent=1))
+            (self.ctx.trial_dir / "server" / "argv.json").write_text(
+                json.dumps(redact_argv(self.argv), indent=1))
             server = ServerProcess(self.argv, self.server_log, HOST, self.port, env=env,
                                    stop_grace_s=self.cfg.engine.stop_grace_s)
-            server.start()
             try:
+                server.start()
                 server.wait_ready(self.cfg.engine.startup_timeout_s)
                 return server
             except EngineStartError as exc:
@@ -309,18 +324,18 @@ class _TrialRun:
         self.server_info = info
         path = self.ctx.trial_dir / "server" / "server_info.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.server_info, indent=1))
+        path.write_text(json.dumps(redact_mapping(self.server_info), indent=1))
         # /server_info, completed by the startup log (CUDA-graph sizes, per-stage limits, backend)
         log_text = self.server_log.read_text(errors="replace") if self.server_log.exists() else ""
         self.resolved = resolved_config(info, log_text)
-        self.tracker.log_params(self.run_id, resolved_params(self.resolved))
+        self.tracker.log_params(self.run_id, resolved_params(redact_mapping(self.resolved)))
         version = self.server_info.get("version", "unknown")
         engine_tag = self.server_info.get("engine")
         self.tracker.set_tags(self.run_id, {
             "parasweep.engine_version": f"{engine_tag} {version}" if engine_tag else str(version)})
 
     def _log_point(self, o: PointOutcome) -> None:
-        step = o.concurrency if o.concurrency is not None else round(o.rate or 0)
+        step = o.concurrency if o.concurrency is not None else rate_step(o.rate or 0.0)
         series = "" if o.concurrency is not None else "open/"
         batch = []
         for key, value in o.metrics.items():
@@ -336,6 +351,7 @@ class _TrialRun:
         from analysis.telemetry import point_telemetry
 
         d, t, rid = self.ctx.trial_dir, self.tracker, self.run_id
+        self.error = redact_text(self.error, self.secrets)
         telemetry: dict[str, Any] = {}
 
         def records() -> None:
@@ -366,15 +382,22 @@ class _TrialRun:
         def configs() -> None:
             cfg_dir = d / "config"
             cfg_dir.mkdir(parents=True, exist_ok=True)
-            (cfg_dir / "resolved.yaml").write_text(
-                yaml.safe_dump(resolved_config_dict(self.cfg, self.engine_name), sort_keys=False))
+            (cfg_dir / "resolved.yaml").write_text(yaml.safe_dump(
+                redact_mapping(resolved_config_dict(self.cfg, self.engine_name)), sort_keys=False))
             (cfg_dir / "overrides.yaml").write_text(yaml.safe_dump(self.ctx.overrides))
             t.log_artifact(rid, cfg_dir / "resolved.yaml", "config")
             t.log_artifact(rid, cfg_dir / "overrides.yaml", "config")
 
         def server_files() -> None:
-            for name in ("server.log", "server_info.json", "argv.json"):
+            for name in ("server_info.json", "argv.json"):
                 t.log_artifact(rid, d / "server" / name, "server")
+            if self.secrets and self.server_log.exists():  # the engine may echo its arguments
+                upload = d / "server" / "redacted" / "server.log"
+                upload.parent.mkdir(parents=True, exist_ok=True)
+                upload.write_text(redact_text(self.server_log.read_text(errors="replace"), self.secrets))
+                t.log_artifact(rid, upload, "server")
+            else:
+                t.log_artifact(rid, self.server_log, "server")
 
         def findings() -> None:
             facts = TrialFacts(
@@ -386,7 +409,8 @@ class _TrialRun:
             if status != "ok" and self.error:
                 result.insert(0, {"id": "trial_failed", "severity": "critical",
                                   "title": f"Trial {status}", "evidence": self.error[-4000:],
-                                  "suggestion": f"See server/server.log; tail:\n{log_tail(self.server_log)}"})
+                                  "suggestion": "See server/server.log; tail:\n" + redact_text(
+                                      log_tail(self.server_log), self.secrets)})
             (d / "diagnosis.json").write_text(json.dumps(result, indent=1))
             t.log_artifact(rid, d / "diagnosis.json")
 

@@ -24,6 +24,10 @@ CASES = [
     (["parallelism=tp8", "pp.async_depth=4"], ["pp.async_depth=4", "0 when pp.size=1"]),
     (["workload.api=grpc"], ["workload.api=grpc", "generate, completions, chat"]),
     (["engine=vllm"], ["engine=vllm", "unknown engine", "sglang", "sim"]),
+    (["parallelism=tp1", "tp.size=3"], ["tp.size=3", "64 attention heads", "[1, 2, 4, 8, 16, 32, 64]"]),
+    (["workload.input_len=300000"], ["workload.input_len+workload.output_len=300032", "at most 262144"]),
+    (["workload.concurrency=8"], ["workload.concurrency", "a list, e.g. [8]"]),
+    (["+server.extra_args.no_such_flag=1"], ["server.extra_args", "--no-such-flag", "simulated engine"]),
 ]
 
 

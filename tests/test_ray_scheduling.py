@@ -55,10 +55,10 @@ def test_trials_run_side_by_side_on_disjoint_gpus(tmp_path: Path) -> None:
 def crash_then_resume(tmp_path_factory: pytest.TempPathFactory):
     workdir = tmp_path_factory.mktemp("resume")
     base = ["-m", "model=tiny-test", "parallelism=pp2", "workload=tiny", "ray.num_cpus=4"]
-    # trial 1 passes the engine a flag it does not know: the engine exits at start-up
-    first = run_cli([*base, "+server.extra_args.bogus_flag=null,1"], workdir, timeout=300)
-    second = run_cli([*base, "+server.extra_args.bogus_flag=null,1"], workdir, timeout=300)
-    third = run_cli([*base, "+server.extra_args.bogus_flag=null", "resume=false"], workdir, timeout=300)
+    # trial 1 models a GPU with almost no memory: the engine refuses to start
+    first = run_cli([*base, "hardware.memory_gb=102.6,0.001"], workdir, timeout=300)
+    second = run_cli([*base, "hardware.memory_gb=102.6,0.001"], workdir, timeout=300)
+    third = run_cli([*base, "hardware.memory_gb=102.6", "resume=false"], workdir, timeout=300)
     return workdir, first, second, third
 
 
@@ -70,7 +70,7 @@ def test_crashing_trial_does_not_stop_the_sweep(crash_then_resume) -> None:
     failed = runs["1"].data.tags
     assert failed["parasweep.status"] == "failed"
     assert "engine exited with code" in failed["parasweep.error"]
-    assert "bogus" in failed["parasweep.error"]  # the log tail names the problem
+    assert "mem_fraction_static" in failed["parasweep.error"]  # the log tail names the problem
     assert "failed #1" in first.stdout and "status failed" in first.stdout
 
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from orchestrator.process.server import group_alive
 from tests.conftest import run_cli
 
 # fast but honest: a tiny MoE model in PP2 on the simulated RTX PRO node, two load points
@@ -107,6 +108,11 @@ def test_records_and_diagnosis_content(sweep) -> None:
         # workload=tiny: max(8, 2 x C) requests at C=1 and C=4, plus one warm-up request per point
         assert len(measured) == 16
         assert (measured["output_tokens"] == 8).all()
+        # exactly one engine per trial, stopped before the trial ended (its group is gone)
+        log = (d / "server" / "server.log").read_text()
+        assert log.count("The server is fired up and ready to roll!") == 1
+        assert "address already in use" not in log
+        assert not group_alive(int((d / "server" / "server.pgid").read_text()))
         findings = json.loads((d / "diagnosis.json").read_text())
         assert isinstance(findings, list)
         for f in findings:

@@ -234,20 +234,24 @@ async def send_request_fast(pool: Pool, req: PreparedRequest, api: str, rec: Req
 
 
 def _consume(events: list[bytes], state: StreamState, t: float, rec: RequestRecord) -> bool:
-    """Account the events of one read at time ``t``; True when the stream said [DONE]."""
+    """Account the events of one read at time ``t``; True when the stream said [DONE].
+
+    Every event is parsed and validated (``state.on_event``); only the bookkeeping is per read.
+    """
+    on_event = state.on_event
     tokens = 0
-    parsed = False
+    parsed = 0
     done = False
     for payload in events:
         if payload == DONE:
             done = True
             break
-        tokens += state.on_event(payload)
-        parsed = True
+        tokens += on_event(payload)
+        parsed += 1
     if parsed:
         rec.chunk_times.append(t)
         rec.chunk_tokens.append(tokens)
-        if tokens > 0 and rec.first_token_time is None:
+        if tokens and rec.first_token_time is None:
             rec.first_token_time = t
     if done:
         rec.end_time = t

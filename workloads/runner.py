@@ -15,7 +15,7 @@ from .fasthttp import Pool
 from .metrics import DEFAULT_LAG_THRESHOLD_MS, SLO, summarize, validity_reasons
 from .payloads import PreparedRequest, RequestSpec, build_request
 from .records import RecordWriter, RequestRecord
-from .scheduler import LagMonitor, LoadPoint, drive
+from .scheduler import LagMonitor, LoadPoint, drive, shard_share
 
 ProgressFn = Callable[[int, int], None]
 RecordFn = Callable[[RequestRecord], None]
@@ -96,6 +96,13 @@ async def run_shard(
             await send_request(session, base, req, api, rec)
         on_record(rec)
 
+    if pool is not None:
+        try:  # before the clock and the lag monitor start: connects are not load
+            await pool.open(_connections_ahead(point, shard, shards))
+        except BaseException:
+            pool.close()
+            raise
+
     # Garbage collection: orjson makes a few dicts per event, so the collector runs often, and a
     # full collection walks every object of the process (tens of ms: a TTFT/ITL spike). Freezing
     # what exists now and collecting the young generations less often removes those pauses.
@@ -115,6 +122,19 @@ async def run_shard(
         if session is not None:
             await session.close()
     return lag.samples_ms
+
+
+def _connections_ahead(point: LoadPoint, shard: int, shards: int) -> int:
+    """Connections to open before a point starts: one per closed-loop worker of this shard.
+
+    Open loop opens none: its requests leave over time, and a cap may never be reached.
+    """
+    if point.concurrency is None:
+        return 0
+    n = shard_share(point.concurrency, shard, shards)
+    if point.num_requests is not None:
+        n = min(n, len(range(shard, point.warmup_requests + point.num_requests, shards)))
+    return n
 
 
 async def resolve_model(base: str, spec: RequestSpec) -> RequestSpec:

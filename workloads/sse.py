@@ -32,20 +32,27 @@ class SSEParser:
             buf = buf.replace(b"\r\n", b"\n") + tail
         out: list[bytes] = []
         start = 0
+        n = len(buf)
         find = buf.find
         while True:
+            # Fast path: one "data: " line then the blank line (what every LLM server sends). The
+            # first "\n" of the event is found with memchr; if a second "\n" follows at once, it
+            # is the event's end and the event has no other line.
+            nl = find(b"\n", start)
+            if nl < 0:
+                break
+            if nl + 1 < n and buf[nl + 1] == 10 and buf.startswith(b"data: ", start):
+                out.append(buf[start + 6 : nl])
+                start = nl + 2
+                continue
             end = find(b"\n\n", start)
             if end < 0:
                 break
-            # Fast path: a single "data: " line (what every LLM server sends).
-            if buf.startswith(b"data: ", start) and find(b"\n", start, end) < 0:
-                out.append(buf[start + 6 : end])
-            else:
-                payload = _event_data(buf[start:end])
-                if payload is not None:
-                    out.append(payload)
+            payload = _event_data(buf[start:end])
+            if payload is not None:
+                out.append(payload)
             start = end + 2
-        self._buf = buf[start:] if start < len(buf) else b""
+        self._buf = buf[start:] if start < n else b""
         return out
 
     def flush(self) -> list[bytes]:

@@ -105,7 +105,8 @@ class ParasweepRayLauncher(Launcher):
             return [_execute_job(self.hydra_context, sc, self.task_function, Singleton.get_state(), False)
                     for _, sc, _, _, _ in checked]
 
-        hashes = {idx: config_hash(resolved_config_dict(cfg, engine)) for idx, _, cfg, engine, _ in checked}
+        hashes = {idx: config_hash(resolved_config_dict(cfg, engine), get_engine(engine).version(cfg))
+                  for idx, _, cfg, engine, _ in checked}
         reused = self._reuse(checked, hashes, parent_run_id, sweep_dir)
         todo = [c for c in checked if c[0] not in reused]
         predictions = predict_trials([cfg for _, _, cfg, _, _ in todo], sweep_dir / ".predictions")

@@ -21,8 +21,12 @@ def resolved_config_dict(cfg: ParasweepConf, engine: str) -> dict[str, Any]:
     return data
 
 
-def config_hash(resolved: dict[str, Any]) -> str:
+def config_hash(resolved: dict[str, Any], engine_version: str = "") -> str:
+    """Same hash = same measurement: the resolved config (less what does not change results), the
+    engine's version (SGLang release, or the simulator's source) and the GPU type Ray was told."""
     measured = json.loads(json.dumps(resolved, default=str))
+    measured["_engine_version"] = engine_version
+    measured["_accelerator_type"] = (resolved.get("ray") or {}).get("accelerator_type")
     for key in HASH_EXCLUDE:
         parent, _, leaf = key.rpartition(".")
         node = measured.get(parent, {}) if parent else measured

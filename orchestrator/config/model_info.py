@@ -17,6 +17,7 @@ class ModelInfo:
     num_experts: int  # routed experts per MoE layer; 0 for a dense model
     vocab_size: int
     max_context: int | None
+    num_heads: int  # attention heads (0 when the config does not say)
 
     @property
     def is_moe(self) -> bool:
@@ -43,4 +44,5 @@ def read_model_info(path: str) -> ModelInfo:
         num_experts=int(experts),
         vocab_size=int(text.get("vocab_size", 32000)),
         max_context=text.get("max_position_embeddings"),
+        num_heads=int(text.get("num_attention_heads", 0) or 0),
     )

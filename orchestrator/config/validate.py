@@ -83,6 +83,10 @@ def validate(cfg: ParasweepConf) -> str:
     if cfg.pp.size > model.num_layers:
         raise ConfigError("pp.size", cfg.pp.size, f"1..{model.num_layers}",
                           why=f"model {cfg.model.name} has {model.num_layers} layers")
+    if model.num_heads and model.num_heads % cfg.tp.size:
+        divisors = [d for d in range(1, min(model.num_heads, 64) + 1) if model.num_heads % d == 0]
+        raise ConfigError("tp.size", cfg.tp.size, f"a divisor of {model.num_heads}: {divisors}",
+                          why=f"model {cfg.model.name} has {model.num_heads} attention heads to shard")
     if cfg.ep.size > 1:
         if not model.is_moe:
             raise ConfigError("ep.size", cfg.ep.size, "1", why=f"model {cfg.model.name} has no experts")
@@ -111,6 +115,13 @@ def validate(cfg: ParasweepConf) -> str:
     _positive("server.decode_log_interval", cfg.server.decode_log_interval, allow_none=True)
 
     _validate_workload(cfg)
+    context = model.max_context
+    if context and cfg.workload.input_len + cfg.workload.output_len > context:
+        raise ConfigError("workload.input_len+workload.output_len",
+                          cfg.workload.input_len + cfg.workload.output_len, f"at most {context}",
+                          why=f"model {cfg.model.name} has a {context}-token context")
+    if cfg.ray.num_gpus is not None and cfg.ray.num_gpus < 0:
+        raise ConfigError("ray.num_gpus", cfg.ray.num_gpus, "an integer >= 0 or null")
     remote = cfg.ray.address not in (None, "auto", "local") and not str(cfg.ray.address).startswith(
         ("127.", "localhost"))
     if remote and (cfg.tracking.uri or "sqlite").startswith("sqlite"):

@@ -40,6 +40,10 @@ class Engine:
         """Lines for the dry-run plan about what the command line was built and checked against."""
         return []
 
+    def version(self, cfg: ParasweepConf) -> str:
+        """What identifies this engine's behaviour, for matching trials on resume."""
+        return "unknown"
+
     def preflight(self, cfg: ParasweepConf) -> list[str]:
         """Build (and so check) the command line without launching anything; raises a one-line
         UserError/ConfigError where the engine would refuse it. Returns the plan notes."""

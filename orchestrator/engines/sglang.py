@@ -23,3 +23,6 @@ class SGLangEngine(Engine):
 
     def plan_notes(self, cfg: ParasweepConf) -> list[str]:
         return [self.target(cfg).describe()]
+
+    def version(self, cfg: ParasweepConf) -> str:
+        return f"sglang {self.target(cfg).version}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from pathlib import Path
 
@@ -9,7 +11,9 @@ import yaml
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.base import Engine, sglang_flags
-from orchestrator.paths import model_dir
+from orchestrator.errors import ConfigError
+from orchestrator.paths import PROJECT_ROOT, model_dir
+from orchestrator.redact import redact_mapping, redact_text, secret_values
 
 
 def _override_args(cfg: ParasweepConf) -> dict:
@@ -18,8 +22,36 @@ def _override_args(cfg: ParasweepConf) -> dict:
     return _plain(getattr(cfg.model, "override_args", None) or {})
 
 
+@functools.cache
+def _simulator_fingerprint() -> str:
+    """A hash of the simulator's source: its model is code, so a change to it changes results."""
+    digest = hashlib.sha256()
+    for path in sorted((PROJECT_ROOT / "simulator").glob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 class SimEngine(Engine):
     name = "sim"
+
+    def version(self, cfg: ParasweepConf) -> str:
+        return f"parasweep-sim {_simulator_fingerprint()}"
+
+    def preflight(self, cfg: ParasweepConf) -> list[str]:
+        """Parse the command line with the simulator's own parser, so a flag it does not know (e.g.
+        from server.extra_args) stops the sweep before anything launches."""
+        from simulator.cli import build_parser
+
+        parser = build_parser()
+
+        def refuse(message: str) -> None:
+            raise ConfigError("server.extra_args", redact_mapping(dict(cfg.server.extra_args)),
+                              "flags the simulated engine accepts (python -m simulator --help)",
+                              why=redact_text(message, secret_values(dict(cfg.server.extra_args))))
+
+        parser.error = refuse  # type: ignore[method-assign]
+        parser.parse_args(self.argv(cfg, 30000, Path("/nonexistent-trial-dir"))[3:])
+        return self.plan_notes(cfg)
 
     @staticmethod
     def hardware_file(trial_dir: Path) -> Path:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.tracking import Tracker
+from orchestrator.tracking import Tracker, rate_step
 
 
 def previous_successes(tracker: Tracker, hashes: set[str]) -> dict[str, Any]:
@@ -27,13 +27,16 @@ def record_reuse(tracker: Tracker, parent_run_id: str | None, num: int, label: s
     tags = {k: v for k, v in previous.data.tags.items() if k.startswith("parasweep.")}
     tags.update({"parasweep.kind": "trial", "parasweep.status": "skipped", "parasweep.trial_num": str(num),
                  "parasweep.overrides": label, "parasweep.reused_run_id": previous.info.run_id})
-    tags.pop("parasweep.trial_dir", None)
+    for stale in ("parasweep.trial_dir", "parasweep.error", "parasweep.cuda_visible_devices"):
+        tags.pop(stale, None)  # they describe the earlier run's execution, not this reuse
     run_id = tracker.start_run(f"{num}: {label} (reused)", tags=tags, parent_run_id=parent_run_id)
     tracker.log_params(run_id, previous.data.params)
     points = [(k, v, 0) for k, v in previous.data.metrics.items() if "/" in k]
     # rebuild the step series (step = concurrency) from the per-point values
     series = [(k.split("/", 1)[1], v, int(k[1:k.index("/")])) for k, v, _ in points
               if k.startswith("c") and k[1:k.index("/")].isdigit()]
+    series += [("open/" + k.split("/", 1)[1], v, rate_step(float(k[1:k.index("/")]))) for k, v, _ in points
+               if k.startswith("r") and k[1:k.index("/")].replace(".", "", 1).isdigit()]
     tracker.log_metrics(run_id, points + series)
     tracker.finish(run_id, "skipped")
     return run_id

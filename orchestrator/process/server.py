@@ -57,6 +57,8 @@ class ServerProcess:
         return self.proc.pid if self.proc else None
 
     def start(self) -> None:
+        if self.proc is not None:
+            raise RuntimeError(f"server already started (pid {self.proc.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         wrapper = [sys.executable, "-m", "orchestrator.process.deathsig", "--"]
         with self.log_path.open("ab") as log:
@@ -103,7 +105,8 @@ class ServerProcess:
         return self.proc.returncode
 
     def __enter__(self) -> ServerProcess:
-        self.start()
+        if self.proc is None:  # entering a server that is already running must not start a second one
+            self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
