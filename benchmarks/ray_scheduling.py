@@ -11,9 +11,7 @@ minus its engine start and its load (Ray placement, worker start, config, MLflow
 from __future__ import annotations
 
 import argparse
-import heapq
 import json
-import random
 import statistics
 import subprocess
 import sys
@@ -21,38 +19,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from orchestrator.launcher.queue import best_order, list_schedule
+
 ROOT = Path(__file__).resolve().parents[1]
 TRIALS = [f"t{i:02d}" for i in range(1, 13)]
 GPUS = 8
 
 
-def list_schedule(order: list[int], widths: list[int], durations: list[float], gpus: int = GPUS) -> float:
-    """Makespan of greedy list scheduling with backfill (what the launcher does) for one order."""
-    t, free, queue, running, end = 0.0, gpus, list(order), [], 0.0
-    while queue or running:
-        for j in list(queue):
-            if widths[j] <= free:
-                queue.remove(j)
-                free -= widths[j]
-                heapq.heappush(running, (t + durations[j], j))
-        t, j = heapq.heappop(running)
-        free += widths[j]
-        end = max(end, t)
-    return end
-
-
 def best_list_schedule(widths: list[int], durations: list[float], samples: int = 20000) -> float:
     """How well any list order could have done with hindsight of the measured durations: the
     reference the achieved makespan is judged against, next to the (not always attainable) bound."""
-    n = len(widths)
-    orders = [sorted(range(n), key=lambda j: -durations[j]), sorted(range(n), key=lambda j: -widths[j]),
-              sorted(range(n), key=lambda j: -widths[j] * durations[j])]
-    rng = random.Random(0)
-    for _ in range(samples):
-        order = list(range(n))
-        rng.shuffle(order)
-        orders.append(order)
-    return min(list_schedule(o, widths, durations) for o in orders)
+    order = best_order(widths, durations, GPUS, samples=samples, seed=1)
+    return list_schedule(order, widths, durations, GPUS)
 
 
 def main() -> int:

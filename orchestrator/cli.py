@@ -111,6 +111,10 @@ def finish(code: int) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=200)  # logs: no wrapping
     tracker = Tracker(state.uri, state.experiment)
     runs = tracker.children(state.run_id)
+    for run in runs:  # a trial whose worker was killed outright never closed its own run
+        if run.data.tags.get("parasweep.status") == "running":
+            tracker.finish(run.info.run_id, "killed" if code == 130 else "failed")
+            run.data.tags["parasweep.status"] = "killed" if code == 130 else "failed"
     statuses = [r.data.tags.get("parasweep.status", "failed") for r in runs]
     if code == 130 or "killed" in statuses:
         status = "killed"

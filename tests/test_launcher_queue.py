@@ -35,3 +35,21 @@ def test_max_parallel_trials_replays_the_queue() -> None:
     assert max_parallel_trials(_trials([8, 8, 8, 8]), 8) == 1  # the demo sweep: one at a time
     assert max_parallel_trials(_trials([8, 4, 4, 2, 2, 2, 2, 1, 1, 1, 1, 1]), 8) == 6
     assert max_parallel_trials(_trials([1, 2, 4]), 8) == 3
+
+
+def test_plan_order_beats_longest_first_on_a_packing_case() -> None:
+    from orchestrator.launcher.queue import list_schedule, plan_order
+
+    # the scheduling benchmark's shape: widths 8,4,4,2x4,1x5, narrower trials run longer
+    gpus = [8, 4, 4, 2, 2, 2, 2, 1, 1, 1, 1, 1]
+    est = [3.3, 3.7, 3.7, 4.6, 4.6, 4.6, 4.6, 5.3, 5.3, 5.3, 5.3, 5.3]
+    queue = _trials(gpus, est)
+    lpt = [t.index for t in queue_order(queue)]
+    plan_order(queue, 8)
+    planned = [t.index for t in queue_order(queue)]
+    assert sorted(planned) == list(range(12))
+    assert list_schedule(planned, gpus, est, 8) < list_schedule(lpt, gpus, est, 8)
+    # without estimates nothing is planned: widest first
+    plain = _trials(gpus)
+    plan_order(plain, 8)
+    assert [t.gpus for t in queue_order(plain)][:3] == [8, 4, 4]

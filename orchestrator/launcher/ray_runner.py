@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UserError
-from orchestrator.launcher.queue import QueuedTrial, pick_startable
+from orchestrator.launcher.queue import QueuedTrial, pick_startable, plan_order
 from orchestrator.launcher.warmup import max_parallel_trials, warm_workers
 from orchestrator.progress import ProgressView, TrialSlot
 
@@ -95,6 +95,7 @@ class RayTrialRunner:
             if job.queued.gpus > largest:
                 raise UserError(f"trial '{job.queued.label}' needs {job.queued.gpus} GPUs on one node; the "
                                 f"largest Ray node has {largest} (ray.num_gpus or the cluster's GPUs)")
+        plan_order([j.queued for j in jobs], total)
         if self.warm:
             try:
                 warm_workers(min(max_parallel_trials([j.queued for j in jobs], total), total),
