@@ -48,58 +48,30 @@ def _pinned(cmd: list[str], cpu: int | None) -> list[str]:
     return (["taskset", "-c", str(cpu)] if cpu is not None else []) + cmd
 
 
-def run_reference(url: str, a: argparse.Namespace, cpu: int | None) -> dict[str, float]:
-    cmd = [
-        sys.executable,
-        str(REPO / "benchmarks" / "loadgen_reference.py"),
-        "--url",
-        url,
-        "--concurrency",
-        str(a.concurrency),
-        "--requests",
-        str(a.requests),
-        "--input-len",
-        str(a.input_len),
-        "--output-len",
-        str(a.output_len),
+def _closed_loop_args(url: str, a: argparse.Namespace) -> list[str]:
+    """The closed-loop job's flags, spelled the same by the reference client and ``python -m workloads``."""
+    return [
+        *("--url", url, "--concurrency", str(a.concurrency), "--requests", str(a.requests)),
+        *("--input-len", str(a.input_len), "--output-len", str(a.output_len)),
     ]
+
+
+def _headline(d: dict[str, float]) -> dict[str, float]:
+    """The figures every client reports, from a client's JSON that uses parasweep's metric names."""
+    return {k: d[k] for k in ("output_tok_s", "ttft_p99_ms", "ttft_p50_ms", "completed")}
+
+
+def run_reference(url: str, a: argparse.Namespace, cpu: int | None) -> dict[str, float]:
+    cmd = [sys.executable, str(REPO / "benchmarks" / "loadgen_reference.py"), *_closed_loop_args(url, a)]
     out = subprocess.run(_pinned(cmd, cpu), capture_output=True, text=True, timeout=600, check=True)
-    d = orjson.loads(out.stdout.strip().splitlines()[-1])
-    return {
-        "output_tok_s": d["output_tok_s"],
-        "ttft_p99_ms": d["ttft_p99_ms"],
-        "ttft_p50_ms": d["ttft_p50_ms"],
-        "completed": d["completed"],
-    }
+    return _headline(orjson.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def run_parasweep(url: str, a: argparse.Namespace, cpu: int | None) -> dict[str, float]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "workloads",
-        "--url",
-        url,
-        "--concurrency",
-        str(a.concurrency),
-        "--requests",
-        str(a.requests),
-        "--input-len",
-        str(a.input_len),
-        "--output-len",
-        str(a.output_len),
-        "--json",
-    ]
+    cmd = [sys.executable, "-m", "workloads", *_closed_loop_args(url, a), "--json"]
     out = subprocess.run(_pinned(cmd, cpu), capture_output=True, text=True, timeout=600, cwd=REPO)
     d = orjson.loads(out.stdout)
-    return {
-        "output_tok_s": d["output_tok_s"],
-        "ttft_p99_ms": d["ttft_p99_ms"],
-        "ttft_p50_ms": d["ttft_p50_ms"],
-        "completed": d["completed"],
-        "valid": d["valid"],
-        "client_lag_p99_ms": d["client_lag_p99_ms"],
-    }
+    return {**_headline(d), "valid": d["valid"], "client_lag_p99_ms": d["client_lag_p99_ms"]}
 
 
 def run_bench_serving(url: str, a: argparse.Namespace, cpu: int | None) -> dict[str, float] | str:

@@ -3,9 +3,6 @@ distributions, prompt files, goodput, worker processes, the fast loopback server
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +10,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -20,7 +18,7 @@ import pytest
 
 from workloads import SLO, LoadPoint, RequestRecord, RequestSpec, read_records, run_point, summarize
 from workloads.payloads import LengthDist, build_body
-from workloads.testing import ServerProcess
+from workloads.testing import ServerProcess, process_group
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,11 +54,8 @@ def simulator() -> Iterator[str]:
         "--port",
         str(port),
     ]
-    proc = subprocess.Popen(
-        argv, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
     url = f"http://127.0.0.1:{port}"
-    try:
+    with process_group(argv, cwd=REPO) as proc:
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -73,10 +68,6 @@ def simulator() -> Iterator[str]:
                 pytest.fail("simulator did not start")
             time.sleep(0.1)
         yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 @pytest.mark.parametrize("api", ["generate", "completions", "chat"])
@@ -303,61 +294,32 @@ def test_workers_split_the_point_and_parent_merges(server: ServerProcess, tmp_pa
 # the command line
 
 
-def test_cli_duration_dist_slo_and_calibrate(server: ServerProcess) -> None:
+def _workloads_json(*args: str, timeout: float) -> dict[str, Any]:
+    """``python -m workloads ARGS --json``: it must exit 0; returns the JSON it prints."""
     p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "workloads",
-            "--url",
-            server.url,
-            "--concurrency",
-            "3",
-            "--duration",
-            "0.4",
-            "--output-len",
-            "6",
-            "--output-dist",
-            "uniform:0.5",
-            "--slo-ttft-ms",
-            "1000",
-            "--slo-tpot-ms",
-            "1000",
-            "--json",
-        ],
+        [sys.executable, "-m", "workloads", *args, "--json"],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
     )
     assert p.returncode == 0, p.stderr
-    out = orjson.loads(p.stdout)
+    return orjson.loads(p.stdout)
+
+
+def test_cli_duration_dist_slo_and_calibrate(server: ServerProcess) -> None:
+    out = _workloads_json(
+        *("--url", server.url, "--concurrency", "3", "--duration", "0.4"),
+        *("--output-len", "6", "--output-dist", "uniform:0.5"),
+        *("--slo-ttft-ms", "1000", "--slo-tpot-ms", "1000"),
+        timeout=60,
+    )
     assert out["slo_attainment"] == 1.0 and out["goodput_req_s"] == pytest.approx(out["request_s"])
     assert out["num_requests"] > 10 and out["valid"] == 1
-    c = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "workloads",
-            "calibrate",
-            "--concurrency-levels",
-            "8,16",
-            "--rates",
-            "50",
-            "--output-len",
-            "40",
-            "--itl-ms",
-            "5",
-            "--ttft-ms",
-            "5",
-            "--json",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    cal = _workloads_json(
+        *("calibrate", "--concurrency-levels", "8,16", "--rates", "50"),
+        *("--output-len", "40", "--itl-ms", "5", "--ttft-ms", "5"),
         timeout=120,
     )
-    assert c.returncode == 0, c.stderr
-    cal = orjson.loads(c.stdout)
     assert [s["kind"] for s in cal["steps"]] == ["streams", "streams", "rate"]
     assert cal["max_streams"] == 16 and cal["max_rate"] == 50, cal["steps"]

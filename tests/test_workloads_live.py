@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import itertools
-import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -16,7 +13,7 @@ import orjson
 import pytest
 
 from workloads import LoadPoint, RequestSpec, read_records, run_point
-from workloads.testing import ServerProcess
+from workloads.testing import ServerProcess, process_group
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -181,16 +178,10 @@ def test_killed_run_keeps_finished_records(server: ServerProcess, tmp_path: Path
         "--records",
         str(path),
     ]
-    proc = subprocess.Popen(
-        argv, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
+    with process_group(argv, cwd=REPO):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and (not path.exists() or len(path.read_bytes().splitlines()) < 4):
             time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
     lines = path.read_bytes().splitlines()
     assert 4 <= len(lines) < 200
     for line in lines:

@@ -3,31 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 
 import orjson
 
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _float_list(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if any(not (v > 0 and math.isfinite(v)) for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
-    return values
+from .argtypes import positive_float_list, positive_int_list
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,13 +19,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--concurrency-levels",
-        type=_int_list,
+        type=positive_int_list,
         default=[64, 128, 256, 512, 1024, 2048],
         help="closed-loop ladder (default 64,128,256,512,1024,2048)",
     )
     p.add_argument(
         "--rates",
-        type=_float_list,
+        type=positive_float_list,
         default=[250, 500, 1000, 2000, 4000],
         help="open-loop ladder in req/s (default 250,500,1000,2000,4000; empty string: skip)",
     )

@@ -11,42 +11,13 @@ from pathlib import Path
 
 import orjson
 
+from .argtypes import non_negative_int, positive_float, positive_int
 from .backend import ServerCheckError, normalize_url, probe_server
 from .metrics import DEFAULT_LAG_THRESHOLD_MS, LATENCIES, SLO, STATS
 from .payloads import APIS, RequestSpec
 from .records import ERROR_KINDS
 from .runner import HTTP_CLIENTS, PointResult, run_point, run_sync
 from .scheduler import LoadPoint
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,21 +34,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="endpoint: /generate, /v1/completions or /v1/chat/completions (default: generate)",
     )
     mode = p.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--concurrency", type=_positive_int, help="closed loop: requests kept in flight")
-    mode.add_argument("--rate", type=_positive_float, help="open loop: requests per second")
+    mode.add_argument("--concurrency", type=positive_int, help="closed loop: requests kept in flight")
+    mode.add_argument("--rate", type=positive_float, help="open loop: requests per second")
     p.add_argument(
         "--requests",
-        type=_positive_int,
+        type=positive_int,
         help="measured requests (default 100; with --duration, an optional cap)",
     )
     p.add_argument(
         "--duration",
-        type=_positive_float,
+        type=positive_float,
         help="seconds of measured sends instead of a request count (closed loop: then in-flight "
         "requests finish; open loop: every request scheduled in the window)",
     )
-    p.add_argument("--input-len", type=_positive_int, default=128, help="prompt tokens (default 128)")
-    p.add_argument("--output-len", type=_positive_int, default=128, help="output tokens (default 128)")
+    p.add_argument("--input-len", type=positive_int, default=128, help="prompt tokens (default 128)")
+    p.add_argument("--output-len", type=positive_int, default=128, help="output tokens (default 128)")
     p.add_argument(
         "--input-dist",
         default="fixed",
@@ -98,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--warmup",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=0,
         help="warmup requests sent first, excluded from metrics (default 0)",
     )
@@ -109,32 +80,33 @@ def build_parser() -> argparse.ArgumentParser:
         default="poisson",
         help="open-loop arrival process (default poisson)",
     )
-    p.add_argument("--max-concurrency", type=_positive_int, help="open loop: cap on requests in flight")
+    p.add_argument("--max-concurrency", type=positive_int, help="open loop: cap on requests in flight")
     p.add_argument(
         "--vocab-size",
-        type=_positive_int,
+        type=positive_int,
         default=32000,
         help="random token ids are drawn from [0, N) (default 32000)",
     )
     p.add_argument("--model", help="OpenAI 'model' field (default: ask GET /v1/models)")
     p.add_argument(
         "--read-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=300.0,
         help="seconds without a byte before a request times out (default 300)",
     )
     p.add_argument(
         "--lag-threshold-ms",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_LAG_THRESHOLD_MS,
         help="client event-loop lag p99 above which the point is invalid (default 20)",
     )
-    p.add_argument("--slo-ttft-ms", type=_positive_float, help="goodput: TTFT bound per request (ms)")
-    p.add_argument("--slo-tpot-ms", type=_positive_float, help="goodput: TPOT bound per request (ms)")
-    p.add_argument("--slo-e2e-ms", type=_positive_float, help="goodput: E2E bound per request (ms)")
+    for bound in ("ttft", "tpot", "e2e"):
+        p.add_argument(
+            f"--slo-{bound}-ms", type=positive_float, help=f"goodput: {bound.upper()} bound per request (ms)"
+        )
     p.add_argument(
         "--workers",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="load generator processes; the parent merges records and metrics (default 1)",
     )

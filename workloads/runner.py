@@ -145,6 +145,45 @@ async def resolve_model(base: str, spec: RequestSpec) -> RequestSpec:
         return dataclasses.replace(spec, model=await fetch_model(session, base))
 
 
+@dataclass(frozen=True)
+class PointOptions:
+    """The keyword arguments of :func:`run_point` / :func:`run_point_async`, passed on as one value."""
+
+    records_path: Path | None = None
+    on_progress: ProgressFn | None = None
+    sock_read_timeout: float = 300.0
+    lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS
+    http: str = "fast"
+    slo: SLO | None = None
+
+    def finish(self, point: LoadPoint, records: list[RequestRecord], lag_ms: list[float]) -> PointResult:
+        return finish(point, records, lag_ms, lag_threshold_ms=self.lag_threshold_ms, slo=self.slo)
+
+
+class RecordSink:
+    """Where a point's finished records go: kept, appended to the records file, counted for progress."""
+
+    def __init__(self, point: LoadPoint, opts: PointOptions) -> None:
+        self.records: list[RequestRecord] = []
+        self.done = 0
+        self.total = point.measured_requests or 0
+        self.on_progress = opts.on_progress
+        self.writer = RecordWriter(opts.records_path) if opts.records_path is not None else None
+
+    def add(self, rec: RequestRecord) -> None:
+        self.records.append(rec)
+        if self.writer is not None:
+            self.writer.write(rec)
+        if not rec.warmup:
+            self.done += 1
+            if self.on_progress is not None:
+                self.on_progress(self.done, max(self.total, self.done))
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
 async def run_point_async(
     url: str,
     point: LoadPoint,
@@ -158,29 +197,21 @@ async def run_point_async(
     slo: SLO | None = None,
 ) -> PointResult:
     """:func:`run_point` for callers that already run an event loop (always one process)."""
+    opts = PointOptions(records_path, on_progress, sock_read_timeout, lag_threshold_ms, http, slo)
+    return await _run_point_async(url, point, spec, opts)
+
+
+async def _run_point_async(url: str, point: LoadPoint, spec: RequestSpec, opts: PointOptions) -> PointResult:
     base = normalize_url(url)
-    records: list[RequestRecord] = []
-    done = 0
-    total = point.measured_requests or 0
-    writer = RecordWriter(records_path) if records_path is not None else None
-
-    def on_record(rec: RequestRecord) -> None:
-        nonlocal done
-        records.append(rec)
-        if writer is not None:
-            writer.write(rec)
-        if not rec.warmup:
-            done += 1
-            if on_progress is not None:
-                on_progress(done, max(total, done))
-
+    sink = RecordSink(point, opts)
     try:
         spec = await resolve_model(base, spec)
-        lag_ms = await run_shard(base, point, spec, on_record, sock_read_timeout=sock_read_timeout, http=http)
+        lag_ms = await run_shard(
+            base, point, spec, sink.add, sock_read_timeout=opts.sock_read_timeout, http=opts.http
+        )
     finally:
-        if writer is not None:
-            writer.close()
-    return finish(point, records, lag_ms, lag_threshold_ms=lag_threshold_ms, slo=slo)
+        sink.close()
+    return opts.finish(point, sink.records, lag_ms)
 
 
 def finish(
@@ -240,31 +271,9 @@ def run_point(
     ``http`` picks the client: ``fast`` (parasweep's own, the default) or ``aiohttp``.
     ``slo`` adds goodput metrics (requests meeting every given latency bound).
     """
+    opts = PointOptions(records_path, on_progress, sock_read_timeout, lag_threshold_ms, http, slo)
     if workers > 1:
         from .workers import run_point_workers
 
-        return run_point_workers(
-            url,
-            point,
-            spec,
-            workers=workers,
-            records_path=records_path,
-            on_progress=on_progress,
-            sock_read_timeout=sock_read_timeout,
-            lag_threshold_ms=lag_threshold_ms,
-            http=http,
-            slo=slo,
-        )
-    return run_sync(
-        run_point_async(
-            url,
-            point,
-            spec,
-            records_path=records_path,
-            on_progress=on_progress,
-            sock_read_timeout=sock_read_timeout,
-            lag_threshold_ms=lag_threshold_ms,
-            http=http,
-            slo=slo,
-        )
-    )
+        return run_point_workers(url, point, spec, workers, opts)
+    return run_sync(_run_point_async(url, point, spec, opts))

@@ -27,7 +27,9 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -325,6 +327,20 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def process_group(argv: list[str], cwd: str | Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``argv`` in its own process group, output discarded; the whole group is killed on exit."""
+    proc = subprocess.Popen(
+        argv, cwd=cwd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,15 +18,16 @@ import multiprocessing as mp
 import queue as queue_module
 import time
 import traceback
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import clock
 from .backend import normalize_url
-from .metrics import DEFAULT_LAG_THRESHOLD_MS, SLO
 from .payloads import RequestSpec
-from .records import RecordWriter, RequestRecord
+from .records import RequestRecord
 from .scheduler import LoadPoint
+
+if TYPE_CHECKING:
+    from .runner import PointOptions
 
 BATCH_INTERVAL_S = 0.05
 START_DELAY_S = 0.2
@@ -85,20 +86,8 @@ def _worker(
         out.put(("error", k, traceback.format_exc()))
 
 
-def run_point_workers(
-    url: str,
-    point: LoadPoint,
-    spec: RequestSpec,
-    *,
-    workers: int,
-    records_path: Path | None = None,
-    on_progress: Any = None,
-    sock_read_timeout: float = 300.0,
-    lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS,
-    http: str = "fast",
-    slo: SLO | None = None,
-) -> Any:
-    from .runner import finish, resolve_model, run_sync
+def run_point_workers(url: str, point: LoadPoint, spec: RequestSpec, workers: int, opts: PointOptions) -> Any:
+    from .runner import RecordSink, resolve_model, run_sync
 
     base = normalize_url(url)
     spec = run_sync(resolve_model(base, spec))
@@ -106,17 +95,16 @@ def run_point_workers(
     out = ctx.Queue()
     start = ctx.Value("d", 0.0)
     go = ctx.Event()
-    opts = {"sock_read_timeout": sock_read_timeout, "http": http}
+    worker_opts = {"sock_read_timeout": opts.sock_read_timeout, "http": opts.http}
     finished = 0
     procs = [
-        ctx.Process(target=_worker, args=(k, workers, base, point, spec, opts, out, start, go), daemon=True)
+        ctx.Process(
+            target=_worker, args=(k, workers, base, point, spec, worker_opts, out, start, go), daemon=True
+        )
         for k in range(workers)
     ]
-    records: list[RequestRecord] = []
     lags: list[float] = []
-    writer = RecordWriter(records_path) if records_path is not None else None
-    total = point.measured_requests or 0
-    done = 0
+    sink = RecordSink(point, opts)
     try:
         for p in procs:
             p.start()
@@ -136,21 +124,14 @@ def run_point_workers(
                     go.set()
             elif kind == "records":
                 for rec in payload:
-                    records.append(rec)
-                    if writer is not None:
-                        writer.write(rec)
-                    if not rec.warmup:
-                        done += 1
-                        if on_progress is not None:
-                            on_progress(done, max(total, done))
+                    sink.add(rec)
             elif kind == "done":
                 lags.extend(payload)
                 finished += 1
             else:
                 raise RuntimeError(f"load generator worker {k} failed:\n{payload}")
     finally:
-        if writer is not None:
-            writer.close()
+        sink.close()
         if finished < workers:  # an error or Ctrl-C: stop the rest instead of letting them start
             for p in procs:
                 if p.is_alive():
@@ -161,4 +142,4 @@ def run_point_workers(
             if p.is_alive():
                 p.kill()
                 p.join()
-    return finish(point, records, lags, lag_threshold_ms=lag_threshold_ms, slo=slo)
+    return opts.finish(point, sink.records, lags)
