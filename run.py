@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from orchestrator.cli import finish, one_line_error, preflight_overrides
 from orchestrator.config.schema import register_configs
 from orchestrator.errors import UserError
+from orchestrator.reproduce import expand_reproduce
 
 register_configs()
 USER_ERRORS: list[UserError] = []
@@ -54,6 +55,9 @@ def main() -> int:
     sys.argv[1:] = flags + [a for a in sys.argv[1:] if a not in ("-m", "--multirun")]
     code = 0
     try:
+        sys.argv[1:] = expand_reproduce(sys.argv[1:])  # reproduce=<RUN_ID> -> that run's overrides
+        flags = [a for a in sys.argv[1:] if a in ("-m", "--multirun")]
+        sys.argv[1:] = flags + [a for a in sys.argv[1:] if a not in ("-m", "--multirun")]
         preflight_overrides(sys.argv[1:])
         trial()
         if USER_ERRORS:

@@ -152,6 +152,16 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
         parent_run_id=parent_run_id)
     tracker.log_params(run_id, flatten(redact_mapping({k: v for k, v in resolved_cfg.items()
                                                        if k != "tracking"})))
+    if cfg.reproduce:
+        from orchestrator.reproduce import compare_with_original
+
+        tracker.set_tags(run_id, {"parasweep.reproduces": cfg.reproduce})
+        new_hash = config_hash(resolved_cfg, engine.version(cfg))
+        warning = compare_with_original(tracker, cfg.reproduce, new_hash)
+        if warning:
+            log.warning("%s", warning)
+            print(f"parasweep: warning: {warning}", flush=True)
+            tracker.set_tags(run_id, {"parasweep.reproduce_warning": warning})
 
     progress = ProgressWriter(ctx.trial_dir, ctx.label)
     own_view = (ProgressView([TrialSlot(ctx.trial_dir, ctx.label, "running")])

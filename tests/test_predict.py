@@ -35,3 +35,40 @@ def test_predict_sweep_logs_prediction_runs(tmp_path: Path) -> None:
     # nothing was launched: no engine log anywhere, no Ray session started by this command
     assert not list((tmp_path / "runs").rglob("server.log"))
     assert "Ray" not in result.stderr
+
+
+def test_reproduce_a_trial_and_a_sweep(tmp_path: Path) -> None:
+    """reproduce=<RUN_ID> re-composes a trial from its recorded overrides (or a sweep from its command)."""
+    from mlflow.tracking import MlflowClient
+
+    base = ["predict=true", "model=tiny-test", "parallelism=pp2", "workload=tiny"]
+    first = run_cli(["-m", *base, "pp.async_depth=0,2"], tmp_path, timeout=120)
+    assert first.returncode == 0, first.stdout + first.stderr
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("parasweep")
+
+    def runs(kind: str) -> list:
+        return client.search_runs([exp.experiment_id], f"tags.`parasweep.kind` = '{kind}'",
+                                  order_by=["attributes.start_time ASC"])
+
+    trial = next(r for r in runs("prediction") if r.data.params["pp.async_depth"] == "2")
+    again = run_cli([f"reproduce={trial.info.run_id}"], tmp_path, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    new = runs("prediction")[-1]
+    assert new.data.tags["parasweep.reproduces"] == trial.info.run_id
+    assert new.data.params["pp.async_depth"] == "2" and new.data.params["model.name"] == "tiny-test"
+    assert new.data.tags["parasweep.config_hash"] == trial.data.tags["parasweep.config_hash"]
+    assert "parasweep.reproduce_warning" not in new.data.tags
+    # overrides on top are applied, and the changed config is reported, not hidden
+    changed = run_cli([f"reproduce={trial.info.run_id}", "workload.output_len=4"], tmp_path, timeout=120)
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    assert "differs from the original's" in changed.stdout
+    # a whole sweep: its recorded command again, nothing reused
+    sweep = runs("sweep")[0]
+    redo = run_cli([f"reproduce={sweep.info.run_id}"], tmp_path, timeout=120)
+    assert redo.returncode == 0, redo.stdout + redo.stderr
+    assert "2 trial(s), status ok" in redo.stdout and "skipping" not in redo.stdout
+    # an unknown id is one line
+    bad = run_cli(["reproduce=0123456789abcdef"], tmp_path, timeout=60)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().startswith("parasweep: reproduce=0123456789abcdef: no such")

@@ -11,7 +11,7 @@ from typing import Any
 from orchestrator.config.schema import ParasweepConf
 
 # top-level groups, or dotted keys, that do not change the measurement
-HASH_EXCLUDE = ("tracking", "ray", "dry_run", "predict", "resume", "engine.startup_timeout_s",
+HASH_EXCLUDE = ("tracking", "ray", "dry_run", "predict", "resume", "reproduce", "engine.startup_timeout_s",
                 "engine.stop_grace_s", "engine.python")
 
 

@@ -119,6 +119,7 @@ class ParasweepConf:
     predict: bool = False  # run the simulator's model in virtual time instead of launching anything
     # sweeps: skip trials whose resolved config already succeeded in this experiment (false: run all)
     resume: bool = True
+    reproduce: str | None = None  # an MLflow run id: re-run that trial or sweep (orchestrator/reproduce.py)
 
 
 def register_configs() -> None:
