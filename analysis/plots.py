@@ -31,18 +31,16 @@ def plot_trial(points: Points, title: str, out_dir: Path) -> list[Path]:
     paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(xs, [_nan(points[x], "output_tok_s") for x in xs], marker="o")
-    ax.set(xlabel="concurrency", ylabel="output tok/s", title=f"{title}: throughput")
-    ax.set_xscale("log", base=2)
-    ax.grid(alpha=0.3)
+    ax.set(xlabel="concurrency", ylabel="output tok/s", title=f"{_short(title)}: throughput")
+    _concurrency_axis(ax, xs)
     paths.append(_save(fig, out_dir / "throughput.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label in LATENCIES:
         ax.plot(xs, [_nan(points[x], key) for x in xs], marker="o", label=label)
-    ax.set(xlabel="concurrency", ylabel="ms", title=f"{title}: latency")
-    ax.set_xscale("log", base=2)
+    ax.set(xlabel="concurrency", ylabel="ms", title=f"{_short(title)}: latency")
+    _concurrency_axis(ax, xs)
     ax.set_yscale("log")
-    ax.grid(alpha=0.3)
     ax.legend()
     paths.append(_save(fig, out_dir / "latency.png"))
     return paths
@@ -61,16 +59,30 @@ def plot_sweep(trials: Mapping[str, Points], title: str, out_dir: Path) -> list[
         right.plot(xs, [_nan(pts[x], "tpot_p50_ms") for x in xs], marker="o", label=label)
     left.set(xlabel="concurrency", ylabel="output tok/s", title="throughput")
     right.set(xlabel="concurrency", ylabel="ms", title="TPOT p50")
+    every_x = sorted({x for pts in trials.values() for x in pts})
     for ax in (left, right):
-        ax.set_xscale("log", base=2)
-        ax.grid(alpha=0.3)
-    left.legend(fontsize="small")
+        _concurrency_axis(ax, every_x)
+    handles, names = left.get_legend_handles_labels()
     fig.suptitle(title)
-    return [_save(fig, out_dir / "sweep.png")]
+    fig.legend(handles, names, loc="lower center", ncol=min(4, len(names)), fontsize="small")
+    fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(names) - 1) // 4), 1, 1))  # room for the legend below
+    return [_save(fig, out_dir / "sweep.png", layout=False)]
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
-    fig.tight_layout()
+def _concurrency_axis(ax: plt.Axes, xs: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])  # the load points themselves, not powers of two
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+
+
+def _short(title: str, limit: int = 48) -> str:
+    return title if len(title) <= limit else title[: limit - 1] + "…"
+
+
+def _save(fig: plt.Figure, path: Path, layout: bool = True) -> Path:
+    if layout:
+        fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

@@ -133,11 +133,41 @@ def finish(code: int) -> int:
                       f"{tags.get('parasweep.overrides')}: {reason[-1] if reason else 'no reason recorded'}",
                       highlight=False)
     _log_plots(tracker, state.run_id, runs, Path(state.sweep_dir))
+    _describe_sweep(tracker, state.run_id, runs, status)
     url = runs_url(state.experiment_id or "0", state.uri)
     console.print(f"Browse: {ui_command(state.uri)}\n  then open {url}", highlight=False, soft_wrap=True)
     if code == 0 and status != "ok":
         code = 1
     return code
+
+
+def _describe_sweep(tracker: Any, sweep_run_id: str, runs: list[Any], status: str) -> None:
+    """The sweep run's description (a Markdown table of its trials) and roll-up metrics, so the
+    parent row of the runs table says something before it is expanded."""
+    import logging
+
+    from analysis.report import point_labels
+
+    try:
+        labels = point_labels(runs)
+        ordered = sorted(runs, key=lambda r: int(r.data.tags.get("parasweep.trial_num", 0)))
+        lines = [f"**{status}**: {len(runs)} trial(s)", "",
+                 "| trial | status | " + " | ".join(f"{p} tok/s" for p in labels) + " |",
+                 "|---|---|" + "---|" * len(labels)]
+        for run in ordered:
+            m, tags = run.data.metrics, run.data.tags
+            cells = [f"{m[f'{p}/output_tok_s']:.1f}" if f"{p}/output_tok_s" in m else "-" for p in labels]
+            status_cell = tags.get("parasweep.status", "?")
+            lines.append(f"| {run.info.run_name} | {status_cell} | {' | '.join(cells)} |")
+        tracker.set_tags(sweep_run_id, {"mlflow.note.content": "\n".join(lines)[:7900]})
+        rollup = [(f"best/{p}/output_tok_s", max(r.data.metrics[f"{p}/output_tok_s"] for r in runs
+                                                 if f"{p}/output_tok_s" in r.data.metrics), 0)
+                  for p in labels]
+        counts = {s: sum(1 for r in runs if r.data.tags.get("parasweep.status") == s)
+                  for s in ("ok", "failed", "killed", "skipped")}
+        tracker.log_metrics(sweep_run_id, rollup + [(f"trials_{s}", float(n), 0) for s, n in counts.items()])
+    except Exception:  # a convenience: the trials' own runs hold the numbers
+        logging.getLogger("parasweep").exception("could not describe the sweep run")
 
 
 def _log_plots(tracker: Any, sweep_run_id: str, runs: list[Any], sweep_dir: Path) -> None:
@@ -152,14 +182,13 @@ def _log_plots(tracker: Any, sweep_run_id: str, runs: list[Any], sweep_dir: Path
         by_label = {}
         for run in runs:
             points = points_from_metrics(run.data.metrics)
-            tags = run.data.tags
-            label = f"#{tags.get('parasweep.trial_num', '?')} {tags.get('parasweep.overrides', '')}"
+            label = (run.info.run_name or "").removesuffix(" (predicted)")
             by_label[label] = points
             trial_dir = run.data.tags.get("parasweep.trial_dir")
             out = Path(trial_dir) / "plots" if trial_dir else Path(tempfile.mkdtemp()) / "plots"
             for path in plot_trial(points, label, out):
                 tracker.log_artifact(run.info.run_id, path, "plots")
-        for path in plot_sweep(by_label, f"sweep {sweep_run_id}", sweep_dir / "plots"):
+        for path in plot_sweep(by_label, "every trial of the sweep", sweep_dir / "plots"):
             tracker.log_artifact(sweep_run_id, path, "plots")
     except Exception:  # plots are a convenience; the numbers are already stored
         logging.getLogger("parasweep").exception("could not draw plots")

@@ -49,11 +49,14 @@ def ensure_started() -> str | None:
         return None
     if state.run_id is None:
         tracker = Tracker(state.uri, state.experiment)
-        args = " ".join(redact_argv(sys.argv[1:]))
+        argv = redact_argv(sys.argv[1:])
+        args = " ".join(argv)
+        # the name says what is swept (the rest is in the command tag), so runs tables stay readable
+        swept = [a for a in argv if "=" in a and "," in a.split("=", 1)[1]] or [a for a in argv if "=" in a]
         state.run_id = tracker.start_run(
-            f"{'prediction' if state.mode == 'prediction' else 'sweep'} {time.strftime('%Y-%m-%d %H:%M:%S')}"
-            + (f": {args}" if args else ""),
+            f"{'prediction' if state.mode == 'prediction' else 'sweep'} {' '.join(swept) or 'defaults'}",
             tags={"parasweep.kind": "sweep", "parasweep.mode": state.mode, "parasweep.status": "running",
+                  "parasweep.started": time.strftime("%Y-%m-%d %H:%M:%S"),
                   "parasweep.command": f"python run.py {args}".strip(),
                   "parasweep.sweep_dir": state.sweep_dir})
         state.experiment_id = tracker.experiment_id

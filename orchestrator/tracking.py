@@ -33,6 +33,15 @@ def _client(uri: str):  # imported lazily: `import mlflow` costs ~1 s
     return MlflowClient(tracking_uri=uri)
 
 
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
 def ensure_experiment(uri: str, name: str) -> str:
     """The experiment's id, creating it with artifacts under runs/artifacts for a sqlite store
     (otherwise MLflow puts them in ./mlruns relative to whichever cwd created the experiment)."""
@@ -76,7 +85,7 @@ class Tracker:
         self.experiment_id = ensure_experiment(self.uri, experiment)
 
     def start_run(self, name: str, tags: Mapping[str, str], parent_run_id: str | None = None) -> str:
-        all_tags = dict(tags)
+        all_tags = {"mlflow.source.name": "run.py", "mlflow.user": _user(), **tags}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
@@ -140,7 +149,8 @@ def runs_url(experiment_id: str, uri: str = "sqlite:") -> str:
     from orchestrator.redact import redact_url
 
     base = "http://127.0.0.1:5000" if uri.startswith("sqlite:") else redact_url(uri).rstrip("/")
-    return f"{base}/#/experiments/{experiment_id}/runs"
+    # workflowType: MLflow 3.17 otherwise opens its GenAI mode, which hides params and metrics
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
 __all__ = ["STATUSES", "Tracker", "flatten", "runs_dir", "runs_url", "tracking_uri", "ui_command"]

@@ -142,7 +142,7 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
     tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment)
     kind = "prediction" if cfg.predict else "trial"
     run_id = tracker.start_run(
-        f"{ctx.num}: {ctx.label}" + (" (predicted)" if cfg.predict else ""),
+        (cfg.tracking.run_name or f"#{ctx.num} {ctx.label}") + (" (predicted)" if cfg.predict else ""),
         tags={"parasweep.kind": kind, "parasweep.status": "running",
               "parasweep.engine": "sim-predict" if cfg.predict else engine_name,
               "parasweep.config_hash": config_hash(resolved_cfg, engine.version(cfg)),
@@ -441,9 +441,30 @@ class _TrialRun:
                 out["overhead_s"] = out["total_s"] - out["engine_start_s"] - out["load_s"]
             t.log_metrics(rid, [(f"trial/{k}", v, 0) for k, v in out.items()])
 
+        def note() -> None:  # what the MLflow UI shows as the run's description
+            c = self.cfg
+            lines = [f"**{status}**: {self.ctx.label}", "",
+                     f"{c.model.name} on {c.hardware.name}, tp={c.tp.size} pp={c.pp.size} ep={c.ep.size} "
+                     f"dp={c.dp.size}, async depth {c.pp.async_depth}, engine {self.engine_name}", ""]
+            if self.outcomes:
+                lines += ["| point | output tok/s | TTFT p99 ms | ITL p99 ms | valid |",
+                          "|---|---|---|---|---|"]
+                for o in self.outcomes:
+                    m = o.metrics
+                    lines.append(f"| {o.label} | {m.get('output_tok_s', float('nan')):.1f} | "
+                                 f"{m.get('ttft_p99_ms', float('nan')):.1f} | "
+                                 f"{m.get('itl_p99_ms', float('nan')):.2f} | {int(m.get('valid', 1))} |")
+            diagnosis = d / "diagnosis.json"
+            findings = json.loads(diagnosis.read_text()) if diagnosis.exists() else []
+            if findings:
+                lines += ["", "Findings (diagnosis.json):"]
+                lines += [f"- **{f['severity']}** {f['title']}: {f['suggestion'].splitlines()[0]}"
+                          for f in findings]
+            t.set_tags(rid, {"mlflow.note.content": "\n".join(lines)[:7900]})
+
         steps = (("records", records), ("server_log", server_log), ("server_metrics", server_metrics),
                  ("configs", configs), ("server_files", server_files), ("findings", findings),
-                 ("errors", errors), ("timings", timings))
+                 ("errors", errors), ("timings", timings), ("note", note))
         for name, fn in steps:
             began = time.perf_counter()
             try:

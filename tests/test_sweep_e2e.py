@@ -40,7 +40,7 @@ def test_sweep_completes_and_prints_summary(sweep) -> None:
     assert "2 trial(s), status ok" in out
     assert "pp.async_depth=0" in out and "pp.async_depth=2" in out
     assert "mlflow ui --backend-store-uri sqlite:///" in out and "--host 127.0.0.1" in out
-    assert "#/experiments/" in out
+    assert "#/experiments/" in out and "workflowType=machine_learning" in out
     assert "tok/s (predicted)" in out
 
 
@@ -59,11 +59,19 @@ def test_mlflow_layout(sweep) -> None:
     assert len(sweeps) == 1 and len(trials) == 2
     parent = sweeps[0]
     assert parent.data.tags["parasweep.status"] == "ok" and parent.info.status == "FINISHED"
+    # what the runs table shows before anything is expanded: a name saying what was swept, a
+    # description with every trial, roll-up metrics
+    assert parent.info.run_name == "sweep pp.async_depth=0,2"
+    assert "| #0 pp.async_depth=0 | ok |" in parent.data.tags["mlflow.note.content"]
+    assert parent.data.metrics["best/c4/output_tok_s"] > 0 and parent.data.metrics["trials_ok"] == 2
 
     depths = set()
     for run in trials:
         tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
         assert tags["mlflow.parentRunId"] == parent.info.run_id
+        depth = params["pp.async_depth"]
+        assert run.info.run_name == f"#{tags['parasweep.trial_num']} pp.async_depth={depth}"
+        assert "| c4 |" in tags["mlflow.note.content"]
         assert tags["parasweep.status"] == "ok" and run.info.status == "FINISHED"
         assert tags["parasweep.engine"] == "sim"
         assert tags["parasweep.engine_version"] and tags["parasweep.engine_version"] != "unknown"

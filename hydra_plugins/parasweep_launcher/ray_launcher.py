@@ -51,6 +51,18 @@ def _execute_job(hydra_context: HydraContext, sweep_config: DictConfig, task_fun
                    job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
 
 
+def short_names(job_overrides: list[list[str]]) -> list[str]:
+    """Each job's overrides that differ between jobs (what a person compares in the runs table)."""
+    from orchestrator.redact import redact_override
+
+    common = set.intersection(*(set(o) for o in job_overrides)) if len(job_overrides) > 1 else set()
+    names = []
+    for overrides in job_overrides:
+        varying = [redact_override(o) for o in overrides if o not in common]
+        names.append(" ".join(varying) or " ".join(redact_override(o) for o in overrides) or "defaults")
+    return names
+
+
 def _job_return(sc: DictConfig, status: JobStatus, value: Any) -> JobReturn:
     ret = JobReturn(overrides=list(sc.hydra.overrides.task), cfg=sc, hydra_cfg=sc)
     ret.status = status
@@ -91,8 +103,10 @@ class ParasweepRayLauncher(Launcher):
             checked.append((initial_job_idx + i, sc, cfg, engine, " ".join(overrides) or "defaults"))
         dry_run = any(cfg.dry_run for _, _, cfg, _, _ in checked)
         parent_run_id = None if dry_run else ensure_started()
-        for idx, sc, cfg, engine, _ in checked:
+        names = short_names([list(o) for o in job_overrides])
+        for (idx, sc, cfg, engine, _), name in zip(checked, names, strict=True):
             with open_dict(sc):
+                sc.tracking.run_name = f"#{idx} {name}"
                 sc.hydra.job.id = str(idx)
                 sc.hydra.job.num = idx
                 sc.hydra.sweep.dir = str(sweep_dir)  # workers may run with another cwd

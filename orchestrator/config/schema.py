@@ -89,8 +89,9 @@ class WorkloadConf:
 class TrackingConf:
     uri: str | None = None  # null: sqlite file runs/mlflow.db under the working directory
     experiment: str = "parasweep"
-    # set by parasweep itself: the sweep's parent run, handed to each trial
+    # set by parasweep itself: the sweep's parent run, and a short run name (what varies), per trial
     parent_run_id: str | None = None
+    run_name: str | None = None
 
 
 @dataclass
