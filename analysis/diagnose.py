@@ -32,6 +32,14 @@ class TrialFacts:
     resolved: Mapping[str, Any]
     points: Mapping[str, Mapping[str, float]]
     concurrency: Mapping[str, int]  # label -> concurrency, closed-loop points only
+    idle_power_w: float = 0.0  # hardware profile: an idle GPU with a server loaded
+    power_limit_w: float = 0.0  # hardware profile: board power limit
+
+
+def _busiest(f: TrialFacts, key: str) -> str | None:
+    """The highest closed-loop load point that has ``key`` in its metrics."""
+    labels = [label for label in f.concurrency if key in f.points.get(label, {})]
+    return max(labels, key=lambda k: f.concurrency[k]) if labels else None
 
 
 def _int(value: Any) -> int | None:
@@ -111,8 +119,65 @@ def pp_bubble(f: TrialFacts) -> list[Finding]:
         "overhead with pp.async_depth.")]
 
 
+def pp_stage_imbalance(f: TrialFacts) -> list[Finding]:
+    """One stage busier than the others paces the whole ring (often the last: it carries the LM head)."""
+    label = _busiest(f, "sim_stage_busy_max") if f.pp_size > 1 else None
+    if label is None:
+        return []
+    m = f.points[label]
+    low, high = m.get("sim_stage_busy_min", 0.0), m["sim_stage_busy_max"]
+    if high <= 0 or (high - low) / high <= 0.15:
+        return []
+    return [Finding(
+        "pp_stage_imbalance", "warning", f"Pipeline stages are unevenly loaded at {label}",
+        f"simulated stage busy fraction ranges {low:.2f}..{high:.2f} at {label} (parasweep_sim series): "
+        f"the busiest stage paces the ring",
+        "Move layers off the busiest stage with SGLANG_PP_LAYER_PARTITION (the last stage also runs the "
+        "LM head and sampling).")]
+
+
+def cuda_graph_off(f: TrialFacts) -> list[Finding]:
+    """Decode steps that run eagerly pay a kernel launch per kernel instead of one graph replay."""
+    if str(f.resolved.get("disable_cuda_graph")).lower() == "true":
+        return [Finding("cuda_graph_off", "warning", "CUDA graphs are disabled",
+                        "resolved disable_cuda_graph=True: every decode step launches its kernels one by one",
+                        "Leave server.cuda_graph=true unless debugging: small decode batches are "
+                        "launch-bound.")]
+    max_bs = _int(f.resolved.get("cuda_graph_max_bs_decode"))
+    cap = _int(f.resolved.get("pp_max_micro_batch_size"))
+    if not max_bs or not f.concurrency:
+        return []
+    label = max(f.concurrency, key=lambda k: f.concurrency[k])
+    batch = min(f.concurrency[label], cap) if cap else f.concurrency[label]
+    if batch <= max_bs:
+        return []
+    return [Finding(
+        "cuda_graph_off", "info", f"Decode batches at {label} exceed the captured CUDA-graph sizes",
+        f"up to {batch} requests per decode batch at {label}; graphs were captured up to bs={max_bs} "
+        f"(resolved cuda_graph_max_bs_decode), so larger batches run eagerly",
+        f"Raise --cuda-graph-max-bs-decode (server.extra_args) to at least {batch}, memory permitting.")]
+
+
+def gpu_underused(f: TrialFacts) -> list[Finding]:
+    """Power, not utilisation: nvidia-smi's util counts spin-waiting kernels (simulation.md 4.8)."""
+    label = _busiest(f, "sim_gpu_power_w_mean")
+    if label is None or f.power_limit_w <= f.idle_power_w:
+        return []
+    watts = f.points[label]["sim_gpu_power_w_mean"]
+    threshold = f.idle_power_w + 0.25 * (f.power_limit_w - f.idle_power_w)
+    if watts >= threshold:
+        return []
+    return [Finding(
+        "gpu_underused", "warning", f"GPUs draw {watts:.0f} W of {f.power_limit_w:.0f} W at {label}",
+        f"simulated mean GPU power {watts:.0f} W at {label}, below {threshold:.0f} W (idle "
+        f"{f.idle_power_w:.0f} W + a quarter of the range to the {f.power_limit_w:.0f} W limit)",
+        "The GPUs mostly wait: see the other findings (micro-batches in flight, communication), or "
+        "offer more load.")]
+
+
 RULES: list[Callable[[TrialFacts], list[Finding]]] = [
-    client_bound, too_few_microbatches, admission_cap, pp_bubble,
+    client_bound, too_few_microbatches, admission_cap, pp_bubble, pp_stage_imbalance, cuda_graph_off,
+    gpu_underused,
 ]
 
 

@@ -414,7 +414,8 @@ class _TrialRun:
                 pp_size=self.cfg.pp.size, async_depth=self.cfg.pp.async_depth, resolved=self.resolved,
                 points={o.label: {**o.metrics, "invalid_reason": "; ".join(o.invalid_reasons)}
                         for o in self.outcomes},
-                concurrency={o.label: o.concurrency for o in self.outcomes if o.concurrency is not None})
+                concurrency={o.label: o.concurrency for o in self.outcomes if o.concurrency is not None},
+                idle_power_w=self.cfg.hardware.idle_power_w, power_limit_w=self.cfg.hardware.power_limit_w)
             result = [f.to_dict() for f in diagnose(facts)]
             if status != "ok" and self.error:
                 result.insert(0, {"id": "trial_failed", "severity": "critical",
