@@ -50,12 +50,10 @@ def main() -> int:
     # let configuration errors reach us as exceptions, so each becomes one readable line
     os.environ["HYDRA_FULL_ERROR"] = "1"
     signal.signal(signal.SIGTERM, _terminate)  # SIGTERM stops trials exactly like Ctrl-C
-    # Hydra's argparse rejects overrides on both sides of -m; users write them either way
-    flags = [a for a in sys.argv[1:] if a in ("-m", "--multirun")]
-    sys.argv[1:] = flags + [a for a in sys.argv[1:] if a not in ("-m", "--multirun")]
     code = 0
     try:
         sys.argv[1:] = expand_reproduce(sys.argv[1:])  # reproduce=<RUN_ID> -> that run's overrides
+        # Hydra's argparse rejects overrides on both sides of -m; users write them either way
         flags = [a for a in sys.argv[1:] if a in ("-m", "--multirun")]
         sys.argv[1:] = flags + [a for a in sys.argv[1:] if a not in ("-m", "--multirun")]
         preflight_overrides(sys.argv[1:])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import subprocess
 import time
@@ -24,13 +23,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from orchestrator.config.identity import config_hash, resolved_config_dict
-from orchestrator.config.model_info import read_model_info
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.validate import typed_config, validate, world_size
 from orchestrator.engines.base import HOST
 from orchestrator.engines.registry import get_engine
 from orchestrator.errors import EngineStartError
 from orchestrator.gpu_release import process_group_pids, wait_gpus_free
+from orchestrator.load_plan import load_points, request_spec
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.process.server import ServerProcess, free_port, http_get_json, log_tail
 from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
@@ -85,30 +84,6 @@ def git_sha() -> str:
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"
-
-
-def load_points(cfg: ParasweepConf) -> list[Any]:
-    from workloads import LoadPoint
-
-    w = cfg.workload
-    points = []
-    for c in w.concurrency:
-        n = w.requests_per_point or max(8, w.requests_per_concurrency * c)
-        points.append(LoadPoint(concurrency=c, num_requests=n, warmup_requests=w.warmup_requests))
-    for r in w.rate:
-        n = w.requests_per_point or max(8, math.ceil(w.requests_per_concurrency * r))
-        points.append(LoadPoint(rate=float(r), num_requests=n, warmup_requests=w.warmup_requests,
-                                arrival=w.arrival))
-    return points
-
-
-def request_spec(cfg: ParasweepConf) -> Any:
-    from workloads import RequestSpec
-
-    model = read_model_info(cfg.model.path)
-    return RequestSpec(api=cfg.workload.api, input_len=cfg.workload.input_len,
-                       output_len=cfg.workload.output_len, seed=cfg.workload.seed,
-                       vocab_size=model.vocab_size, model=cfg.model.name)
 
 
 def print_plan(ctx: TrialContext, cfg: ParasweepConf, engine: str, argv: list[str]) -> None:
