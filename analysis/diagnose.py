@@ -1,26 +1,14 @@
 """Diagnosis rules: each reads the trial's config, the engine's resolved values and the per-point
-results, and returns findings with evidence and a suggestion (ids are stable, see DESIGN.md)."""
+results, and returns findings with evidence and a suggestion (ids are stable: users filter on them)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-SEVERITIES = ("info", "warning", "critical")
-
-
-@dataclass
-class Finding:
-    id: str
-    severity: str
-    title: str
-    evidence: str
-    suggestion: str
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+from vocab.findings import SEVERITIES, Finding
 
 
 @dataclass

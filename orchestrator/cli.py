@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from orchestrator.errors import UserError
-from orchestrator.paths import group_options
+from vocab.assets import group_options
 
 CONFIG_GROUPS = ("engine", "model", "hardware", "parallelism", "workload", "experiment")
 

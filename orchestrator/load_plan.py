@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from orchestrator.config.model_info import read_model_info
+from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import ParasweepConf
 
 
@@ -31,7 +31,7 @@ def load_points(cfg: ParasweepConf) -> list[Any]:
 def request_spec(cfg: ParasweepConf) -> Any:
     from workloads import RequestSpec
 
-    model = read_model_info(cfg.model.path)
+    model = model_info(cfg.model.path)
     return RequestSpec(api=cfg.workload.api, input_len=cfg.workload.input_len,
                        output_len=cfg.workload.output_len, seed=cfg.workload.seed,
                        vocab_size=model.vocab_size, model=cfg.model.name)

@@ -30,7 +30,6 @@ from orchestrator.engines.registry import get_engine
 from orchestrator.errors import EngineStartError
 from orchestrator.gpu_release import process_group_pids, wait_gpus_free
 from orchestrator.load_plan import load_points, request_spec
-from orchestrator.paths import PROJECT_ROOT
 from orchestrator.process.server import ServerProcess, free_port, http_get_json, log_tail
 from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
 from orchestrator.redact import (
@@ -79,7 +78,7 @@ def trial_context() -> TrialContext:
 
 def git_sha() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True,
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                              text=True, timeout=5, check=False)
         return out.stdout.strip() or "unknown"
     except OSError:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from simulator.hardware import HardwareConf
 from simulator.model_spec import BF16_BYTES, ModelSpec
+from vocab.hardware import HardwareConf
 
 
 @dataclass(frozen=True)

@@ -8,17 +8,15 @@ biases (well under 0.1 % of any model here).
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from vocab.model import ModelConfigError, language_config, read_config_json
+from vocab.model import context_length as config_context_length
+
 BF16_BYTES = 2.0
 DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0}
-
-
-class ModelConfigError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -172,19 +170,14 @@ def _quant_bytes(cfg: dict, base: float) -> tuple[dict[str, float], str]:
 
 def load_model_spec(model_path: str, context_length: int | None = None) -> ModelSpec:
     path = Path(model_path).expanduser()
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise ModelConfigError(f"config.json not found in model path {model_path!r}")
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelConfigError(f"{cfg_file}: invalid JSON ({e})") from e
+    cfg = read_config_json(path)
     return spec_from_config(cfg, name=path.name, path=str(path), context_length=context_length)
 
 
 def spec_from_config(
     cfg: dict, name: str = "model", path: str = "", context_length: int | None = None
 ) -> ModelSpec:
+    cfg = language_config(cfg)
     archs = cfg.get("architectures") or ["?"]
     arch = archs[0]
     try:
@@ -252,7 +245,7 @@ def spec_from_config(
     lm_head = vocab * hidden
     bytes_per, quant_desc = _quant_bytes(cfg, base)
 
-    max_ctx = int(_get(cfg, "max_position_embeddings", "max_sequence_length", "seq_length", default=4096))
+    max_ctx = config_context_length(cfg)
     ctx = max_ctx if context_length is None else int(context_length)
 
     eos = cfg.get("eos_token_id")

@@ -43,7 +43,8 @@ from simulator.engine import Engine, Request
 from simulator.resolve import ConfigError, SimConfig, resolve
 
 if TYPE_CHECKING:
-    from workloads import LoadPoint, PointResult, RequestRecord, RequestSpec
+    from vocab.load import LoadPoint, RequestSpec
+    from vocab.records import PointResult, RequestRecord
 
 __all__ = ["VirtualTrial", "load_config", "predict_point", "predict_trial", "resolved_server_info"]
 
@@ -105,7 +106,8 @@ class VirtualTrial:
     # -- one point ------------------------------------------------------------------------------------
 
     def run_point(self, point: LoadPoint, spec: RequestSpec) -> PointResult:
-        from workloads import PointResult, RequestRecord, summarize, validity_reasons
+        from vocab.records import PointResult, RequestRecord
+        from workloads import summarize, validity_reasons
 
         sim, cfg = self.sim, self.cfg
         total = point.total_requests

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from simulator import SGLANG_COMPAT_VERSION, __version__
 from simulator.costs import CostModel, CostParams, Parallel
-from simulator.hardware import HardwareConf, HardwareError, load_hardware, resolve_hardware_path
 from simulator.model_spec import ModelConfigError, ModelSpec, load_model_spec
+from vocab.hardware import HardwareConf, HardwareError, load_hardware, resolve_hardware_path
 
 MIB = 2**20
 GIB = 2**30

@@ -25,7 +25,7 @@ from orchestrator.engines.sglang_compat import (
     recorded_flag_set,
 )
 from orchestrator.errors import ConfigError, UserError
-from orchestrator.paths import model_dir
+from vocab.assets import model_dir
 
 DATA = Path(__file__).parent / "data" / "sglang"
 RECORDED = recorded_flag_set("0.5.23")

@@ -6,21 +6,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from orchestrator.config.hardware import HardwareConf
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.base import HOST
 from orchestrator.engines.registry import get_engine
-from orchestrator.paths import CONF_DIR
 from orchestrator.process.server import ServerProcess, free_port, http_get_json
 from orchestrator.telemetry.server_log import resolved_config, resolved_params, server_log_frame, stage_series
+from vocab.hardware import load_hardware
 
 
 def _cfg() -> ParasweepConf:
     cfg = ParasweepConf()
     cfg.model.name, cfg.model.path = "tiny-test", "models/tiny-test"
-    cfg.hardware = HardwareConf(**yaml.safe_load((CONF_DIR / "hardware" / "h200-nvlink-x8.yaml").read_text()))
+    cfg.hardware = load_hardware("h200-nvlink-x8")
     cfg.tp.size, cfg.pp.size, cfg.pp.async_depth = 2, 2, 1
     cfg.server.max_running_requests = 16
     cfg.server.decode_log_interval = 3  # coprime with the 3 PP slots, and often enough for a short run

@@ -16,10 +16,10 @@ from simulator.cli import build_parser  # noqa: E402
 from simulator.clock import Simulation  # noqa: E402
 from simulator.costs import decode_shape, distinct_experts, pp_layer_split  # noqa: E402
 from simulator.engine import Engine, Request  # noqa: E402
-from simulator.hardware import HardwareConf, load_hardware  # noqa: E402
 from simulator.model_spec import load_model_spec  # noqa: E402
 from simulator.predict import predict_point  # noqa: E402
 from simulator.resolve import resolve  # noqa: E402
+from vocab.hardware import HardwareConf, load_hardware  # noqa: E402
 from workloads import LoadPoint, RequestSpec  # noqa: E402
 
 HW_NAMES = ["rtx-pro-6000-pcie-x8", "h200-nvlink-x8", "h100-sxm-x8"]

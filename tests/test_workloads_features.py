@@ -16,8 +16,9 @@ import numpy as np
 import orjson
 import pytest
 
+from vocab.load import LengthDist
 from workloads import SLO, LoadPoint, RequestRecord, RequestSpec, read_records, run_point, summarize
-from workloads.payloads import LengthDist, build_body
+from workloads.payloads import build_body
 from workloads.testing import ServerProcess, process_group
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,12 +9,12 @@ import random
 import orjson
 import pytest
 
+from vocab.load import LoadPoint, RequestSpec
+from vocab.records import RequestRecord
 from workloads.backend import SSESink, send_request_fast
 from workloads.fasthttp import HTTPError, Pool, _Conn
-from workloads.payloads import RequestSpec, build_request
-from workloads.records import RequestRecord
+from workloads.payloads import build_request
 from workloads.runner import _connections_ahead
-from workloads.scheduler import LoadPoint
 from workloads.sse import DONE, SSEParser, _event_data
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"

@@ -7,11 +7,20 @@ Synchronous use from a trial::
     result.metrics["output_tok_s"], result.invalid_reasons
 """
 
+# The load generator speaks the shared vocabulary: points, specs and records are defined in vocab/
+# and re-exported here, so a user of the load generator needs only this package.
+from vocab.load import LoadPoint, RequestSpec
+from vocab.records import (
+    ERROR_KINDS,
+    PointResult,
+    RecordWriter,
+    RequestRecord,
+    read_records,
+    records_to_dataframe,
+)
+
 from .metrics import SLO, summarize, validity_reasons
-from .payloads import RequestSpec
-from .records import ERROR_KINDS, RecordWriter, RequestRecord, read_records, records_to_dataframe
-from .runner import PointResult, run_point, run_point_async
-from .scheduler import LoadPoint
+from .runner import run_point, run_point_async
 
 __all__ = [
     "ERROR_KINDS",

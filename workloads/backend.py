@@ -13,10 +13,11 @@ import contextlib
 import aiohttp
 import orjson
 
+from vocab.records import RequestRecord
+
 from . import clock
 from .fasthttp import HTTPError, Pool, Sink
 from .payloads import PreparedRequest
-from .records import RequestRecord
 from .sse import DONE, SSEParser
 from .streams import StreamError, StreamState, make_stream
 

@@ -21,9 +21,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .payloads import RequestSpec
+from vocab.load import LoadPoint, RequestSpec
+
 from .runner import run_point
-from .scheduler import LoadPoint
 from .testing import ServerProcess
 
 THROUGHPUT_PASS = 0.97

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import orjson
 
+from vocab.load import APIS, LoadPoint, RequestSpec
+from vocab.records import ERROR_KINDS, PointResult
+
 from .argtypes import non_negative_int, positive_float, positive_int
 from .backend import ServerCheckError, normalize_url, probe_server
 from .metrics import DEFAULT_LAG_THRESHOLD_MS, LATENCIES, SLO, STATS
-from .payloads import APIS, RequestSpec
-from .records import ERROR_KINDS
-from .runner import HTTP_CLIENTS, PointResult, run_point, run_sync
-from .scheduler import LoadPoint
+from .runner import HTTP_CLIENTS, run_point, run_sync
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .records import ERROR_KINDS, RequestRecord
-from .scheduler import LoadPoint
+from vocab.load import LoadPoint
+from vocab.records import ERROR_KINDS, RequestRecord
 
 NAN = float("nan")
 STATS: tuple[str, ...] = ("mean", "p50", "p90", "p95", "p99", "max")

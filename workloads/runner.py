@@ -6,16 +6,18 @@ import asyncio
 import dataclasses
 import gc
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+from vocab.load import LoadPoint, RequestSpec
+from vocab.records import PointResult, RecordWriter, RequestRecord
 
 from .backend import fetch_model, make_session, normalize_url, send_request, send_request_fast
 from .fasthttp import Pool
 from .metrics import DEFAULT_LAG_THRESHOLD_MS, SLO, summarize, validity_reasons
-from .payloads import PreparedRequest, RequestSpec, build_request
-from .records import RecordWriter, RequestRecord
-from .scheduler import LagMonitor, LoadPoint, drive, shard_share
+from .payloads import PreparedRequest, build_request
+from .scheduler import LagMonitor, drive, shard_share
 
 ProgressFn = Callable[[int, int], None]
 RecordFn = Callable[[RequestRecord], None]
@@ -26,20 +28,6 @@ T = TypeVar("T")
 PREBUILD_LIMIT_BYTES = 256 * 1024 * 1024
 HTTP_CLIENTS = ("fast", "aiohttp")
 GC_THRESHOLD0 = 20_000
-
-
-@dataclass
-class PointResult:
-    """Outcome of one load point. ``invalid_reasons`` is empty iff ``metrics['valid'] == 1``."""
-
-    point: LoadPoint
-    metrics: dict[str, float]
-    invalid_reasons: list[str] = field(default_factory=list)
-    records: list[RequestRecord] = field(default_factory=list)
-
-    @property
-    def valid(self) -> bool:
-        return not self.invalid_reasons
 
 
 def _prepare(

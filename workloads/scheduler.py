@@ -14,129 +14,17 @@ loop they fill the pipeline so measured requests start at steady state.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Literal
 
-import numpy as np
+from vocab.load import LoadPoint
 
 from . import clock
-
-Arrival = Literal["poisson", "constant"]
 
 # send(index, scheduled_epoch_time_or_None) performs one request; it must not raise.
 SendFn = Callable[[int, float | None], Awaitable[None]]
 
 
-@dataclass(frozen=True)
-class LoadPoint:
-    """One load level: exactly one of ``concurrency`` (closed loop) or ``rate`` (open loop, req/s).
-
-    The point's length is ``num_requests`` measured requests, or ``duration_s`` seconds of measured
-    sends, or both (whichever ends first). In duration mode, closed-loop workers stop taking new
-    requests ``duration_s`` after the first measured send and the requests in flight then finish;
-    open loop sends every request whose scheduled time falls within ``duration_s`` of the first
-    measured one (the count is fixed by the schedule, so it is known up front).
-    """
-
-    num_requests: int | None = None
-    concurrency: int | None = None
-    rate: float | None = None
-    arrival: Arrival = "poisson"
-    max_concurrency: int | None = None
-    warmup_requests: int = 0
-    seed: int = 0  # seeds the Poisson arrival schedule
-    duration_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if (self.concurrency is None) == (self.rate is None):
-            raise ValueError("give exactly one of concurrency (closed loop) or rate (open loop)")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
-        if self.rate is not None and not (self.rate > 0 and np.isfinite(self.rate)):
-            raise ValueError("rate must be a positive finite number of requests per second")
-        if self.arrival not in ("poisson", "constant"):
-            raise ValueError("arrival must be 'poisson' or 'constant'")
-        if self.max_concurrency is not None and self.max_concurrency < 1:
-            raise ValueError("max_concurrency must be >= 1")
-        if self.num_requests is None and self.duration_s is None:
-            raise ValueError("give num_requests or duration_s (or both)")
-        if self.num_requests is not None and self.num_requests < 1:
-            raise ValueError("num_requests must be >= 1")
-        if self.warmup_requests < 0:
-            raise ValueError("warmup_requests must be >= 0")
-        if self.duration_s is not None and not (self.duration_s > 0 and np.isfinite(self.duration_s)):
-            raise ValueError("duration_s must be a positive number of seconds")
-
-    @property
-    def label(self) -> str:
-        """``c8`` for concurrency 8, ``r2.5`` / ``r200`` for rates (the MLflow metric prefix)."""
-        if self.concurrency is not None:
-            return f"c{self.concurrency}"
-        return f"r{self.rate:g}"
-
-    @property
-    def open_loop(self) -> bool:
-        return self.rate is not None
-
-    @property
-    def measured_requests(self) -> int | None:
-        """Measured requests this point sends, if known before it runs (None: closed loop by duration)."""
-        if self.open_loop and self.duration_s is not None:
-            return len(self.send_offsets()) - self.warmup_requests
-        return self.num_requests
-
-    @property
-    def total_requests(self) -> int:
-        """Warmup plus measured requests; for a closed-loop point bounded only by duration, the
-        warmup plus the concurrency (the least it can send; it sends more)."""
-        n = self.measured_requests
-        if n is None:
-            assert self.concurrency is not None
-            return self.warmup_requests + self.concurrency
-        return self.warmup_requests + n
-
-    def send_offsets(self) -> np.ndarray:
-        """Send time of every request (warmup first), in seconds from the schedule start."""
-        if self.rate is None:
-            raise ValueError("closed-loop points have no send schedule")
-        return _offsets(
-            self.rate, self.arrival, self.seed, self.warmup_requests, self.num_requests, self.duration_s
-        )
-
-
-@functools.lru_cache(maxsize=32)
-def _offsets(
-    rate: float, arrival: str, seed: int, warmup: int, num: int | None, duration: float | None
-) -> np.ndarray:
-    def make(n: int) -> np.ndarray:
-        if arrival == "constant":
-            return np.arange(n, dtype=float) / rate
-        gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
-        gaps[0] = 0.0  # the first request opens the schedule
-        return np.cumsum(gaps)
-
-    if duration is None:
-        assert num is not None
-        out = make(warmup + num)
-    else:
-        # Enough arrivals to cover the window almost surely; the same seed gives the same prefix.
-        n = warmup + int(rate * duration * 1.2) + 64
-        while True:
-            out = make(n)
-            if out[-1] > out[min(warmup, n - 1)] + duration:
-                break
-            n *= 2
-        t_measured = out[warmup]
-        keep = int(np.searchsorted(out, t_measured + duration, side="left"))
-        keep = max(keep, warmup + 1)
-        if num is not None:
-            keep = min(keep, warmup + num)
-        out = out[:keep]
-    out.setflags(write=False)
-    return out
 
 
 def shard_share(total: int, shard: int, shards: int) -> int:

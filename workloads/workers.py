@@ -20,11 +20,11 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
+from vocab.load import LoadPoint, RequestSpec
+from vocab.records import RequestRecord
+
 from . import clock
 from .backend import normalize_url
-from .payloads import RequestSpec
-from .records import RequestRecord
-from .scheduler import LoadPoint
 
 if TYPE_CHECKING:
     from .runner import PointOptions

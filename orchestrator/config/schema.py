@@ -12,7 +12,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-from orchestrator.config.hardware import HardwareConf
+from vocab.hardware import HardwareConf
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.config.model_info import read_model_info
+from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import local_gpu_count, sglang_installed
@@ -79,7 +79,7 @@ def validate(cfg: ParasweepConf) -> str:
         raise ConfigError("tp.size*pp.size*dp.size", ws, f"at most {gpus} ({where})",
                           why=f"world size {cfg.tp.size}x{cfg.pp.size}x{cfg.dp.size} needs {ws} GPUs")
 
-    model = read_model_info(cfg.model.path)
+    model = model_info(cfg.model.path)
     if cfg.pp.size > model.num_layers:
         raise ConfigError("pp.size", cfg.pp.size, f"1..{model.num_layers}",
                           why=f"model {cfg.model.name} has {model.num_layers} layers")

@@ -12,8 +12,8 @@ import yaml
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.base import Engine, sglang_flags
 from orchestrator.errors import ConfigError
-from orchestrator.paths import PROJECT_ROOT, model_dir
 from orchestrator.redact import redact_mapping, redact_text, secret_values
+from vocab.assets import model_dir
 
 
 def _override_args(cfg: ParasweepConf) -> dict:
@@ -26,7 +26,9 @@ def _override_args(cfg: ParasweepConf) -> dict:
 def _simulator_fingerprint() -> str:
     """A hash of the simulator's source: its model is code, so a change to it changes results."""
     digest = hashlib.sha256()
-    for path in sorted((PROJECT_ROOT / "simulator").glob("*.py")):
+    import simulator
+
+    for path in sorted(Path(simulator.__file__).parent.glob("*.py")):
         digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()[:12]
 

@@ -21,7 +21,7 @@ from orchestrator.engines.sglang_compat.versions import (
     spelling,
 )
 from orchestrator.errors import ConfigError
-from orchestrator.paths import model_dir
+from vocab.assets import model_dir
 
 HOST = "127.0.0.1"  # servers are never exposed beyond this machine by default
 

@@ -1,4 +1,4 @@
-"""Per-request records: the raw material every metric is computed from.
+"""Per-request records and a load point's result: the raw material every metric is computed from.
 
 Records keep per-chunk arrival times *and* per-chunk token counts, so latency metrics can be
 re-expressed later under another tool's convention (per-token vs per-chunk ITL) without
@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 import orjson
+
+from vocab.load import LoadPoint
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,7 +37,8 @@ ERROR_KINDS: tuple[str, ...] = (
 
 @dataclass(slots=True)
 class RequestRecord:
-    """What happened to one request. Times are epoch seconds from :mod:`workloads.clock`.
+    """What happened to one request. Times are epoch seconds on the load generator's clock (virtual
+    seconds in a prediction).
 
     ``first_byte_time`` is when the response headers arrived; ``first_token_time`` is the arrival
     of the first chunk that carried at least one output token (role-only and usage-only chunks do
@@ -123,3 +126,17 @@ def records_to_dataframe(records: Iterable[RequestRecord]) -> pd.DataFrame:
     columns = [f.name for f in dataclasses.fields(RequestRecord)]
     rows = [{name: getattr(r, name) for name in columns} for r in records]
     return pd.DataFrame(rows, columns=columns)
+
+
+@dataclass
+class PointResult:
+    """Outcome of one load point. ``invalid_reasons`` is empty iff ``metrics['valid'] == 1``."""
+
+    point: LoadPoint
+    metrics: dict[str, float]
+    invalid_reasons: list[str] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        return not self.invalid_reasons

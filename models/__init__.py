@@ -1,0 +1,1 @@
+"""Model config directories, installed as the data package ``parasweep_models`` (see vocab/assets.py)."""

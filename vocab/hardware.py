@@ -1,0 +1,76 @@
+"""Hardware profiles: one node of identical GPUs, as the simulator and the validator see it.
+
+The YAML files live in ``conf/hardware/<name>.yaml`` (a Hydra config group, shipped as package data);
+the simulated engine reads the same files (``python -m simulator --sim-hardware <name>``), or a profile
+written out for one trial. Every number cites its source in ``source`` so a reader can check it
+against the datasheet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from vocab.assets import hardware_dir
+
+
+@dataclass
+class HardwareConf:
+    name: str = "???"
+    gpu: str = "???"  # marketing name, e.g. "NVIDIA H200 SXM 141GB"
+    num_gpus: int = 8  # GPUs in one node
+    memory_gb: float = 0.0  # device memory per GPU (GB = 1e9 bytes)
+    mem_bw_gbs: float = 0.0  # peak device-memory bandwidth per GPU, GB/s
+    peak_tflops_bf16: float = 0.0  # dense BF16 tensor-core peak per GPU, TFLOP/s
+    power_limit_w: float = 0.0  # board power limit (TDP) per GPU
+    idle_power_w: float = 0.0  # power of an idle GPU with a server loaded
+    interconnect: str = "pcie"  # "pcie" or "nvlink": what GPU-to-GPU traffic crosses
+    link_bw_gbs: float = 0.0  # GPU-to-GPU bandwidth per direction per GPU, GB/s
+    link_latency_us: float = 0.0  # one point-to-point transfer, small message
+    allreduce_latency_us: float = 0.0  # one small-message all-reduce across the node (alpha term)
+    kernel_launch_us: float = 0.0  # host cost per kernel launched eagerly
+    graph_launch_us: float = 0.0  # host cost to replay one captured CUDA graph (one step)
+    source: str = ""  # where the numbers come from (datasheets, measurements), with URLs
+
+
+class HardwareError(ValueError):
+    pass
+
+
+def resolve_hardware_path(name_or_path: str) -> Path:
+    """A bare name is looked up among the shipped profiles; anything ending in .yaml/.yml/.json is a path."""
+    if name_or_path.endswith((".yaml", ".yml", ".json")):
+        path = Path(name_or_path).expanduser()
+        if not path.is_file():
+            raise HardwareError(f"hardware profile file not found: {path}")
+        return path
+    path = hardware_dir() / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in hardware_dir().glob("*.yaml"))
+        raise HardwareError(f"unknown hardware profile {name_or_path!r}; known: {', '.join(known)}")
+    return path
+
+
+def load_hardware(name_or_path: str) -> HardwareConf:
+    path = resolve_hardware_path(name_or_path)
+    text = path.read_text()
+    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise HardwareError(f"{path}: expected a mapping of HardwareConf fields")
+    known = {f.name for f in dataclasses.fields(HardwareConf)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise HardwareError(f"{path}: unknown HardwareConf fields: {', '.join(unknown)}")
+    hw = HardwareConf(**data)
+    for field in ("memory_gb", "mem_bw_gbs", "peak_tflops_bf16", "power_limit_w", "link_bw_gbs"):
+        if float(getattr(hw, field)) <= 0:
+            raise HardwareError(f"{path}: {field} must be > 0")
+    if hw.interconnect not in ("pcie", "nvlink"):
+        raise HardwareError(f"{path}: interconnect must be 'pcie' or 'nvlink', got {hw.interconnect!r}")
+    if hw.num_gpus < 1:
+        raise HardwareError(f"{path}: num_gpus must be >= 1")
+    return hw

@@ -1,0 +1,262 @@
+"""What a load point is and what its requests look like: the words the load generator, the simulator's
+prediction and the orchestrator's load plan share.
+
+* :class:`LoadPoint`: one load level, closed loop (``concurrency``) or open loop (``rate``), and how
+  long it lasts; its :attr:`LoadPoint.label` is the metric prefix (``c8``, ``r2.5``).
+* :class:`RequestSpec`: what each request sends (API, lengths and their distributions, prompts).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from vocab.metric_keys import PointLabel
+from vocab.prompts import load_prompts
+
+Arrival = Literal["poisson", "constant"]
+
+Api = Literal["generate", "completions", "chat"]
+APIS: tuple[str, ...] = ("generate", "completions", "chat")
+
+ENDPOINTS: dict[str, str] = {
+    "generate": "/generate",
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+}
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """One load level: exactly one of ``concurrency`` (closed loop) or ``rate`` (open loop, req/s).
+
+    The point's length is ``num_requests`` measured requests, or ``duration_s`` seconds of measured
+    sends, or both (whichever ends first). In duration mode, closed-loop workers stop taking new
+    requests ``duration_s`` after the first measured send and the requests in flight then finish;
+    open loop sends every request whose scheduled time falls within ``duration_s`` of the first
+    measured one (the count is fixed by the schedule, so it is known up front).
+    """
+
+    num_requests: int | None = None
+    concurrency: int | None = None
+    rate: float | None = None
+    arrival: Arrival = "poisson"
+    max_concurrency: int | None = None
+    warmup_requests: int = 0
+    seed: int = 0  # seeds the Poisson arrival schedule
+    duration_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.concurrency is None) == (self.rate is None):
+            raise ValueError("give exactly one of concurrency (closed loop) or rate (open loop)")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        if self.rate is not None and not (self.rate > 0 and np.isfinite(self.rate)):
+            raise ValueError("rate must be a positive finite number of requests per second")
+        if self.arrival not in ("poisson", "constant"):
+            raise ValueError("arrival must be 'poisson' or 'constant'")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("give num_requests or duration_s (or both)")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError("num_requests must be >= 1")
+        if self.warmup_requests < 0:
+            raise ValueError("warmup_requests must be >= 0")
+        if self.duration_s is not None and not (self.duration_s > 0 and np.isfinite(self.duration_s)):
+            raise ValueError("duration_s must be a positive number of seconds")
+
+    @property
+    def point_label(self) -> PointLabel:
+        if self.concurrency is not None:
+            return PointLabel.closed(self.concurrency)
+        assert self.rate is not None
+        return PointLabel.open(self.rate)
+
+    @property
+    def label(self) -> str:
+        """``c8`` for concurrency 8, ``r2.5`` / ``r200`` for rates (the MLflow metric prefix)."""
+        return str(self.point_label)
+
+    @property
+    def open_loop(self) -> bool:
+        return self.rate is not None
+
+    @property
+    def measured_requests(self) -> int | None:
+        """Measured requests this point sends, if known before it runs (None: closed loop by duration)."""
+        if self.open_loop and self.duration_s is not None:
+            return len(self.send_offsets()) - self.warmup_requests
+        return self.num_requests
+
+    @property
+    def total_requests(self) -> int:
+        """Warmup plus measured requests; for a closed-loop point bounded only by duration, the
+        warmup plus the concurrency (the least it can send; it sends more)."""
+        n = self.measured_requests
+        if n is None:
+            assert self.concurrency is not None
+            return self.warmup_requests + self.concurrency
+        return self.warmup_requests + n
+
+    def send_offsets(self) -> np.ndarray:
+        """Send time of every request (warmup first), in seconds from the schedule start."""
+        if self.rate is None:
+            raise ValueError("closed-loop points have no send schedule")
+        return _offsets(
+            self.rate, self.arrival, self.seed, self.warmup_requests, self.num_requests, self.duration_s
+        )
+
+
+@functools.lru_cache(maxsize=32)
+def _offsets(
+    rate: float, arrival: str, seed: int, warmup: int, num: int | None, duration: float | None
+) -> np.ndarray:
+    def make(n: int) -> np.ndarray:
+        if arrival == "constant":
+            return np.arange(n, dtype=float) / rate
+        gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
+        gaps[0] = 0.0  # the first request opens the schedule
+        return np.cumsum(gaps)
+
+    if duration is None:
+        assert num is not None
+        out = make(warmup + num)
+    else:
+        # Enough arrivals to cover the window almost surely; the same seed gives the same prefix.
+        n = warmup + int(rate * duration * 1.2) + 64
+        while True:
+            out = make(n)
+            if out[-1] > out[min(warmup, n - 1)] + duration:
+                break
+            n *= 2
+        t_measured = out[warmup]
+        keep = int(np.searchsorted(out, t_measured + duration, side="left"))
+        keep = max(keep, warmup + 1)
+        if num is not None:
+            keep = min(keep, warmup + num)
+        out = out[:keep]
+    out.setflags(write=False)
+    return out
+
+
+DISTRIBUTIONS = ("fixed", "uniform", "normal", "exponential", "lognormal")
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """A length distribution around a nominal length ``n`` (its mean, up to clipping at 1).
+
+    ``kind:param`` as written on the command line:
+
+    * ``fixed``: always ``n``.
+    * ``uniform:R``: integers uniform in ``[n(1-R), n(1+R)]`` (0 <= R <= 1; mean ``n``).
+    * ``normal:CV``: normal with mean ``n`` and standard deviation ``CV * n``, rounded.
+    * ``exponential``: exponential with mean ``n``, rounded up (heavy on short lengths).
+    * ``lognormal:SIGMA``: lognormal with mean ``n`` and log-space sigma ``SIGMA`` (long tail).
+
+    Every sample is clipped to ``[1, max_len]`` when ``max_len`` is set (else ``[1, inf)``).
+    """
+
+    n: int
+    kind: str = "fixed"
+    param: float = 0.0
+    max_len: int | None = None
+
+    @classmethod
+    def parse(cls, text: str, n: int, max_len: int | None = None) -> LengthDist:
+        kind, _, param = text.strip().partition(":")
+        if kind not in DISTRIBUTIONS:
+            raise ValueError(f"length distribution must be one of {', '.join(DISTRIBUTIONS)}, got {text!r}")
+        needs = kind in ("uniform", "normal", "lognormal")
+        if needs and not param:
+            raise ValueError(f"{kind} needs a parameter, e.g. {kind}:0.5")
+        if not needs and param:
+            raise ValueError(f"{kind} takes no parameter, got {text!r}")
+        try:
+            value = float(param) if param else 0.0
+        except ValueError:
+            raise ValueError(f"bad parameter in {text!r}") from None
+        if kind == "uniform" and not 0 <= value <= 1:
+            raise ValueError("uniform:R needs 0 <= R <= 1")
+        if kind in ("normal", "lognormal") and not value > 0:
+            raise ValueError(f"{kind} needs a positive parameter")
+        return cls(n, kind, value, max_len)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        n, kind, p = self.n, self.kind, self.param
+        if kind == "fixed":
+            v = float(n)
+        elif kind == "uniform":
+            lo, hi = round(n * (1 - p)), round(n * (1 + p))
+            v = float(rng.integers(lo, hi + 1))
+        elif kind == "normal":
+            v = round(rng.normal(n, p * n))
+        elif kind == "exponential":
+            v = math.ceil(rng.exponential(n))
+        else:  # lognormal with mean n: mu = ln(n) - sigma^2 / 2
+            v = round(rng.lognormal(math.log(n) - p * p / 2, p))
+        out = max(1, int(v))
+        return min(out, self.max_len) if self.max_len else out
+
+    @property
+    def mean(self) -> float:
+        """The nominal mean (before clipping)."""
+        return float(self.n)
+
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """What to send. Every request set is a pure function of these fields and the request index.
+
+    ``model`` is the OpenAI ``model`` field; ``None`` lets :func:`workloads.run_point` ask
+    ``GET /v1/models`` once (and omit the field if the server cannot say).
+    ``continuous_usage`` asks OpenAI servers for a running ``usage`` on every chunk, which
+    gives exact per-chunk token counts when the server coalesces tokens.
+    ``input_dist`` / ``output_dist`` draw each request's lengths around ``input_len`` /
+    ``output_len`` (see :class:`LengthDist`; ``fixed`` by default).
+    ``prompt_file`` takes prompts from a JSONL file instead (row ``index % rows``, or a
+    seeded shuffle with ``shuffle_prompts``); a row's ``output_len`` overrides ``output_len``.
+    """
+
+    api: Api = "generate"
+    input_len: int = 128
+    output_len: int = 128
+    seed: int = 0
+    vocab_size: int = 32000
+    model: str | None = None
+    continuous_usage: bool = False
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    input_dist: str = "fixed"
+    output_dist: str = "fixed"
+    prompt_file: str | None = None
+    shuffle_prompts: bool = False
+
+    def __post_init__(self) -> None:
+        if self.api not in APIS:
+            raise ValueError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
+        if self.input_len < 1 or self.output_len < 1:
+            raise ValueError("input_len and output_len must be >= 1")
+        if self.vocab_size < 2:
+            raise ValueError("vocab_size must be >= 2")
+        self.input_lengths()
+        self.output_lengths()
+        if self.prompt_file is not None:
+            rows = load_prompts(self.prompt_file)
+            if self.api == "chat" and any(r.input_ids is not None for r in rows):
+                raise ValueError("prompt rows given as input_ids cannot be sent to the chat API")
+
+    @property
+    def path(self) -> str:
+        return ENDPOINTS[self.api]
+
+    def input_lengths(self) -> LengthDist:
+        return LengthDist.parse(self.input_dist, self.input_len)
+
+    def output_lengths(self) -> LengthDist:
+        return LengthDist.parse(self.output_dist, self.output_len)

@@ -1,0 +1,83 @@
+"""The one reader of a model's Hugging Face ``config.json``.
+
+Multimodal and wrapper configs keep the language model's numbers under ``text_config``; both the
+validator (layers, heads, experts, context) and the simulator's cost model (every architecture number)
+read that section through :func:`language_config`, so they always agree on what the model is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# What SGLang assumes when config.json names no context length (none of the keys below).
+DEFAULT_CONTEXT_LENGTH = 2048
+CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "max_seq_len",
+                "model_max_length")
+
+
+class ModelConfigError(ValueError):
+    """``config.json`` is missing, unreadable, or describes a model we cannot size."""
+
+
+def read_config_json(directory: Path) -> dict[str, Any]:
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise ModelConfigError(f"no config.json in {directory}")
+    try:
+        raw = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError(f"{config_file} is not JSON: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(raw, dict):
+        raise ModelConfigError(f"{config_file}: expected a JSON object")
+    return raw
+
+
+def language_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """The language model's section of a config (``text_config`` where there is one, merged over the
+    top level so fields such as ``architectures`` and ``quantization_config`` stay visible)."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        return raw
+    return {**{k: v for k, v in raw.items() if k != "text_config"}, **text}
+
+
+def context_length(cfg: dict[str, Any]) -> int:
+    for key in CONTEXT_KEYS:
+        if cfg.get(key):
+            return int(cfg[key])
+    return DEFAULT_CONTEXT_LENGTH
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The facts validation and load planning need."""
+
+    path: Path
+    num_layers: int
+    num_experts: int  # routed experts per MoE layer; 0 for a dense model
+    vocab_size: int
+    max_context: int
+    num_heads: int  # attention heads (0 when the config does not say)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+
+def num_routed_experts(cfg: dict[str, Any]) -> int:
+    return int(cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+
+
+def read_model_info(directory: Path) -> ModelInfo:
+    cfg = language_config(read_config_json(directory))
+    return ModelInfo(
+        path=directory,
+        num_layers=int(cfg.get("num_hidden_layers", 0)),
+        num_experts=num_routed_experts(cfg),
+        vocab_size=int(cfg.get("vocab_size", 32000)),
+        max_context=context_length(cfg),
+        num_heads=int(cfg.get("num_attention_heads", 0) or 0),
+    )

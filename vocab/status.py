@@ -1,0 +1,56 @@
+"""How a run is classified in the tracking store: its kind, its status, and the tag names that say so.
+
+Every module that reads or writes these tags uses the names here, so a search for a tag finds every
+place that touches it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RunKind(StrEnum):
+    SWEEP = "sweep"  # the parent run of a sweep
+    TRIAL = "trial"  # one measured trial (a child run)
+    PREDICTION = "prediction"  # one trial predicted in virtual time (predict=true)
+
+
+class TrialStatus(StrEnum):
+    RUNNING = "running"  # only while the trial runs; a run left so was killed outright
+    OK = "ok"
+    FAILED = "failed"
+    KILLED = "killed"  # interrupted (Ctrl-C, SIGTERM, a cancelled Ray task)
+    SKIPPED = "skipped"  # not run: a dry run, or reused from an earlier identical trial
+
+    @property
+    def final(self) -> bool:
+        return self is not TrialStatus.RUNNING
+
+    @property
+    def succeeded(self) -> bool:
+        return self in (TrialStatus.OK, TrialStatus.SKIPPED)
+
+
+class Tag:
+    """Tag names (``parasweep.*``) of sweep and trial runs."""
+
+    KIND = "parasweep.kind"
+    STATUS = "parasweep.status"
+    MODE = "parasweep.mode"  # sweep runs: measure | prediction
+    ENGINE = "parasweep.engine"
+    ENGINE_VERSION = "parasweep.engine_version"
+    CONFIG_HASH = "parasweep.config_hash"
+    TRIAL_NUM = "parasweep.trial_num"
+    OVERRIDES = "parasweep.overrides"  # what varies between the sweep's trials
+    TRIAL_DIR = "parasweep.trial_dir"
+    GIT_SHA = "parasweep.git_sha"
+    ERROR = "parasweep.error"
+    CUDA_VISIBLE_DEVICES = "parasweep.cuda_visible_devices"
+    COMMAND = "parasweep.command"
+    SWEEP_DIR = "parasweep.sweep_dir"
+    STARTED = "parasweep.started"
+    REUSED_RUN_ID = "parasweep.reused_run_id"
+    REPRODUCES = "parasweep.reproduces"
+    REPRODUCE_WARNING = "parasweep.reproduce_warning"
+    NOTE = "mlflow.note.content"  # the run description the MLflow UI shows
+    PARENT = "mlflow.parentRunId"
