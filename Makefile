@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.parasweep-installed
 
-.PHONY: setup demo test lint clean-runs
+.PHONY: setup demo test test-fast lint clean-runs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
+# The fast tier: unit and contract tests, no Ray, no engine or server processes (run after every change).
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" -q
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/vulture
 
 clean-runs:
 	rm -rf runs/mlflow.db runs/artifacts runs/multirun runs/outputs

@@ -26,7 +26,7 @@ USER_ERRORS: list[UserError] = []
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def trial(cfg: DictConfig) -> dict[str, Any] | None:
-    from orchestrator.trial import run_trial
+    from orchestrator.trial.hydra_job import run_trial
 
     try:
         return run_trial(cfg)
@@ -35,7 +35,7 @@ def trial(cfg: DictConfig) -> dict[str, Any] | None:
         return None
 
 
-def _terminate(signum: int, frame: Any) -> None:
+def _terminate(_signum: int, frame: Any) -> None:
     """SIGTERM does what Ctrl-C does. Hand it to SIGINT's current handler: while the load generator's
     event loop runs, that handler cancels the loop's main task cleanly, where an exception raised here
     could land inside a transport callback and be logged and swallowed by the loop."""

@@ -147,7 +147,8 @@ def cuda_graph_off(f: TrialFacts) -> list[Finding]:
 
 
 def gpu_underused(f: TrialFacts) -> list[Finding]:
-    """Power, not utilisation: nvidia-smi's util counts spin-waiting kernels (simulation.md 4.8)."""
+    """Power, not utilisation: NVML's utilisation counts any time a kernel is resident, including
+    kernels spin-waiting on a peer (a stage blocked in a receive shows 100 %); power does not lie."""
     label = _busiest(f, "sim_gpu_power_w_mean")
     if label is None or f.power_limit_w <= f.idle_power_w:
         return []

@@ -4,23 +4,19 @@ read back from the MLflow store (so what is printed is what landed)."""
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-POINT_RE = re.compile(r"^([cr])([0-9.]+)/output_tok_s$")
+from vocab.metric_keys import MetricKey, point_metrics
+from vocab.status import Tag
 
 
 def points_from_metrics(metrics: dict[str, float]) -> dict[int, dict[str, float]]:
     """``{"c8/output_tok_s": x}`` -> ``{8: {"output_tok_s": x}}`` (closed-loop points only)."""
-    points: dict[int, dict[str, float]] = {}
-    for key, value in metrics.items():
-        head, _, name = key.partition("/")
-        if name and head[:1] == "c" and head[1:].isdigit():
-            points.setdefault(int(head[1:]), {})[name] = value
-    return points
+    return {label.concurrency: values for label, values in point_metrics(metrics).items()
+            if label.concurrency is not None}
 
 
 def _num(value: float | None, fmt: str = "{:.1f}") -> str:
@@ -30,19 +26,20 @@ def _num(value: float | None, fmt: str = "{:.1f}") -> str:
 
 
 def point_labels(runs: list[Any]) -> list[str]:
+    """Every load point with a measured throughput in any of the runs, closed loop first, by load."""
     labels = set()
     for run in runs:
         for key in run.data.metrics:
-            m = POINT_RE.match(key)
-            if m:
-                labels.add((m.group(1), float(m.group(2)), f"{m.group(1)}{m.group(2)}"))
-    return [label for _, _, label in sorted(labels)]
+            parsed = MetricKey.parse(key)
+            if parsed and parsed.point and not parsed.prefix and parsed.metric == "output_tok_s":
+                labels.add(parsed.point)
+    return [str(label) for label in sorted(labels)]
 
 
 def sweep_table(runs: list[Any], title: str) -> Table:
-    runs = sorted(runs, key=lambda r: int(r.data.tags.get("parasweep.trial_num", 0)))
+    runs = sorted(runs, key=lambda r: int(r.data.tags.get(Tag.TRIAL_NUM, 0)))
     labels = point_labels(runs)
-    with_pred = any(k.startswith("pred/") for r in runs for k in r.data.metrics)
+    with_pred = any(point_metrics(r.data.metrics, "pred") for r in runs)
     table = Table(title=title, title_justify="left")
     table.add_column("trial")
     table.add_column("status")
@@ -51,20 +48,20 @@ def sweep_table(runs: list[Any], title: str) -> Table:
         table.add_column(f"{label} TTFT p99 ms", justify="right")
         table.add_column(f"{label} ITL p99 ms", justify="right")
     for run in runs:
-        tags, metrics = run.data.tags, run.data.metrics
-        status = tags.get("parasweep.status", "?")
+        tags = run.data.tags
+        measured = {str(k): v for k, v in point_metrics(run.data.metrics).items()}
+        predicted = {str(k): v for k, v in point_metrics(run.data.metrics, "pred").items()}
+        status = tags.get(Tag.STATUS, "?")
         style = {"ok": "green", "failed": "red", "killed": "yellow"}.get(status, "")
-        row = [f"#{tags.get('parasweep.trial_num', '?')} {tags.get('parasweep.overrides', '')}",
+        row = [f"#{tags.get(Tag.TRIAL_NUM, '?')} {tags.get(Tag.OVERRIDES, '')}",
                f"[{style}]{status}[/{style}]" if style else status]
         for label in labels:
-            valid = metrics.get(f"{label}/valid", 1.0)
-            mark = "" if valid == 1.0 or label + "/valid" not in metrics else " !"
-            tok = _num(metrics.get(f"{label}/output_tok_s")) + mark
-            if f"pred/{label}/output_tok_s" in metrics:
-                tok += f" ({_num(metrics[f'pred/{label}/output_tok_s'])})"
-            row += [tok,
-                    _num(metrics.get(f"{label}/ttft_p99_ms")),
-                    _num(metrics.get(f"{label}/itl_p99_ms"), "{:.2f}")]
+            m = measured.get(label, {})
+            mark = " !" if m.get("valid", 1.0) != 1.0 else ""
+            tok = _num(m.get("output_tok_s")) + mark
+            if "output_tok_s" in predicted.get(label, {}):
+                tok += f" ({_num(predicted[label]['output_tok_s'])})"
+            row += [tok, _num(m.get("ttft_p99_ms")), _num(m.get("itl_p99_ms"), "{:.2f}")]
         table.add_row(*row)
     return table
 

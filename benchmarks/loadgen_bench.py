@@ -1,173 +1,173 @@
-"""Client benchmark: parasweep's load generator vs a raw-asyncio reference vs SGLang bench_serving.
+"""Load generator benchmarks against the loopback server (``python -m workloads.loopback``).
 
-    .venv/bin/python benchmarks/loadgen_bench.py [--rounds 3] [--concurrency 512] [--requests 2048]
-        [--output-len 200] [--itl-ms 10] [--bench-serving-python /tmp/sglang-bench-venv/bin/python]
-        [--tokenizer /tmp/loopback-tokenizer] [--clients reference,parasweep,bench_serving]
-        [--skip-open-loop] [--json out.json]
+    .venv/bin/python benchmarks/loadgen_bench.py [--suite clients|reference] [--json out.json]
 
-A fast loopback streaming server (``python -m workloads.loopback``, SGLang ``/generate`` shape) runs in
-its own process pinned to the first CPU; every client runs in turn pinned to the second CPU, in
-interleaved rounds (reference, parasweep, bench_serving, reference, ...), so all see the same machine.
-Each client does the same closed-loop job: ``--requests`` requests of ``--input-len`` random token ids
-and ``--output-len`` output tokens, ``--concurrency`` in flight (512 x 200 tokens at 10 ms offers
-51,200 tok/s). It prints, per round and as medians, each client's output tok/s and TTFT p99, and the
-ratios against the reference measured in the same round. Then it checks parasweep's open loop at
-200 and 2,000 req/s (constant and Poisson).
+``--suite clients`` (the default, under 2 minutes): the HTTP client decision. The load generator's
+own client (``fast``) and aiohttp with pre-opened, warmed connections (``aiohttp``) do the same
+closed-loop jobs through the same harness (``benchmarks/loadgen_clients.py``, one process per run):
 
-Without the bench_serving venv (see docs/benchmarks.md) that client is skipped and said so.
+* ``requests``: 8-token streams, 1 ms to the first token and 1 ms apart, at concurrency 64 and 256
+  (the server's timetable allows 8,000 and 32,000 req/s): requests/s where the client's core is
+  the limit, and client CPU per request everywhere.
+* ``streams``: 100-token streams, 10 ms apart, at concurrency 64 and 256 (6,400 and 25,600 events/s
+  offered): CPU per event and how late each read is timestamped against the server's timetable.
+
+``--reps`` repetitions (default 5), the two clients back to back, the first one alternating; per
+repetition aiohttp is compared with fast (a ratio, or a difference for times in ms), then medians.
+``fast`` is the reference measured in the same run. Exit code 0 while aiohttp does not match it
+(the kept client is still the better one), 1 if aiohttp matches it on every criterion.
+
+``--suite reference`` (``benchmarks/loadgen_vs_reference.py``): the client against a raw-asyncio
+reference client of our own and SGLang ``bench_serving`` on 512 streams x 200 tokens at 10 ms,
+then the open loop at 200 and 2,000 req/s. Options: ``--rounds``, ``--concurrency``,
+``--requests``, ``--output-len``, ``--itl-ms``, ``--clients``, ``--skip-open-loop``.
+
+The server runs pinned to the first CPU and every client to the second (``loadgen_common.py``).
+Run on an otherwise idle machine: other load shows up in every client's numbers.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+from typing import Any
 
 import orjson
+from loadgen_common import REPO, cpus, loopback, pinned
+from loadgen_vs_reference import suite_reference
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+# ---------------------------------------------------------------------------------------------
+# --suite clients: the HTTP client decision
 
-from workloads.testing import ServerProcess  # noqa: E402
-
-
-def _cpus() -> tuple[int | None, int | None]:
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if len(cpus) < 2:
-        return None, None
-    return cpus[0], cpus[1]
-
-
-def _pinned(cmd: list[str], cpu: int | None) -> list[str]:
-    return (["taskset", "-c", str(cpu)] if cpu is not None else []) + cmd
-
-
-def _closed_loop_args(url: str, a: argparse.Namespace) -> list[str]:
-    """The closed-loop job's flags, spelled the same by the reference client and ``python -m workloads``."""
-    return [
-        *("--url", url, "--concurrency", str(a.concurrency), "--requests", str(a.requests)),
-        *("--input-len", str(a.input_len), "--output-len", str(a.output_len)),
-    ]
-
-
-def _headline(d: dict[str, float]) -> dict[str, float]:
-    """The figures every client reports, from a client's JSON that uses parasweep's metric names."""
-    return {k: d[k] for k in ("output_tok_s", "ttft_p99_ms", "ttft_p50_ms", "completed")}
-
-
-def run_reference(url: str, a: argparse.Namespace, cpu: int | None) -> dict[str, float]:
-    cmd = [sys.executable, str(REPO / "benchmarks" / "loadgen_reference.py"), *_closed_loop_args(url, a)]
-    out = subprocess.run(_pinned(cmd, cpu), capture_output=True, text=True, timeout=600, check=True)
-    return _headline(orjson.loads(out.stdout.strip().splitlines()[-1]))
+CLIENT_JOBS: dict[str, tuple[int, float, float, dict[int, int]]] = {
+    # job: (output_len, ttft_ms, itl_ms, {concurrency: requests}); each run lasts 1-4 s
+    "requests": (8, 1.0, 1.0, {64: 8000, 256: 12000}),
+    "streams": (100, 10.0, 10.0, {64: 192, 256: 768}),
+}
+CLIENT_LEVELS = (64, 256)
+CLIENT_KEYS = (
+    "request_s",
+    "output_tok_s",
+    "cpu_us_per_request",
+    "cpu_us_per_event",
+    "cpu_share",
+    "chunk_lag_p50_ms",
+    "chunk_lag_p99_ms",
+    "client_lag_p99_ms",
+)
+# What "aiohttp matches fast" means, per job and level: the per-repetition comparison of each metric
+# (a ratio aiohttp / fast, or for times in ms a difference aiohttp - fast) within this bound.
+MATCH = (
+    ("request_s", "ratio >=", 0.95),
+    ("cpu_us_per_request", "ratio <=", 1.10),
+    ("chunk_lag_p99_ms", "delta <=", 1.0),
+)
 
 
-def run_parasweep(url: str, a: argparse.Namespace, cpu: int | None) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "workloads", *_closed_loop_args(url, a), "--json"]
-    out = subprocess.run(_pinned(cmd, cpu), capture_output=True, text=True, timeout=600, cwd=REPO)
-    d = orjson.loads(out.stdout)
-    return {**_headline(d), "valid": d["valid"], "client_lag_p99_ms": d["client_lag_p99_ms"]}
+def _compare(k: str, fast: float, other: float) -> float:
+    """aiohttp against fast on metric ``k``: a difference for times in ms, else a ratio."""
+    if k.endswith("_ms"):
+        return other - fast
+    return other / fast if fast else float("nan")
 
 
-def run_bench_serving(url: str, a: argparse.Namespace, cpu: int | None) -> dict[str, float] | str:
-    py = Path(a.bench_serving_python)
-    if not py.exists():
-        return f"skipped: {py} not found (see docs/benchmarks.md for the install)"
-    if not Path(a.tokenizer).exists():
-        return f"skipped: tokenizer {a.tokenizer} not found (benchmarks/loadgen_tokenizer.py builds it)"
-    with tempfile.TemporaryDirectory() as tmp:
-        result = Path(tmp) / "bs.jsonl"
-        cmd = [
-            str(py),
-            "-m",
-            "sglang.benchmark.serving",
-            "--backend",
-            "sglang",
-            "--base-url",
-            url,
-            "--dataset-name",
-            "random-ids",
-            "--random-input-len",
-            str(a.input_len),
-            "--random-output-len",
-            str(a.output_len),
-            "--random-range-ratio",
-            "1",
-            "--num-prompts",
-            str(a.requests),
-            "--max-concurrency",
-            str(a.concurrency),
-            "--request-rate",
-            "inf",
-            "--tokenizer",
-            a.tokenizer,
-            "--warmup-requests",
-            "1",
-            "--disable-tqdm",
-            "--output-file",
-            str(result),
-        ]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        out = subprocess.run(_pinned(cmd, cpu), capture_output=True, text=True, timeout=900, env=env, cwd=tmp)
-        if out.returncode != 0 or not result.exists():
-            return "failed: " + (out.stderr.strip().splitlines() or ["no output"])[-1]
-        d = json.loads(result.read_text().strip().splitlines()[-1])  # it writes NaN, not null
-    return {
-        "output_tok_s": d["output_throughput"],
-        "ttft_p99_ms": d["p99_ttft_ms"],
-        "ttft_p50_ms": d["median_ttft_ms"],
-        "completed": d["completed"],
-    }
+def _fmt_compare(k: str, v: float) -> str:
+    return f"{v:+.1f} ms" if k.endswith("_ms") else f"{v:.2f}x"
 
 
-def open_loop_checks(url: str, cpu: int | None) -> list[dict[str, object]]:
-    rows = []
-    for rate, n in ((200.0, 2000), (2000.0, 10000)):
-        for arrival in ("constant", "poisson"):
-            cmd = [
-                sys.executable,
-                "-m",
-                "workloads",
-                "--url",
-                url,
-                "--rate",
-                str(rate),
-                "--arrival",
-                arrival,
-                "--requests",
-                str(n),
-                "--input-len",
-                "32",
-                "--output-len",
-                "4",
-                "--json",
-            ]
-            out = subprocess.run(_pinned(cmd, cpu), capture_output=True, text=True, timeout=600, cwd=REPO)
-            d = orjson.loads(out.stdout)
-            target = d["offered_rate"] if arrival == "constant" else d["scheduled_rate"]
-            rows.append(
-                {
-                    "rate": rate,
-                    "arrival": arrival,
-                    "scheduled_rate": d["scheduled_rate"],
-                    "achieved_rate": d["achieved_rate"],
-                    "error_pct": (d["achieved_rate"] / target - 1) * 100,
-                    "schedule_lag_p99_ms": d["schedule_lag_p99_ms"],
-                    "valid": d["valid"],
-                    "invalid_reasons": d["invalid_reasons"],
-                }
+def run_client(url: str, client: str, c: int, job: str, cpu: int | None) -> dict[str, Any]:
+    output_len, ttft_ms, itl_ms, requests = CLIENT_JOBS[job]
+    cmd = [sys.executable, str(REPO / "benchmarks" / "loadgen_clients.py"), "--url", url, "--client", client]
+    cmd += ["--concurrency", str(c), "--requests", str(requests[c]), "--output-len", str(output_len)]
+    cmd += ["--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
+    out = subprocess.run(pinned(cmd, cpu), capture_output=True, text=True, timeout=300, check=True)
+    return orjson.loads(out.stdout.strip().splitlines()[-1])
+
+
+def suite_clients(a: argparse.Namespace) -> tuple[dict[str, Any], bool]:
+    server_cpu, client_cpu = cpus()
+    print(
+        f"loopback server on CPU {server_cpu}, clients on CPU {client_cpu}; {a.reps} repetitions", flush=True
+    )
+    runs: list[dict[str, Any]] = []
+    for job, (_, ttft_ms, itl_ms, _) in CLIENT_JOBS.items():
+        with loopback(ttft_ms, itl_ms, server_cpu) as url:
+            for c in CLIENT_LEVELS:
+                for rep in range(a.reps):
+                    order = ("fast", "aiohttp") if rep % 2 == 0 else ("aiohttp", "fast")
+                    got = {client: run_client(url, client, c, job, client_cpu) for client in order}
+                    for client in order:
+                        runs.append({"job": job, "concurrency": c, "rep": rep, **got[client]})
+                    f, h = got["fast"], got["aiohttp"]
+                    print(
+                        f"{job:>8} c{c:<4} rep {rep + 1}: "
+                        + "  ".join(
+                            f"{n} {r['request_s']:7,.0f} req/s {r['cpu_us_per_request']:6,.0f} us/req "
+                            f"lag p99 {r['chunk_lag_p99_ms']:5.1f} ms"
+                            for n, r in (("fast", f), ("aiohttp", h))
+                        )
+                        + f"  errors {f['errors']:.0f}/{h['errors']:.0f}  connects mid-point "
+                        + f"{f['connections_during_point']}/{h['connections_during_point']}",
+                        flush=True,
+                    )
+    summary: list[dict[str, Any]] = []
+    verdicts: list[tuple[str, bool]] = []
+    for job in CLIENT_JOBS:
+        for c in CLIENT_LEVELS:
+            row: dict[str, Any] = {"job": job, "concurrency": c}
+            by_client = {
+                client: sorted(
+                    (r for r in runs if (r["job"], r["concurrency"], r["client"]) == (job, c, client)),
+                    key=lambda r: r["rep"],
+                )
+                for client in ("fast", "aiohttp")
+            }
+            for k in CLIENT_KEYS:
+                for client, mine in by_client.items():
+                    row[f"{client}_{k}"] = statistics.median(r[k] for r in mine)
+                # Compared per repetition (both clients ran back to back), then the median.
+                row[f"vs_{k}"] = statistics.median(
+                    _compare(k, f[k], h[k])
+                    for f, h in zip(by_client["fast"], by_client["aiohttp"], strict=True)
+                )
+            summary.append(row)
+            for k, rule, bound in MATCH:
+                v = row[f"vs_{k}"]
+                ok = v >= bound if rule.endswith(">=") else v <= bound
+                verdicts.append(
+                    (f"{job} c{c}: {k} aiohttp vs fast {_fmt_compare(k, v)} ({rule} {bound:g})", ok)
+                )
+    print(
+        "\nmedians over repetitions; 'aiohttp vs fast' = median over repetitions of aiohttp / fast "
+        "(for ms: aiohttp - fast), both measured back to back:"
+    )
+    print(f"{'job':<9}{'c':>5}  {'metric':<20}{'fast':>11}{'aiohttp':>11}{'aiohttp vs fast':>17}")
+    for row in summary:
+        for k in CLIENT_KEYS:
+            print(
+                f"{row['job']:<9}{row['concurrency']:>5}  {k:<20}{row[f'fast_{k}']:>11,.1f}"
+                f"{row[f'aiohttp_{k}']:>11,.1f}{_fmt_compare(k, row[f'vs_{k}']):>17}"
             )
-    return rows
+    matches = all(ok for _, ok in verdicts)
+    for what, ok in verdicts:
+        print(f"{'yes' if ok else 'NO '}  {what}")
+    print(
+        "verdict: aiohttp with pre-opened connections "
+        + ("matches the fast client on every criterion" if matches else "does NOT match the fast client")
+    )
+    # The kept client is `fast`: the run passes while aiohttp does not match it (a guard for the choice).
+    return {"runs": runs, "summary": summary, "verdicts": verdicts}, not matches
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--suite", choices=("clients", "reference"), default="clients")
+    p.add_argument("--reps", type=int, default=5, help="clients suite: repetitions (default 5)")
+    p.add_argument("--rounds", type=int, default=3, help="reference suite: rounds (default 3)")
     p.add_argument("--concurrency", type=int, default=512)
     p.add_argument("--requests", type=int, default=2048)
     p.add_argument("--input-len", type=int, default=128)
@@ -180,106 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--clients",
         default="reference,parasweep,bench_serving",
-        help="comma-separated subset of reference,parasweep,bench_serving (reference is always run)",
+        help="reference suite: a subset of reference,parasweep,bench_serving (reference always runs)",
     )
     p.add_argument("--json", type=Path, help="also write all results to this file")
     a = p.parse_args(argv)
-
-    server_cpu, client_cpu = _cpus()
-    offered = a.concurrency * 1000.0 / a.itl_ms
-    print(
-        f"loopback server on CPU {server_cpu}, clients on CPU {client_cpu}; c={a.concurrency}, "
-        f"{a.requests} requests x {a.output_len} tokens, {a.itl_ms:g} ms/token: {offered:,.0f} tok/s offered",
-        flush=True,
-    )
-    every = {"reference": run_reference, "parasweep": run_parasweep, "bench_serving": run_bench_serving}
-    wanted = {c.strip() for c in a.clients.split(",") if c.strip()} | {"reference"}
-    unknown = wanted - every.keys()
-    if unknown:
-        p.error(f"unknown client(s): {', '.join(sorted(unknown))}")
-    clients = {name: fn for name, fn in every.items() if name in wanted}
-    rounds: list[dict[str, object]] = []
-    settings: dict[str, object] = {"itl_ms": a.itl_ms, "ttft_ms": a.ttft_ms}
-    if server_cpu is not None:
-        settings["cpu"] = server_cpu
-    with ServerProcess(module="workloads.loopback", **settings) as srv:
-        for r in range(a.rounds):
-            row: dict[str, object] = {}
-            for name, fn in clients.items():
-                row[name] = fn(srv.url, a, client_cpu)
-            ref = row["reference"]
-            assert isinstance(ref, dict)
-            line = [f"round {r + 1}:"]
-            for name in clients:
-                res = row[name]
-                if isinstance(res, dict):
-                    res["tok_s_ratio"] = res["output_tok_s"] / ref["output_tok_s"]
-                    res["ttft_p99_delta_ms"] = res["ttft_p99_ms"] - ref["ttft_p99_ms"]
-                    line.append(
-                        f"{name} {res['output_tok_s']:,.0f} tok/s ({res['tok_s_ratio']:.3f}x), "
-                        f"TTFT p99 {res['ttft_p99_ms']:.1f} ms ({res['ttft_p99_delta_ms']:+.1f});"
-                    )
-                else:
-                    line.append(f"{name} {res};")
-            print(" ".join(line), flush=True)
-            rounds.append(row)
-        checks = [] if a.skip_open_loop else open_loop_checks(srv.url, client_cpu)
-
-    summary: dict[str, dict[str, float]] = {}
-    for name in clients:
-        got = [row[name] for row in rounds if isinstance(row[name], dict)]
-        if not got:
-            continue
-        summary[name] = {
-            k: statistics.median(g[k] for g in got)  # type: ignore[index]
-            for k in ("output_tok_s", "ttft_p99_ms", "tok_s_ratio", "ttft_p99_delta_ms")
-        }
-    print("\nmedians over rounds (ratios are per round, against the reference of the same round):")
-    print(f"{'client':<14}{'output tok/s':>14}{'vs reference':>14}{'TTFT p99 ms':>13}{'vs reference':>14}")
-    for name, s in summary.items():
-        print(
-            f"{name:<14}{s['output_tok_s']:>14,.0f}{s['tok_s_ratio']:>13.3f}x{s['ttft_p99_ms']:>13.1f}"
-            f"{s['ttft_p99_delta_ms']:>+13.1f}"
-        )
-    verdicts = []
-    if "parasweep" in summary:
-        ps = summary["parasweep"]
-        verdicts.append(("throughput >= 0.98 x reference", ps["tok_s_ratio"] >= 0.98))
-        verdicts.append(("TTFT p99 <= reference + 20 ms", ps["ttft_p99_delta_ms"] <= 20.0))
-        if "bench_serving" in summary:
-            bs_ratios = [
-                row["parasweep"]["output_tok_s"] / row["bench_serving"]["output_tok_s"]  # type: ignore[index]
-                for row in rounds
-                if isinstance(row["bench_serving"], dict)
-            ]
-            ratio = statistics.median(bs_ratios)
-            summary["parasweep"]["vs_bench_serving"] = ratio
-            print(f"parasweep / bench_serving throughput (median of rounds): {ratio:.3f}x")
-            verdicts.append(("throughput >= 1.1 x bench_serving", ratio >= 1.1))
-    for row in checks:
-        print(
-            f"open loop r{row['rate']:g} {row['arrival']}: achieved {row['achieved_rate']:.1f} req/s vs "
-            f"{row['scheduled_rate']:.1f} scheduled ({row['error_pct']:+.2f} %), send lag p99 "
-            f"{row['schedule_lag_p99_ms']:.1f} ms, valid={row['valid']:.0f} {row['invalid_reasons'] or ''}"
-        )
-        within = abs(float(row["error_pct"])) <= 1.0  # type: ignore[arg-type]
-        verdicts.append(
-            (
-                f"open loop r{row['rate']:g} {row['arrival']} within 1 % or marked invalid",
-                within or row["valid"] == 0,
-            )
-        )
-    for what, ok in verdicts:
-        print(f"{'PASS' if ok else 'FAIL'}  {what}")
+    results, ok = suite_clients(a) if a.suite == "clients" else suite_reference(a, p)
     if a.json:
         with contextlib.suppress(OSError):
-            a.json.write_bytes(
-                orjson.dumps(
-                    {"rounds": rounds, "summary": summary, "open_loop": checks, "verdicts": verdicts},
-                    option=orjson.OPT_INDENT_2,
-                )
-            )
-    return 0 if all(ok for _, ok in verdicts) else 1
+            a.json.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

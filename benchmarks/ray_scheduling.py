@@ -1,4 +1,4 @@
-"""Scheduling benchmark (issue 5): 12 simulated trials with world sizes 8,4,4,2,2,2,2,1,1,1,1,1 on
+"""Scheduling benchmark: 12 simulated trials with world sizes 8,4,4,2,2,2,2,1,1,1,1,1 on
 8 declared GPUs, one sweep through the real entry point (local Ray, simulated engine, sqlite MLflow).
 
 Reports the makespan against its lower bound max(longest trial, total GPU-seconds / 8), both measured

@@ -12,6 +12,8 @@ from omegaconf import OmegaConf
 
 from orchestrator.errors import UserError
 from vocab.assets import group_options
+from vocab.metric_keys import MetricKey
+from vocab.status import Tag, TrialStatus
 
 CONFIG_GROUPS = ("engine", "model", "hardware", "parallelism", "workload", "experiment")
 
@@ -111,23 +113,24 @@ def finish(code: int) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=200)  # logs: no wrapping
     tracker = Tracker(state.uri, state.experiment)
     runs = tracker.children(state.run_id)
+    interrupted = TrialStatus.KILLED if code == 130 else TrialStatus.FAILED
     for run in runs:  # a trial whose worker was killed outright never closed its own run
-        if run.data.tags.get("parasweep.status") == "running":
-            tracker.finish(run.info.run_id, "killed" if code == 130 else "failed")
-            run.data.tags["parasweep.status"] = "killed" if code == 130 else "failed"
-    statuses = [r.data.tags.get("parasweep.status", "failed") for r in runs]
-    if code == 130 or "killed" in statuses:
+        if run.data.tags.get(Tag.STATUS) == TrialStatus.RUNNING:
+            tracker.finish(run.info.run_id, interrupted.value)
+            run.data.tags[Tag.STATUS] = interrupted.value
+    statuses = [TrialStatus(r.data.tags.get(Tag.STATUS, "failed")) for r in runs]
+    if code == 130 or TrialStatus.KILLED in statuses:
         status = "killed"
-    elif code != 0 or any(s not in ("ok", "skipped") for s in statuses) or not runs:
+    elif code != 0 or not all(s.succeeded for s in statuses) or not runs:
         status = "failed"
     else:
         status = "ok"
     tracker.finish(state.run_id, status)
-    failed = [r for r in runs if r.data.tags.get("parasweep.status") not in ("ok", "skipped")]
+    failed = [r for r in runs if not TrialStatus(r.data.tags.get(Tag.STATUS, "failed")).succeeded]
     what = "prediction (virtual time, simulated engine)" if state.mode == "prediction" else "sweep"
     print_sweep_summary(runs, f"{what} {state.run_id}: {len(runs)} trial(s), status {status}", console)
     for run in failed:
-        reason = (run.data.tags.get("parasweep.error") or "").strip().splitlines()
+        reason = (run.data.tags.get(Tag.ERROR) or "").strip().splitlines()
         tags = run.data.tags
         console.print(f"[red]{tags.get('parasweep.status')}[/red] #{tags.get('parasweep.trial_num')} "
                       f"{tags.get('parasweep.overrides')}: {reason[-1] if reason else 'no reason recorded'}",
@@ -150,20 +153,23 @@ def _describe_sweep(tracker: Any, sweep_run_id: str, runs: list[Any], status: st
 
     try:
         labels = point_labels(runs)
-        ordered = sorted(runs, key=lambda r: int(r.data.tags.get("parasweep.trial_num", 0)))
+        ordered = sorted(runs, key=lambda r: int(r.data.tags.get(Tag.TRIAL_NUM, 0)))
         lines = [f"**{status}**: {len(runs)} trial(s)", "",
                  "| trial | status | " + " | ".join(f"{p} tok/s" for p in labels) + " |",
                  "|---|---|" + "---|" * len(labels)]
         for run in ordered:
             m, tags = run.data.metrics, run.data.tags
-            cells = [f"{m[f'{p}/output_tok_s']:.1f}" if f"{p}/output_tok_s" in m else "-" for p in labels]
-            status_cell = tags.get("parasweep.status", "?")
+            cells = [f"{m[str(MetricKey.at(p, 'output_tok_s'))]:.1f}"
+                     if str(MetricKey.at(p, "output_tok_s")) in m else "-" for p in labels]
+            status_cell = tags.get(Tag.STATUS, "?")
             lines.append(f"| {run.info.run_name} | {status_cell} | {' | '.join(cells)} |")
-        tracker.set_tags(sweep_run_id, {"mlflow.note.content": "\n".join(lines)[:7900]})
-        rollup = [(f"best/{p}/output_tok_s", max(r.data.metrics[f"{p}/output_tok_s"] for r in runs
-                                                 if f"{p}/output_tok_s" in r.data.metrics), 0)
-                  for p in labels]
-        counts = {s: sum(1 for r in runs if r.data.tags.get("parasweep.status") == s)
+        tracker.set_tags(sweep_run_id, {Tag.NOTE: "\n".join(lines)[:7900]})
+        rollup = []
+        for p in labels:
+            key = str(MetricKey.at(p, "output_tok_s"))
+            values = [r.data.metrics[key] for r in runs if key in r.data.metrics]
+            rollup.append((str(MetricKey.at(p, "output_tok_s", prefix="best")), max(values), 0))
+        counts = {s: sum(1 for r in runs if r.data.tags.get(Tag.STATUS) == s)
                   for s in ("ok", "failed", "killed", "skipped")}
         tracker.log_metrics(sweep_run_id, rollup + [(f"trials_{s}", float(n), 0) for s, n in counts.items()])
     except Exception:  # a convenience: the trials' own runs hold the numbers
@@ -184,7 +190,7 @@ def _log_plots(tracker: Any, sweep_run_id: str, runs: list[Any], sweep_dir: Path
             points = points_from_metrics(run.data.metrics)
             label = (run.info.run_name or "").removesuffix(" (predicted)")
             by_label[label] = points
-            trial_dir = run.data.tags.get("parasweep.trial_dir")
+            trial_dir = run.data.tags.get(Tag.TRIAL_DIR)
             out = Path(trial_dir) / "plots" if trial_dir else Path(tempfile.mkdtemp()) / "plots"
             for path in plot_trial(points, label, out):
                 tracker.log_artifact(run.info.run_id, path, "plots")

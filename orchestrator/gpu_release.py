@@ -2,7 +2,7 @@
 them. SGLang runs a process per rank; a killed process group can hold GPU memory for a few seconds
 while the driver tears its contexts down, and a trial placed on the GPU then may run out of memory.
 
-NVML indices are PCI-bus order and ignore CUDA_VISIBLE_DEVICES (ecosystem.md section 5), so the
+NVML indices are PCI-bus order and ignore CUDA_VISIBLE_DEVICES (docs/platform-notes.md, NVML), so the
 trial's CVD entries are mapped to NVML handles: a UUID (``GPU-...``/``MIG-...``, or a unique prefix of
 one, as CUDA accepts) by UUID, an integer by NVML index (right where the node was started without a
 CVD mask, which is how Ray hands out GPUs).

@@ -19,6 +19,8 @@ from rich.live import Live
 from rich.table import Table
 
 PROGRESS_FILE = "progress.json"
+# Set in Ray workers by the launcher: the driver renders every trial's progress, the trial only writes it.
+DRIVER_RENDERS_PROGRESS_ENV = "PARASWEEP_IN_RAY"
 
 
 class ProgressWriter:

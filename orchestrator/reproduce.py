@@ -17,6 +17,7 @@ import yaml
 from orchestrator.errors import UserError
 from orchestrator.redact import MASK
 from orchestrator.tracking import Tracker
+from vocab.status import Tag
 
 
 def _arg_value(args: list[str], key: str) -> str | None:
@@ -40,9 +41,9 @@ def expand_reproduce(args: list[str]) -> list[str]:
     except Exception:
         raise UserError(f"reproduce={run_id}: no such run in {tracker.uri}; valid: a parasweep trial or "
                         "sweep run id (see the MLflow UI or the end-of-sweep table)") from None
-    kind = run.data.tags.get("parasweep.kind")
+    kind = run.data.tags.get(Tag.KIND)
     if kind == "sweep":
-        command = run.data.tags.get("parasweep.command", "")
+        command = run.data.tags.get(Tag.COMMAND, "")
         recorded = [a for a in shlex.split(command)[2:] if not a.startswith(("resume=", "reproduce="))]
         _refuse_masked(run_id, recorded)
         multirun = ["-m"] if "-m" in recorded or "--multirun" in recorded else []
@@ -76,8 +77,8 @@ def compare_with_original(tracker: Tracker, original_run_id: str, new_hash: str)
         original = tracker.client.get_run(original_run_id)
     except Exception:
         return None
-    old_hash = original.data.tags.get("parasweep.config_hash")
-    if original.data.tags.get("parasweep.kind") == "sweep" or old_hash in (None, new_hash):
+    old_hash = original.data.tags.get(Tag.CONFIG_HASH)
+    if original.data.tags.get(Tag.KIND) == "sweep" or old_hash in (None, new_hash):
         return None
     return (f"reproduce={original_run_id}: the resolved config (or engine version) differs from the "
             f"original's (config hash {new_hash} vs {old_hash}): compare config/resolved.yaml of both runs")

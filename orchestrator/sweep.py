@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from orchestrator.redact import redact_argv
 from orchestrator.tracking import Tracker, tracking_uri
+from vocab.status import RunKind, Tag, TrialStatus
 
 
 @dataclass
@@ -26,7 +27,6 @@ class SweepState:
     mode: str = "measure"  # or "prediction" (predict=true)
     run_id: str | None = None
     experiment_id: str | None = None
-    started: float = 0.0
 
 
 ACTIVE: SweepState | None = None
@@ -55,12 +55,11 @@ def ensure_started() -> str | None:
         swept = [a for a in argv if "=" in a and "," in a.split("=", 1)[1]] or [a for a in argv if "=" in a]
         state.run_id = tracker.start_run(
             f"{'prediction' if state.mode == 'prediction' else 'sweep'} {' '.join(swept) or 'defaults'}",
-            tags={"parasweep.kind": "sweep", "parasweep.mode": state.mode, "parasweep.status": "running",
-                  "parasweep.started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                  "parasweep.command": f"python run.py {args}".strip(),
-                  "parasweep.sweep_dir": state.sweep_dir})
+            tags={Tag.KIND: RunKind.SWEEP.value, Tag.MODE: state.mode, Tag.STATUS: TrialStatus.RUNNING.value,
+                  Tag.STARTED: time.strftime("%Y-%m-%d %H:%M:%S"),
+                  Tag.COMMAND: f"python run.py {args}".strip(),
+                  Tag.SWEEP_DIR: state.sweep_dir})
         state.experiment_id = tracker.experiment_id
-        state.started = time.time()
     return state.run_id
 
 

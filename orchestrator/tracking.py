@@ -1,4 +1,4 @@
-"""MLflow layout (DESIGN.md "MLflow layout"): a parent run per sweep, a child run per trial.
+"""The MLflow store (layout: docs/mlflow-layout.md): a parent run per sweep, a child run per trial.
 
 Everything goes through ``MlflowClient`` with explicit run ids (no fluent global state), because
 trials run in Ray worker processes, several at a time, against the same store.
@@ -13,11 +13,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.paths import default_tracking_uri, runs_dir
+from orchestrator.paths import default_tracking_uri
+from vocab.status import Tag
 
-KIND_TAG = "parasweep.kind"
-STATUS_TAG = "parasweep.status"
-STATUSES = ("ok", "failed", "killed", "skipped")
 _MLFLOW_STATUS = {"ok": "FINISHED", "skipped": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 MAX_PARAM_LEN = 6000  # longer values are truncated by MLflow; keep big blobs as artifacts
 
@@ -63,13 +61,13 @@ def ensure_experiment(uri: str, name: str) -> str:
         return exp.experiment_id
 
 
-def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+def config_params(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Dotted keys -> string values, as MLflow params (``pp.async_depth`` -> ``"8"``)."""
     out: dict[str, str] = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping) and value:
-            out.update(flatten(value, name + "."))
+            out.update(config_params(value, name + "."))
         else:
             text = json.dumps(value) if isinstance(value, list | dict) else str(value)
             out[name] = text[:MAX_PARAM_LEN]
@@ -87,7 +85,7 @@ class Tracker:
     def start_run(self, name: str, tags: Mapping[str, str], parent_run_id: str | None = None) -> str:
         all_tags = {"mlflow.source.name": "run.py", "mlflow.user": _user(), **tags}
         if parent_run_id:
-            all_tags["mlflow.parentRunId"] = parent_run_id
+            all_tags[Tag.PARENT] = parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
         return run.info.run_id
 
@@ -121,19 +119,13 @@ class Tracker:
         self.client.log_dict(run_id, data, artifact_file)
 
     def finish(self, run_id: str, status: str) -> None:
-        self.set_tags(run_id, {STATUS_TAG: status})
+        self.set_tags(run_id, {Tag.STATUS: status})
         self.client.set_terminated(run_id, _MLFLOW_STATUS[status])
 
     def children(self, parent_run_id: str) -> list[Any]:
         return self.client.search_runs(
             [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
             max_results=10000)
-
-
-def rate_step(rate: float) -> int:
-    """MLflow steps are integers: open-loop series (``open/<metric>``) use the rate in milli-req/s,
-    so 0.5 and 0.4 req/s stay apart (closed-loop series use the concurrency itself)."""
-    return round(rate * 1000)
 
 
 def ui_command(uri: str) -> str:
@@ -153,4 +145,3 @@ def runs_url(experiment_id: str, uri: str = "sqlite:") -> str:
     return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
-__all__ = ["STATUSES", "Tracker", "flatten", "runs_dir", "runs_url", "tracking_uri", "ui_command"]

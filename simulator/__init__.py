@@ -1,6 +1,34 @@
 """parasweep's simulated engine: an SGLang-compatible server whose timing comes from a discrete-event model.
 
-Run it as ``python -m simulator <SGLang flags> --sim-hardware <name>``. See docs/simulator.md.
+Run it as ``python -m simulator <SGLang flags> --sim-hardware <name>``; predict without serving with
+``simulator.predict.predict_trial``. Everything is described in docs/simulator.md. Where each part is:
+
+Configuration (flags in, resolved numbers out)
+    ``cli.py``         SGLang's launch flags plus ``--sim-*``; ``main()``
+    ``resolve.py``     validation and SGLang's auto defaults (memory tiers, KV pool, request pool);
+                       ``FlagError`` for a configuration SGLang would refuse
+    ``sim_config.py``  ``SimConfig``, the resolved configuration, and the ``/server_info`` dict
+    ``model_spec.py``  a model's ``config.json`` -> parameters, bytes, KV size
+    ``costs.py``       roofline cost of one forward step per PP stage, hops, host time
+
+The discrete-event model of one engine replica
+    ``replica.py``     THE PP LOOP: ``ReplicaModel`` (stage 0 visiting the micro-batch slots, launch
+                       through the stages, emit and return events)
+    ``admission.py``   what goes into a micro-batch: waiting queue, request pool, KV budget, chunked prefill
+    ``entities.py``    requests, prefill items, batches, slots, per-stage busy time
+    ``timebase.py``    the event queue (``Simulation``) and the wall-clock driver (``LiveDriver``)
+
+Serving (live mode)
+    ``server.py``      aiohttp app: routes, health/info/control endpoints, process lifecycle
+    ``generation.py``  ``/generate`` and the OpenAI endpoints (request defaults, stream formats)
+    ``frontend.py``    requests in and tokens out between HTTP and the replicas (the tokenizer manager)
+    ``text.py``        prompt token counts and placeholder text (there is no tokenizer)
+    ``observer.py``    ``Reporter``: the replica's reports -> log lines and metrics
+    ``logs.py``        SGLang-format log lines
+    ``prometheus.py``  ``/metrics``: SGLang's ``sglang:`` series and the ``parasweep_sim:`` series
+
+Prediction (virtual time)
+    ``predict.py``     the same replica model driven by a virtual load-generator client
 """
 
 __version__ = "0.1.0"

@@ -83,11 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # exits 2 on unknown flags, as SGLang does
     # Imports after parsing keep `--help` and flag errors instant.
-    from simulator.resolve import ConfigError, resolve
+    from simulator.resolve import FlagError, resolve
 
     try:
         cfg = resolve(args)
-    except ConfigError as e:
+    except FlagError as e:
         print(f"ValueError: {e}", file=sys.stderr, flush=True)
         return 1
     from simulator.server import serve

@@ -256,7 +256,17 @@ class _Stage:
     last: bool
 
 
-def decode_shape(context_lens: list[int] | tuple[int, ...], total_ctx: int | None = None) -> BatchShape:
+def decode_shape(context_lens: list[int] | tuple[int, ...]) -> BatchShape:
+    """One decode step of requests with these context lengths (one new token each)."""
     n = len(context_lens)
-    ctx = sum(context_lens) if total_ctx is None else total_ctx
+    ctx = sum(context_lens)
     return BatchShape(tokens=n, seqs=n, kv_read_tokens=ctx, attn_ctx=float(ctx), decode=True)
+
+
+def prefill_shape(chunks: list[tuple[int, int]]) -> BatchShape:
+    """One prefill of ``(tokens, prefix)`` chunks: each computes ``tokens`` new prompt tokens after
+    ``prefix`` already cached ones, reads the prefix's KV and attends causally over prefix + itself."""
+    tokens = sum(t for t, _ in chunks)
+    kv_read = sum(p for _, p in chunks)
+    attn = sum(t * p + t * (t + 1) / 2 for t, p in chunks)
+    return BatchShape(tokens=tokens, seqs=len(chunks), kv_read_tokens=kv_read, attn_ctx=attn, decode=False)

@@ -1,4 +1,5 @@
-"""SGLang-format log lines on stdout (sglang.md section 3): ``[%Y-%m-%d %H:%M:%S PPk TPt] message``.
+"""SGLang-format log lines on stdout: ``[%Y-%m-%d %H:%M:%S PPk TPt] message`` (line format, rank tags,
+startup and batch lines: docs/simulator.md, "Logs").
 
 Every line is flushed at once: the orchestrator tails the log file while the server runs.
 """
@@ -10,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from simulator.resolve import GIB, SimConfig
+from simulator.sim_config import GIB, SimConfig
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 
@@ -154,7 +155,8 @@ def startup_lines(cfg: SimConfig, log: LogWriter) -> None:
 
 
 def _graph_sizes(max_bs: int) -> list[int]:
-    """SGLang's decode capture list, clipped to max_bs with max_bs appended (sglang.md 1.3)."""
+    """SGLang's decode CUDA-graph capture list, clipped to max_bs with max_bs appended (docs/simulator.md,
+    "Logs")."""
     sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
     sizes = [s for s in sizes if s <= max_bs]
     if not sizes or sizes[-1] != max_bs:

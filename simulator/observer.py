@@ -1,17 +1,20 @@
-"""Fans the engine's reports out to log lines and Prometheus metrics, the way SGLang's scheduler
-(batch stats, one line per PP stage) and tokenizer manager (latency histograms) do."""
+"""Fans the replica model's reports out to log lines and Prometheus metrics, the way SGLang's scheduler
+(batch statistics, one line per PP stage) and tokenizer manager (latency histograms) do."""
 
 from __future__ import annotations
 
-from simulator.engine import Engine, Request
+from simulator.entities import Request
 from simulator.logs import LogWriter, decode_line, prefill_line, rank_tag
-from simulator.metrics import Metrics, StageGauges
-from simulator.resolve import SimConfig
+from simulator.prometheus import PrometheusMetrics, StageGauges
+from simulator.replica import ReplicaModel
+from simulator.sim_config import SimConfig
 
 
 class Reporter:
-    def __init__(self, cfg: SimConfig, log: LogWriter, metrics: Metrics | None, dp_rank: int) -> None:
-        self.cfg = cfg
+    """The ``replica.Observer`` of one DP replica in the live server."""
+
+    def __init__(self, cfg: SimConfig, log: LogWriter, metrics: PrometheusMetrics | None,
+                 dp_rank: int) -> None:
         self.log = log
         self.metrics = metrics
         self.gauges = metrics.gauges[dp_rank] if metrics is not None else StageGauges()
@@ -36,28 +39,30 @@ class Reporter:
             m.num_requests[req.stream].inc()
 
     # scheduler side
-    def _set(self, eng: Engine, running: int) -> float:
+    def _set(self, replica: ReplicaModel, running: int) -> float:
         g = self.gauges
-        usage = eng.kv_used / eng.kv_capacity
+        adm = replica.admission
+        usage = adm.kv_used / adm.kv_capacity
         g.num_running = running
-        g.num_queue = len(eng.waiting)
-        g.num_used = eng.kv_used
+        g.num_queue = len(adm.waiting)
+        g.num_used = adm.kv_used
         g.token_usage = usage
         return usage
 
-    def on_prefill_batch(self, eng: Engine, n_new: int, n_tokens: int, running: int) -> None:
-        usage = self._set(eng, running)
-        tput = eng.input_throughput_and_reset()
-        msg = prefill_line(n_new, n_tokens, usage, running, len(eng.waiting), eng.pending_tokens, tput)
+    def on_prefill_batch(self, replica: ReplicaModel, n_new: int, n_tokens: int, running: int) -> None:
+        usage = self._set(replica, running)
+        adm = replica.admission
+        tput = replica.input_throughput_and_reset()
+        msg = prefill_line(n_new, n_tokens, usage, running, len(adm.waiting), adm.pending_tokens, tput)
         self.log.lines([(tag, msg) for tag in self.tags])
 
-    def on_decode_log(self, eng: Engine, batch_size: int, cuda_graph: bool) -> None:
-        usage = self._set(eng, batch_size)
-        self.gauges.gen_throughput = eng.last_gen_throughput
+    def on_decode_log(self, replica: ReplicaModel, batch_size: int, cuda_graph: bool) -> None:
+        usage = self._set(replica, batch_size)
+        self.gauges.gen_throughput = replica.last_gen_throughput
         self.gauges.cuda_graph = cuda_graph
-        msg = decode_line(batch_size, eng.kv_used, usage, cuda_graph, eng.last_gen_throughput,
-                          len(eng.waiting))
+        msg = decode_line(batch_size, replica.admission.kv_used, usage, cuda_graph,
+                          replica.last_gen_throughput, len(replica.admission.waiting))
         self.log.lines([(tag, msg) for tag in self.tags])
 
-    def on_idle(self, eng: Engine) -> None:
-        self._set(eng, 0)
+    def on_idle(self, replica: ReplicaModel) -> None:
+        self._set(replica, 0)

@@ -1,22 +1,30 @@
-"""Prediction mode: the live server's engine model, run in virtual time from Python.
+"""Prediction mode: the live server's replica model, run in virtual time from Python.
 
-``predict_point(argv, point, spec)`` configures the engine exactly as ``python -m simulator <argv>`` would
-(same parser, same ``resolve``), drives it with a *virtual client* that follows ``workloads``' load modes,
-and returns a ``workloads.PointResult`` whose metrics come from ``workloads.summarize``. Nothing listens
-on a socket and no wall clock is read: a Kimi K2 PP8 load point of 80 requests takes a few ms of CPU.
+``predict_point(argv, point, spec)`` configures the model exactly as ``python -m simulator <argv>`` would
+(same parser, same ``resolve``), drives it with a *virtual client* that follows the load generator's load
+modes, and returns a ``workloads.PointResult`` whose metrics come from ``workloads.summarize``. Nothing
+listens on a socket and no wall clock is read: a Kimi K2 PP8 load point of 80 requests takes a few ms
+of CPU.
 
-The virtual client, request by request, mirrors ``workloads.runner`` / ``workloads.scheduler``:
+The virtual client takes every definition from the shared vocabulary rather than restating it:
 
-* closed loop (``concurrency``): ``min(C, total)`` workers; each sends the next index (warmup first) the
-  instant its previous request ends;
-* open loop (``rate``): request i is scheduled at ``point.send_offsets()[i]`` (the very same Poisson or
+* which requests a point sends: ``LoadPoint.total_requests`` (warmup first, the first
+  ``warmup_requests`` indices), or, for a closed-loop point bounded by ``duration_s``, as many as the
+  workers start before the window closes (the window opens at the first measured send, as in the load
+  generator);
+* closed loop (``concurrency``): that many workers (at most the point's request count), each sending
+  the next index the instant its previous request ends;
+* open loop (``rate``): request i is sent at ``LoadPoint.send_offsets()[i]`` (the very same Poisson or
   constant schedule, same seed); ``max_concurrency`` holds a request back until one in flight ends;
-* a request reaches the engine at its send time and the client sees each token the instant it is
-  emitted (client lag 0; every emission event is one stream chunk); a request ends with its last token.
-  A closed-loop worker's next request is sent ``CLIENT_TURNAROUND_S`` (1 ms) after the previous one
-  ended: the HTTP/IPC round trip between an answer's last token and the next request's arrival, which a
-  real client cannot avoid and which decides, under PP, whether the new request catches its slot's turn.
-  The initial requests of a point all arrive at once.
+* what each request sends: ``workloads.payloads.build_body(spec, i)`` (lengths, distributions, prompt
+  files), counted into prompt tokens as the live server counts them (``text.py``).
+
+Timing: a request reaches the model at its send time and the client sees each token the instant it is
+emitted (client lag 0; every emission event is one stream chunk); a request ends with its last token. A
+closed-loop worker's next request is sent ``CLIENT_TURNAROUND_S`` (1 ms) after the previous one ended:
+the HTTP/IPC round trip between an answer's last token and the next request's arrival, which a real
+client cannot avoid and which decides, under PP, whether the new request catches its slot's turn. The
+initial requests of a point all arrive at once.
 
 Records are ``RequestRecord`` objects in *virtual seconds* of the model (t = 0 at the first point's
 start). These are the hardware's seconds: ``--sim-time-scale`` only changes how fast the live server
@@ -35,16 +43,16 @@ from __future__ import annotations
 
 import argparse
 import collections
-from typing import TYPE_CHECKING
 
 from simulator.cli import build_parser
-from simulator.clock import Simulation
-from simulator.engine import Engine, Request
-from simulator.resolve import ConfigError, SimConfig, resolve
-
-if TYPE_CHECKING:
-    from vocab.load import LoadPoint, RequestSpec
-    from vocab.records import PointResult, RequestRecord
+from simulator.entities import Request
+from simulator.replica import ReplicaModel
+from simulator.resolve import FlagError, resolve
+from simulator.sim_config import SimConfig
+from simulator.text import completion_prompt_lengths, count_chat_tokens, generate_prompt_lengths
+from simulator.timebase import Simulation
+from vocab.load import LoadPoint, RequestSpec
+from vocab.records import PointResult, RequestRecord
 
 __all__ = ["VirtualTrial", "load_config", "predict_point", "predict_trial", "resolved_server_info"]
 
@@ -80,7 +88,7 @@ def load_config(argv: list[str]) -> SimConfig:
         args.random_seed = 0  # token ids only; fixed so predictions are reproducible
     try:
         return resolve(args)
-    except ConfigError as e:
+    except FlagError as e:
         raise ValueError(str(e)) from e
 
 
@@ -92,116 +100,72 @@ def resolved_server_info(argv: list[str]) -> dict:
     return info
 
 
+def _server_input_len(spec: RequestSpec, body: dict) -> int:
+    """The prompt length the live server counts for one request body of ``spec``'s API."""
+    if spec.api == "chat":
+        return count_chat_tokens(body["messages"])
+    if spec.api == "completions":
+        return completion_prompt_lengths(body["prompt"])[0]
+    return generate_prompt_lengths(body)[0][0]
+
+
 class VirtualTrial:
     """One engine instance (all DP replicas) on one virtual clock; load points run one after another."""
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.sim = Simulation()
-        self.engines = [Engine(cfg, self.sim, r) for r in range(cfg.dp)]
+        self.replicas = [ReplicaModel(cfg, self.sim) for _ in range(cfg.dp)]
         self._rr = 0
         self._seq = 0
         self.turnaround = CLIENT_TURNAROUND_S
 
+    def submit(self, input_len: int, max_new_tokens: int) -> Request:
+        """A streamed request to the next replica (round-robin), arriving now."""
+        self._seq += 1
+        seed = self.cfg.random_seed * 1_000_003 + self._seq
+        req = Request(f"v{self._seq}", input_len, max_new_tokens, seed, stream=True)
+        rep = self.replicas[self._rr]
+        self._rr = (self._rr + 1) % len(self.replicas)
+        rep.submit(req, self.sim.now)
+        return req
+
     # -- one point ------------------------------------------------------------------------------------
 
     def run_point(self, point: LoadPoint, spec: RequestSpec) -> PointResult:
-        from vocab.records import PointResult, RequestRecord
         from workloads import summarize, validity_reasons
 
         sim, cfg = self.sim, self.cfg
-        total = point.total_requests
-        label = point.label
-        lengths = _input_lengths(spec, total)
-        n_out = spec.output_len
-        records: list[RequestRecord | None] = [None] * total
         t0 = sim.now
-        for eng in self.engines:
-            eng.peak_in_flight = eng.in_flight
-            eng.peak_pool_used = eng.pool_used
-        busy0 = [eng.busy[s].busy_total(t0) for eng in self.engines for s in range(cfg.pp)]
-        in_flight = 0
-        pending: collections.deque[tuple[int, float | None]] = collections.deque()
-        next_index = 0
-        closed = point.concurrency is not None
-
-        def send(i: int, scheduled: float | None) -> None:
-            nonlocal in_flight
-            now = sim.now
-            rec = RequestRecord(point=label, index=i, warmup=i < point.warmup_requests,
-                                scheduled_time=scheduled, send_time=now, first_byte_time=now,
-                                input_tokens=spec.input_len)
-            records[i] = rec
-            self._seq += 1
-            req = Request(f"v{self._seq}", lengths[i], n_out, cfg.random_seed * 1_000_003 + self._seq,
-                          stream=True)
-            req.notify = lambda: on_output(req, rec)
-            in_flight += 1
-            eng = self.engines[self._rr]
-            self._rr = (self._rr + 1) % len(self.engines)
-            eng.submit(req, now)
-
-        def on_output(req: Request, rec: RequestRecord) -> None:
-            nonlocal in_flight, next_index
-            n = len(req.output_ids)
-            if n > rec.output_tokens:
-                now = sim.now
-                if rec.first_token_time is None:
-                    rec.first_token_time = now
-                rec.chunk_times.append(now)
-                rec.chunk_tokens.append(n - rec.output_tokens)
-                rec.output_tokens = n
-            if req.finished and rec.end_time is None:
-                rec.end_time = sim.now
-                rec.finish_reason = (req.finish_reason or {}).get("type", "length")
-                req.notify = None
-                in_flight -= 1
-                if closed:
-                    if next_index < total:
-                        next_index += 1
-                        if self.turnaround > 0:
-                            sim.schedule(sim.now + self.turnaround, send, next_index - 1, None)
-                        else:
-                            send(next_index - 1, None)
-                elif pending:
-                    send(*pending.popleft())
-
-        def open_send(i: int, scheduled: float) -> None:
-            if point.max_concurrency and in_flight >= point.max_concurrency:
-                pending.append((i, scheduled))
-            else:
-                send(i, scheduled)
-
-        if closed:
-            assert point.concurrency is not None
-            for _ in range(min(point.concurrency, total)):
-                next_index += 1
-                send(next_index - 1, None)
-        else:
-            for i, off in enumerate(point.send_offsets().tolist()):
-                sim.schedule(t0 + off, open_send, i, t0 + off)
+        for rep in self.replicas:
+            rep.peak_in_flight = rep.in_flight
+            rep.admission.peak_pool_used = rep.admission.pool_used
+        busy0 = [rep.busy[s].busy_total(t0) for rep in self.replicas for s in range(cfg.pp)]
+        client = _VirtualClient(self, point, spec)
+        client.start()
         events = 0
         while sim.peek() is not None:
             events += sim.run_until(sim.peek() + 1.0)
             if events > MAX_EVENTS_PER_POINT:
-                raise RuntimeError(f"prediction of {label} did not drain after {events} events")
-        unfinished = [r.index for r in records if r is None or r.end_time is None]
+                raise RuntimeError(f"prediction of {point.label} did not drain after {events} events")
+        records = [client.records[i] for i in sorted(client.records)]
+        unfinished = [r.index for r in records if r.end_time is None]
         if unfinished:
-            raise RuntimeError(f"prediction of {label}: requests {unfinished[:5]} never finished")
+            raise RuntimeError(f"prediction of {point.label}: requests {unfinished[:5]} never finished")
 
         metrics = summarize(records, point, lag_ms=[0.0])
         metrics.update(self._telemetry(records, busy0))
         reasons = validity_reasons(metrics, point)
-        return PointResult(point, metrics, reasons, [r for r in records if r is not None])
+        return PointResult(point, metrics, reasons, records)
 
-    def _telemetry(self, records: list, busy0: list[float]) -> dict[str, float]:
+    def _telemetry(self, records: list[RequestRecord], busy0: list[float]) -> dict[str, float]:
         cfg, hw = self.cfg, self.cfg.hw
         start = min(r.send_time for r in records)
         end = max(r.end_time for r in records)
         width = end - start
         out: dict[str, float] = {
-            "sim_peak_running_reqs": float(max(e.peak_pool_used for e in self.engines)),
-            "sim_peak_microbatches_in_flight": float(max(e.peak_in_flight for e in self.engines)),
+            "sim_peak_running_reqs": float(max(rep.admission.peak_pool_used for rep in self.replicas)),
+            "sim_peak_microbatches_in_flight": float(max(rep.peak_in_flight for rep in self.replicas)),
         }
         if width <= 0:
             return out
@@ -209,9 +173,9 @@ class VirtualTrial:
         # ``start`` overlaps the window and busy_total(end) - busy_total(start) is exact.
         fractions = []
         k = 0
-        for eng in self.engines:
+        for rep in self.replicas:
             for s in range(cfg.pp):
-                fractions.append((eng.busy[s].busy_total(end) - busy0[k]) / width)
+                fractions.append((rep.busy[s].busy_total(end) - busy0[k]) / width)
                 k += 1
         out["sim_stage_busy_mean"] = sum(fractions) / len(fractions)
         out["sim_stage_busy_min"] = min(fractions)
@@ -223,15 +187,97 @@ class VirtualTrial:
         return out
 
 
-def _input_lengths(spec: RequestSpec, total: int) -> list[int]:
-    """The prompt length the live server would count for each request of ``spec``."""
-    if spec.api != "chat":
-        return [spec.input_len] * total  # token-id prompts (generate, completions): exact
-    from simulator.text import count_chat_tokens
-    from workloads.payloads import build_body
+class _VirtualClient:
+    """The load generator's side of one point, in virtual time: sends, records and load modes."""
 
-    # chat sends words; the live server estimates tokens from characters (no tokenizer), so count alike
-    return [count_chat_tokens(build_body(spec, i)[0]["messages"]) for i in range(total)]
+    def __init__(self, trial: VirtualTrial, point: LoadPoint, spec: RequestSpec) -> None:
+        self.trial = trial
+        self.sim = trial.sim
+        self.point = point
+        self.spec = spec
+        from workloads.payloads import build_body  # imported late: the workloads package is large
+
+        self.build_body = build_body
+        self.records: dict[int, RequestRecord] = {}
+        self.in_flight = 0
+        self.held: collections.deque[tuple[int, float]] = collections.deque()  # open loop, over the cap
+        # closed loop: the next index a worker takes; None = no count (bounded by duration_s only)
+        self.next_index = 0
+        self.limit = point.total_requests if point.measured_requests is not None else None
+        self.deadline: float | None = None  # end of the duration_s window, set by the first measured send
+
+    def start(self) -> None:
+        point, sim = self.point, self.sim
+        t0 = sim.now
+        if point.open_loop:
+            for i, off in enumerate(point.send_offsets().tolist()):
+                sim.schedule(t0 + off, self._open_send, i, t0 + off)
+            return
+        assert point.concurrency is not None
+        workers = point.concurrency if self.limit is None else min(point.concurrency, self.limit)
+        for _ in range(workers):
+            i = self._claim(t0)
+            if i is None:
+                break
+            self._send(i, None)
+
+    def _claim(self, send_at: float) -> int | None:
+        """The index a closed-loop worker sends at ``send_at``, or None when the point has sent enough: its
+        request count is reached, or the duration window (opened by the first measured send) is over."""
+        point, i = self.point, self.next_index
+        if self.limit is not None and i >= self.limit:
+            return None
+        if i >= point.warmup_requests and point.duration_s is not None:
+            if self.deadline is None:
+                self.deadline = send_at + point.duration_s
+            elif send_at >= self.deadline:
+                return None
+        self.next_index += 1
+        return i
+
+    def _send(self, i: int, scheduled: float | None) -> None:
+        now = self.sim.now
+        body, n_in, n_out = self.build_body(self.spec, i)
+        rec = RequestRecord(point=self.point.label, index=i, warmup=i < self.point.warmup_requests,
+                            scheduled_time=scheduled, send_time=now, first_byte_time=now, input_tokens=n_in)
+        self.records[i] = rec
+        req = self.trial.submit(_server_input_len(self.spec, body), n_out)
+        req.notify = lambda: self._on_output(req, rec)
+        self.in_flight += 1
+
+    def _on_output(self, req: Request, rec: RequestRecord) -> None:
+        sim = self.sim
+        n = len(req.output_ids)
+        if n > rec.output_tokens:
+            now = sim.now
+            if rec.first_token_time is None:
+                rec.first_token_time = now
+            rec.chunk_times.append(now)
+            rec.chunk_tokens.append(n - rec.output_tokens)
+            rec.output_tokens = n
+        if req.finished and rec.end_time is None:
+            rec.end_time = sim.now
+            rec.finish_reason = (req.finish_reason or {}).get("type", "length")
+            req.notify = None
+            self.in_flight -= 1
+            if not self.point.open_loop:
+                turnaround = self.trial.turnaround
+                i = self._claim(sim.now + turnaround)
+                if i is None:
+                    return
+                if turnaround > 0:
+                    sim.schedule(sim.now + turnaround, self._send, i, None)
+                else:
+                    self._send(i, None)
+            elif self.held:
+                self._send(*self.held.popleft())
+
+    def _open_send(self, i: int, scheduled: float) -> None:
+        cap = self.point.max_concurrency
+        if cap and self.in_flight >= cap:
+            self.held.append((i, scheduled))
+        else:
+            self._send(i, scheduled)
 
 
 def predict_trial(argv: list[str], points: list[LoadPoint], spec: RequestSpec) -> list[PointResult]:

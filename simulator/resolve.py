@@ -1,23 +1,22 @@
-"""Validate the launch flags and compute SGLang's auto defaults (sglang.md 1.4) from memory arithmetic."""
+"""Validate the launch flags and compute SGLang's auto defaults from memory arithmetic: memory tiers,
+``mem_fraction_static``, KV capacity per PP stage, ``max_running_requests``, ``pp_max_micro_batch_size``,
+the attention backend (docs/simulator.md, "Memory auto-defaults").
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import random
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from simulator import SGLANG_COMPAT_VERSION, __version__
 from simulator.costs import CostModel, CostParams, Parallel
 from simulator.model_spec import ModelConfigError, ModelSpec, load_model_spec
+from simulator.sim_config import MIB, SimConfig, StageMemory
 from vocab.hardware import HardwareConf, HardwareError, load_hardware, resolve_hardware_path
 
-MIB = 2**20
-GIB = 2**30
-# SGLang memory tiers by total GPU memory (MiB thresholds): chunked_prefill_size, decode graph max bs
-# for tp<4 and tp>=4 (arg_groups/memory_hook.handle_gpu_memory_settings, 0.5.23).
+# SGLang's memory tiers by total GPU memory (MiB thresholds): chunked_prefill_size, decode graph max bs
+# for tp<4 and tp>=4 (the table in docs/simulator.md, "Memory auto-defaults").
 _TIERS = [
     (20 * 1024, 2048, 8, 8),
     (35 * 1024, 4096, 48, 160),
@@ -28,129 +27,8 @@ _TIERS = [
 ]
 
 
-class ConfigError(ValueError):
-    pass
-
-
-@dataclass
-class StageMemory:
-    weight_bytes: float
-    kv_bytes: float
-    graph_bytes: float
-    token_capacity: int
-    available_bytes: float
-
-
-@dataclass
-class SimConfig:
-    args: argparse.Namespace
-    spec: ModelSpec
-    hw: HardwareConf
-    hw_path: str
-    cost: CostModel
-    par: Parallel
-    tp: int
-    pp: int
-    ep: int
-    dp: int
-    depth: int
-    served_model_name: str
-    context_len: int
-    chunked_prefill_size: int  # -1 = disabled
-    max_prefill_tokens: int
-    max_total_num_tokens: int
-    max_running_requests: int
-    pp_max_micro_batch_size: int
-    cuda_graph_max_bs_decode: int  # what was captured (clipped to max_running_requests)
-    disable_cuda_graph: bool
-    disable_overlap_schedule: bool
-    mem_fraction_static: float
-    attention_backend: str
-    random_seed: int
-    time_scale: float
-    stages: list[StageMemory]
-    warnings: list[str] = field(default_factory=list)
-    startup_time: float = field(default_factory=time.time)
-
-    @property
-    def max_req_input_len(self) -> int:
-        return min(self.context_len - 1, self.max_total_num_tokens - 1)
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    def server_info(self) -> dict:
-        a = self.args
-        s0 = self.stages[0]
-        info = {
-            "model_path": a.model_path,
-            "served_model_name": self.served_model_name,
-            "tokenizer_path": a.tokenizer_path or a.model_path,
-            "skip_tokenizer_init": a.skip_tokenizer_init,
-            "load_format": a.load_format,
-            "trust_remote_code": a.trust_remote_code,
-            "context_length": a.context_length,
-            "dtype": a.dtype,
-            "kv_cache_dtype": a.kv_cache_dtype,
-            "tp_size": self.tp,
-            "pp_size": self.pp,
-            "ep_size": self.ep,
-            "dp_size": self.dp,
-            "moe_a2a_backend": a.moe_a2a_backend,
-            "pp_async_batch_depth": self.depth,
-            "pp_max_micro_batch_size": self.pp_max_micro_batch_size,
-            "max_running_requests": self.max_running_requests,
-            "max_queued_requests": a.max_queued_requests,
-            "max_total_tokens": a.max_total_tokens,
-            "chunked_prefill_size": self.chunked_prefill_size,
-            "max_prefill_tokens": self.max_prefill_tokens,
-            "schedule_policy": a.schedule_policy,
-            "disable_overlap_schedule": self.disable_overlap_schedule,
-            "mem_fraction_static": self.mem_fraction_static,
-            "page_size": a.page_size or 1,
-            "disable_radix_cache": a.disable_radix_cache,
-            "disable_cuda_graph": self.disable_cuda_graph,
-            "cuda_graph_max_bs_decode": self.cuda_graph_max_bs_decode,
-            "attention_backend": self.attention_backend,
-            "host": a.host,
-            "port": a.port,
-            "enable_metrics": a.enable_metrics,
-            "decode_log_interval": a.decode_log_interval,
-            "log_level": a.log_level,
-            "random_seed": self.random_seed,
-            "stream_interval": a.stream_interval,
-            # scheduler init info
-            "status": "ready",
-            "max_total_num_tokens": self.max_total_num_tokens,
-            "max_req_input_len": self.max_req_input_len,
-            "context_len": self.context_len,
-            "startup_time": self.startup_time,
-            "version": SGLANG_COMPAT_VERSION,
-            "engine": "parasweep-sim",
-            "sim_version": __version__,
-            "sim_hardware": self.hw.name,
-            "sim_hardware_path": self.hw_path,
-            "sim_time_scale": self.time_scale,
-            "sim_stage_layers": list(self.cost.stage_layers),
-            "sim_stage_weight_gb": [round(s.weight_bytes / 1e9, 3) for s in self.stages],
-            "sim_stage_token_capacity": [s.token_capacity for s in self.stages],
-        }
-        info["internal_states"] = [
-            {
-                "effective_max_running_requests_per_dp": self.max_running_requests,
-                "last_gen_throughput": 0.0,
-                "memory_usage": {
-                    "weight": round(s0.weight_bytes / GIB, 2),
-                    "kvcache": round(s0.kv_bytes / GIB, 2),
-                    "token_capacity": self.max_total_num_tokens,
-                    "graph": round(s0.graph_bytes / GIB, 2),
-                },
-                "world_size": self.tp * self.pp,
-            }
-            for _ in range(self.dp)
-        ]
-        return info
+class FlagError(ValueError):
+    """The launch flags describe a configuration SGLang would refuse (the server prints it and exits 1)."""
 
 
 def _tier(gpu_mem_mib: float) -> tuple[int, int, int]:
@@ -174,16 +52,17 @@ def _default_attention_backend(spec: ModelSpec, hw: HardwareConf) -> str:
 
 
 def _layer_partition(num_layers: int, pp: int) -> list[int] | None:
-    """SGLang's ``SGLANG_PP_LAYER_PARTITION="a,b,..."`` (sglang.md 1.4): layers per PP stage."""
+    """SGLang's ``SGLANG_PP_LAYER_PARTITION="a,b,..."``: layers per PP stage (docs/simulator.md, "The cost
+    model", layer split)."""
     raw = os.environ.get("SGLANG_PP_LAYER_PARTITION", "").strip()
     if not raw or pp == 1:
         return None
     try:
         parts = [int(x) for x in raw.split(",")]
     except ValueError as e:
-        raise ConfigError(f"SGLANG_PP_LAYER_PARTITION={raw!r} is not a comma-separated list of ints") from e
+        raise FlagError(f"SGLANG_PP_LAYER_PARTITION={raw!r} is not a comma-separated list of ints") from e
     if len(parts) != pp or sum(parts) != num_layers or min(parts) < 1:
-        raise ConfigError(
+        raise FlagError(
             f"SGLANG_PP_LAYER_PARTITION={raw!r} must have pp_size ({pp}) positive entries summing to "
             f"num_hidden_layers ({num_layers})"
         )
@@ -196,40 +75,40 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         hw_path = resolve_hardware_path(args.sim_hardware)
         hw = load_hardware(args.sim_hardware)
     except HardwareError as e:
-        raise ConfigError(str(e)) from e
+        raise FlagError(str(e)) from e
     if not Path(args.model_path).is_dir():
-        raise ConfigError(f"model path {args.model_path!r} is not a directory with a config.json")
+        raise FlagError(f"model path {args.model_path!r} is not a directory with a config.json")
     try:
         spec = load_model_spec(args.model_path, args.context_length)
     except ModelConfigError as e:
-        raise ConfigError(str(e)) from e
+        raise FlagError(str(e)) from e
 
     tp, pp, ep, dp, depth = args.tp_size, args.pp_size, args.ep_size, args.dp_size, args.pp_async_batch_depth
     for name, v in (("tp_size", tp), ("pp_size", pp), ("ep_size", ep), ("dp_size", dp)):
         if v < 1:
-            raise ConfigError(f"{name} must be >= 1, got {v}")
+            raise FlagError(f"{name} must be >= 1, got {v}")
     if depth < 0:
-        raise ConfigError(f"pp_async_batch_depth must be >= 0, got {depth}")
+        raise FlagError(f"pp_async_batch_depth must be >= 0, got {depth}")
     if args.pp_max_micro_batch_size is not None and args.pp_max_micro_batch_size < 1:
-        raise ConfigError(f"pp_max_micro_batch_size must be >= 1, got {args.pp_max_micro_batch_size}")
+        raise FlagError(f"pp_max_micro_batch_size must be >= 1, got {args.pp_max_micro_batch_size}")
     if args.max_running_requests is not None and args.max_running_requests < 1:
-        raise ConfigError(f"max_running_requests must be >= 1, got {args.max_running_requests}")
+        raise FlagError(f"max_running_requests must be >= 1, got {args.max_running_requests}")
     if args.sim_time_scale <= 0:
-        raise ConfigError(f"--sim-time-scale must be > 0, got {args.sim_time_scale}")
+        raise FlagError(f"--sim-time-scale must be > 0, got {args.sim_time_scale}")
     if args.decode_log_interval < 1:
-        raise ConfigError(f"decode_log_interval must be >= 1, got {args.decode_log_interval}")
+        raise FlagError(f"decode_log_interval must be >= 1, got {args.decode_log_interval}")
     if ep > 1 and tp % ep != 0:
-        raise ConfigError(f"ep_size ({ep}) must divide tp_size ({tp}): expert parallelism lives inside TP")
+        raise FlagError(f"ep_size ({ep}) must divide tp_size ({tp}): expert parallelism lives inside TP")
     if pp > spec.num_layers:
-        raise ConfigError(f"pp_size ({pp}) must be <= num_hidden_layers ({spec.num_layers})")
+        raise FlagError(f"pp_size ({pp}) must be <= num_hidden_layers ({spec.num_layers})")
     if spec.num_heads % tp != 0:
-        raise ConfigError(f"num_attention_heads ({spec.num_heads}) must be divisible by tp_size ({tp})")
+        raise FlagError(f"num_attention_heads ({spec.num_heads}) must be divisible by tp_size ({tp})")
     if spec.attention == "gqa" and spec.num_kv_heads % tp != 0 and tp % spec.num_kv_heads != 0:
-        raise ConfigError(
+        raise FlagError(
             f"num_key_value_heads ({spec.num_kv_heads}) and tp_size ({tp}) must divide one another"
         )
     if ep > 1 and (not spec.is_moe or spec.num_experts % ep != 0):
-        raise ConfigError(f"ep_size ({ep}) needs a MoE model whose expert count divides by it")
+        raise FlagError(f"ep_size ({ep}) needs a MoE model whose expert count divides by it")
     if args.moe_a2a_backend != "none" and ep != tp:
         warnings.append(
             f"MoE a2a backend {args.moe_a2a_backend} is enabled. The expert parallel size is adjusted "
@@ -238,16 +117,16 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         ep = tp
     world = tp * pp * dp
     if world > hw.num_gpus:
-        raise ConfigError(
+        raise FlagError(
             f"world size tp*pp*dp = {tp}*{pp}*{dp} = {world} exceeds the {hw.num_gpus} GPUs of {hw.name}"
         )
     if spec.context_length > spec.max_context_length:
-        raise ConfigError(
+        raise FlagError(
             f"User-specified context_length ({spec.context_length}) is greater than the derived "
             f"context_length ({spec.max_context_length}) from the model's config.json"
         )
     if spec.context_length < 2:
-        raise ConfigError(f"context_length must be >= 2, got {spec.context_length}")
+        raise FlagError(f"context_length must be >= 2, got {spec.context_length}")
 
     disable_overlap = bool(args.disable_overlap_schedule)
     if pp > 1 and not disable_overlap:
@@ -258,7 +137,7 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     tier_chunk, bs_small, bs_large = _tier(gpu_mem_mib)
     chunked = args.chunked_prefill_size if args.chunked_prefill_size is not None else tier_chunk
     if chunked == 0 or chunked < -1:
-        raise ConfigError(f"chunked_prefill_size must be positive or -1 (disabled), got {chunked}")
+        raise FlagError(f"chunked_prefill_size must be positive or -1 (disabled), got {chunked}")
     graph_bs = args.cuda_graph_max_bs_decode
     if graph_bs is None:
         graph_bs = bs_small if tp < 4 else bs_large
@@ -272,7 +151,7 @@ def resolve(args: argparse.Namespace) -> SimConfig:
             reserved = max(reserved, 10 * 1024)
         frac = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
     if not 0 < frac < 1:
-        raise ConfigError(f"mem_fraction_static must be in (0, 1), got {frac}")
+        raise FlagError(f"mem_fraction_static must be in (0, 1), got {frac}")
 
     par = Parallel(tp=tp, pp=pp, ep=ep, moe_a2a_backend=args.moe_a2a_backend)
     disable_graph = bool(args.disable_cuda_graph)
@@ -286,7 +165,7 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         kv_bytes = total * frac - st.weight_bytes
         cap = int(kv_bytes // st.kv_bytes_per_token) if kv_bytes > 0 else 0
         if cap <= 0:
-            raise ConfigError(
+            raise FlagError(
                 f"Not enough memory. Please try to increase --mem-fraction-static. (PP stage {st.index}: "
                 f"weights {st.weight_bytes / 1e9:.1f} GB per GPU, static budget {total * frac / 1e9:.1f} GB)"
             )
@@ -295,7 +174,7 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     if args.max_total_tokens is not None:
         token_capacity = min(token_capacity, args.max_total_tokens)
     if token_capacity < 2:
-        raise ConfigError(f"max_total_tokens too small: {token_capacity}")
+        raise FlagError(f"max_total_tokens too small: {token_capacity}")
 
     ctx = spec.context_length
     if args.max_running_requests is None:

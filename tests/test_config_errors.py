@@ -9,6 +9,8 @@ import pytest
 
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.slow  # each test runs the real entry point in a subprocess
+
 CASES = [
     # (overrides, fragments the one-line message must contain)
     (["model=gpt-9"], ["model=gpt-9", "unknown model", "kimi-k2", "tiny-test"]),

@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from orchestrator.engines.sglang_compat.versions import recorded_flag_set
 from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow  # each test runs the real entry point in a subprocess
 
 
 def test_dry_run_sweep_prints_argv_per_trial(workdir: Path) -> None:
@@ -23,8 +28,11 @@ def test_dry_run_sweep_prints_argv_per_trial(workdir: Path) -> None:
         # decode log interval coprime with pp + depth, so log lines rotate through the slots
         interval = int(argv[argv.index("--decode-log-interval") + 1])
         assert interval >= 40 and all((8 + int(depth)) % k or interval % k for k in range(2, 17))
-        # full flag names only: SGLang accepts unambiguous prefixes, we never rely on it
-        assert all(not a.startswith("--") or len(a) > 4 for a in argv)
+        # full flag names only (SGLang accepts unambiguous prefixes; we never rely on it): every SGLang
+        # flag is spelt exactly as in the recorded 0.5.23 flag set, the rest are the simulator's own
+        known = recorded_flag_set().options
+        flags = [a.split("=", 1)[0] for a in argv if a.startswith("--")]
+        assert flags and all(f in known or f.startswith("--sim-") for f in flags), set(flags) - set(known)
     assert "world_size=8" in result.stdout
     assert not (workdir / "runs" / "mlflow.db").exists()
 

@@ -15,6 +15,8 @@ import pytest
 from orchestrator.process.server import group_alive
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # engines, Ray and signals to real processes
+
 LONG = ["workload=tiny", "workload.output_len=2000",
         "workload.concurrency=[2]", "ray.num_cpus=2"]
 

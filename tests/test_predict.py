@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_cli
 from tests.test_sweep_e2e import CONTRACT_METRICS
+
+pytestmark = pytest.mark.slow  # runs the real entry point in a subprocess
 
 
 def test_predict_sweep_logs_prediction_runs(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.slow  # a real local Ray
+
 
 def _client(workdir: Path):
     from mlflow.tracking import MlflowClient

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from orchestrator.redact import redact_argv, redact_mapping, redact_override, redact_text, secret_values
 from tests.conftest import run_cli
 
@@ -26,12 +28,14 @@ def test_redaction_rules() -> None:
         "server_args=ServerArgs(api_key='***')")
 
 
-def test_secret_flag_stays_out_of_mlflow(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_secret_flag_is_refused_without_echoing_it(tmp_path: Path) -> None:
     secret = "sk-parasweep-secret-0042"
     # the simulator does not know --api-key: the preflight stops the run before anything launches
     result = run_cli(["model=tiny-test", "parallelism=pp2", "workload=tiny",
                       f"+server.extra_args.api_key={secret}"], tmp_path, timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "--api-key" in result.stderr and secret not in result.stderr
-    db = tmp_path / "runs" / "mlflow.db"
-    assert not db.exists() or secret.encode() not in db.read_bytes()
+    # refused before anything launched: no store was even created (what reaches a store is redacted
+    # at the recorder, tested against a real sqlite store in test_trial_stages.py)
+    assert not (tmp_path / "runs" / "mlflow.db").exists()

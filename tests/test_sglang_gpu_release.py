@@ -9,7 +9,11 @@ import sys
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from orchestrator.gpu_release import process_group_pids, wait_gpus_free
+
+pytestmark = pytest.mark.slow  # real process groups
 
 
 class FakeNVMLError(Exception):

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.base import HOST
 from orchestrator.engines.registry import get_engine
 from orchestrator.process.server import ServerProcess, free_port, http_get_json
 from orchestrator.telemetry.server_log import resolved_config, resolved_params, server_log_frame, stage_series
 from vocab.hardware import load_hardware
+
+pytestmark = pytest.mark.slow  # a real simulated engine process
 
 
 def _cfg() -> ParasweepConf:

@@ -1,27 +1,32 @@
-"""The simulator's model in-process: config arithmetic, hardware profiles, cost model, virtual-time DES."""
+"""The simulator's model in-process: config arithmetic, hardware profiles, cost model, virtual-time DES.
+
+Where a test checks a number, the number was worked out by hand from the model's ``config.json`` and the
+hardware profile (the derivation is in the comment next to it), so the test fails if the code's
+arithmetic is wrong rather than restating it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import sys
+import itertools
 from pathlib import Path
 
 import pytest
 import yaml
 
+from simulator.cli import build_parser
+from simulator.costs import decode_shape, distinct_experts, pp_layer_split
+from simulator.entities import Request
+from simulator.model_spec import load_model_spec
+from simulator.predict import predict_point
+from simulator.replica import ReplicaModel
+from simulator.resolve import resolve
+from simulator.timebase import Simulation
+from vocab.hardware import HardwareConf, load_hardware
+from workloads import LoadPoint, RequestSpec
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # the simulator package lives at the repository root
-
-from simulator.cli import build_parser  # noqa: E402
-from simulator.clock import Simulation  # noqa: E402
-from simulator.costs import decode_shape, distinct_experts, pp_layer_split  # noqa: E402
-from simulator.engine import Engine, Request  # noqa: E402
-from simulator.model_spec import load_model_spec  # noqa: E402
-from simulator.predict import predict_point  # noqa: E402
-from simulator.resolve import resolve  # noqa: E402
-from vocab.hardware import HardwareConf, load_hardware  # noqa: E402
-from workloads import LoadPoint, RequestSpec  # noqa: E402
-
+MODELS = REPO / "models"
 HW_NAMES = ["rtx-pro-6000-pcie-x8", "h200-nvlink-x8", "h100-sxm-x8"]
 
 
@@ -40,7 +45,7 @@ def test_hardware_profiles_have_exactly_the_schema_fields(name: str) -> None:
 
 
 def test_kimi_k2_architecture_numbers() -> None:
-    spec = load_model_spec(str(REPO / "models" / "kimi-k2"))
+    spec = load_model_spec(str(MODELS / "kimi-k2"))
     assert spec.attention == "mla" and spec.num_layers == 61 and spec.num_moe_layers == 60
     assert spec.total_params() == pytest.approx(1.03e12, rel=0.01)  # "1T total"
     assert spec.active_params_per_token() == pytest.approx(32e9, rel=0.03)  # "32B activated"
@@ -50,44 +55,105 @@ def test_kimi_k2_architecture_numbers() -> None:
 
 
 def test_qwen3_moe_and_llama_numbers() -> None:
-    q = load_model_spec(str(REPO / "models" / "qwen3-30b-a3b"))
+    q = load_model_spec(str(MODELS / "qwen3-30b-a3b"))
     assert q.total_params() == pytest.approx(30.5e9, rel=0.02)
     assert q.active_params_per_token() == pytest.approx(3.0e9, rel=0.1)
-    llama = load_model_spec(str(REPO / "models" / "llama-3.1-70b"))
+    llama = load_model_spec(str(MODELS / "llama-3.1-70b"))
     assert llama.total_params() == pytest.approx(70.6e9, rel=0.01)
     assert llama.kv_elems_per_token_layer() == 2 * 8 * 128
 
 
 def test_distinct_experts_and_layer_split() -> None:
-    # simulation.md 2.3: Kimi (E=384, k=8): D = 8, 31, 59.5, 110, 188, 284 for b = 1..64
+    # Worked by hand for Kimi (E = 384 routed experts, top-k = 8): 384 * (1 - (1 - 8/384)^b) for
+    # b = 1, 4, 8, 16, 32, 64 is 8.0, 31.0, 59.5, 109.8, 188.2, 284.2 experts touched per layer.
     got = [distinct_experts(384, 8, b) for b in (1, 4, 8, 16, 32, 64)]
-    for g, want in zip(got, [8, 31, 59.5, 110, 188, 284], strict=True):
-        assert g == pytest.approx(want, rel=0.02)
+    for g, want in zip(got, [8.0, 31.0, 59.5, 109.8, 188.2, 284.2], strict=True):
+        assert g == pytest.approx(want, rel=0.005)
+    # invariants: one token touches exactly k experts; more tokens touch more, never more than n*k or E
+    assert distinct_experts(384, 8, 0) == 0.0 and distinct_experts(0, 0, 5) == 0.0
+    sizes = range(1, 2000, 7)
+    many = [distinct_experts(384, 8, b) for b in sizes]
+    assert all(a <= b for a, b in itertools.pairwise(many))
+    assert all(a < b for a, b in itertools.pairwise(many[:40]))  # up to 274 tokens: still rising
+    assert all(d <= min(n * 8, 384) + 1e-9 for n, d in zip(sizes, many, strict=True))
+    assert many[-1] == pytest.approx(384)
+    # SGLang's split: even, the remainder on the last stages
     assert pp_layer_split(61, 8) == [7, 7, 7, 8, 8, 8, 8, 8]
     assert pp_layer_split(4, 4) == [1, 1, 1, 1]
+    assert pp_layer_split(10, 3) == [3, 3, 4]
 
 
-def test_auto_defaults_follow_sglang_formulas() -> None:
-    cfg = _cfg("--model-path", str(REPO / "models" / "kimi-k2"), "--pp-size", "8",
+def test_auto_defaults_match_hand_computed_numbers() -> None:
+    llama = str(MODELS / "llama-3.1-8b")
+    # By hand from models/llama-3.1-8b/config.json (hidden 4096, 32 layers, 32 q / 8 kv heads of 128,
+    # intermediate 14336, vocab 128256, 131072 positions, BF16) and conf/hardware/h100-sxm-x8.yaml
+    # (memory_gb 85.5):
+    # * parameters per layer: q 4096*4096 + k,v 2*4096*1024 + o 4096*4096 = 41,943,040, MLP 3*4096*14336 =
+    #   176,160,768; 32 layers + embedding + LM head (untied, 128256*4096 each) = 8,029,995,008 (the
+    #   published "8.03B"), i.e. 16,059,990,016 bytes;
+    # * KV per token: 2 (K, V) * 8 heads * 128 * 2 B * 32 layers = 131,072 B;
+    # * GPU memory 85.5e9 B = 81,539.6 MiB: the 60-90 GiB tier, so chunked_prefill_size 8192 and a
+    #   decode graph max batch of 256 (tp < 4);
+    # * reserved = 512 + 8192*1.5 + tp*pp/8*1024 + 256*2 = 13,440 MiB (over the 10 GiB floor), so
+    #   mem_fraction_static = round((81539.6 - 13440) / 81539.6, 3) = 0.835;
+    # * KV pool = floor((85.5e9 * 0.835 - 16,059,990,016) / 131,072) = 422,153 tokens;
+    # * max_running_requests: 422153 / 131072 * 512 = 1649 is below SGLang's floor of 2048, and 2048 is
+    #   below half the pool; with pp = 1 the micro-batch cap is the whole pool of 2048.
+    cfg = _cfg("--model-path", llama, "--sim-hardware", "h100-sxm-x8")
+    assert cfg.spec.total_params() == 8_029_995_008
+    assert cfg.cost.stages[0].weight_bytes == 16_059_990_016
+    assert cfg.cost.stages[0].kv_bytes_per_token == 131_072
+    assert cfg.chunked_prefill_size == 8192 and cfg.cuda_graph_max_bs_decode == 256
+    assert cfg.mem_fraction_static == 0.835
+    assert cfg.max_total_num_tokens == 422_153
+    assert cfg.max_running_requests == 2048 and cfg.pp_max_micro_batch_size == 2048
+    # PP2 with --max-running-requests 32: the defaulted graph max batch is capped to 32, so reserved =
+    # 512 + 12288 + 2/8*1024 + 32*2 = 13,120 MiB and the fraction round(68419.6 / 81539.6, 3) = 0.839.
+    # Each stage holds 16 layers plus the embedding (stage 0) or the LM head (stage 1): 8,029,995,008 B,
+    # and 16 layers of KV, 65,536 B per token: floor((85.5e9 * 0.839 - 8,029,995,008) / 65,536) =
+    # 972,053 tokens. The per-slot cap is 32 // pp_size = 16.
+    pp2 = _cfg("--model-path", llama, "--sim-hardware", "h100-sxm-x8", "--pp-size", "2",
+               "--max-running-requests", "32")
+    assert pp2.cuda_graph_max_bs_decode == 32 and pp2.mem_fraction_static == 0.839
+    assert [st.weight_bytes for st in pp2.cost.stages] == [8_029_995_008] * 2
+    assert pp2.max_total_num_tokens == 972_053
+    assert pp2.max_running_requests == 32 and pp2.pp_max_micro_batch_size == 16
+    # A request pool larger than half the KV pool is reduced to half of it, with SGLang's warning.
+    big = _cfg("--model-path", llama, "--sim-hardware", "h100-sxm-x8", "--max-running-requests", "500000")
+    assert big.max_running_requests == 422_153 // 2
+    assert any("reduced from the requested 500000 to 211076" in w for w in big.warnings)
+
+
+def test_kimi_pp8_stage_weights_and_request_pool() -> None:
+    cfg = _cfg("--model-path", str(MODELS / "kimi-k2"), "--pp-size", "8",
                "--sim-hardware", "rtx-pro-6000-pcie-x8")
-    cap = cfg.max_total_num_tokens
-    assert cfg.max_running_requests == min(min(max(int(cap / cfg.context_len * 512), 2048), 4096), cap // 2)
-    assert cfg.pp_max_micro_batch_size == max(cfg.max_running_requests // 8, 1)
+    # The KV pool (about 727K tokens) is under 4 contexts of 262,144 tokens, so SGLang's estimate
+    # pool / context * 512 is below its floor of 2048: max_running_requests = 2048, cap 2048 // 8.
+    assert cfg.context_len == 262_144 and cfg.max_total_num_tokens < 4 * cfg.context_len
+    assert cfg.max_running_requests == 2048 and cfg.pp_max_micro_batch_size == 256
     assert cfg.cuda_graph_max_bs_decode == 256  # tp < 4 on the < 160 GB tier
-    user = _cfg("--model-path", str(REPO / "models" / "kimi-k2"), "--pp-size", "8",
+    user = _cfg("--model-path", str(MODELS / "kimi-k2"), "--pp-size", "8",
                 "--sim-hardware", "rtx-pro-6000-pcie-x8", "--max-running-requests", "32")
     assert user.max_running_requests == 32 and user.pp_max_micro_batch_size == 4
     assert user.cuda_graph_max_bs_decode == 32  # defaulted max bs is capped to max_running_requests
-    # the LM head makes the last stage the heaviest
+    # Stages 3 and 7 both hold 8 MoE layers; the last also holds the LM head, 163840 x 7168 BF16 =
+    # 2,348,810,240 bytes. Stage 0 holds 7 layers (the first dense) and the embedding of the same size.
     st = cfg.cost.stages
-    assert st[-1].weight_bytes > st[3].weight_bytes > st[0].weight_bytes - st[0].weight_bytes * 0.2
+    assert st[7].weight_bytes - st[3].weight_bytes == 163_840 * 7168 * 2
+    assert st[3].weight_bytes == st[4].weight_bytes == st[5].weight_bytes == st[6].weight_bytes
+    assert max(st, key=lambda s: s.weight_bytes) is st[7]
 
 
 def test_mla_kv_is_replicated_under_tp_but_split_under_pp() -> None:
-    kimi = str(REPO / "models" / "kimi-k2")
+    kimi = str(MODELS / "kimi-k2")
     tp8 = _cfg("--model-path", kimi, "--tp-size", "8", "--sim-hardware", "rtx-pro-6000-pcie-x8")
     pp8 = _cfg("--model-path", kimi, "--pp-size", "8", "--sim-hardware", "rtx-pro-6000-pcie-x8")
-    assert pp8.max_total_num_tokens > 3 * tp8.max_total_num_tokens  # simulation.md 2.4: ~170K vs ~1.4M
+    # MLA caches one latent of 512 + 64 BF16 values per token and layer, the same on every TP rank:
+    # under TP8 each GPU stores all 61 layers (70,272 B per token), under PP8 only its 7 or 8 (8,064 or
+    # 9,216 B). PP8 therefore holds several times the tokens (about 727K against 181K).
+    assert tp8.cost.stages[0].kv_bytes_per_token == 61 * 576 * 2
+    assert [s.kv_bytes_per_token for s in pp8.cost.stages] == [n * 576 * 2 for n in (7, 7, 7, 8, 8, 8, 8, 8)]
+    assert pp8.max_total_num_tokens > 3 * tp8.max_total_num_tokens
 
 
 def _predict(argv: list[str], concurrency: int, input_len: int, output_len: int, requests: int) -> dict:
@@ -97,7 +163,7 @@ def _predict(argv: list[str], concurrency: int, input_len: int, output_len: int,
 
 
 def test_pp8_ring_and_bubbles_in_virtual_time() -> None:
-    kimi = str(REPO / "models" / "kimi-k2")
+    kimi = str(MODELS / "kimi-k2")
     base = ["--model-path", kimi, "--pp-size", "8", "--sim-hardware", "rtx-pro-6000-pcie-x8"]
     cfg = _cfg(*base)
     one = _predict(base, concurrency=1, input_len=200, output_len=64, requests=2)
@@ -114,7 +180,7 @@ def test_pp8_ring_and_bubbles_in_virtual_time() -> None:
 
 
 def test_overlap_scheduler_hides_host_time_at_pp1() -> None:
-    llama = str(REPO / "models" / "llama-3.1-8b")
+    llama = str(MODELS / "llama-3.1-8b")
     base = ["--model-path", llama, "--sim-hardware", "h100-sxm-x8"]
     on = _cfg(*base)
     a = _predict(base, concurrency=4, input_len=128, output_len=128, requests=4)
@@ -126,21 +192,22 @@ def test_overlap_scheduler_hides_host_time_at_pp1() -> None:
 
 
 def test_admission_respects_request_pool_and_slot_cap() -> None:
-    kimi = str(REPO / "models" / "kimi-k2")
+    kimi = str(MODELS / "kimi-k2")
     cfg = _cfg("--model-path", kimi, "--pp-size", "8", "--sim-hardware", "rtx-pro-6000-pcie-x8",
                "--max-running-requests", "16", "--pp-async-batch-depth", "2")
     assert cfg.pp_max_micro_batch_size == 2  # 16 // pp_size, not // (pp_size + depth)
     sim = Simulation()
-    eng = Engine(cfg, sim)
+    rep = ReplicaModel(cfg, sim)
+    adm = rep.admission
     reqs = [Request(f"r{i}", 100, 50, i) for i in range(40)]
     for r in reqs:
-        eng.submit(r, 0.0)
+        rep.submit(r, 0.0)
     peak_pool = peak_slot = 0
     while sim.peek() is not None:
         sim.run_until(sim.peek())
-        peak_pool = max(peak_pool, eng.pool_used)
-        peak_slot = max(peak_slot, *(len(s.reqs) for s in eng.slots))
-        assert eng.kv_used <= eng.kv_committed <= eng.kv_capacity
+        peak_pool = max(peak_pool, adm.pool_used)
+        peak_slot = max(peak_slot, *(len(s.reqs) for s in rep.slots))
+        assert adm.kv_used <= adm.kv_committed <= adm.kv_capacity
     assert all(r.finished and len(r.output_ids) == 50 for r in reqs)
     assert peak_pool == 16 and peak_slot == 2  # the request pool caps the total; 10 slots run short
-    assert eng.pool_used == 0 and eng.kv_used == 0 and eng.kv_committed == 0
+    assert adm.pool_used == 0 and adm.kv_used == 0 and adm.kv_committed == 0

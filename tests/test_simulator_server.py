@@ -1,8 +1,9 @@
 """The simulated engine as a real server process: flags, endpoints, metrics, logs and PP behaviour.
 
 Every server is started with ``python -m simulator`` on a free loopback port (its own process group,
-killed in a finalizer). Behavioural checks read the model's own clock (``meta_info.sim_*``) so they do
-not depend on how loaded the machine is; wall-clock checks only use generous bounds.
+killed in a finalizer). Behavioural checks read the model's own clock (``meta_info.sim_*``, simulated
+seconds in ``/metrics``), so they do not depend on how loaded the machine is; nothing asserts on the
+wall clock.
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ from pathlib import Path
 
 import pytest
 
+from simulator.costs import decode_shape
+from simulator.predict import load_config
+
+pytestmark = pytest.mark.slow  # every test here starts server processes
+
 REPO = Path(__file__).resolve().parent.parent
 KIMI = str(REPO / "models" / "kimi-k2")
 TINY = str(REPO / "models" / "tiny-test")
 PCIE = "rtx-pro-6000-pcie-x8"
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 READY_LINE = "The server is fired up and ready to roll!"
 
 
@@ -42,16 +47,14 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / f"sim-{self.port}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115  (closed in stop())
-        t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "simulator", *args, "--port", str(self.port)],
-            cwd=tmp,  # cwd anywhere: the package is found through PYTHONPATH
-            env=ENV,
+            cwd=tmp,  # cwd anywhere: the package is installed
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        deadline = t0 + 30
+        deadline = time.monotonic() + 30  # a timeout for a broken server, not a measurement
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"simulator exited with {self.proc.returncode}:\n{self.log()}")
@@ -63,7 +66,6 @@ class Server:
                 time.sleep(0.02)
         else:
             raise RuntimeError(f"simulator not ready:\n{self.log()}")
-        self.startup_s = time.monotonic() - t0
 
     def log(self) -> str:
         self._log.flush()
@@ -149,7 +151,7 @@ def tiny(request: pytest.FixtureRequest, tmp_module: Path) -> Server:
 
 
 def _run_cli(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "simulator", *args], cwd=tmp, env=ENV,
+    return subprocess.run([sys.executable, "-m", "simulator", *args], cwd=tmp,
                           capture_output=True, text=True, timeout=30)
 
 
@@ -193,11 +195,13 @@ def test_server_info_resolves_sglang_auto_defaults(kimi_pp8: Server) -> None:
     assert info["pp_size"] == 8 and info["tp_size"] == 1 and info["pp_async_batch_depth"] == 0
     cap_tokens, ctx = info["max_total_num_tokens"], info["context_len"]
     assert ctx == 262144
-    expected = min(min(max(int(cap_tokens / ctx * 512), 2048), 4096), cap_tokens // 2)
-    assert info["max_running_requests"] == expected
-    assert info["pp_max_micro_batch_size"] == expected // 8
+    # The PP8 KV pool (about 727K tokens) is under 4 contexts, so SGLang's estimate pool / context * 512
+    # is below its floor of 2048 (and 2048 is under half the pool); the per-slot cap is 2048 // 8.
+    assert 4096 < cap_tokens < 4 * ctx
+    assert info["max_running_requests"] == 2048
+    assert info["pp_max_micro_batch_size"] == 256
     state = info["internal_states"][0]
-    assert state["effective_max_running_requests_per_dp"] == expected
+    assert state["effective_max_running_requests_per_dp"] == 2048
     assert state["memory_usage"]["token_capacity"] == cap_tokens
     assert set(state["memory_usage"]) == {"weight", "kvcache", "token_capacity", "graph"}
     assert info["chunked_prefill_size"] == 8192  # 96 GB card: the < 160 GB tier
@@ -353,10 +357,9 @@ def test_log_lines_parse(kimi_pp8: Server) -> None:
     assert any(msg.startswith("Prefill batch, #new-seq: ") for _, msg in msgs)
 
 
-def test_startup_is_quick_and_sigterm_exits_zero(tmp_path: Path) -> None:
+def test_ready_line_and_sigterm_exits_zero(tmp_path: Path) -> None:
     srv = Server(["--model-path", TINY, "--sim-hardware", "h200-nvlink-x8"], tmp_path)
     try:
-        assert srv.startup_s < 5.0  # ~0.5 s on an idle box; generous for a loaded one
         assert READY_LINE in srv.log()
         srv.proc.send_signal(signal.SIGTERM)
         assert srv.proc.wait(timeout=10) == 0
@@ -380,29 +383,20 @@ def _itl(meta: dict, out: int) -> float:
 
 
 def _ring_trip(extra: list[str], batch: int, ctx: int) -> float:
-    sys.path.insert(0, str(REPO))
-    from simulator.cli import build_parser
-    from simulator.costs import decode_shape
-    from simulator.resolve import resolve
-
-    cfg = resolve(build_parser().parse_args([*PP8, *extra]))
+    """The cost model's ring trip of one micro-batch (stages, hops, return, host time)."""
+    cfg = load_config([*PP8, *extra])
     return cfg.cost.ring_trip(decode_shape([ctx] * batch))
 
 
 def test_pp8_depth0_default_cap_is_one_microbatch_per_ring(kimi_pp8: Server, kimi_pp8_mb1: Server) -> None:
     prompt, out = 100, 48
-    t0 = time.monotonic()
     default = _batch_run(kimi_pp8, 8, prompt, out)
-    wall = time.monotonic() - t0
     # All 8 arrive together and fit one slot (cap = 2048 // 8): one micro-batch of 8, so each token costs
     # a full ring trip and the ring yields 8 tokens per period.
     ring = _ring_trip([], 8, prompt + out // 2)
     per_token = [(m["sim_e2e_latency"] - m["sim_first_token_latency"]) / (out - 1) for m in default]
     for t in per_token:
         assert t == pytest.approx(ring, rel=0.05)
-    sim_e2e = max(m["sim_e2e_latency"] for m in default)
-    # live mode follows the wall clock at --sim-time-scale 20 (generous bounds: loaded CI boxes)
-    assert 0.5 * sim_e2e / 20 < wall < 3.0 * sim_e2e / 20 + 1.0
     # With one request per slot, 8 micro-batches share the ring: expert bytes per step shrink
     # (D(1) = 8 vs D(8) = 59.5 experts per layer) so aggregate throughput is several times higher.
     # (Prefill is left out: eight 100-token prefills touch most experts either way.)

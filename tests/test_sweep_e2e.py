@@ -1,5 +1,5 @@
 """The spine end to end: a Hydra sweep on a real local Ray, the simulated engine over real HTTP, and
-a real sqlite MLflow store, checked against the MLflow layout in DESIGN.md."""
+a real sqlite MLflow store, checked against the MLflow layout in docs/mlflow-layout.md."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import pytest
 
 from orchestrator.process.server import group_alive
 from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow  # Ray, engines, MLflow
 
 # fast but honest: a tiny MoE model in PP2 on the simulated RTX PRO node, two load points
 SMALL = ["model=tiny-test", "parallelism=pp2", "workload=tiny", "ray.num_cpus=2"]
@@ -38,6 +40,9 @@ def test_sweep_completes_and_prints_summary(sweep) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "2 trial(s), status ok" in out
+    # labels name what varies between trials, never what they share or sweep-wide settings
+    assert "#0 pp.async_depth=0" in out and "#1 pp.async_depth=2" in out
+    assert "ray.num_cpus" not in out and "model=tiny-test parallelism" not in out
     assert "pp.async_depth=0" in out and "pp.async_depth=2" in out
     assert "mlflow ui --backend-store-uri sqlite:///" in out and "--host 127.0.0.1" in out
     assert "#/experiments/" in out and "workflowType=machine_learning" in out
@@ -122,6 +127,8 @@ def test_records_and_diagnosis_content(sweep) -> None:
         assert "address already in use" not in log
         assert not group_alive(int((d / "server" / "server.pgid").read_text()))
         findings = json.loads((d / "diagnosis.json").read_text())
-        assert isinstance(findings, list)
+        # PP2 with the default micro-batch cap (max_running_requests // 2) puts all 4 requests of
+        # c4 in one micro-batch: the diagnosis must say so
+        assert "too_few_microbatches" in {f["id"] for f in findings}, findings
         for f in findings:
             assert set(f) == {"id", "severity", "title", "evidence", "suggestion"}

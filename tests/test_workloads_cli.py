@@ -1,8 +1,14 @@
-"""``python -m workloads`` as a user runs it: real processes, real HTTP."""
+"""``python -m workloads`` as a user runs it: real processes, real HTTP.
+
+Only what the command guarantees whatever the machine's load is asserted: exit codes, the JSON
+contract (keys and types), counts, records, one-line errors. Whether a point is *valid* depends on
+how busy the machine was (the client's own lag check), so it is only checked to be consistent
+here; the check itself is unit-tested with constructed records (tests/test_workloads_metrics.py).
+"""
 
 from __future__ import annotations
 
-import socket
+import math
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -10,8 +16,11 @@ from pathlib import Path
 
 import orjson
 import pytest
+from servers import FakeServer, fake_server
 
-from workloads.testing import ServerProcess
+from vocab.records import ERROR_KINDS
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 CONTRACT_KEYS = (
@@ -29,72 +38,48 @@ CONTRACT_KEYS = (
 )
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "workloads", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    with ServerProcess(ttft_ms=2, itl_ms=1) as srv:
+def server() -> Iterator[FakeServer]:
+    with fake_server(ttft_ms=2, itl_ms=1) as srv:
         yield srv
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_json_output_has_contract_keys(server: ServerProcess, tmp_path: Path) -> None:
+def test_json_output_has_contract_keys(server: FakeServer, tmp_path: Path) -> None:
     records = tmp_path / "r.jsonl"
     p = cli(
-        "--url",
-        server.url,
-        "--api",
-        "chat",
-        "--concurrency",
-        "4",
-        "--requests",
-        "12",
-        "--input-len",
-        "16",
-        "--output-len",
-        "8",
-        "--warmup",
-        "2",
-        "--records",
-        str(records),
-        "--json",
+        *("--url", server.url, "--api", "chat", "--concurrency", "4", "--requests", "12"),
+        *("--input-len", "16", "--output-len", "8", "--warmup", "2", "--records", str(records), "--json"),
     )
     assert p.returncode == 0, p.stderr
     out = orjson.loads(p.stdout)
     for key in CONTRACT_KEYS:
-        assert key in out
-    assert out["valid"] == 1 and out["invalid_reasons"] == [] and out["completed"] == 12
+        # A number, or null for a latency without samples (never a string, never missing).
+        assert key in out and (out[key] is None or isinstance(out[key], int | float)), key
+    assert all(f"errors_{kind}" in out for kind in ERROR_KINDS)
+    # The fake server answers every request: all of them completed, with every token counted.
+    assert (out["num_requests"], out["completed"], out["errors"], out["output_tokens"]) == (12, 12, 0, 96)
+    assert all(math.isfinite(out[k]) and out[k] > 0 for k in ("output_tok_s", "request_s", "ttft_p50_ms"))
+    # The verdict and its reasons agree, whatever the machine's load made the verdict.
+    assert out["valid"] in (0, 1) and isinstance(out["invalid_reasons"], list)
+    assert all(isinstance(r, str) for r in out["invalid_reasons"])
+    assert (out["valid"] == 1) == (out["invalid_reasons"] == [])
     assert len(records.read_bytes().splitlines()) == 14  # warmup requests are recorded too
 
 
-def test_table_output_and_open_loop(server: ServerProcess) -> None:
+def test_table_output_and_open_loop(server: FakeServer) -> None:
     p = cli(
         "--url", server.url, "--rate", "40", "--arrival", "constant", "--requests", "20", "--output-len", "4"
     )
     assert p.returncode == 0, p.stderr
-    assert "r40" in p.stdout and "ttft" in p.stdout and "achieved_rate" in p.stdout and "valid" in p.stdout
-
-
-def _one_line_error(p: subprocess.CompletedProcess[str]) -> str:
-    assert p.returncode == 1
-    assert "Traceback" not in p.stderr and p.stdout == ""
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1, p.stderr
-    return lines[0]
-
-
-def test_unreachable_url_is_one_line_and_exit_1() -> None:
-    line = _one_line_error(cli("--url", f"http://127.0.0.1:{_free_port()}", "--concurrency", "2"))
-    assert line.startswith("error: cannot connect to http://127.0.0.1:")
+    assert "r40" in p.stdout and "ttft" in p.stdout and "achieved_rate" in p.stdout
+    assert "20/20 completed" in p.stdout
+    assert ("valid: the client kept up" in p.stdout) != ("INVALID" in p.stdout)  # exactly one verdict
 
 
 def test_non_llm_server_is_one_line_and_exit_1() -> None:
@@ -108,24 +93,11 @@ def test_non_llm_server_is_one_line_and_exit_1() -> None:
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline().split(" port ")[1].split()[0])
-        line = _one_line_error(
-            cli("--url", f"http://127.0.0.1:{port}", "--api", "completions", "--rate", "5")
-        )
-        assert "does not look like an SGLang or OpenAI-compatible server" in line and "404" in line
+        p = cli("--url", f"http://127.0.0.1:{port}", "--api", "completions", "--rate", "5")
     finally:
         proc.kill()
         proc.wait()
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--concurrency", "0"], "argument --concurrency: expected a positive integer"),
-        (["--concurrency", "2", "--rate", "3"], "not allowed with argument"),
-        (["--rate", "fast"], "argument --rate: expected a positive number"),
-        (["--concurrency", "2", "--api", "embed"], "argument --api: invalid choice"),
-    ],
-)
-def test_bad_flags_give_argparse_error(args: list[str], message: str) -> None:
-    p = cli("--url", "http://127.0.0.1:1", *args)
-    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 1 and p.stdout == "" and "Traceback" not in p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert "does not look like an SGLang or OpenAI-compatible server" in lines[0] and "404" in lines[0]

@@ -1,5 +1,6 @@
-"""The fast client's hot path: SSE fast path, per-read accounting, errors mid-read, pre-opened
-connections. In-process (a fake transport, or a tiny asyncio server), so no subprocess is needed."""
+"""The HTTP client's hot path: SSE parsing (and its fast path), per-API token accounting, per-read
+accounting, errors mid-read, how many connections a point opens ahead. In-process, on a fake
+transport: no socket, no server."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import random
 import orjson
 import pytest
 
-from vocab.load import LoadPoint, RequestSpec
+from vocab.load import LoadPoint
 from vocab.records import RequestRecord
-from workloads.backend import SSESink, send_request_fast
-from workloads.fasthttp import HTTPError, Pool, _Conn
-from workloads.payloads import build_request
-from workloads.runner import _connections_ahead
-from workloads.sse import DONE, SSEParser, _event_data
+from workloads.backend import SSESink
+from workloads.fasthttp import Connection, Pool
+from workloads.shard import connections_ahead
+from workloads.sse import DONE, SSEParser
+from workloads.streams import GenerateStream, OpenAIStream, StreamError
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -44,14 +45,15 @@ def _sse(payload: bytes) -> bytes:
 
 
 def _spec_parse(stream: bytes) -> list[bytes]:
-    """The SSE rules written plainly (blank-line separated blocks, data lines joined by \\n)."""
+    """The SSE rules written plainly: blank-line separated blocks; an event is the values of its
+    ``data:`` lines (one leading space dropped) joined by \\n; a block without one is no event."""
     text = stream.replace(b"\r\n", b"\n")
     blocks = text.split(b"\n\n")[:-1]  # the part after the last blank line is not an event yet
     out = []
     for block in blocks:
-        payload = _event_data(block)
-        if payload is not None:
-            out.append(payload)
+        data = [line[5:].removeprefix(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
+        if data:
+            out.append(b"\n".join(data))
     return out
 
 
@@ -93,6 +95,68 @@ def test_sse_fast_path_split_between_the_two_newlines() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# SSE parsing and token accounting per API
+
+
+def test_sse_parser_handles_splits_coalescing_crlf_and_comments() -> None:
+    p = SSEParser()
+    assert p.feed(b'data: {"a":') == []
+    assert p.feed(b' 1}\n\ndata: {"b": 2}\n\ndata: [DO') == [b'{"a": 1}', b'{"b": 2}']
+    assert p.feed(b"NE]\n\n") == [DONE]
+    p = SSEParser()
+    assert p.feed(b": keep-alive\r\n\r\nevent: x\r\ndata: one\r") == []
+    assert p.feed(b"\ndata: two\r\n\r\n") == [b"one\ntwo"]
+    assert p.feed(b"data:tight") == [] and p.flush() == [b"tight"]
+
+
+def _gen_event(ct: int, finish: bool = False) -> bytes:
+    meta = {
+        "completion_tokens": ct,
+        "prompt_tokens": 5,
+        "finish_reason": {"type": "length"} if finish else None,
+    }
+    return orjson.dumps({"text": "x" * ct, "meta_info": meta})
+
+
+def test_generate_stream_counts_cumulative_differences() -> None:
+    s = GenerateStream()
+    assert [s.on_event(_gen_event(c)) for c in (1, 3, 4)] == [1, 2, 1]
+    assert s.on_event(_gen_event(7, finish=True)) == 3
+    assert (s.output_tokens, s.prompt_tokens, s.finish_reason) == (7, 5, "length")
+    with pytest.raises(StreamError) as e:
+        s.on_event(b'{"text": "no meta"}')
+    assert e.value.kind == "malformed"
+    with pytest.raises(StreamError) as e:
+        s.on_event(b'{"error": {"message": "boom"}}')
+    assert e.value.kind == "server_error" and "boom" in e.value.message
+    with pytest.raises(StreamError) as e:
+        s.on_event(b"{nope")
+    assert e.value.kind == "malformed"
+
+
+def test_openai_streams_count_content_chunks_and_take_usage_total() -> None:
+    s = OpenAIStream(chat=False)
+    assert s.on_event(b'{"choices":[{"index":0,"text":" a","finish_reason":null}],"usage":null}') == 1
+    assert s.on_event(b'{"choices":[{"index":0,"text":" bc","finish_reason":"length"}],"usage":null}') == 1
+    assert s.on_event(b'{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5}}') == 0
+    assert (s.output_tokens, s.prompt_tokens, s.finish_reason) == (5, 3, "length")
+
+    c = OpenAIStream(chat=True)
+    assert c.on_event(b'{"choices":[{"delta":{"role":"assistant","content":""}}]}') == 0
+    assert c.on_event(b'{"choices":[{"delta":{"content":"hi"}}]}') == 1
+    assert c.on_event(b'{"choices":[{"delta":{"reasoning_content":"hm"}}]}') == 1
+    assert c.on_event(b'{"choices":[{"delta":{},"finish_reason":"length"}]}') == 0
+    assert (c.output_tokens, c.finish_reason) == (2, "length")  # no usage chunk: counted chunks
+
+    u = OpenAIStream(chat=True)  # continuous usage: exact tokens per chunk
+    assert u.on_event(b'{"choices":[{"delta":{"content":"ab"}}],"usage":{"completion_tokens":4}}') == 4
+    assert u.on_event(b'{"choices":[{"delta":{"content":"c"}}],"usage":{"completion_tokens":6}}') == 2
+    with pytest.raises(StreamError) as e:
+        u.on_event(b'{"object":"error","message":"overloaded"}')
+    assert e.value.kind == "server_error"
+
+
+# ---------------------------------------------------------------------------------------------
 # the fast client's sink, fed through the HTTP/1.1 parser with a fake transport
 
 
@@ -110,7 +174,7 @@ class _FakeTransport:
 def _feed(reads: list[bytes]) -> tuple[RequestRecord, BaseException | None, _FakeTransport]:
     async def go() -> tuple[RequestRecord, BaseException | None, _FakeTransport]:
         loop = asyncio.get_running_loop()
-        conn = _Conn(Pool("http://127.0.0.1:9"))
+        conn = Connection(Pool("http://127.0.0.1:9"))
         transport = _FakeTransport()
         conn.transport = transport  # type: ignore[assignment]
         rec = RequestRecord(point="c1", index=0)
@@ -172,94 +236,16 @@ def test_cut_stream_and_http_error_are_still_classified() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# pre-opened connections
-
-
-class _Server:
-    """Answers every POST with a 3-token /generate stream; counts the connections it accepted."""
-
-    def __init__(self) -> None:
-        self.accepted = 0
-        self.protos: list[asyncio.Protocol] = []
-
-    def factory(self) -> asyncio.Protocol:
-        server = self
-
-        class P(asyncio.Protocol):
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                server.accepted += 1
-                server.protos.append(self)
-                self.transport = transport
-                self.buf = b""
-
-            def data_received(self, data: bytes) -> None:
-                self.buf += data
-                end = self.buf.find(b"\r\n\r\n")
-                if end < 0:
-                    return
-                length = int(self.buf[:end].lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                if len(self.buf) < end + 4 + length:
-                    return
-                self.buf = self.buf[end + 4 + length :]
-                body = b"".join(_sse(_gen(i, finish=i == 3)) for i in (1, 2, 3))
-                self.transport.write(HEAD + body + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")  # type: ignore[attr-defined]
-
-        return P()
-
-
-def test_pool_open_preconnects_and_requests_reuse_those_connections() -> None:
-    async def go() -> None:
-        loop = asyncio.get_running_loop()
-        srv = _Server()
-        server = await loop.create_server(srv.factory, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        pool = Pool(f"http://127.0.0.1:{port}")
-        try:
-            assert await pool.open(4) == 4
-            assert srv.accepted == 4
-            req = build_request(RequestSpec(output_len=3), 0)
-            recs = [RequestRecord(point="c4", index=i) for i in range(8)]
-            for batch in (recs[:4], recs[4:]):
-                await asyncio.gather(*(send_request_fast(pool, req, "generate", r) for r in batch))
-            assert all(r.ok and r.output_tokens == 3 for r in recs), [r.error for r in recs]
-            assert srv.accepted == 4  # no connection beyond the pre-opened ones
-            # The server drops its idle connections: the next requests retry on new ones.
-            for proto in srv.protos:
-                proto.transport.close()  # type: ignore[attr-defined]
-            await asyncio.sleep(0.05)
-            again = [RequestRecord(point="c4", index=i) for i in range(2)]
-            await asyncio.gather(*(send_request_fast(pool, req, "generate", r) for r in again))
-            assert all(r.ok for r in again), [r.error for r in again]
-        finally:
-            pool.close()
-            server.close()
-            await server.wait_closed()
-
-    asyncio.run(go())
-
-
-def test_pool_open_on_an_unreachable_server_opens_nothing() -> None:
-    async def go() -> None:
-        pool = Pool("http://127.0.0.1:9", connect_timeout=2.0)
-        try:
-            assert await pool.open(3) == 0
-            assert await pool.open(0) == 0
-            with pytest.raises(HTTPError) as e:
-                await pool._connect()
-            assert e.value.kind == "connect"
-        finally:
-            pool.close()
-
-    asyncio.run(go())
+# connections opened ahead of a point
 
 
 def test_connections_ahead_per_mode_and_shard() -> None:
-    assert _connections_ahead(LoadPoint(num_requests=100, concurrency=8), 0, 1) == 8
-    assert _connections_ahead(LoadPoint(num_requests=3, concurrency=8, warmup_requests=1), 0, 1) == 4
-    assert _connections_ahead(LoadPoint(num_requests=100, concurrency=9), 1, 2) == 4
-    assert _connections_ahead(LoadPoint(num_requests=3, concurrency=9), 1, 2) == 1
-    assert _connections_ahead(LoadPoint(duration_s=1.0, concurrency=5), 0, 1) == 5
-    assert _connections_ahead(LoadPoint(num_requests=10, rate=5.0, max_concurrency=4), 0, 1) == 0
+    assert connections_ahead(LoadPoint(num_requests=100, concurrency=8), 0, 1) == 8
+    assert connections_ahead(LoadPoint(num_requests=3, concurrency=8, warmup_requests=1), 0, 1) == 4
+    assert connections_ahead(LoadPoint(num_requests=100, concurrency=9), 1, 2) == 4
+    assert connections_ahead(LoadPoint(num_requests=3, concurrency=9), 1, 2) == 1
+    assert connections_ahead(LoadPoint(duration_s=1.0, concurrency=5), 0, 1) == 5
+    assert connections_ahead(LoadPoint(num_requests=10, rate=5.0, max_concurrency=4), 0, 1) == 0
 
 
 def test_done_constant_is_what_the_parser_returns() -> None:

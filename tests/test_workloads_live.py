@@ -1,9 +1,18 @@
-"""The load generator against a real local SSE server process over real HTTP (no mocks)."""
+"""The load generator against the misbehaving fake server (``tests/fakeserver.py``, its own process)
+over real HTTP, no mocks.
+
+Asserted is what the code guarantees on any machine: counts, token accounting, error kinds,
+records, the schedule it was given, and that the verdict agrees with its reasons. Whether a point
+is *valid* also depends on how busy the machine was (the client's own lag check), so that is
+unit-tested with constructed records instead (tests/test_workloads_metrics.py).
+"""
 
 from __future__ import annotations
 
 import itertools
+import math
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -11,67 +20,89 @@ from pathlib import Path
 
 import orjson
 import pytest
+from servers import FakeServer, fake_server
 
+from vocab.records import PointResult
 from workloads import LoadPoint, RequestSpec, read_records, run_point
-from workloads.testing import ServerProcess, process_group
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    with ServerProcess(ttft_ms=5, itl_ms=2) as srv:
+def server() -> Iterator[FakeServer]:
+    with fake_server(ttft_ms=5, itl_ms=2) as srv:
         yield srv
 
 
 @pytest.fixture(autouse=True)
-def _reset(server: ServerProcess) -> None:
+def _reset(server: FakeServer) -> None:
     server.control(mode="ok", every=1, ttft_ms=5, itl_ms=2, tokens_per_chunk=1)
 
 
-def test_closed_loop_c8_delivers_count_and_concurrency(server: ServerProcess) -> None:
+def _verdict_agrees(res: PointResult) -> bool:
+    return (res.metrics["valid"] == 1.0) == (res.invalid_reasons == []) == res.valid
+
+
+def _no_failure_reason(res: PointResult) -> bool:
+    return not any("requests failed" in r or "no measured request" in r for r in res.invalid_reasons)
+
+
+def test_closed_loop_c8_delivers_count_and_concurrency(server: FakeServer) -> None:
     point = LoadPoint(num_requests=64, concurrency=8, warmup_requests=8)
     spec = RequestSpec(api="generate", input_len=32, output_len=16, seed=1)
     res = run_point(server.url, point, spec)
     m = res.metrics
     assert len(res.records) == 72 and sum(r.warmup for r in res.records) == 8
     assert (m["num_requests"], m["completed"], m["errors"]) == (64, 64, 0)
-    assert 7.6 <= m["achieved_concurrency"] <= 8.0 and m["peak_concurrency"] == 8
-    assert m["valid"] == 1 and res.invalid_reasons == []
+    # Eight workers never have more than eight requests in flight.
+    assert 0 < m["achieved_concurrency"] <= 8.0 and 1 <= m["peak_concurrency"] <= 8
+    assert m["offered_concurrency"] == 8 and _verdict_agrees(res) and _no_failure_reason(res)
     assert m["output_tokens"] == 64 * 16 and m["input_tokens"] == 64 * 32
     assert all(r.output_tokens == 16 and r.finish_reason == "length" for r in res.records)
     assert all(sum(r.chunk_tokens) == 16 and r.http_status == 200 for r in res.records)
-    # 5 ms TTFT and 2 ms per token on the server, plus loopback and scheduling noise.
-    assert 4.0 < m["ttft_p50_ms"] < 50 and 1.5 < m["itl_p50_ms"] < 20 and m["output_tok_s"] > 0
+    for r in res.records:  # every timestamp in order: send, head, first token, ..., end
+        assert r.send_time < r.first_byte_time <= r.first_token_time == r.chunk_times[0]  # type: ignore[operator]
+        assert r.chunk_times == sorted(r.chunk_times) and r.chunk_times[-1] <= r.end_time  # type: ignore[operator]
+    # No ITL sample at all is possible (a busy client can get a whole stream in one read): NaN, never 0.
+    assert m["ttft_p50_ms"] > 0 and m["output_tok_s"] > 0
+    assert math.isnan(m["itl_p50_ms"]) or m["itl_p50_ms"] >= 0
 
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
-def test_openai_apis_closed_loop(server: ServerProcess, api: str) -> None:
+def test_openai_apis_closed_loop(server: FakeServer, api: str) -> None:
     res = run_point(server.url, LoadPoint(num_requests=16, concurrency=4), RequestSpec(api=api, output_len=8))
     m = res.metrics
-    assert (m["completed"], m["errors"], m["valid"]) == (16, 0, 1)
+    assert (m["completed"], m["errors"]) == (16, 0) and _verdict_agrees(res) and _no_failure_reason(res)
     # The include_usage chunk gives the total; chat's role and finish chunks carry no token.
     assert all(r.output_tokens == 8 and sum(r.chunk_tokens) == 8 for r in res.records)
     assert all(r.finish_reason == "length" for r in res.records)
 
 
-def test_open_loop_constant_rate_is_achieved(server: ServerProcess) -> None:
+def _scheduled_offsets(res: PointResult) -> list[float]:
+    recs = sorted(res.records, key=lambda r: r.index)
+    return [r.scheduled_time - recs[0].scheduled_time for r in recs]  # type: ignore[operator]
+
+
+def test_open_loop_follows_the_constant_schedule(server: FakeServer) -> None:
     point = LoadPoint(num_requests=100, rate=50.0, arrival="constant", warmup_requests=2)
     res = run_point(server.url, point, RequestSpec(api="generate", output_len=8))
     m = res.metrics
-    assert m["completed"] == 100 and m["valid"] == 1, res.invalid_reasons
+    assert m["completed"] == 100 and _verdict_agrees(res) and _no_failure_reason(res)
     assert m["offered_rate"] == 50.0 and m["scheduled_rate"] == pytest.approx(50.0)
-    assert m["achieved_rate"] == pytest.approx(50.0, rel=0.02)
-    assert m["schedule_lag_p99_ms"] < 20
+    # Every request carries the time the schedule gave it: 20 ms apart from one start.
+    assert _scheduled_offsets(res) == pytest.approx([i / 50.0 for i in range(102)], abs=1e-6)
+    assert math.isfinite(m["achieved_rate"]) and math.isfinite(m["schedule_lag_p99_ms"])
 
 
-def test_open_loop_poisson_follows_its_schedule(server: ServerProcess) -> None:
+def test_open_loop_poisson_follows_its_schedule(server: FakeServer) -> None:
     point = LoadPoint(num_requests=80, rate=80.0, arrival="poisson", seed=5)
     res = run_point(server.url, point, RequestSpec(api="completions", output_len=8))
     m = res.metrics
-    assert m["completed"] == 80 and m["valid"] == 1, res.invalid_reasons
-    assert m["achieved_rate"] == pytest.approx(m["scheduled_rate"], rel=0.01)
+    assert m["completed"] == 80 and _verdict_agrees(res) and _no_failure_reason(res)
     offsets = point.send_offsets()
+    assert _scheduled_offsets(res) == pytest.approx(list(offsets - offsets[0]), abs=1e-6)
     assert m["scheduled_rate"] == pytest.approx(79 / (offsets[-1] - offsets[0]))
 
 
@@ -87,10 +118,10 @@ def test_open_loop_poisson_follows_its_schedule(server: ServerProcess) -> None:
         ("hang", "timeout", "completions"),
     ],
 )
-def test_misbehaviour_is_a_per_request_error(server: ServerProcess, mode: str, kind: str, api: str) -> None:
+def test_misbehaviour_is_a_per_request_error(server: FakeServer, mode: str, kind: str, api: str) -> None:
     server.control(mode=mode, every=3)  # requests 3, 6, 9, 12 misbehave
     point = LoadPoint(num_requests=12, concurrency=3)
-    res = run_point(server.url, point, RequestSpec(api=api, output_len=6, model="m"), sock_read_timeout=0.5)
+    res = run_point(server.url, point, RequestSpec(api=api, output_len=6, model="m"), sock_read_timeout=1.0)
     m = res.metrics
     assert len(res.records) == 12  # the point went on
     assert (m["completed"], m["errors"], m[f"errors_{kind}"]) == (8, 4, 4)
@@ -98,7 +129,8 @@ def test_misbehaviour_is_a_per_request_error(server: ServerProcess, mode: str, k
     assert all(r.error_kind == kind and r.end_time is not None for r in failed)
     if kind.startswith("http_"):
         assert all(r.http_status == int(mode[-3:]) and "injected" in (r.error or "") for r in failed)
-    assert m["valid"] == 1  # 4 of 12 failing is reported, but does not make the point invalid
+    # 4 of 12 failing is reported per request, but is no reason to call the point invalid.
+    assert _no_failure_reason(res) and _verdict_agrees(res)
     assert m["ttft_p50_ms"] > 0  # latencies come from the 8 good requests only
 
 
@@ -111,7 +143,7 @@ def test_unreachable_url_fails_every_request_without_raising() -> None:
     assert res.invalid_reasons and "5 of 5 requests failed" in res.invalid_reasons[0]
 
 
-def test_multi_token_chunks_per_token_vs_per_chunk_itl(server: ServerProcess) -> None:
+def test_multi_token_chunks_per_token_vs_per_chunk_itl(server: FakeServer) -> None:
     server.control(tokens_per_chunk=4, itl_ms=3)
     res = run_point(server.url, LoadPoint(num_requests=8, concurrency=2), RequestSpec(output_len=16))
     m = res.metrics
@@ -124,9 +156,11 @@ def test_multi_token_chunks_per_token_vs_per_chunk_itl(server: ServerProcess) ->
         gaps += [(b - a) * 1000 for a, b in itertools.pairwise(times)]
         tokens_after_first += sum(k for k in r.chunk_tokens if k > 0) - next(k for k in r.chunk_tokens if k)
     # Per token: a gap g before k tokens is k samples of g/k, so the mean is total gap / tokens.
-    assert m["itl_mean_ms"] == pytest.approx(sum(gaps) / tokens_after_first, rel=1e-9)
-    assert m["itl_chunk_mean_ms"] == pytest.approx(sum(gaps) / len(gaps), rel=1e-9)
-    assert m["itl_chunk_p50_ms"] > 10  # 4 tokens x 3 ms per chunk
+    if gaps:
+        assert m["itl_mean_ms"] == pytest.approx(sum(gaps) / tokens_after_first, rel=1e-9)
+        assert m["itl_chunk_mean_ms"] == pytest.approx(sum(gaps) / len(gaps), rel=1e-9)
+    else:  # every stream arrived in one read (a very busy client): no ITL sample, so NaN
+        assert math.isnan(m["itl_mean_ms"]) and math.isnan(m["itl_chunk_mean_ms"])
 
     # OpenAI without continuous usage: one count per content event, total from the usage chunk.
     plain = run_point(server.url, LoadPoint(num_requests=4, concurrency=2), RequestSpec("completions", 8, 16))
@@ -141,7 +175,7 @@ def test_multi_token_chunks_per_token_vs_per_chunk_itl(server: ServerProcess) ->
     assert all(all(k % 4 == 0 for k in r.chunk_tokens) for r in exact.records)
 
 
-def test_records_are_written_incrementally(server: ServerProcess, tmp_path: Path) -> None:
+def test_records_are_written_incrementally(server: FakeServer, tmp_path: Path) -> None:
     path = tmp_path / "records.jsonl"
     seen: list[tuple[int, int, int]] = []
 
@@ -160,40 +194,34 @@ def test_records_are_written_incrementally(server: ServerProcess, tmp_path: Path
     assert list(read_records(path)) == res.records
 
 
-def test_killed_run_keeps_finished_records(server: ServerProcess, tmp_path: Path) -> None:
-    server.control(itl_ms=20)
+def test_killed_run_keeps_finished_records(server: FakeServer, tmp_path: Path) -> None:
+    server.control(itl_ms=20)  # 200 ms a request, 2 at a time: 1000 requests would take 100 s
     path = tmp_path / "records.jsonl"
-    argv = [
-        sys.executable,
-        "-m",
-        "workloads",
-        "--url",
-        server.url,
-        "--concurrency",
-        "2",
-        "--requests",
-        "200",
-        "--output-len",
-        "10",
-        "--records",
-        str(path),
-    ]
-    with process_group(argv, cwd=REPO):
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and (not path.exists() or len(path.read_bytes().splitlines()) < 4):
+    argv = [sys.executable, "-m", "workloads", "--url", server.url, "--concurrency", "2"]
+    argv += ["--requests", "1000", "--output-len", "10", "--records", str(path)]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # Wait for 4 finished requests (the deadline only guards against a hang), then kill -9.
+        deadline = time.monotonic() + 120
+        while (not path.exists() or len(path.read_bytes().splitlines()) < 4) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no 4 records written"
             time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
     lines = path.read_bytes().splitlines()
-    assert 4 <= len(lines) < 200
+    assert 4 <= len(lines) < 1000
     for line in lines:
         rec = orjson.loads(line)  # every line is complete JSON
         assert rec["error"] is None and rec["output_tokens"] == 10
 
 
-def test_open_loop_max_concurrency_cap_is_reported(server: ServerProcess) -> None:
+def test_open_loop_max_concurrency_cap_is_reported(server: FakeServer) -> None:
     server.control(itl_ms=5)
     point = LoadPoint(num_requests=30, rate=100.0, arrival="constant", max_concurrency=2)
     res = run_point(server.url, point, RequestSpec(output_len=10))
     m = res.metrics
     assert m["completed"] == 30 and m["peak_concurrency"] == 2
+    # Two at a time, each at least 50 ms on the server: at most 40 req/s of the 100 scheduled.
     assert m["achieved_rate"] < 90 and m["valid"] == 0
     assert any("max_concurrency=2 was reached" in r for r in res.invalid_reasons)

@@ -130,12 +130,17 @@ def records_to_dataframe(records: Iterable[RequestRecord]) -> pd.DataFrame:
 
 @dataclass
 class PointResult:
-    """Outcome of one load point. ``invalid_reasons`` is empty iff ``metrics['valid'] == 1``."""
+    """Outcome of one load point. ``invalid_reasons`` is empty iff ``metrics['valid'] == 1``.
+
+    ``start``/``end`` bound the point's window on the records' clock (epoch seconds when measured,
+    virtual seconds when predicted); telemetry is summarised over that window. 0 when unknown."""
 
     point: LoadPoint
     metrics: dict[str, float]
     invalid_reasons: list[str] = field(default_factory=list)
     records: list[RequestRecord] = field(default_factory=list)
+    start: float = 0.0
+    end: float = 0.0
 
     @property
     def valid(self) -> bool:

@@ -20,11 +20,7 @@ class TrialStatus(StrEnum):
     OK = "ok"
     FAILED = "failed"
     KILLED = "killed"  # interrupted (Ctrl-C, SIGTERM, a cancelled Ray task)
-    SKIPPED = "skipped"  # not run: a dry run, or reused from an earlier identical trial
-
-    @property
-    def final(self) -> bool:
-        return self is not TrialStatus.RUNNING
+    SKIPPED = "skipped"  # not run: reused from an earlier trial with the same config hash
 
     @property
     def succeeded(self) -> bool:

@@ -1,16 +1,16 @@
-"""The HTTP client: one aiohttp session per load point, one streamed POST per request.
+"""One streamed request on the HTTP client (:mod:`workloads.fasthttp`), and the ``/v1/models`` probe.
 
-Settings follow shared/reference/ecosystem.md §6: the default connector (limit=100) would
-silently queue requests inside aiohttp and inflate TTFT, the default 5-minute total timeout would
-kill long streams, and a small read buffer lets a busy client throttle the socket (fake ITL).
+:func:`send_request` is the load generator's only send path: the response is fed, read by read,
+to an :class:`SSESink`, which splits it into SSE events, has the API's stream state parse and
+validate every event, and records one ``(time, tokens)`` pair per read into the request's
+:class:`~vocab.records.RequestRecord`. Failures are classified into the record's ``error_kind``;
+they never raise.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
-import aiohttp
 import orjson
 
 from vocab.records import RequestRecord
@@ -21,39 +21,12 @@ from .payloads import PreparedRequest
 from .sse import DONE, SSEParser
 from .streams import StreamError, StreamState, make_stream
 
-READ_BUFSIZE = 4 * 1024 * 1024
 # An SSE event larger than this without a blank line is not an LLM stream (or is broken).
 MAX_PENDING_BYTES = 64 * 1024 * 1024
-# After [DONE] we read the (normally already arrived) end of the chunked body so the keep-alive
-# connection can be reused; a server that holds the body open after [DONE] is not waited on longer.
-DRAIN_TIMEOUT_S = 1.0
-HEADERS = {
-    "Content-Type": "application/json",
-    # auto_decompress=False only stops aiohttp decoding; also ask the server not to compress.
-    "Accept-Encoding": "identity",
-    "Accept": "text/event-stream",
-}
-
-
-def make_session(
-    sock_read_timeout: float = 300.0, sock_connect_timeout: float = 10.0
-) -> aiohttp.ClientSession:
-    """A session whose limits never bind: concurrency is the scheduler's job, not the connector's.
-
-    Must be called inside the running event loop that will use it.
-    """
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=60)
-    # total=None: a long generation is not an error; sock_read bounds the gap between two reads.
-    timeout = aiohttp.ClientTimeout(
-        total=None, sock_connect=sock_connect_timeout, sock_read=sock_read_timeout
-    )
-    return aiohttp.ClientSession(
-        connector=connector,
-        timeout=timeout,
-        read_bufsize=READ_BUFSIZE,
-        auto_decompress=False,
-        headers=HEADERS,
-    )
+# Bytes of an error response kept for the one-line snippet in the record.
+SNIPPET_BYTES = 4096
+# A /v1/models answer larger than this is not a model list.
+MAX_PROBE_BYTES = 1024 * 1024
 
 
 def normalize_url(url: str) -> str:
@@ -66,88 +39,9 @@ def normalize_url(url: str) -> str:
     return url
 
 
-async def _body_snippet(resp: aiohttp.ClientResponse, limit: int = 300) -> str:
-    try:
-        raw = await asyncio.wait_for(resp.content.read(4096), timeout=2.0)
-    except (TimeoutError, aiohttp.ClientError):
-        return ""
-    text = " ".join(raw.decode("utf-8", "replace").split())
+def _one_line(raw: bytes, limit: int = 300) -> str:
+    text = " ".join(raw[:SNIPPET_BYTES].decode("utf-8", "replace").split())
     return text[:limit] + ("…" if len(text) > limit else "")
-
-
-async def _drain(resp: aiohttp.ClientResponse) -> None:
-    with contextlib.suppress(asyncio.TimeoutError, aiohttp.ClientError):
-        async with asyncio.timeout(DRAIN_TIMEOUT_S):
-            while await resp.content.readany():
-                pass
-
-
-async def send_request(
-    session: aiohttp.ClientSession, base_url: str, req: PreparedRequest, api: str, rec: RequestRecord
-) -> None:
-    """Send ``req``, stream the answer and fill ``rec`` in place. Never raises (except cancellation)."""
-    state = make_stream(api)
-    parser = SSEParser()
-    done = False
-    now = clock.now
-    rec.send_time = now()
-    try:
-        async with session.post(base_url + req.path, data=req.body) as resp:
-            rec.first_byte_time = now()
-            rec.http_status = resp.status
-            if resp.status >= 400:
-                kind = "http_5xx" if resp.status >= 500 else "http_4xx"
-                raise StreamError(kind, f"HTTP {resp.status}: {await _body_snippet(resp)}")
-            ctype = resp.headers.get("Content-Type", "")
-            if not ctype.startswith("text/event-stream"):
-                raise StreamError(
-                    "malformed",
-                    f"expected an SSE stream (text/event-stream), got {ctype or 'no content type'}: "
-                    f"{await _body_snippet(resp)}",
-                )
-            async for data in resp.content.iter_any():
-                t = now()  # the arrival time of this read; everything parsed from it shares it
-                events = parser.feed(data)
-                if not events:
-                    if parser.pending > MAX_PENDING_BYTES:
-                        raise StreamError("malformed", "no SSE event boundary in the first 64 MiB")
-                    continue
-                done = _consume(events, state, t, rec)
-                if done:
-                    break
-            else:
-                t = now()
-                done = _consume(parser.flush(), state, t, rec)
-            if done:
-                await _drain(resp)
-            elif state.finish_reason is None:
-                raise StreamError(
-                    "disconnected", f"stream ended before [DONE] after {state.output_tokens} tokens"
-                )
-            # A stream that ends cleanly with a finish_reason but no [DONE] is accepted (lenient).
-    except StreamError as e:
-        rec.error_kind, rec.error = e.kind, e.message
-    except aiohttp.ConnectionTimeoutError as e:
-        rec.error_kind, rec.error = "connect", f"connect timeout: {e}"
-    except TimeoutError as e:  # includes aiohttp's SocketTimeoutError (sock_read)
-        rec.error_kind = "timeout"
-        rec.error = f"read timeout after {len(rec.chunk_times)} chunks: {e or 'no data'}"
-    except aiohttp.ClientConnectorError as e:
-        rec.error_kind, rec.error = "connect", f"cannot connect: {e}"
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
-        # ServerDisconnectedError, ClientOSError (reset), "Response payload is not completed".
-        rec.error_kind, rec.error = "disconnected", f"{type(e).__name__}: {e}"
-    except aiohttp.ClientError as e:
-        rec.error_kind, rec.error = "disconnected", f"{type(e).__name__}: {e}"
-    except Exception as e:  # a bug in the client must not end the point; it is reported per request
-        rec.error_kind, rec.error = "client", f"{type(e).__name__}: {e}"
-    finally:
-        if rec.end_time is None:
-            rec.end_time = now()
-        rec.output_tokens = state.output_tokens
-        if state.prompt_tokens is not None:
-            rec.input_tokens = state.prompt_tokens
-        rec.finish_reason = state.finish_reason
 
 
 class SSESink(Sink):
@@ -179,14 +73,12 @@ class SSESink(Sink):
 
     def _fail_bad(self) -> StreamError:
         assert self.bad is not None
-        text = " ".join(self.snippet[:4096].decode("utf-8", "replace").split())
-        text = text[:300] + ("…" if len(text) > 300 else "")
-        return StreamError(self.bad[0], self.bad[1] + text)
+        return StreamError(self.bad[0], self.bad[1] + _one_line(self.snippet))
 
     def on_data(self, data: bytes, t: float) -> None:
         if self.bad is not None:
             self.snippet += data
-            if len(self.snippet) >= 4096:
+            if len(self.snippet) >= SNIPPET_BYTES:
                 raise self._fail_bad()
             return
         parser = self.parser
@@ -212,8 +104,8 @@ class SSESink(Sink):
         self.rec.end_time = t
 
 
-async def send_request_fast(pool: Pool, req: PreparedRequest, api: str, rec: RequestRecord) -> None:
-    """:func:`send_request` on parasweep's own HTTP client (:mod:`workloads.fasthttp`)."""
+async def send_request(pool: Pool, req: PreparedRequest, api: str, rec: RequestRecord) -> None:
+    """Send ``req``, stream the answer and fill ``rec`` in place. Never raises (except cancellation)."""
     sink = SSESink(rec, api)
     payload = pool.request_bytes(req.path, req.body)
     now = clock.now
@@ -259,16 +151,46 @@ def _consume(events: list[bytes], state: StreamState, t: float, rec: RequestReco
     return done
 
 
-async def fetch_model(session: aiohttp.ClientSession, base_url: str, timeout_s: float = 10.0) -> str | None:
+class _BodySink(Sink):
+    """Keeps the status and the body of a small, non-streamed response."""
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.body = bytearray()
+
+    def on_head(self, status: int, headers: dict[str, str], t: float) -> None:
+        self.status = status
+
+    def on_data(self, data: bytes, t: float) -> None:
+        self.body += data
+        if len(self.body) > MAX_PROBE_BYTES:
+            raise HTTPError("malformed", f"response larger than {MAX_PROBE_BYTES} bytes")
+
+
+async def _get(base_url: str, path: str, timeout_s: float) -> tuple[int, bytes]:
+    """``GET base_url + path`` on a connection of its own: (status, body). Raises HTTPError, TimeoutError."""
+    pool = Pool(base_url, connect_timeout=timeout_s, read_timeout=timeout_s)
+    sink = _BodySink()
+    try:
+        async with asyncio.timeout(timeout_s):
+            await pool.request(pool.get_bytes(path), sink)
+    finally:
+        pool.close()
+    return sink.status, bytes(sink.body)
+
+
+def _model_id(raw: bytes) -> str | None:
+    """The first model id of an OpenAI model list; KeyError, IndexError, TypeError or a JSON error if none."""
+    model = orjson.loads(raw)["data"][0]["id"]
+    return model if isinstance(model, str) else None
+
+
+async def fetch_model(base_url: str, timeout_s: float = 10.0) -> str | None:
     """The served model id from ``GET /v1/models``, or None if the server cannot say."""
     try:
-        async with asyncio.timeout(timeout_s), session.get(base_url + "/v1/models") as resp:
-            if resp.status != 200:
-                return None
-            data = orjson.loads(await resp.read())
-        model = data["data"][0]["id"]
-        return model if isinstance(model, str) else None
-    except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        status, raw = await _get(base_url, "/v1/models", timeout_s)
+        return _model_id(raw) if status == 200 else None
+    except (TimeoutError, HTTPError, orjson.JSONDecodeError, KeyError, IndexError, TypeError):
         return None
 
 
@@ -281,27 +203,18 @@ async def probe_server(base_url: str, timeout_s: float = 10.0) -> str | None:
 
     Raises :class:`ServerCheckError` with a one-line reason otherwise.
     """
-    async with make_session(sock_read_timeout=timeout_s, sock_connect_timeout=timeout_s) as session:
-        try:
-            async with asyncio.timeout(timeout_s), session.get(base_url + "/v1/models") as resp:
-                status = resp.status
-                raw = await resp.read()
-        except aiohttp.ClientConnectorError as e:
-            raise ServerCheckError(f"cannot connect to {base_url}: {e.os_error.strerror or e}") from None
-        except (TimeoutError, aiohttp.ClientError) as e:
-            msg = f"{base_url} did not answer GET /v1/models: {type(e).__name__} {e}"
-            raise ServerCheckError(msg) from None
-    if status != 200:
-        raise ServerCheckError(
-            f"{base_url} does not look like an SGLang or OpenAI-compatible server: "
-            f"GET /v1/models -> HTTP {status}"
-        )
+    not_llm = f"{base_url} does not look like an SGLang or OpenAI-compatible server: GET /v1/models"
     try:
-        data = orjson.loads(raw)
-        model = data["data"][0]["id"]
+        status, raw = await _get(base_url, "/v1/models", timeout_s)
+    except HTTPError as e:
+        if e.kind == "connect":
+            raise ServerCheckError(e.message) from None
+        raise ServerCheckError(f"{base_url} did not answer GET /v1/models: {e.message}") from None
+    except TimeoutError:
+        raise ServerCheckError(f"{base_url} did not answer GET /v1/models within {timeout_s:g} s") from None
+    if status != 200:
+        raise ServerCheckError(f"{not_llm} -> HTTP {status}")
+    try:
+        return _model_id(raw)
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-        raise ServerCheckError(
-            f"{base_url} does not look like an SGLang or OpenAI-compatible server: "
-            "GET /v1/models did not return an OpenAI model list"
-        ) from None
-    return model if isinstance(model, str) else None
+        raise ServerCheckError(f"{not_llm} did not return an OpenAI model list") from None

@@ -16,15 +16,20 @@ step of each ladder; run trials below it. Everything is measured, nothing is ass
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import select
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from vocab.load import LoadPoint, RequestSpec
 
 from .runner import run_point
-from .testing import ServerProcess
 
 THROUGHPUT_PASS = 0.97
 
@@ -57,6 +62,27 @@ def _pin_split() -> tuple[list[int] | None, set[int] | None]:
     return [cpus[-1]], set(cpus[:-1])
 
 
+@contextlib.contextmanager
+def _loopback(startup_timeout_s: float = 20.0, **settings: Any) -> Iterator[str]:
+    """``python -m workloads.loopback`` in a session of its own; yields its URL, kills it on exit."""
+    argv = [sys.executable, "-m", "workloads.loopback", "--port", "0"]
+    for key, value in settings.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], startup_timeout_s)
+        line = proc.stdout.readline().decode() if ready else ""
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"the loopback server did not start (got {line!r})")
+        yield f"http://127.0.0.1:{int(line.split()[1])}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        proc.stdout.close()
+
+
 def calibrate(
     *,
     concurrency_levels: list[int],
@@ -77,14 +103,14 @@ def calibrate(
         settings["cpu"] = server_cpus[0]
     old_affinity = os.sched_getaffinity(0) if client_cpus else None
     steps: list[Step] = []
-    with ServerProcess(module="workloads.loopback", **settings) as srv:
+    with _loopback(**settings) as url:
         if client_cpus:
             os.sched_setaffinity(0, client_cpus)
         try:
             spec = RequestSpec(api=api, input_len=16, output_len=output_len, model="loopback")  # type: ignore[arg-type]
             for c in concurrency_levels:
                 point = LoadPoint(num_requests=requests_per_stream * c, concurrency=c, warmup_requests=0)
-                res = run_point(srv.url, point, spec, workers=workers)
+                res = run_point(url, point, spec, workers=workers)
                 m = res.metrics
                 per_stream = output_len / ((ttft_ms + (output_len - 1) * itl_ms) / 1000.0)
                 offered = c * per_stream
@@ -113,7 +139,7 @@ def calibrate(
             for r in rates:
                 n = max(50, int(r * seconds_per_rate))
                 point = LoadPoint(num_requests=n, rate=r, arrival="constant")
-                res = run_point(srv.url, point, short, workers=workers)
+                res = run_point(url, point, short, workers=workers)
                 m = res.metrics
                 step = Step(
                     "rate",

@@ -17,7 +17,8 @@ from vocab.records import ERROR_KINDS, PointResult
 from .argtypes import non_negative_int, positive_float, positive_int
 from .backend import ServerCheckError, normalize_url, probe_server
 from .metrics import DEFAULT_LAG_THRESHOLD_MS, LATENCIES, SLO, STATS
-from .runner import HTTP_CLIENTS, run_point, run_sync
+from .runner import run_point
+from .shard import run_sync
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,12 +110,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=1,
         help="load generator processes; the parent merges records and metrics (default 1)",
-    )
-    p.add_argument(
-        "--http",
-        choices=HTTP_CLIENTS,
-        default="fast",
-        help="HTTP client: parasweep's own (fast, default) or aiohttp",
     )
     p.add_argument("--records", type=Path, help="append one JSON line per finished request to FILE.jsonl")
     p.add_argument("--json", action="store_true", help="print one JSON object of metrics instead of tables")
@@ -223,7 +218,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             records_path=args.records,
             sock_read_timeout=args.read_timeout,
             lag_threshold_ms=args.lag_threshold_ms,
-            http=args.http,
             slo=slo,
             workers=args.workers,
         )

@@ -1,18 +1,24 @@
-"""parasweep's own HTTP/1.1 streaming client on ``asyncio.Protocol`` (the default for ``http://``).
+"""parasweep's own HTTP/1.1 streaming client on ``asyncio.Protocol``: the load generator's only client.
 
-Why not aiohttp for the hot path: aiohttp hands every HTTP chunk (one SSE event, for SGLang) through
-several Python-level calls (``feed_data``, ``end_http_chunk_receiving``, ``resume_reading``,
-``_read_nowait_chunk``) and wakes the reading task per read. Against 512 streams at 51,200
-events/s on one core that bookkeeping alone kept the event loop 80 ms behind (measured, see
-docs/benchmarks.md). Here the response is parsed *push-style* inside ``data_received``: each network
-read is timestamped once, de-chunked, split into SSE events and accounted without waking any task;
-the request's coroutine only wakes once, when the response ends. Nothing is ever paused, so there is
-no read buffer to fill (the 64 KiB-buffer collapse of vllm#39963 cannot happen).
+Why not aiohttp: aiohttp hands every HTTP chunk (one SSE event, for SGLang) through several
+Python-level calls and wakes the reading task once per network read. Measured against the loopback
+server with the same harness, that costs 1.7-2.6 times the CPU per request of this client, and the
+timestamps it takes are later by the time the task waits to be woken (docs/benchmarks.md, "HTTP
+client"). Here the response is parsed *push-style* inside ``data_received``: each network read is
+timestamped once, de-chunked, split into SSE events and accounted without waking any task; the
+request's coroutine only wakes once, when the response ends. Reading is never paused, so there is no
+read buffer that can fill up and hold the server's sends back (which would show up as inter-token
+latency the server did not cause).
 
 Scope: HTTP/1.1 with keep-alive, ``Content-Length`` or chunked responses (or read-until-close),
-optional TLS. One request per connection at a time; idle connections are pooled without limit
-(concurrency is the scheduler's job). A request on a reused connection that the server had already
-closed (0 bytes of response) is retried once on a new connection.
+optional TLS, ``POST`` of a JSON body (the requests) and ``GET`` (the ``/v1/models`` probe). One
+request per connection at a time; idle connections are pooled without limit (concurrency is the
+scheduler's job). A request on a reused connection that the server had already closed (0 bytes of
+response) is retried once on a new connection.
+
+One module, not two: the connection protocol and the pool hand connections, futures and sinks to
+each other on every request (release, forget, abort, the read-timeout watchdog), so splitting them
+would only turn those calls into cross-module private access.
 """
 
 from __future__ import annotations
@@ -53,7 +59,9 @@ class Sink:
     def on_end(self, t: float) -> None: ...
 
 
-class _Conn(asyncio.Protocol):
+class Connection(asyncio.Protocol):
+    """One keep-alive connection: parses the responses to the requests sent on it (one at a time)."""
+
     __slots__ = (
         "buf",
         "chunked",
@@ -309,26 +317,36 @@ class Pool:
         self.prefix = u.path.rstrip("/")
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self.origin = f"{u.scheme or 'http'}://{self.host}:{self.port}"
+        self.connections_opened = 0  # over the pool's life (a benchmark checks none open mid-point)
         host_header = self.host if u.port is None else f"{self.host}:{self.port}"
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        self._head_tail = (
-            f"Host: {host_header}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
-            f"Accept-Encoding: identity\r\nUser-Agent: parasweep-workloads\r\n{extra}"
-        ).encode("latin-1")
-        self._idle: list[_Conn] = []
-        self._busy: set[_Conn] = set()
-        self._draining: set[_Conn] = set()
+        common = (
+            f"Host: {host_header}\r\nAccept-Encoding: identity\r\nUser-Agent: parasweep-workloads\r\n{extra}"
+        )
+        self._post_head = f"Content-Type: application/json\r\nAccept: text/event-stream\r\n{common}".encode(
+            "latin-1"
+        )
+        self._get_head = f"Accept: application/json\r\n{common}".encode("latin-1")
+        self._idle: list[Connection] = []
+        self._busy: set[Connection] = set()
+        self._draining: set[Connection] = set()
         self._watchdog: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def request_bytes(self, path: str, body: bytes) -> bytes:
+        """A streamed ``POST`` of the JSON ``body`` to ``path``, ready for :meth:`request`."""
         return (
             b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n"
-            % ((self.prefix + path).encode("latin-1"), self._head_tail, len(body))
+            % ((self.prefix + path).encode("latin-1"), self._post_head, len(body))
             + body
         )
 
-    async def _connect(self) -> _Conn:
+    def get_bytes(self, path: str) -> bytes:
+        """A ``GET`` of ``path``, ready for :meth:`request`."""
+        return b"GET %s HTTP/1.1\r\n%s\r\n" % ((self.prefix + path).encode("latin-1"), self._get_head)
+
+    async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
@@ -336,18 +354,18 @@ class Pool:
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Conn(self),
+                    lambda: Connection(self),
                     self.host,
                     self.port,
                     ssl=self.ssl,
                     server_hostname=self.host if self.ssl else None,
                 )
         except TimeoutError:
-            raise HTTPError("connect", f"connect timeout after {self.connect_timeout:g} s") from None
+            msg = f"cannot connect to {self.origin}: connect timeout after {self.connect_timeout:g} s"
+            raise HTTPError("connect", msg) from None
         except OSError as e:
-            raise HTTPError(
-                "connect", f"cannot connect to {self.host}:{self.port}: {e.strerror or e}"
-            ) from None
+            raise HTTPError("connect", f"cannot connect to {self.origin}: {e.strerror or e}") from None
+        self.connections_opened += 1
         return conn
 
     async def open(self, n: int) -> int:
@@ -364,7 +382,7 @@ class Pool:
         got = await asyncio.gather(*(self._connect() for _ in range(n)), return_exceptions=True)
         opened = 0
         for conn in got:
-            if isinstance(conn, _Conn):
+            if isinstance(conn, Connection):
                 self._idle.append(conn)
                 opened += 1
             elif isinstance(conn, BaseException) and not isinstance(conn, HTTPError):
@@ -411,13 +429,13 @@ class Pool:
             return
 
     # -- bookkeeping ---------------------------------------------------------------------------
-    def _release(self, conn: _Conn) -> None:
+    def _release(self, conn: Connection) -> None:
         self._busy.discard(conn)
         self._draining.discard(conn)
         conn.reused = False
         self._idle.append(conn)
 
-    def _forget(self, conn: _Conn) -> None:
+    def _forget(self, conn: Connection) -> None:
         self._busy.discard(conn)
         self._draining.discard(conn)
 
@@ -449,7 +467,3 @@ class Pool:
         self._idle.clear()
         self._busy.clear()
         self._draining.clear()
-
-
-def supports(url: str) -> bool:
-    return urlsplit(url).scheme in ("http", "https")

@@ -20,8 +20,12 @@ Shapes (one SSE event per token):
 * ``/v1/completions``: ``choices[0].text`` delta, ``"usage": null``; an include_usage chunk at the end.
 * ``/v1/chat/completions``: a role chunk, content deltas, a finish chunk, an include_usage chunk.
 
-It supports HTTP/1.1 keep-alive with ``Content-Length`` request bodies (what aiohttp, httpx and
-curl send) and answers with chunked transfer encoding. The first stdout line is ``PORT <n>``.
+It supports HTTP/1.1 keep-alive with ``Content-Length`` request bodies (what HTTP clients such as
+the load generator's, aiohttp, httpx and curl send) and answers with chunked transfer encoding.
+``GET /health`` answers 200. The first stdout line is ``PORT <n>``.
+
+One module: it runs as a process of its own (``python -m workloads.loopback``), and its parts (the
+canned events, the timer wheel, the protocol) exist only for that server.
 """
 
 from __future__ import annotations

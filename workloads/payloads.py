@@ -1,14 +1,12 @@
 """Request generation: what each request of a load point sends.
 
-Split in two so new workloads slot in without touching the HTTP client:
+* Lengths come from the spec's length distributions (``RequestSpec.input_lengths()`` /
+  ``output_lengths()``), or from a prompt file's rows.
+* Every request is materialised from ``(seed, index)`` alone, so any single request can be
+  regenerated without replaying the ones before it.
 
-* a *length* source decides input/output lengths per request (``FixedLength`` today; a
-  distribution only needs a ``sample(rng)`` method);
-* a *prompt* is materialised per request index from ``seed`` and the index alone, so any single
-  request can be regenerated without replaying the ones before it (a JSONL prompt file would
-  be one more ``kind`` of prompt in :func:`build_request`).
-
-The body is serialised once, before the point starts, so the hot path only sends bytes.
+:func:`build_request` serialises a body once; the load generator builds them before the point
+starts (see :func:`workloads.shard.prepare_requests`), so the hot path only sends bytes.
 """
 
 from __future__ import annotations
@@ -134,8 +132,3 @@ def _finish_body(spec: RequestSpec, body: dict[str, Any], n_out: int) -> dict[st
 def build_request(spec: RequestSpec, index: int) -> PreparedRequest:
     body, n_in, n_out = build_body(spec, index)
     return PreparedRequest(index, spec.path, orjson.dumps(body), n_in, n_out)
-
-
-def build_requests(spec: RequestSpec, count: int) -> list[PreparedRequest]:
-    """Requests ``0..count-1``; built up front so serialisation never competes with sending."""
-    return [build_request(spec, i) for i in range(count)]

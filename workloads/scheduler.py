@@ -25,8 +25,6 @@ from . import clock
 SendFn = Callable[[int, float | None], Awaitable[None]]
 
 
-
-
 def shard_share(total: int, shard: int, shards: int) -> int:
     """This shard's part of ``total`` when it is split as evenly as possible."""
     return total // shards + (1 if shard < total % shards else 0)

@@ -18,16 +18,14 @@ import multiprocessing as mp
 import queue as queue_module
 import time
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vocab.load import LoadPoint, RequestSpec
-from vocab.records import RequestRecord
+from vocab.records import PointResult, RequestRecord
 
 from . import clock
 from .backend import normalize_url
-
-if TYPE_CHECKING:
-    from .runner import PointOptions
+from .shard import PointOptions, RecordSink, prepare_requests, resolve_model, run_shard, run_sync
 
 BATCH_INTERVAL_S = 0.05
 START_DELAY_S = 0.2
@@ -39,15 +37,13 @@ def _worker(
     base: str,
     point: LoadPoint,
     spec: RequestSpec,
-    opts: dict[str, Any],
+    sock_read_timeout: float,
     out: Any,
     start: Any,
     go: Any,
 ) -> None:
     try:
-        from .runner import _prepare, run_shard, run_sync
-
-        get_request = _prepare(spec, point, k, n)
+        get_request = prepare_requests(spec, point, k, n)
         out.put(("ready", k, None))
         if not go.wait(120):
             return
@@ -73,8 +69,7 @@ def _worker(
                 shard=k,
                 shards=n,
                 start_perf=start_perf,
-                sock_read_timeout=opts["sock_read_timeout"],
-                http=opts["http"],
+                sock_read_timeout=sock_read_timeout,
                 get_request=get_request,
             )
 
@@ -86,20 +81,22 @@ def _worker(
         out.put(("error", k, traceback.format_exc()))
 
 
-def run_point_workers(url: str, point: LoadPoint, spec: RequestSpec, workers: int, opts: PointOptions) -> Any:
-    from .runner import RecordSink, resolve_model, run_sync
-
+def run_point_workers(
+    url: str, point: LoadPoint, spec: RequestSpec, workers: int, opts: PointOptions
+) -> PointResult:
+    """Run ``point`` over ``workers`` processes; the records, progress and verdict are this process's."""
     base = normalize_url(url)
     spec = run_sync(resolve_model(base, spec))
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     start = ctx.Value("d", 0.0)
     go = ctx.Event()
-    worker_opts = {"sock_read_timeout": opts.sock_read_timeout, "http": opts.http}
     finished = 0
     procs = [
         ctx.Process(
-            target=_worker, args=(k, workers, base, point, spec, worker_opts, out, start, go), daemon=True
+            target=_worker,
+            args=(k, workers, base, point, spec, opts.sock_read_timeout, out, start, go),
+            daemon=True,
         )
         for k in range(workers)
     ]

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.engines.sglang_compat import SGLangTarget, build_args, check_args, flatten
+from orchestrator.engines.sglang_compat import SGLangTarget, args_to_argv, build_args, check_args
 from orchestrator.engines.sglang_compat.command import HOST, decode_log_interval
 
 __all__ = ["HOST", "Engine", "decode_log_interval", "sglang_flags"]
@@ -17,9 +17,9 @@ def sglang_flags(cfg: ParasweepConf, port: int, target: SGLangTarget | None = No
     set (a one-line ConfigError names the key otherwise). Without a target: SGLang 0.5.23's spellings,
     unchecked (the simulated engine, which reports unknown flags itself when it starts)."""
     if target is None:
-        return flatten(build_args(cfg, port))
+        return args_to_argv(build_args(cfg, port))
     args = build_args(cfg, port, target.version, target.flags)
-    return flatten(check_args(args, target.flags, target.version))
+    return args_to_argv(check_args(args, target.flags, target.version))
 
 
 class Engine:

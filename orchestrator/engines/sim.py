@@ -17,9 +17,9 @@ from vocab.assets import model_dir
 
 
 def _override_args(cfg: ParasweepConf) -> dict:
-    from orchestrator.engines.sglang_compat.command import _plain
+    from orchestrator.engines.sglang_compat.command import plain_value
 
-    return _plain(getattr(cfg.model, "override_args", None) or {})
+    return plain_value(getattr(cfg.model, "override_args", None) or {})
 
 
 @functools.cache

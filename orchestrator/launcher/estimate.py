@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config.schema import ParasweepConf
+from vocab.metric_keys import MetricKey
 
 log = logging.getLogger("parasweep")
 
 ENGINE_START_S = 2.0  # rough fixed cost per trial on top of the load (start, logging, teardown)
-PRED_PREFIX = "pred/"
 
 
 @dataclass
@@ -24,7 +24,8 @@ class TrialPrediction:
     points: dict[str, dict[str, float]]  # load-point label -> predicted metrics
 
     def as_metrics(self) -> list[tuple[str, float, int]]:
-        return [(f"{PRED_PREFIX}{label}/{key}", float(value), 0) for label, metrics in self.points.items()
+        return [(str(MetricKey.at(label, key, prefix="pred")), float(value), 0)
+                for label, metrics in self.points.items()
                 for key, value in metrics.items() if isinstance(value, int | float)]
 
 

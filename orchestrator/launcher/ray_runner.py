@@ -50,7 +50,7 @@ def init_ray(address: str | None, num_gpus: int | None, num_cpus: int | None) ->
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address:
         # Ray >= 2.59 turns token auth on for clusters started on this host; a client given an explicit
-        # address must then say so itself (shared/reference/ecosystem.md 3.3)
+        # address must then say so itself (docs/platform-notes.md, Ray)
         token = Path.home() / ".ray" / "auth_token"
         if address != "auto" and token.exists() and "RAY_AUTH_MODE" not in os.environ:
             os.environ["RAY_AUTH_MODE"] = "token"
@@ -79,11 +79,17 @@ def cluster_gpus() -> tuple[int, int, int]:
     return sum(per_node), max(per_node, default=0), len(nodes)
 
 
+def _dict_or_none(result: Any) -> dict[str, Any] | None:
+    return result if isinstance(result, dict) else None
+
+
 class RayTrialRunner:
     def __init__(self, remote_fn: Callable[..., Any], args_for: Callable[[TrialJob], tuple[Any, ...]],
                  sweep_dir: Path, cancel_grace_s: float = 20.0, warm: bool = True,
-                 tracking: tuple[str | None, str | None] = (None, None)) -> None:
+                 tracking: tuple[str | None, str | None] = (None, None),
+                 value_of: Callable[[Any], dict[str, Any] | None] = _dict_or_none) -> None:
         self.remote_fn, self.args_for, self.warm = remote_fn, args_for, warm
+        self.value_of = value_of  # a finished task's result -> the trial's {"status", "timings", ...}
         self.tracking = tracking  # (uri, experiment), so warm-up opens the same MLflow store
         self.sweep_dir, self.cancel_grace_s = sweep_dir, cancel_grace_s
 
@@ -165,7 +171,7 @@ class RayTrialRunner:
         rows = []
         for job in jobs:
             timings = {}
-            result = getattr(job.result, "_return_value", None)
+            result = self.value_of(job.result) if job.result is not None else None
             if isinstance(result, dict):
                 timings = result.get("timings", {})
             rows.append({"index": job.queued.index, "label": job.queued.label, "gpus": job.queued.gpus,

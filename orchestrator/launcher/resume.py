@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.tracking import Tracker, rate_step
+from orchestrator.tracking import Tracker
+from vocab.metric_keys import MetricKey
+from vocab.status import Tag
 
 
 def previous_successes(tracker: Tracker, hashes: set[str]) -> dict[str, Any]:
@@ -17,7 +19,7 @@ def previous_successes(tracker: Tracker, hashes: set[str]) -> dict[str, Any]:
         order_by=["attributes.start_time DESC"], max_results=50000)
     found: dict[str, Any] = {}
     for run in runs:
-        h = run.data.tags.get("parasweep.config_hash")
+        h = run.data.tags.get(Tag.CONFIG_HASH)
         if h in hashes and h not in found:
             found[h] = run
     return found
@@ -25,18 +27,22 @@ def previous_successes(tracker: Tracker, hashes: set[str]) -> dict[str, Any]:
 
 def record_reuse(tracker: Tracker, parent_run_id: str | None, num: int, label: str, previous: Any) -> str:
     tags = {k: v for k, v in previous.data.tags.items() if k.startswith("parasweep.")}
-    tags.update({"parasweep.kind": "trial", "parasweep.status": "skipped", "parasweep.trial_num": str(num),
-                 "parasweep.overrides": label, "parasweep.reused_run_id": previous.info.run_id})
-    for stale in ("parasweep.trial_dir", "parasweep.error", "parasweep.cuda_visible_devices"):
+    tags.update({Tag.KIND: "trial", Tag.STATUS: "skipped", Tag.TRIAL_NUM: str(num),
+                 Tag.OVERRIDES: label, Tag.REUSED_RUN_ID: previous.info.run_id})
+    for stale in (Tag.TRIAL_DIR, Tag.ERROR, Tag.CUDA_VISIBLE_DEVICES):
         tags.pop(stale, None)  # they describe the earlier run's execution, not this reuse
-    run_id = tracker.start_run(f"{num}: {label} (reused)", tags=tags, parent_run_id=parent_run_id)
+    run_id = tracker.start_run(f"#{num} {label} (reused)", tags=tags, parent_run_id=parent_run_id)
     tracker.log_params(run_id, previous.data.params)
-    points = [(k, v, 0) for k, v in previous.data.metrics.items() if "/" in k]
-    # rebuild the step series (step = concurrency) from the per-point values
-    series = [(k.split("/", 1)[1], v, int(k[1:k.index("/")])) for k, v, _ in points
-              if k.startswith("c") and k[1:k.index("/")].isdigit()]
-    series += [("open/" + k.split("/", 1)[1], v, rate_step(float(k[1:k.index("/")]))) for k, v, _ in points
-               if k.startswith("r") and k[1:k.index("/")].replace(".", "", 1).isdigit()]
+    # every per-point value (measured and predicted), and the step series rebuilt from the measured ones
+    points, series = [], []
+    for key, value in previous.data.metrics.items():
+        parsed = MetricKey.parse(key)
+        if parsed is None or parsed.point is None:
+            continue
+        points.append((key, value, 0))
+        if not parsed.prefix:
+            series_key, step = MetricKey.series(parsed.point, parsed.metric)
+            series.append((str(series_key), value, step))
     tracker.log_metrics(run_id, points + series)
     tracker.finish(run_id, "skipped")
     return run_id

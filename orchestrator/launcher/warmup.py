@@ -40,7 +40,7 @@ def _preload(hold_until: float, tracking_uri: str | None, experiment: str | None
     import pyarrow.parquet  # noqa: F401
 
     import analysis.plots  # noqa: F401
-    import orchestrator.trial  # noqa: F401
+    import orchestrator.trial.hydra_job  # noqa: F401
     import workloads  # noqa: F401
     from orchestrator.tracking import Tracker
 

@@ -1,4 +1,4 @@
-"""SGLang's server log, parsed in a way that survives its versions (sglang.md section 3).
+"""SGLang's server log, parsed in a way that survives its versions (formats: docs/sglang-adapter.md).
 
 - Batch lines: the header was ``Decode batch.`` (<=0.5.3, 0.4.x), ``Decode batch [N],`` (0.5.4, and
   0.5.7+ with SGLANG_LOG_FORWARD_ITERS=1) and ``Decode batch,`` (0.5.7+); rank tags came in the order
@@ -108,7 +108,7 @@ def stage_series(frame: pd.DataFrame, field: str, kind: str = "decode") -> dict[
     """``field`` over time for each (DP replica, PP stage) that logged it, keyed ``PP1``/``DP1 PP0``.
 
     Per stage, never summed: under PP, #running-req is one micro-batch and gen throughput is the same
-    server-wide number on every stage (sglang.md 2.5)."""
+    server-wide number on every stage (docs/sglang-adapter.md)."""
     if frame.empty or field not in frame.columns:
         return {}
     rows = frame[(frame["kind"] == kind) & frame[field].notna()]
@@ -220,7 +220,8 @@ def merge_resolved(server_info: Mapping[str, Any], startup: Mapping[str, Any],
         resolved["max_running_requests"] = effective
     mrr, pp = resolved.get("max_running_requests"), resolved.get("pp_size") or 1
     if resolved.get("pp_max_micro_batch_size") is None and isinstance(mrr, int):
-        # set at scheduler init, after /server_info's copy of the args was taken (sglang.md 1.4)
+        # set at scheduler init, after /server_info's copy of the args was taken
+        # (docs/sglang-adapter.md, "Auto-defaults")
         resolved["pp_max_micro_batch_size"] = max(mrr // int(pp), 1)
     return resolved
 

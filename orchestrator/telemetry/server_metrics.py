@@ -67,14 +67,12 @@ class MetricsScraper:
             self.scrape_once()  # a final sample closes the last load point's window
 
 
-def jsonl_to_parquet(jsonl_path: Path, parquet_path: Path) -> pd.DataFrame | None:
+def read_samples(jsonl_path: Path) -> pd.DataFrame | None:
+    """The scraped samples as one frame (None when nothing was scraped)."""
     if not jsonl_path.exists() or jsonl_path.stat().st_size == 0:
         return None
     import orjson
 
     with jsonl_path.open("rb") as f:
         rows = [orjson.loads(line) for line in f if line.strip()]
-    df = pd.DataFrame(rows, columns=["ts", "name", "labels", "value"])
-    parquet_path.parent.mkdir(parents=True, exist_ok=True)
-    df.to_parquet(parquet_path, index=False)
-    return df
+    return pd.DataFrame(rows, columns=["ts", "name", "labels", "value"])

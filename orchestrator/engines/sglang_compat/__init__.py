@@ -1,12 +1,12 @@
 """SGLang version differences: flag spellings per version, the installed version and its flag set,
-and the preflight that refuses a flag the target version does not accept (sglang.md sections 1-3)."""
+and the preflight that refuses a flag the target version does not accept (docs/sglang-adapter.md)."""
 
 from orchestrator.engines.sglang_compat.command import (
     Arg,
+    args_to_argv,
     build_args,
     check_args,
     decode_log_interval,
-    flatten,
 )
 from orchestrator.engines.sglang_compat.detect import SGLangTarget, flags_from_help, resolve_target
 from orchestrator.engines.sglang_compat.versions import (
@@ -18,6 +18,17 @@ from orchestrator.engines.sglang_compat.versions import (
 )
 
 __all__ = [
-    "NEWEST_KNOWN", "Arg", "FlagSet", "SGLangTarget", "build_args", "check_args", "decode_log_interval",
-    "flags_from_help", "flatten", "parse_version", "recorded_flag_set", "resolve_target", "spelling",
+    "NEWEST_KNOWN",
+    "Arg",
+    "FlagSet",
+    "SGLangTarget",
+    "args_to_argv",
+    "build_args",
+    "check_args",
+    "decode_log_interval",
+    "flags_from_help",
+    "parse_version",
+    "recorded_flag_set",
+    "resolve_target",
+    "spelling",
 ]

@@ -65,17 +65,17 @@ class Arg:
     optional: bool = False  # a default value: dropped, not refused, where the version lacks the flag
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """OmegaConf containers -> plain dict/list, so they print as JSON."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain_value(v) for k, v in value.items()}
     if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
-        return [_plain(v) for v in value]
+        return [plain_value(v) for v in value]
     return value
 
 
 def _values(value: Any) -> list[str]:
-    value = _plain(value)
+    value = plain_value(value)
     if isinstance(value, dict):
         return [json.dumps(value, separators=(",", ":"), sort_keys=True)]
     if isinstance(value, list):
@@ -133,7 +133,7 @@ def build_args(cfg: ParasweepConf, port: int, version: str = NEWEST_KNOWN,
     ]
     if m.skip_tokenizer_init:
         args.append(Arg("--skip-tokenizer-init", [], "model.skip_tokenizer_init", True))
-    override = _plain(getattr(m, "override_args", None) or {})
+    override = plain_value(getattr(m, "override_args", None) or {})
     if override:  # e.g. {"num_hidden_layers": 2}: shrink a model for a smoke test
         args.append(Arg("--json-model-override-args", _values(override), "model.override_args", override))
     if cfg.pp.size > 1:
@@ -207,5 +207,5 @@ def check_args(args: list[Arg], flags: FlagSet, version: str) -> list[Arg]:
     return kept
 
 
-def flatten(args: list[Arg]) -> list[str]:
+def args_to_argv(args: list[Arg]) -> list[str]:
     return [x for a in args for x in (a.flag, *a.values)]

@@ -21,7 +21,8 @@ from orchestrator.errors import ConfigError, UserError
 PROBE_TIMEOUT_S = 180.0  # importing sglang (and torch) on a cold node file system can take a while
 _MARK = "PARASWEEP_FLAGS "  # SGLang may print warnings on stdout; our line is the marked one
 _VERSION_CODE = "import sglang; print(sglang.__version__)"
-# The parser is built exactly as SGLang builds it (sglang.md 1.2); present from 0.4.x to 0.5.23.
+# The parser is built exactly as SGLang builds it (present from 0.4.x to 0.5.23; see
+# docs/sglang-adapter.md, "Flag sets and renames").
 _FLAGS_CODE = (
     "import argparse, json\n"
     "from sglang.srt.server_args import ServerArgs\n"

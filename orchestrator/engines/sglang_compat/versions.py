@@ -1,6 +1,6 @@
 """What differs between SGLang versions on the command line: flag spellings, and the flag set itself.
 
-Facts come from shared/reference/sglang.md section 1.2 (read from SGLang's own parsers). Where the
+The facts, read from SGLang's own argument parsers, are summarised in docs/sglang-adapter.md. Where the
 exact release of a change is unknown (a gap between two versions that were checked), the installed
 flag set decides; the version thresholds are only the fallback when no flag set is at hand.
 """

@@ -1,18 +1,19 @@
-"""A tiny SGLang/OpenAI-shaped SSE server for testing the load generator over real HTTP.
+"""A tiny SGLang/OpenAI-shaped SSE server that misbehaves on request, for the load generator's tests.
 
-    python -m workloads.testing --port 0 [--mode ok|http500|http400|malformed|error_event|cut|hang|notsse]
-                                [--every K] [--ttft-ms 5] [--itl-ms 2] [--tokens-per-chunk 1]
+    python tests/fakeserver.py --port 0 [--mode ok|http500|http400|malformed|error_event|cut|hang|notsse]
+                               [--every K] [--ttft-ms 5] [--itl-ms 2] [--tokens-per-chunk 1]
 
 It streams the requested number of tokens at a fixed interval in the shapes of SGLang's
 ``/generate`` (cumulative text/ids, cumulative ``meta_info.completion_tokens``), ``/v1/completions``
 and ``/v1/chat/completions`` (role chunk, content chunks, finish chunk, include_usage chunk).
 Every ``every``-th generation request misbehaves as ``mode`` says; the others behave. The first
-stdout line is ``PORT <n>`` once it listens (``--port 0`` picks a free port).
-``POST /_control`` with a JSON object of the same settings changes them at run time (and resets
-the request counter), so one server process can serve many test cases; ``GET /_stats`` returns
-the counter.
+stdout line is ``PORT <n>`` once it listens (``--port 0`` picks a free port); ``GET /health``
+answers 200. ``POST /_control`` with a JSON object of the same settings changes them at run time
+(and resets the request counter), so one server process can serve many test cases; ``GET /_stats``
+returns the counter. Tests start it through ``tests/servers.py``.
 
-This is a test fixture, not a performance model: for realistic timing use the simulator.
+This is a protocol fixture, not a performance model: for realistic timing use the simulator, and
+for the client's own ceiling the loopback server (``python -m workloads.loopback``).
 """
 
 from __future__ import annotations
@@ -20,16 +21,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import signal
-import subprocess
 import sys
-import threading
 import time
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -48,7 +42,9 @@ class Behaviour:
     model: str = "test-model"
 
 
-class FakeServer:
+class Routes:
+    """The request handlers, sharing one mutable behaviour and request counter."""
+
     def __init__(self, behaviour: Behaviour) -> None:
         self.b = behaviour
         self.count = 0
@@ -240,7 +236,7 @@ class FakeServer:
 
 
 def make_app(behaviour: Behaviour) -> web.Application:
-    server = FakeServer(behaviour)
+    server = Routes(behaviour)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.add_routes(
         [
@@ -270,81 +266,8 @@ async def serve(host: str, port: int, behaviour: Behaviour) -> None:
         await runner.cleanup()
 
 
-class ServerProcess:
-    """Runs this server in its own process group (for tests); ``stop()`` kills the whole group.
-
-    Usable as a context manager: ``with ServerProcess(itl_ms=1) as srv: run_point(srv.url, ...)``.
-    """
-
-    def __init__(
-        self, startup_timeout_s: float = 20.0, *, module: str = "workloads.testing", **settings: Any
-    ) -> None:
-        self.module = module  # "workloads.loopback" runs the fast no-op server instead
-        self.settings = settings
-        self.startup_timeout_s = startup_timeout_s
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = ""
-
-    def start(self) -> ServerProcess:
-        argv = [sys.executable, "-m", self.module, "--port", "0"]
-        for key, value in self.settings.items():
-            argv += [f"--{key.replace('_', '-')}", str(value)]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True)
-        assert self.proc.stdout is not None
-        # readline blocks; a watchdog kills the group if the server never prints its port.
-        timer = threading.Timer(self.startup_timeout_s, self.stop)
-        timer.start()
-        try:
-            line = self.proc.stdout.readline().decode()
-        finally:
-            timer.cancel()
-        if not line.startswith("PORT "):
-            self.stop()
-            raise RuntimeError(f"test server did not start (got {line!r})")
-        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
-        return self
-
-    def control(self, **settings: Any) -> dict[str, Any]:
-        """Change the behaviour of the running server (and reset its request counter)."""
-        req = urllib.request.Request(
-            self.url + "/_control", data=orjson.dumps(settings), headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return orjson.loads(resp.read())
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self.proc = None
-
-    def __enter__(self) -> ServerProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-@contextlib.contextmanager
-def process_group(argv: list[str], cwd: str | Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``argv`` in its own process group, output discarded; the whole group is killed on exit."""
-    proc = subprocess.Popen(
-        argv, cwd=cwd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m workloads.testing", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python tests/fakeserver.py", description=__doc__.split("\n")[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--mode", choices=MODES, default="ok")

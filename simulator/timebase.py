@@ -1,5 +1,8 @@
-"""Event queue and clocks. The model only sees ``Simulation`` (``now``, ``schedule``); a driver decides
-whether simulated time follows the wall clock (live server) or jumps from event to event (predictions).
+"""Simulated time: the event queue the model runs on, and the driver that ties it to the wall clock.
+
+The model only sees ``Simulation`` (``now``, ``schedule``). Predictions (``predict.py``) run the queue
+flat out, jumping from event to event; the live server (``server.py``) lets ``LiveDriver`` run it
+against the wall clock on its asyncio loop (docs/simulator.md, "Live mode").
 """
 
 from __future__ import annotations
@@ -41,24 +44,6 @@ class Simulation:
             fn(*args)
             n += 1
         return n
-
-
-class VirtualDriver:
-    """Runs the model as fast as the CPU allows (for predictions); wall time is start + simulated time."""
-
-    def __init__(self, sim: Simulation, wall_start: float | None = None) -> None:
-        self.sim = sim
-        self.wall_start = time.time() if wall_start is None else wall_start
-
-    def wall(self, t_sim: float) -> float:
-        return self.wall_start + t_sim
-
-    def now(self) -> float:
-        return self.sim.now
-
-    def run_until(self, t_end: float) -> None:
-        self.sim.run_until(t_end)
-        self.sim.now = max(self.sim.now, t_end)
 
 
 class LiveDriver:

@@ -1,5 +1,5 @@
-"""Prometheus exposition: SGLang's ``sglang:`` series (sglang.md 2.5) and the simulator's own
-``parasweep_sim:`` series, on a private ``CollectorRegistry``.
+"""Prometheus exposition on a private ``CollectorRegistry``: SGLang's ``sglang:`` series and the
+simulator's own ``parasweep_sim:`` series (names and labels: docs/simulator.md, "Metrics").
 
 Scheduler series carry ``model_name, engine_type, tp_rank, pp_rank, moe_ep_rank`` (+ ``dp_rank`` when
 dp>1), one set per PP stage as SGLang exports from each stage's attn_tp_rank 0. Their values are those
@@ -17,8 +17,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from simulator.engine import Engine
-    from simulator.resolve import SimConfig
+    from simulator.replica import ReplicaModel
+    from simulator.sim_config import SimConfig
 
 # SGLang's default buckets (observability/metrics_collector.py).
 TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
@@ -42,12 +42,14 @@ class StageGauges:
         self.cuda_graph = False
 
 
-class Metrics:
-    def __init__(self, cfg: SimConfig, engines: list[Engine], now: Callable[[], float],
+class PrometheusMetrics:
+    """The registry ``GET /metrics`` serves, and the tokenizer-level series the ``Reporter`` feeds."""
+
+    def __init__(self, cfg: SimConfig, replicas: list[ReplicaModel], now: Callable[[], float],
                  lag: Callable[[], float] | None = None) -> None:
         self.cfg = cfg
         self.registry = CollectorRegistry(auto_describe=False)
-        self.gauges = [StageGauges() for _ in engines]
+        self.gauges = [StageGauges() for _ in replicas]
         model = cfg.served_model_name
         tok_labels = ["model_name", "engine_type", "is_streaming"]
         reg = self.registry
@@ -67,14 +69,16 @@ class Metrics:
         self.prompt_tokens = {s: prompt.labels(model, "unified", str(s).lower()) for s in (True, False)}
         self.gen_tokens = {s: gen.labels(model, "unified", str(s).lower()) for s in (True, False)}
         self.num_requests = {s: nreq.labels(model, "unified", str(s).lower()) for s in (True, False)}
-        reg.register(_EngineCollector(cfg, engines, self.gauges, now, lag or (lambda: 0.0)))
+        reg.register(_ReplicaCollector(cfg, replicas, self.gauges, now, lag or (lambda: 0.0)))
 
 
-class _EngineCollector(Collector):
-    def __init__(self, cfg: SimConfig, engines: list[Engine], gauges: list[StageGauges],
+class _ReplicaCollector(Collector):
+    """Scheduler gauges and simulated telemetry, read from the replicas at scrape time."""
+
+    def __init__(self, cfg: SimConfig, replicas: list[ReplicaModel], gauges: list[StageGauges],
                  now: Callable[[], float], lag: Callable[[], float]) -> None:
         self.cfg = cfg
-        self.engines = engines
+        self.replicas = replicas
         self.gauges = gauges
         self.now = now
         self.lag = lag
@@ -129,7 +133,7 @@ class _EngineCollector(Collector):
         steps = CounterMetricFamily("parasweep_sim:forward_steps", "Micro-batch forwards launched, by mode.",
                                     labels=[*dp_names, "mode"])
         hw = cfg.hw
-        for dp_rank, (eng, sg) in enumerate(zip(self.engines, self.gauges, strict=True)):
+        for dp_rank, (rep, sg) in enumerate(zip(self.replicas, self.gauges, strict=True)):
             dpl = [str(dp_rank)] if cfg.dp > 1 else []
             for pp_rank in range(cfg.pp):
                 _, values = self._rank_labels(dp_rank, pp_rank)
@@ -142,23 +146,23 @@ class _EngineCollector(Collector):
                 g["cache_hit_rate"].add_metric(values, 0.0)
                 g["is_cuda_graph"].add_metric(values, 1.0 if sg.cuda_graph else 0.0)
                 g["context_len"].add_metric(values, cfg.context_len)
-                realtime.add_metric([*values, "prefill_compute"], eng.tokens_prefill_total)
+                realtime.add_metric([*values, "prefill_compute"], rep.tokens_prefill_total)
                 realtime.add_metric([*values, "prefill_cache"], 0)
-                realtime.add_metric([*values, "decode"], eng.tokens_decode_total)
-                busy.add_metric([str(pp_rank), *dpl], eng.busy[pp_rank].busy_total(now))
-                frac = eng.busy[pp_rank].busy_fraction(now)
+                realtime.add_metric([*values, "decode"], rep.tokens_decode_total)
+                busy.add_metric([str(pp_rank), *dpl], rep.busy[pp_rank].busy_total(now))
+                frac = rep.busy[pp_rank].busy_fraction(now)
                 busy_ratio.add_metric([str(pp_rank), *dpl], frac)
                 watts = hw.idle_power_w + frac * (hw.power_limit_w - hw.idle_power_w)
                 for tp_rank in range(cfg.tp):
                     # SGLang's placement: replica offset + pp_rank * tp + tp_rank
                     gpu = dp_rank * cfg.tp * cfg.pp + pp_rank * cfg.tp + tp_rank
                     power.add_metric([str(gpu)], watts)
-            inflight.add_metric(dpl, eng.in_flight)
-            running_all.add_metric(dpl, eng.num_running)
-            for slot in eng.slots:
+            inflight.add_metric(dpl, rep.in_flight)
+            running_all.add_metric(dpl, rep.num_running)
+            for slot in rep.slots:
                 slot_reqs.add_metric([*dpl, str(slot.index)], len(slot.reqs))
-            steps.add_metric([*dpl, "prefill"], eng.prefill_steps)
-            steps.add_metric([*dpl, "decode"], eng.decode_steps)
+            steps.add_metric([*dpl, "prefill"], rep.prefill_steps)
+            steps.add_metric([*dpl, "decode"], rep.decode_steps)
         yield from g.values()
         yield from (realtime, busy, busy_ratio, power, inflight, running_all, slot_reqs, steps)
         sim_time = GaugeMetricFamily("parasweep_sim:sim_time_seconds", "Simulated time since start.")

@@ -1,0 +1,52 @@
+"""The Hydra task function's body: a Hydra job becomes a trial plan, then a trial.
+
+The only module of the trial that knows Hydra. A sweep's jobs were validated by the launcher before
+any started (it also resolved ``engine=auto`` and set each trial's label and parent run); a single run
+(``python run.py``) is validated here. Either way each job is validated and preflighted once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from orchestrator.config.validate import typed_config
+from orchestrator.progress import DRIVER_RENDERS_PROGRESS_ENV
+from orchestrator.redact import redact_argv
+from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan, plan_lines, trial_label
+from orchestrator.trial.run import TrialRunSettings, execute_trial
+from vocab.status import TrialStatus
+
+
+def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
+    """Returns ``{"status": ok|failed|killed|skipped, "run_id", "timings"}`` (timings: epoch seconds of
+    the task's start, engine launch/ready/stop, load start/end)."""
+    task_start = time.time()
+    cfg = typed_config(raw_cfg)
+    hc = HydraConfig.get()
+    engine_name = checked_engine(cfg) if hc.mode == RunMode.RUN else cfg.engine.name
+    overrides = tuple(hc.overrides.task)
+    num = int(hc.job.num) if hc.job.get("num") is not None else 0
+    identity = TrialIdentity(num, cfg.tracking.label or trial_label(overrides),
+                             Path(hc.runtime.output_dir).resolve(), overrides)
+    plan = make_plan(cfg, engine_name, identity)
+    if cfg.dry_run:
+        from orchestrator.process.server import free_port
+
+        for line in plan_lines(plan, redact_argv(plan.argv(free_port()))):
+            print(line, flush=True)
+        return {"status": TrialStatus.SKIPPED.value, "run_id": None, "timings": {}}
+
+    from orchestrator.sweep import ensure_started
+
+    settings = TrialRunSettings(
+        tracking_uri=cfg.tracking.uri, experiment=cfg.tracking.experiment,
+        parent_run_id=cfg.tracking.parent_run_id or ensure_started(),  # a single run: this process
+        reproduces=cfg.reproduce, own_progress_view=not os.environ.get(DRIVER_RENDERS_PROGRESS_ENV))
+    return execute_trial(plan, settings, task_start).as_job_return()

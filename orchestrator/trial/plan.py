@@ -1,0 +1,100 @@
+"""Stage 1, *plan*: a validated config becomes everything a trial will do, before anything starts.
+
+Pure data in, pure data out (no Hydra, no processes): the engine adapter, the load points, the request
+spec, the resolved config and its hash, and the trial's identity (number, label, directory).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.identity import config_hash, resolved_config_dict
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.validate import world_size
+from orchestrator.engines.base import Engine
+from orchestrator.engines.registry import get_engine
+from orchestrator.load_plan import load_points, request_spec
+from vocab.load import LoadPoint, RequestSpec
+
+# Overrides that configure the sweep as a whole, not a trial: never part of a trial's label.
+SWEEP_WIDE = ("tracking.", "ray.", "hydra.", "resume", "dry_run", "predict", "reproduce")
+
+
+def is_sweep_wide(override: str) -> bool:
+    key = override.lstrip("+~").split("=", 1)[0]
+    return key.startswith(SWEEP_WIDE)
+
+
+def trial_label(overrides: tuple[str, ...] | list[str], common: frozenset[str] = frozenset()) -> str:
+    """What a person reads for a trial: its overrides, less those every trial of the sweep shares
+    (``common``) and the sweep-wide ones. Secrets are masked."""
+    from orchestrator.redact import redact_override
+
+    kept = [redact_override(o) for o in overrides if o not in common and not is_sweep_wide(o)]
+    return " ".join(kept) or "defaults"
+
+
+def checked_engine(cfg: ParasweepConf) -> str:
+    """Validate a job and preflight its engine (a flag the installed engine would refuse stops here):
+    the concrete engine name. Raises a one-line ConfigError/UserError."""
+    from orchestrator.config.validate import validate
+
+    engine_name = validate(cfg)
+    get_engine(engine_name).preflight(cfg)
+    return engine_name
+
+
+@dataclass(frozen=True)
+class TrialIdentity:
+    """Who the trial is. ``label`` is what a person reads: the overrides that vary between the sweep's
+    trials (never sweep-wide ones such as ``tracking.uri``); ``overrides`` are all of the trial's own."""
+
+    num: int
+    label: str
+    trial_dir: Path
+    overrides: tuple[str, ...] = ()
+
+    @property
+    def run_name(self) -> str:
+        return f"#{self.num} {self.label}"
+
+
+@dataclass
+class TrialPlan:
+    cfg: ParasweepConf
+    identity: TrialIdentity
+    engine: Engine
+    points: list[LoadPoint]
+    spec: RequestSpec
+    resolved_cfg: dict[str, Any] = field(default_factory=dict)  # the config with engine=auto resolved
+    config_hash: str = ""
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine.name
+
+    def argv(self, port: int) -> list[str]:
+        return self.engine.argv(self.cfg, port, self.identity.trial_dir)
+
+
+def make_plan(cfg: ParasweepConf, engine_name: str, identity: TrialIdentity) -> TrialPlan:
+    """``engine_name`` is the concrete engine validation chose (``sim`` or ``sglang``, never ``auto``)."""
+    engine = get_engine(engine_name)
+    resolved = resolved_config_dict(cfg, engine_name)
+    return TrialPlan(cfg, identity, engine, load_points(cfg), request_spec(cfg), resolved,
+                     config_hash(resolved, engine.version(cfg)))
+
+
+def plan_lines(plan: TrialPlan, argv: list[str]) -> list[str]:
+    """What a dry run prints for one trial: the layout on one line, the exact command on its own line
+    (``argv: <JSON list>``), then what the command was checked against."""
+    cfg, ident = plan.cfg, plan.identity
+    gpus = world_size(cfg)
+    return [f"trial {ident.num} [{ident.label}]: engine={plan.engine_name} model={cfg.model.name} "
+            f"hardware={cfg.hardware.name} tp={cfg.tp.size} pp={cfg.pp.size} ep={cfg.ep.size} "
+            f"dp={cfg.dp.size} world_size={gpus} GPUs={gpus}",
+            "argv: " + json.dumps(argv),
+            *plan.engine.plan_notes(cfg)]

@@ -1,0 +1,159 @@
+"""One trial as a short composition of its stages::
+
+    plan ──► recorder.open ──► engine session ──► load driver ──► analysis ──► recorder.close
+             (MLflow run)      (live or virtual)   (points)       (telemetry summaries, findings)
+
+Every stage takes and returns plain typed values (see ARCHITECTURE.md), so each is tested on its own
+without Hydra. Whatever happens in the middle, the end always runs: what exists is summarised,
+diagnosed and logged, and the run is closed with the trial's status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.errors import EngineStartError
+from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
+from orchestrator.tracking import Tracker
+from orchestrator.trial.load_driver import drive_load
+from orchestrator.trial.plan import TrialPlan
+from orchestrator.trial.recorder import TrialPaths, TrialRecorder, config_tags, run_steps
+from orchestrator.trial.session import EngineSession, LiveSession, VirtualSession, engine_version
+from vocab.findings import Finding
+from vocab.records import PointResult
+from vocab.status import RunKind, Tag, TrialStatus
+
+log = logging.getLogger("parasweep")
+
+
+@dataclass
+class TrialRunSettings:
+    """Where and how a trial records itself (sweep-wide settings, the same for every trial)."""
+
+    tracking_uri: str | None
+    experiment: str
+    parent_run_id: str | None = None
+    reproduces: str | None = None  # the run id this trial re-runs (reproduce=)
+    own_progress_view: bool = True  # False under the Ray launcher: the driver renders progress
+
+
+@dataclass
+class TrialOutcome:
+    status: TrialStatus
+    run_id: str | None
+    timings: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+
+    def as_job_return(self) -> dict[str, Any]:
+        """What the Hydra task function returns (the launcher reads it back)."""
+        return {"status": self.status.value, "run_id": self.run_id, "timings": self.timings}
+
+
+def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
+                  task_start: float | None = None) -> TrialOutcome:
+    cfg, ident = plan.cfg, plan.identity
+    paths = TrialPaths(ident.trial_dir)
+    virtual = cfg.predict
+    recorder = TrialRecorder(Tracker(settings.tracking_uri, settings.experiment), paths, plan.resolved_cfg)
+    tags = {Tag.ENGINE: "sim-predict" if virtual else plan.engine_name, Tag.CONFIG_HASH: plan.config_hash,
+            Tag.TRIAL_NUM: str(ident.num), Tag.OVERRIDES: ident.label}
+    run_id = recorder.open(ident.run_name + (" (predicted)" if virtual else ""),
+                           RunKind.PREDICTION if virtual else RunKind.TRIAL, tags,
+                           config_tags(plan.resolved_cfg), settings.parent_run_id)
+    if settings.reproduces:
+        _check_reproduction(recorder, settings.reproduces, plan.config_hash)
+
+    timings: dict[str, float] = {"task_start": task_start or time.time()}
+    progress = ProgressWriter(ident.trial_dir, ident.label)
+    session: EngineSession = VirtualSession(plan) if virtual else LiveSession(plan, paths)
+    results: list[PointResult] = []
+    status, error = TrialStatus.FAILED, ""
+    view = (ProgressView([TrialSlot(ident.trial_dir, ident.label, "running")])
+            if settings.own_progress_view and not virtual else contextlib.nullcontext())
+    try:
+        with view:
+            if not virtual:
+                recorder.set_tags({Tag.CUDA_VISIBLE_DEVICES: getattr(session, "env", {}).get(
+                    "CUDA_VISIBLE_DEVICES", "")})
+                progress.update(status="starting engine", force=True)
+            with session:
+                recorder.record_engine(session.server_info, session.resolved,
+                                       engine_version(session.server_info))
+                timings["load_start"] = time.time()
+                results = drive_load(session, plan.points, plan.spec, paths.records_jsonl, progress,
+                                     recorder.log_point)
+                timings["load_end"] = time.time()
+        status = TrialStatus.OK
+    except KeyboardInterrupt:  # Ctrl-C in a single run, or Ray's soft cancel of this task
+        status, error = TrialStatus.KILLED, "interrupted"
+        raise
+    except EngineStartError as exc:
+        error = str(exc)
+    except Exception:
+        error = traceback.format_exc()
+    finally:
+        timings.update(session.timings)
+        recorder.save_argv(session.argv)
+        progress.update(status=status.value, message=error.splitlines()[0] if error else "", force=True)
+        _finish(plan, recorder, session, results, status, error, timings)
+    return TrialOutcome(status, run_id, timings, error)
+
+
+def _check_reproduction(recorder: TrialRecorder, original: str, new_hash: str) -> None:
+    from orchestrator.reproduce import compare_with_original
+
+    recorder.set_tags({Tag.REPRODUCES: original})
+    warning = compare_with_original(recorder.tracker, original, new_hash)
+    if warning:
+        log.warning("%s", warning)
+        print(f"parasweep: warning: {warning}", flush=True)
+        recorder.set_tags({Tag.REPRODUCE_WARNING: warning})
+
+
+def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, results: list[PointResult],
+            status: TrialStatus, error: str, timings: dict[str, float]) -> None:
+    """Summarise, diagnose and log what exists; never raise. The order is explicit: each step takes
+    what it needs as arguments (telemetry summaries feed the diagnosis, which feeds the description)."""
+    from analysis.diagnose import diagnose
+    from analysis.telemetry import point_telemetry
+    from orchestrator.telemetry.server_log import server_log_frame
+    from orchestrator.telemetry.server_metrics import read_samples
+    from orchestrator.trial.summary import describe_trial, trial_facts, trial_timings
+
+    paths = recorder.paths
+    frames: dict[str, Any] = {}
+    extras: dict[str, dict[str, float]] = {}
+    findings: list[Finding] = []
+
+    def telemetry() -> None:
+        frames["server_metrics"] = read_samples(paths.server_metrics_jsonl)
+        if paths.server_log.exists():
+            frames["server_log"] = server_log_frame(paths.server_log)
+        recorder.save_telemetry(frames)
+        for r in results:
+            extra = point_telemetry(frames["server_metrics"], r.start, r.end)
+            if extra:
+                extras[r.point.label] = extra
+        recorder.log_point_extras(extras)
+
+    def diagnosis() -> None:
+        findings.extend(diagnose(trial_facts(plan.cfg, session.resolved, results, extras)))
+
+    saved: list[dict[str, str]] = []
+    steps = [("records", recorder.save_records), ("telemetry", telemetry),
+             ("config", lambda: recorder.save_config(plan.resolved_cfg, plan.identity.overrides)),
+             ("server_files", recorder.save_server_files), ("diagnosis", diagnosis),
+             ("findings", lambda: saved.extend(recorder.save_findings(findings, status, error))),
+             ("error", lambda: recorder.save_error(error)),
+             ("timings", lambda: recorder.log_timings(trial_timings({**timings, "end": time.time()}))),
+             ("description", lambda: recorder.describe(describe_trial(plan, status, results, extras, saved)))]
+    run_steps(steps, timings, plan.identity.label)
+    try:
+        recorder.close(status)
+    except Exception:
+        log.exception("could not mark trial %s as %s in MLflow", plan.identity.label, status.value)

@@ -1,0 +1,57 @@
+"""What a finished trial says about itself: the facts the diagnosis reads, its timings, and the run
+description a person reads in the MLflow UI. Plain functions of the trial's typed results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analysis.diagnose import TrialFacts
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.trial.plan import TrialPlan
+from vocab.records import PointResult
+from vocab.status import TrialStatus
+
+
+def trial_facts(cfg: ParasweepConf, resolved: dict[str, Any], results: list[PointResult],
+                extras: dict[str, dict[str, float]]) -> TrialFacts:
+    points = {r.point.label: {**r.metrics, **extras.get(r.point.label, {}),
+                              "invalid_reason": "; ".join(r.invalid_reasons)} for r in results}
+    return TrialFacts(
+        pp_size=cfg.pp.size, async_depth=cfg.pp.async_depth, resolved=resolved, points=points,
+        concurrency={r.point.label: r.point.concurrency for r in results if r.point.concurrency is not None},
+        idle_power_w=cfg.hardware.idle_power_w, power_limit_w=cfg.hardware.power_limit_w)
+
+
+def trial_timings(t: dict[str, float]) -> dict[str, float]:
+    """``trial/<name>`` metrics: seconds in total, starting the engine, under load, and the rest."""
+    out = {"total_s": (t.get("end") or max(t.values())) - t["task_start"]}
+    if "engine_ready" in t and "engine_launch" in t:
+        out["engine_start_s"] = t["engine_ready"] - t["engine_launch"]
+    if "load_end" in t and "load_start" in t:
+        out["load_s"] = t["load_end"] - t["load_start"]
+        if "engine_start_s" in out:
+            out["overhead_s"] = out["total_s"] - out["engine_start_s"] - out["load_s"]
+    return out
+
+
+def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResult],
+                   extras: dict[str, dict[str, float]], findings: list[dict[str, str]]) -> list[str]:
+    """The run's description (Markdown): the layout, a table of the points, the findings."""
+    c = plan.cfg
+    source = ("predicted in virtual time by the simulated engine" if c.predict
+              else f"engine {plan.engine_name}")
+    lines = [f"**{status.value}**: {plan.identity.label}", "",
+             f"{c.model.name} on {c.hardware.name}, tp={c.tp.size} pp={c.pp.size} ep={c.ep.size} "
+             f"dp={c.dp.size}, async depth {c.pp.async_depth}, {source}", ""]
+    if results:
+        lines += ["| point | output tok/s | TTFT p99 ms | ITL p99 ms | valid |", "|---|---|---|---|---|"]
+        for r in results:
+            m = {**r.metrics, **extras.get(r.point.label, {})}
+            nan = float("nan")
+            lines.append(f"| {r.point.label} | {m.get('output_tok_s', nan):.1f} | "
+                         f"{m.get('ttft_p99_ms', nan):.1f} | {m.get('itl_p99_ms', nan):.2f} | "
+                         f"{int(m.get('valid', 1))} |")
+    if findings:
+        lines += ["", "Findings (diagnosis.json):"]
+        lines += [f"- **{f['severity']}** {f['title']}: {f['suggestion'].splitlines()[0]}" for f in findings]
+    return lines

@@ -1,0 +1,143 @@
+"""The nouns of the replica model: requests, prefill items, micro-batches, slots and per-stage busy time.
+
+Plain state with no scheduling logic: ``admission.py`` decides what goes into a batch and
+``replica.py`` (the PP loop) decides when it runs. docs/simulator.md, "The scheduler model", describes
+how they fit together.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from simulator.costs import BatchShape
+
+
+class Request:
+    """One generation request, from its arrival at stage 0's scheduler to its last token."""
+
+    __slots__ = (
+        "aborted",
+        "arrival",
+        "finish_reason",
+        "finish_time",
+        "finished",
+        "first_token_time",
+        "input_len",
+        "kv_reserved",
+        "kv_tokens",
+        "last_token_time",
+        "log_metrics",
+        "max_new_tokens",
+        "notify",
+        "output_ids",
+        "prefilled",
+        "rid",
+        "stream",
+        "token_seed",
+    )
+
+    def __init__(self, rid: str, input_len: int, max_new_tokens: int, token_seed: int,
+                 stream: bool = False, log_metrics: bool = True) -> None:
+        self.rid = rid
+        self.input_len = input_len
+        self.max_new_tokens = max_new_tokens
+        self.token_seed = token_seed
+        self.stream = stream
+        self.log_metrics = log_metrics
+        self.output_ids: list[int] = []
+        self.prefilled = 0
+        self.arrival = 0.0
+        self.first_token_time = -1.0
+        self.last_token_time = -1.0
+        self.finish_time = -1.0
+        self.finished = False
+        self.aborted = False
+        self.finish_reason: dict | None = None
+        self.kv_reserved = 0
+        self.kv_tokens = 0  # tokens of this request whose KV is stored
+        self.notify: Callable[[], None] | None = None  # set by the client side; called on new output
+
+    @property
+    def context_len(self) -> int:
+        return self.input_len + len(self.output_ids)
+
+
+@dataclass
+class PrefillItem:
+    """The part of one request's prompt a prefill batch computes (a whole prompt or one chunk)."""
+
+    req: Request
+    tokens: int
+    prefix: int  # prompt tokens already prefilled by earlier chunks
+    last_chunk: bool
+
+
+@dataclass
+class Batch:
+    """One micro-batch: a decode step of a slot's requests, or a prefill of new prompts and chunks."""
+
+    decode: bool
+    reqs: list[Request]  # decode: the slot's requests
+    items: list[PrefillItem] = field(default_factory=list)  # prefill: what is computed
+    shape: BatchShape | None = None
+    cuda_graph: bool = False
+
+
+@dataclass
+class Slot:
+    """One of the L = pp_size + pp_async_batch_depth micro-batch slots of the PP loop."""
+
+    index: int
+    reqs: list[Request] = field(default_factory=list)  # running (prefilled) requests owned by the slot
+    in_flight: Batch | None = None
+
+
+class StageBusy:
+    """Busy intervals of one stage's GPUs. Intervals are known at launch (possibly in the future), arrive
+    in start order and never overlap (one FIFO per stage)."""
+
+    __slots__ = ("_done", "_pending", "_recent", "window")
+
+    def __init__(self, window: float = 1.0) -> None:
+        self._done = 0.0
+        self._pending: deque[tuple[float, float]] = deque()
+        self._recent: deque[tuple[float, float]] = deque()  # finished intervals, kept for the window
+        self.window = window
+
+    def add(self, start: float, end: float) -> None:
+        self._pending.append((start, end))
+
+    def _fold(self, now: float) -> None:
+        while self._pending and self._pending[0][1] <= now:
+            iv = self._pending.popleft()
+            self._done += iv[1] - iv[0]
+            self._recent.append(iv)
+        horizon = now - 2 * self.window
+        while self._recent and self._recent[0][1] < horizon:
+            self._recent.popleft()
+
+    def busy_total(self, now: float) -> float:
+        """Seconds busy in [0, now]."""
+        self._fold(now)
+        partial = 0.0
+        for s, e in self._pending:
+            if s >= now:
+                break
+            partial += min(e, now) - s
+        return self._done + partial
+
+    def busy_fraction(self, now: float) -> float:
+        """Fraction of the last ``window`` seconds spent busy."""
+        self._fold(now)
+        lo = now - self.window
+        busy = 0.0
+        for s, e in self._recent:
+            if e > lo:
+                busy += e - max(s, lo)
+        for s, e in self._pending:
+            if s >= now:
+                break
+            busy += min(e, now) - max(s, lo)
+        return min(busy / self.window, 1.0) if self.window > 0 else 0.0

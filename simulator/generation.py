@@ -1,0 +1,235 @@
+"""The generation endpoints, ``POST /generate`` (SGLang's native API) and ``POST /v1/completions`` /
+``POST /v1/chat/completions`` (OpenAI's), with SGLang's request defaults, stream formats and error
+bodies (docs/simulator.md, "Endpoints"). Prompts are counted by ``text.py``; requests go through the
+``Frontend``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+from aiohttp import web
+
+from simulator.entities import Request
+from simulator.frontend import BadRequest, Frontend
+from simulator.sim_config import SimConfig
+from simulator.text import (
+    completion_prompt_lengths,
+    count_chat_tokens,
+    detokenize,
+    generate_prompt_lengths,
+)
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
+DONE = b"data: [DONE]\n\n"
+
+
+def json_response(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def openai_error(msg: str, status: int = 400) -> web.Response:
+    return json_response({"object": "error", "message": msg, "type": "BadRequestError", "param": None,
+                          "code": status}, status)
+
+
+def _sse(obj: object) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class GenerationAPI:
+    def __init__(self, cfg: SimConfig, frontend: Frontend) -> None:
+        self.cfg = cfg
+        self.frontend = frontend
+
+    # -- /generate ----------------------------------------------------------------------------------------
+
+    def _meta(self, req: Request, received: float, n: int) -> dict:
+        meta = {
+            "id": req.rid,
+            "finish_reason": req.finish_reason if req.finished and n == len(req.output_ids) else None,
+            "prompt_tokens": req.input_len,
+            "completion_tokens": n,
+            "cached_tokens": 0,
+            "weight_version": "default",
+            "num_retractions": 0,
+            "e2e_latency": time.time() - received,
+        }
+        if self.cfg.args.enable_metrics:
+            meta["request_received_ts"] = received
+        # The model's own clock (simulated seconds, immune to wall-clock jitter): for diagnosis and tests.
+        if req.first_token_time >= 0:
+            meta["sim_first_token_latency"] = req.first_token_time - req.arrival
+        if req.finished and req.finish_time >= 0:
+            meta["sim_e2e_latency"] = req.finish_time - req.arrival
+        if n and req.last_token_time >= 0:
+            meta["sim_token_time"] = req.last_token_time  # simulated time the latest token was emitted
+        return meta
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        received = time.time()
+        try:
+            body = await request.json(loads=orjson.loads)
+            if not isinstance(body, dict):
+                raise BadRequest("request body must be a JSON object")
+            sp = body.get("sampling_params") or {}
+            max_new = sp.get("max_new_tokens")
+            max_new = 128 if max_new is None else int(max_new)
+            stream = bool(body.get("stream", False))
+            if body.get("input_ids") is None and body.get("text") is not None \
+                    and self.cfg.args.skip_tokenizer_init:
+                raise BadRequest("text input requires a tokenizer; the server runs with "
+                                 "--skip-tokenizer-init, send input_ids instead")
+            lens, batch = generate_prompt_lengths(body)
+            if not lens or min(lens) == 0:
+                raise BadRequest("The input is empty.")
+            reqs = [self.frontend.new_request(n, max_new, stream) for n in lens]
+        except (BadRequest, ValueError, TypeError) as e:
+            return json_response({"error": {"message": str(e)}}, 400)
+        self.frontend.submit(reqs)
+        with_text = not self.cfg.args.skip_tokenizer_init
+        if not stream:
+            await self.frontend.wait_all(reqs)
+            outs = [self._generate_obj(r, received, len(r.output_ids), with_text) for r in reqs]
+            return json_response(outs if batch else outs[0])
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+        texts = [""] * len(reqs)
+        tlen = [0] * len(reqs)
+        try:
+            async for ready in self.frontend.outputs(reqs):
+                parts = []
+                for i in ready:
+                    r = reqs[i]
+                    n = len(r.output_ids)
+                    if with_text:  # cumulative text, extended incrementally
+                        texts[i] += detokenize(r.output_ids[tlen[i]:n])
+                        tlen[i] = n
+                    obj = {"text": texts[i], "output_ids": r.output_ids[:n],
+                           "meta_info": self._meta(r, received, n)}
+                    if batch:
+                        obj["index"] = i
+                    parts.append(_sse(obj))
+                await resp.write(b"".join(parts))
+            await resp.write(DONE)
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.frontend.abort(reqs)
+            raise
+        return resp
+
+    def _generate_obj(self, r: Request, received: float, n: int, with_text: bool) -> dict:
+        return {"text": detokenize(r.output_ids[:n]) if with_text else "", "output_ids": r.output_ids[:n],
+                "meta_info": self._meta(r, received, n)}
+
+    # -- OpenAI ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _include_usage(body: dict) -> bool:
+        so = body.get("stream_options") or {}
+        return bool(so.get("include_usage"))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json(loads=orjson.loads)
+            lens = completion_prompt_lengths(body.get("prompt"))
+            max_new = body.get("max_tokens")
+            max_new = 16 if max_new is None else int(max_new)
+            stream = bool(body.get("stream", False))
+            reqs = [self.frontend.new_request(n, max_new, stream) for n in lens]
+        except (BadRequest, ValueError, TypeError, AttributeError) as e:
+            return openai_error(str(e))
+        return await self._openai(request, body, reqs, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json(loads=orjson.loads)
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise BadRequest("messages must be a non-empty list")
+            max_new = body.get("max_completion_tokens")
+            if max_new is None:
+                max_new = body.get("max_tokens")
+            max_new = 128 if max_new is None else int(max_new)
+            stream = bool(body.get("stream", False))
+            reqs = [self.frontend.new_request(count_chat_tokens(messages), max_new, stream)]
+        except (BadRequest, ValueError, TypeError, AttributeError) as e:
+            return openai_error(str(e))
+        return await self._openai(request, body, reqs, chat=True)
+
+    async def _openai(self, request: web.Request, body: dict, reqs: list[Request], chat: bool
+                      ) -> web.StreamResponse:
+        self.frontend.submit(reqs)
+        model = body.get("model") or self.cfg.served_model_name
+        created = int(time.time())
+        rid = reqs[0].rid
+        if not body.get("stream", False):
+            await self.frontend.wait_all(reqs)
+            return json_response(self._openai_full(reqs, rid, created, model, chat))
+        obj_name = "chat.completion.chunk" if chat else "text_completion"
+        head = {"id": rid, "object": obj_name, "created": created, "model": model}
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+        sent = [0] * len(reqs)
+        try:
+            if chat:
+                await resp.write(_sse({**head, "choices": [{
+                    "index": 0, "delta": {"role": "assistant", "content": "", "reasoning_content": None},
+                    "logprobs": None, "finish_reason": None, "matched_stop": None}]}))
+            async for ready in self.frontend.outputs(reqs):
+                parts = []
+                for i in ready:
+                    r = reqs[i]
+                    n = len(r.output_ids)
+                    delta = detokenize(r.output_ids[sent[i]:n])
+                    sent[i] = n
+                    final = r.finished and n == len(r.output_ids)
+                    reason = _openai_reason(r) if final else None
+                    if chat:
+                        if delta:
+                            parts.append(_sse({**head, "choices": [{
+                                "index": i, "delta": {"content": delta}, "logprobs": None,
+                                "finish_reason": None, "matched_stop": None}]}))
+                        if final:
+                            parts.append(_sse({**head, "choices": [{
+                                "index": i, "delta": {}, "logprobs": None, "finish_reason": reason,
+                                "matched_stop": None}]}))
+                    else:
+                        parts.append(_sse({**head, "choices": [{
+                            "index": i, "text": delta, "logprobs": None, "finish_reason": reason,
+                            "matched_stop": None}], "usage": None}))
+                if parts:
+                    await resp.write(b"".join(parts))
+            if self._include_usage(body):
+                await resp.write(_sse({**head, "choices": [], "usage": _usage(reqs)}))
+            await resp.write(DONE)
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.frontend.abort(reqs)
+            raise
+        return resp
+
+    def _openai_full(self, reqs: list[Request], rid: str, created: int, model: str, chat: bool) -> dict:
+        choices = []
+        for i, r in enumerate(reqs):
+            text = detokenize(r.output_ids)
+            if chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": text,
+                                                        "reasoning_content": None, "tool_calls": None},
+                                "logprobs": None, "finish_reason": _openai_reason(r), "matched_stop": None})
+            else:
+                choices.append({"index": i, "text": text, "logprobs": None,
+                                "finish_reason": _openai_reason(r), "matched_stop": None})
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+                "model": model, "choices": choices, "usage": _usage(reqs)}
+
+
+def _openai_reason(r: Request) -> str:
+    fr = r.finish_reason or {}
+    return {"length": "length", "stop": "stop", "abort": "abort"}.get(fr.get("type", ""), "stop")
+
+
+def _usage(reqs: list[Request]) -> dict:
+    p = sum(r.input_len for r in reqs)
+    c = sum(len(r.output_ids) for r in reqs)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c, "prompt_tokens_details": None}

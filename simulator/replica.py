@@ -1,0 +1,266 @@
+"""The PP loop: the discrete-event model of one SGLang engine replica (all its PP stages), following
+SGLang's PP event loop as docs/simulator.md restates it ("What the model follows: SGLang's scheduler";
+the model itself: "The scheduler model").
+
+Stage 0's scheduler visits the L = pp_size + pp_async_batch_depth micro-batch slots round-robin
+(``_turn``). A slot whose previous micro-batch has not come back around the ring blocks the loop
+(SGLang's blocking receive), which is what lock-steps micro-batches and opens bubbles.
+
+Each visit of a free slot builds one batch (``_build_batch``: prefill first, from ``admission.py``,
+else a decode step of the slot's running requests). The batch is pushed through the stages in FIFO
+order, so its whole timeline is known at launch (``_launch``): stage k starts at max(arrival from k-1,
+stage k free). Two events follow: tokens are emitted when the step leaves the last stage (``_emit``),
+and the slot is free again once the sampled ids are back at stage 0 (``_return``).
+
+Stage 0's host is one serial resource: each turn costs ``CostModel.sched_time`` (process the slot's
+result, build its next batch), paid between the slot's return and its next launch. With depth 0 every
+slot is in that position every turn, so the host time is a bubble on each; extra slots (depth > 0) keep
+the GPUs fed while it runs. pp=1 with the overlap scheduler runs it beside the GPU step instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from simulator.admission import Admission
+from simulator.costs import decode_shape
+from simulator.entities import Batch, Request, Slot, StageBusy
+from simulator.sim_config import SimConfig
+from simulator.timebase import Simulation
+
+
+class Observer(Protocol):
+    """Receives what SGLang's tokenizer manager and scheduler report (metrics, logs)."""
+
+    def on_first_token(self, req: Request, now: float) -> None: ...
+    def on_token(self, req: Request, itl: float) -> None: ...
+    def on_finish(self, req: Request, now: float) -> None: ...
+    def on_prefill_batch(self, replica: ReplicaModel, n_new: int, n_tokens: int, running: int) -> None: ...
+    def on_decode_log(self, replica: ReplicaModel, batch_size: int, cuda_graph: bool) -> None: ...
+    def on_idle(self, replica: ReplicaModel) -> None: ...
+
+
+class ReplicaModel:
+    """One engine replica on a shared ``Simulation``: requests in (``submit``, ``abort``), tokens out
+    (each request's ``output_ids`` and ``notify``), reports to an ``Observer``."""
+
+    def __init__(self, cfg: SimConfig, sim: Simulation) -> None:
+        self.cfg = cfg
+        self.sim = sim
+        self.observer: Observer | None = None  # the live server's Reporter; None in predictions
+        self.cost = cfg.cost
+        self.pp = cfg.pp
+        self.admission = Admission(cfg)
+        self.num_slots = cfg.pp + (cfg.depth if cfg.pp > 1 else 0)
+        self.slots = [Slot(i) for i in range(self.num_slots)]
+        # pp=1 with the overlap scheduler launches step n+1 before step n's results are processed (the
+        # sampled ids stay on the GPU), so the iteration's host time runs beside the GPU. Under PP a slot's
+        # next batch needs its own result processed first, so host time always sits between a slot's
+        # return and its next launch; pp_async_batch_depth > 0 hides it only by giving stage 0 other
+        # slots' work to run meanwhile (docs/simulator.md, "The scheduler model").
+        self.hide_cpu = cfg.pp == 1 and not cfg.disable_overlap_schedule
+        self.cursor = 0
+        self.cpu_free = 0.0
+        self.turn_pending = False
+        self.gpu_free = [0.0] * cfg.pp
+        self.busy = [StageBusy() for _ in range(cfg.pp)]
+        self.in_flight = 0
+        self.peak_in_flight = 0  # most micro-batches ever in flight at once (tests, predictions)
+        # counters (SGLang's scheduler statistics)
+        self.forward_ct_decode = 0
+        self.gen_tokens_since_log = 0
+        self.last_decode_log_time = 0.0
+        self.last_gen_throughput = 0.0
+        self.prefill_tokens_since_log = 0
+        self.last_prefill_log_time = 0.0
+        self.tokens_prefill_total = 0
+        self.tokens_decode_total = 0
+        self.decode_steps = 0
+        self.prefill_steps = 0
+        self._vocab = cfg.spec.vocab
+        self._eos = set(cfg.spec.eos_token_ids)
+        self.output_hook: Callable[[], None] | None = None  # called once per emission event (health)
+
+    # -- requests in -------------------------------------------------------------------------------------
+
+    def submit(self, req: Request, now: float) -> None:
+        """A request reaches stage 0's scheduler at simulated time ``now``."""
+        self.sim.schedule(now, self._arrive, req)
+
+    def _arrive(self, req: Request) -> None:
+        req.arrival = self.sim.now
+        if req.aborted:
+            return
+        self.admission.waiting.append(req)
+        self._wake()
+
+    def abort(self, req: Request) -> None:
+        """The client went away: drop the request at the next opportunity (SGLang aborts it too)."""
+        if req.finished:
+            return
+        req.aborted = True
+        req.finished = True
+        req.finish_reason = {"type": "abort", "message": "client disconnected"}
+        if self.admission.withdraw(req):
+            self._wake()
+
+    def holds(self, req: Request) -> bool:
+        """Whether ``req`` is waiting, running or being prefilled on this replica."""
+        adm = self.admission
+        return req in adm.waiting or adm.chunked_req is req or any(req in s.reqs for s in self.slots)
+
+    # -- stage-0 scheduler loop --------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if not self.turn_pending:
+            self.turn_pending = True
+            self.sim.schedule(max(self.sim.now, self.cpu_free), self._turn)
+
+    def _turn(self) -> None:
+        self.turn_pending = False
+        now = self.sim.now
+        if now < self.cpu_free:
+            self._wake()
+            return
+        skipped = 0
+        while skipped < self.num_slots:
+            slot = self.slots[self.cursor]
+            if slot.in_flight is not None:
+                return  # blocking receive of this slot's output; its return wakes us
+            batch = self._build_batch(slot)
+            self.cursor = (self.cursor + 1) % self.num_slots
+            if batch is None:
+                skipped += 1
+                continue
+            self._launch(slot, batch, now)
+            if self.cpu_free > now:
+                self._wake()
+                return
+            skipped = 0
+        if self.observer is not None and self.in_flight == 0 and not self.admission.waiting:
+            self.observer.on_idle(self)
+
+    def _build_batch(self, slot: Slot) -> Batch | None:
+        adm = self.admission
+        if any(r.finished for r in slot.reqs):  # aborted while the slot was idle
+            adm.drop_finished(slot)
+        if adm.has_work:
+            running_before = len(slot.reqs)
+            batch = adm.build_prefill(slot)
+            if batch is not None:  # prefill first: this slot's decode waits a turn
+                self.prefill_tokens_since_log += batch.shape.tokens
+                if self.observer is not None:
+                    new_seqs = sum(1 for it in batch.items if it.prefix == 0)
+                    self.observer.on_prefill_batch(self, new_seqs, batch.shape.tokens, running_before)
+                return batch
+        if slot.reqs:
+            reqs = list(slot.reqs)
+            shape = decode_shape([r.context_len for r in reqs])
+            return Batch(decode=True, reqs=reqs, shape=shape)
+        return None
+
+    def _launch(self, slot: Slot, batch: Batch, now: float) -> None:
+        cost = self.cost
+        self.admission.store_kv(batch)
+        shape = batch.shape
+        batch.cuda_graph = cost.uses_cuda_graph(shape)
+        host = cost.sched_time(len(batch.reqs))
+        if self.hide_cpu:
+            t = now
+            self.cpu_free = now + host
+        else:
+            t = now + host
+            self.cpu_free = t
+        hop = cost.hop_time(shape) if self.pp > 1 else 0.0
+        gpu_free = self.gpu_free
+        last = self.pp - 1
+        for s in range(self.pp):
+            start = t if t > gpu_free[s] else gpu_free[s]
+            end = start + cost.stage_time(s, shape)
+            gpu_free[s] = end
+            self.busy[s].add(start, end)
+            t = end + hop if s < last else end
+        slot.in_flight = batch
+        self.in_flight += 1
+        if self.in_flight > self.peak_in_flight:
+            self.peak_in_flight = self.in_flight
+        self.sim.schedule(t, self._emit, batch)
+        self.sim.schedule(t + cost.return_time(), self._return, slot, batch)
+
+    # -- results -----------------------------------------------------------------------------------------
+
+    def _token(self, req: Request) -> int:
+        # Deterministic per (seed, request, position); never an EOS id, so lengths are exactly max_new_tokens.
+        tok = (req.token_seed * 2654435761 + len(req.output_ids) * 40503 + 12345) % self._vocab
+        while tok in self._eos:
+            tok = (tok + 1) % self._vocab
+        return tok
+
+    def _emit(self, batch: Batch) -> None:
+        now = self.sim.now
+        obs = self.observer
+        if batch.decode:
+            reqs = batch.reqs
+            self.decode_steps += 1
+            self.tokens_decode_total += len(reqs)
+            self.gen_tokens_since_log += len(reqs)
+        else:
+            reqs = [it.req for it in batch.items if it.last_chunk]
+            self.prefill_steps += 1
+            self.tokens_prefill_total += batch.shape.tokens
+        for req in reqs:
+            if req.finished:
+                continue
+            req.output_ids.append(self._token(req))
+            if req.first_token_time < 0:
+                req.first_token_time = now
+                if obs is not None and req.log_metrics:
+                    obs.on_first_token(req, now)
+            elif obs is not None and req.log_metrics:
+                obs.on_token(req, now - req.last_token_time)
+            req.last_token_time = now
+            if len(req.output_ids) >= req.max_new_tokens:
+                req.finished = True
+                req.finish_time = now
+                req.finish_reason = {"type": "length", "length": req.max_new_tokens}
+                if obs is not None and req.log_metrics:
+                    obs.on_finish(req, now)
+            if req.notify is not None:
+                req.notify()
+        if self.output_hook is not None:
+            self.output_hook()
+
+    def _return(self, slot: Slot, batch: Batch) -> None:
+        slot.in_flight = None
+        self.in_flight -= 1
+        if any(r.finished for r in slot.reqs):
+            self.admission.drop_finished(slot)
+        if batch.decode:
+            self.forward_ct_decode += 1
+            if self.forward_ct_decode % self.cfg.args.decode_log_interval == 0:
+                self._decode_log(len(batch.reqs), batch.cuda_graph)
+        self._wake()
+
+    def _decode_log(self, batch_size: int, cuda_graph: bool) -> None:
+        now = self.sim.now
+        dt = now - self.last_decode_log_time
+        self.last_gen_throughput = self.gen_tokens_since_log / dt if dt > 0 else 0.0
+        self.gen_tokens_since_log = 0
+        self.last_decode_log_time = now
+        if self.observer is not None:
+            self.observer.on_decode_log(self, batch_size, cuda_graph)
+
+    # -- read-outs ---------------------------------------------------------------------------------------
+
+    def input_throughput_and_reset(self) -> float:
+        now = self.sim.now
+        dt = now - self.last_prefill_log_time
+        tput = self.prefill_tokens_since_log / dt if dt > 0 else 0.0
+        self.prefill_tokens_since_log = 0
+        self.last_prefill_log_time = now
+        return tput
+
+    @property
+    def num_running(self) -> int:
+        return sum(len(s.reqs) for s in self.slots)

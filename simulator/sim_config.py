@@ -1,0 +1,134 @@
+"""The resolved configuration of one simulated server: every launch flag with SGLang's auto defaults
+filled in (``resolve.py`` computes it), and the ``/server_info`` dict derived from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+
+from simulator import SGLANG_COMPAT_VERSION, __version__
+from simulator.costs import CostModel, Parallel
+from simulator.model_spec import ModelSpec
+from vocab.hardware import HardwareConf
+
+MIB = 2**20
+GIB = 2**30
+
+
+@dataclass
+class StageMemory:
+    weight_bytes: float
+    kv_bytes: float
+    graph_bytes: float
+    token_capacity: int
+    available_bytes: float
+
+
+@dataclass
+class SimConfig:
+    args: argparse.Namespace
+    spec: ModelSpec
+    hw: HardwareConf
+    hw_path: str
+    cost: CostModel
+    par: Parallel
+    tp: int
+    pp: int
+    ep: int
+    dp: int
+    depth: int
+    served_model_name: str
+    context_len: int
+    chunked_prefill_size: int  # -1 = disabled
+    max_prefill_tokens: int
+    max_total_num_tokens: int
+    max_running_requests: int
+    pp_max_micro_batch_size: int
+    cuda_graph_max_bs_decode: int  # what was captured (clipped to max_running_requests)
+    disable_cuda_graph: bool
+    disable_overlap_schedule: bool
+    mem_fraction_static: float
+    attention_backend: str
+    random_seed: int
+    time_scale: float
+    stages: list[StageMemory]
+    warnings: list[str] = field(default_factory=list)
+    startup_time: float = field(default_factory=time.time)
+
+    @property
+    def max_req_input_len(self) -> int:
+        return min(self.context_len - 1, self.max_total_num_tokens - 1)
+
+    def server_info(self) -> dict:
+        a = self.args
+        s0 = self.stages[0]
+        info = {
+            "model_path": a.model_path,
+            "served_model_name": self.served_model_name,
+            "tokenizer_path": a.tokenizer_path or a.model_path,
+            "skip_tokenizer_init": a.skip_tokenizer_init,
+            "load_format": a.load_format,
+            "trust_remote_code": a.trust_remote_code,
+            "context_length": a.context_length,
+            "dtype": a.dtype,
+            "kv_cache_dtype": a.kv_cache_dtype,
+            "tp_size": self.tp,
+            "pp_size": self.pp,
+            "ep_size": self.ep,
+            "dp_size": self.dp,
+            "moe_a2a_backend": a.moe_a2a_backend,
+            "pp_async_batch_depth": self.depth,
+            "pp_max_micro_batch_size": self.pp_max_micro_batch_size,
+            "max_running_requests": self.max_running_requests,
+            "max_queued_requests": a.max_queued_requests,
+            "max_total_tokens": a.max_total_tokens,
+            "chunked_prefill_size": self.chunked_prefill_size,
+            "max_prefill_tokens": self.max_prefill_tokens,
+            "schedule_policy": a.schedule_policy,
+            "disable_overlap_schedule": self.disable_overlap_schedule,
+            "mem_fraction_static": self.mem_fraction_static,
+            "page_size": a.page_size or 1,
+            "disable_radix_cache": a.disable_radix_cache,
+            "disable_cuda_graph": self.disable_cuda_graph,
+            "cuda_graph_max_bs_decode": self.cuda_graph_max_bs_decode,
+            "attention_backend": self.attention_backend,
+            "host": a.host,
+            "port": a.port,
+            "enable_metrics": a.enable_metrics,
+            "decode_log_interval": a.decode_log_interval,
+            "log_level": a.log_level,
+            "random_seed": self.random_seed,
+            "stream_interval": a.stream_interval,
+            # scheduler init info
+            "status": "ready",
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "max_req_input_len": self.max_req_input_len,
+            "context_len": self.context_len,
+            "startup_time": self.startup_time,
+            "version": SGLANG_COMPAT_VERSION,
+            "engine": "parasweep-sim",
+            "sim_version": __version__,
+            "sim_hardware": self.hw.name,
+            "sim_hardware_path": self.hw_path,
+            "sim_time_scale": self.time_scale,
+            "sim_stage_layers": list(self.cost.stage_layers),
+            "sim_stage_weight_gb": [round(s.weight_bytes / 1e9, 3) for s in self.stages],
+            "sim_stage_token_capacity": [s.token_capacity for s in self.stages],
+        }
+        info["internal_states"] = [
+            {
+                "effective_max_running_requests_per_dp": self.max_running_requests,
+                "last_gen_throughput": 0.0,
+                "memory_usage": {
+                    "weight": round(s0.weight_bytes / GIB, 2),
+                    "kvcache": round(s0.kv_bytes / GIB, 2),
+                    "token_capacity": self.max_total_num_tokens,
+                    "graph": round(s0.graph_bytes / GIB, 2),
+                },
+                "world_size": self.tp * self.pp,
+            }
+            for _ in range(self.dp)
+        ]
+        return info

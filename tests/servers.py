@@ -1,0 +1,68 @@
+"""How tests start the servers the load generator is tested against: each in its own process group,
+through the project's one server-process helper (``orchestrator.process.server.ServerProcess``: ready
+when ``GET /health`` answers 200, the whole group stopped on exit)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from orchestrator.process.server import ServerProcess, free_port
+
+HOST = "127.0.0.1"
+FAKE_SERVER = Path(__file__).with_name("fakeserver.py")
+
+
+def _flags(settings: dict[str, Any]) -> list[str]:
+    return [arg for key, value in settings.items() for arg in (f"--{key.replace('_', '-')}", str(value))]
+
+
+@contextlib.contextmanager
+def started(argv: list[str], port: int, startup_timeout_s: float = 30.0) -> Iterator[str]:
+    """Run ``argv`` (a server that listens on ``HOST:port``) until the block ends; yields its URL."""
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        ServerProcess(argv, Path(tmp) / "server.log", HOST, port, stop_grace_s=2.0) as server,
+    ):
+        server.wait_ready(startup_timeout_s)
+        yield server.url
+
+
+class FakeServer:
+    """A running ``tests/fakeserver.py``: its URL, and its behaviour changed at run time."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def control(self, **settings: Any) -> dict[str, Any]:
+        """Change the behaviour of the running server (and reset its request counter)."""
+        req = urllib.request.Request(
+            self.url + "/_control", data=orjson.dumps(settings), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return orjson.loads(resp.read())
+
+
+@contextlib.contextmanager
+def fake_server(**settings: Any) -> Iterator[FakeServer]:
+    """``tests/fakeserver.py`` with these settings (``mode``, ``every``, ``ttft_ms``, ``itl_ms``, ...)."""
+    port = free_port()
+    with started([sys.executable, str(FAKE_SERVER), "--port", str(port), *_flags(settings)], port) as url:
+        yield FakeServer(url)
+
+
+@contextlib.contextmanager
+def loopback_server(**settings: Any) -> Iterator[str]:
+    """``python -m workloads.loopback`` with these settings (``ttft_ms``, ``itl_ms``); yields its URL."""
+    port = free_port()
+    with started(
+        [sys.executable, "-m", "workloads.loopback", "--port", str(port), *_flags(settings)], port
+    ) as url:
+        yield url

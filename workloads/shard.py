@@ -1,0 +1,217 @@
+"""One process's share of a load point, and what a point's records go through.
+
+Used by :mod:`workloads.runner` (a point in this process) and :mod:`workloads.workers` (a point over
+several processes), which both import from here and never from each other:
+
+* :func:`prepare_requests` builds the request bodies of a shard before the point starts;
+* :func:`run_shard` opens the connections, quiets the garbage collector, starts the lag monitor
+  and sends the shard's requests on the scheduler's timetable;
+* :class:`PointOptions`, :class:`RecordSink` and :func:`finish`: the point's settings, where its
+  finished records go, and its metrics and verdict;
+* :func:`resolve_model` and :func:`run_sync`: the OpenAI ``model`` field and the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import gc
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from vocab.load import LoadPoint, RequestSpec
+from vocab.records import PointResult, RecordWriter, RequestRecord
+
+from .backend import fetch_model, send_request
+from .fasthttp import Pool
+from .metrics import DEFAULT_LAG_THRESHOLD_MS, SLO, summarize, validity_reasons
+from .payloads import PreparedRequest, build_request
+from .scheduler import LagMonitor, drive, shard_share
+
+ProgressFn = Callable[[int, int], None]
+RecordFn = Callable[[RequestRecord], None]
+T = TypeVar("T")
+
+# Bodies are serialised before the point starts unless they would take more memory than this;
+# then each is built just before it is sent (a few tens of microseconds per request).
+PREBUILD_LIMIT_BYTES = 256 * 1024 * 1024
+GC_THRESHOLD0 = 20_000
+
+
+def prepare_requests(
+    spec: RequestSpec, point: LoadPoint, shard: int = 0, shards: int = 1
+) -> Callable[[int], PreparedRequest]:
+    """Request index -> its prepared request, for the indices of this shard.
+
+    Built up front when the point has a known count and the bodies fit in
+    :data:`PREBUILD_LIMIT_BYTES`; otherwise each is built when asked for.
+    """
+    n = point.measured_requests
+    if n is None:  # closed loop bounded by time: the count is unknown, build each just in time
+        return lambda i: build_request(spec, i)
+    indices = range(shard, point.warmup_requests + n, shards)
+    est = len(indices) * (spec.input_len * 7 + 256)
+    if est > PREBUILD_LIMIT_BYTES:
+        return lambda i: build_request(spec, i)
+    built = {i: build_request(spec, i) for i in indices}
+    return built.__getitem__
+
+
+def connections_ahead(point: LoadPoint, shard: int = 0, shards: int = 1) -> int:
+    """Connections to open before a point starts: one per closed-loop worker of this shard.
+
+    Open loop opens none: its requests leave over time, and a cap may never be reached.
+    """
+    if point.concurrency is None:
+        return 0
+    n = shard_share(point.concurrency, shard, shards)
+    if point.num_requests is not None:
+        n = min(n, len(range(shard, point.warmup_requests + point.num_requests, shards)))
+    return n
+
+
+@contextlib.contextmanager
+def quiet_gc() -> Iterator[None]:
+    """Keep the garbage collector from stalling the event loop while a point runs.
+
+    orjson makes a few dicts per event, so the collector runs often, and a full collection walks
+    every object of the process (tens of ms: a TTFT/ITL spike). Freezing what exists now and
+    collecting the young generation less often removes those pauses; both are restored on exit.
+    """
+    gc.collect()
+    gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(GC_THRESHOLD0, 50, 1000)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
+async def run_shard(
+    base: str,
+    point: LoadPoint,
+    spec: RequestSpec,
+    on_record: RecordFn,
+    *,
+    shard: int = 0,
+    shards: int = 1,
+    start_perf: float | None = None,
+    sock_read_timeout: float = 300.0,
+    get_request: Callable[[int], PreparedRequest] | None = None,
+) -> list[float]:
+    """Send this process's share of ``point``; ``on_record`` gets each finished request.
+
+    Returns the event-loop lag samples (ms). ``spec.model`` must already be resolved.
+    """
+    label = point.label
+    warmup = point.warmup_requests
+    if get_request is None:
+        get_request = prepare_requests(spec, point, shard, shards)
+    api = spec.api
+    pool = Pool(base, read_timeout=sock_read_timeout)
+
+    async def send(i: int, scheduled: float | None) -> None:
+        req = get_request(i)
+        rec = RequestRecord(
+            point=label, index=i, warmup=i < warmup, scheduled_time=scheduled, input_tokens=req.input_tokens
+        )
+        await send_request(pool, req, api, rec)
+        on_record(rec)
+
+    lag = LagMonitor()
+    try:
+        # Before the clock and the lag monitor start: connects are not load.
+        await pool.open(connections_ahead(point, shard, shards))
+        with quiet_gc():
+            lag.start()
+            try:
+                await drive(point, send, shard=shard, shards=shards, start_perf=start_perf)
+            finally:
+                await lag.stop()
+    finally:
+        pool.close()
+    return lag.samples_ms
+
+
+async def resolve_model(base: str, spec: RequestSpec) -> RequestSpec:
+    """Fill ``spec.model`` from ``GET /v1/models`` for the OpenAI APIs when it is None."""
+    if spec.api == "generate" or spec.model is not None:
+        return spec
+    return dataclasses.replace(spec, model=await fetch_model(base))
+
+
+@dataclass(frozen=True)
+class PointOptions:
+    """The keyword arguments of ``run_point`` / ``run_point_async``, passed on as one value."""
+
+    records_path: Path | None = None
+    on_progress: ProgressFn | None = None
+    sock_read_timeout: float = 300.0
+    lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS
+    slo: SLO | None = None
+
+    def finish(self, point: LoadPoint, records: list[RequestRecord], lag_ms: list[float]) -> PointResult:
+        return finish(point, records, lag_ms, lag_threshold_ms=self.lag_threshold_ms, slo=self.slo)
+
+
+class RecordSink:
+    """Where a point's finished records go: kept, appended to the records file, counted for progress."""
+
+    def __init__(self, point: LoadPoint, opts: PointOptions) -> None:
+        self.records: list[RequestRecord] = []
+        self.done = 0
+        self.total = point.measured_requests or 0
+        self.on_progress = opts.on_progress
+        self.writer = RecordWriter(opts.records_path) if opts.records_path is not None else None
+
+    def add(self, rec: RequestRecord) -> None:
+        self.records.append(rec)
+        if self.writer is not None:
+            self.writer.write(rec)
+        if not rec.warmup:
+            self.done += 1
+            if self.on_progress is not None:
+                self.on_progress(self.done, max(self.total, self.done))
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def finish(
+    point: LoadPoint,
+    records: list[RequestRecord],
+    lag_ms: list[float],
+    *,
+    lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS,
+    slo: SLO | None = None,
+) -> PointResult:
+    """Metrics and verdict from the (merged) records of a point."""
+    records = sorted(records, key=lambda r: r.index)
+    metrics = summarize(records, point, lag_ms=lag_ms, lag_threshold_ms=lag_threshold_ms, slo=slo)
+    reasons = validity_reasons(metrics, point, lag_threshold_ms=lag_threshold_ms)
+    return PointResult(point, metrics, reasons, records)
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on a fresh event loop (uvloop when installed: about half the CPU per event)."""
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
+        factory = None
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        coro.close()
+        raise RuntimeError("run_point() was called inside a running event loop; await run_point_async()")
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
