@@ -40,12 +40,12 @@ import numpy as np
 import orjson
 
 from workloads import LoadPoint, RequestRecord, RequestSpec, clock, summarize
-from workloads.backend import normalize_url, send_request
+from workloads.backend import account_events, normalize_url, send_request
 from workloads.fasthttp import Pool
 from workloads.payloads import PreparedRequest, build_request
 from workloads.scheduler import LagMonitor, drive
 from workloads.shard import quiet_gc, run_sync
-from workloads.sse import DONE, SSEParser
+from workloads.sse import SSEParser
 from workloads.streams import StreamError, make_stream
 
 
@@ -127,7 +127,7 @@ class AiohttpClient:
                 async for data in resp.content.iter_any():
                     t = now()
                     events = parser.feed(data)
-                    if events and _account(events, state, t, rec):
+                    if events and account_events(events, state, t, rec):
                         done = True
                         break
                 if done:
@@ -149,27 +149,6 @@ class AiohttpClient:
 
     async def close(self) -> None:
         await self.session.close()
-
-
-def _account(events: list[bytes], state: object, t: float, rec: RequestRecord) -> bool:
-    """The per-read accounting of ``workloads.backend`` (every event parsed and validated)."""
-    on_event = state.on_event  # type: ignore[attr-defined]
-    tokens = parsed = 0
-    done = False
-    for payload in events:
-        if payload == DONE:
-            done = True
-            break
-        tokens += on_event(payload)
-        parsed += 1
-    if parsed:
-        rec.chunk_times.append(t)
-        rec.chunk_tokens.append(tokens)
-        if tokens and rec.first_token_time is None:
-            rec.first_token_time = t
-    if done:
-        rec.end_time = t
-    return done
 
 
 def chunk_lags_ms(records: list[RequestRecord], ttft_ms: float, itl_ms: float) -> list[float]:

@@ -9,13 +9,12 @@ import pytest
 
 from orchestrator.process.server import group_alive
 from tests.conftest import run_cli
+from vocab.metric_keys import CONTRACT_METRICS
 
 pytestmark = pytest.mark.slow  # Ray, engines, MLflow
 
 # fast but honest: a tiny MoE model in PP2 on the simulated RTX PRO node, two load points
 SMALL = ["model=tiny-test", "parallelism=pp2", "workload=tiny", "ray.num_cpus=2"]
-CONTRACT_METRICS = ["output_tok_s", "request_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
-                    "tpot_p50_ms", "e2e_p50_ms", "achieved_concurrency", "errors", "valid"]
 CONTRACT_ARTIFACTS = ["config/resolved.yaml", "config/overrides.yaml", "server/server.log",
                       "server/server_info.json", "server/argv.json", "records/requests.parquet",
                       "diagnosis.json"]

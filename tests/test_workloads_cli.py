@@ -18,24 +18,13 @@ import orjson
 import pytest
 from servers import FakeServer, fake_server
 
+from vocab.metric_keys import CONTRACT_METRICS
 from vocab.records import ERROR_KINDS
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-CONTRACT_KEYS = (
-    "output_tok_s",
-    "request_s",
-    "ttft_p50_ms",
-    "ttft_p99_ms",
-    "itl_p50_ms",
-    "itl_p99_ms",
-    "tpot_p50_ms",
-    "e2e_p50_ms",
-    "achieved_concurrency",
-    "errors",
-    "valid",
-)
+CONTRACT_KEYS = CONTRACT_METRICS
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

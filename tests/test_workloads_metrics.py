@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from vocab.metric_keys import CONTRACT_METRICS
 from workloads import SLO, LoadPoint, RequestRecord, summarize, validity_reasons
 from workloads.metrics import DEFAULT_LAG_THRESHOLD_MS
 
@@ -90,19 +91,7 @@ def test_itl_tpot_ttft_e2e_match_hand_computed_values() -> None:
 
 def test_contract_metric_names_exist() -> None:
     m = summarize(_fixture(), LoadPoint(num_requests=3, concurrency=2, warmup_requests=1))
-    for key in (
-        "output_tok_s",
-        "request_s",
-        "ttft_p50_ms",
-        "ttft_p99_ms",
-        "itl_p50_ms",
-        "itl_p99_ms",
-        "tpot_p50_ms",
-        "e2e_p50_ms",
-        "achieved_concurrency",
-        "errors",
-        "valid",
-    ):
+    for key in CONTRACT_METRICS:
         assert key in m
     assert all(isinstance(v, float) for v in m.values())
 

@@ -25,6 +25,12 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+# The per-point metrics every load point reports (the load generator's ``--json`` keys, and the
+# ``<point>/<metric>`` names of every trial run): users and checks rely on these names.
+CONTRACT_METRICS: tuple[str, ...] = (
+    "output_tok_s", "request_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms",
+    "e2e_p50_ms", "achieved_concurrency", "errors", "valid")
+
 Prefix = Literal["", "pred", "best", "trial", "open"]
 PREFIXES: tuple[str, ...] = ("pred", "best", "trial", "open")
 

@@ -87,13 +87,13 @@ class SSESink(Sink):
             if parser.pending > MAX_PENDING_BYTES:
                 raise StreamError("malformed", "no SSE event boundary in the first 64 MiB")
             return
-        if _consume(events, self.state, t, self.rec):
+        if account_events(events, self.state, t, self.rec):
             self.finished = True
 
     def on_end(self, t: float) -> None:
         if self.bad is not None:
             raise self._fail_bad()
-        if _consume(self.parser.flush(), self.state, t, self.rec):
+        if account_events(self.parser.flush(), self.state, t, self.rec):
             self.finished = True
             return
         if self.state.finish_reason is None:
@@ -126,7 +126,7 @@ async def send_request(pool: Pool, req: PreparedRequest, api: str, rec: RequestR
         rec.finish_reason = state.finish_reason
 
 
-def _consume(events: list[bytes], state: StreamState, t: float, rec: RequestRecord) -> bool:
+def account_events(events: list[bytes], state: StreamState, t: float, rec: RequestRecord) -> bool:
     """Account the events of one read at time ``t``; True when the stream said [DONE].
 
     Every event is parsed and validated (``state.on_event``); only the bookkeeping is per read.
