@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from orchestrator.errors import UserError
 from vocab.assets import group_options
-from vocab.metric_keys import MetricKey
+from vocab.metric_keys import MetricKey, point_metrics
 from vocab.status import Tag, TrialStatus
 
 CONFIG_GROUPS = ("engine", "model", "hardware", "parallelism", "workload", "experiment")
@@ -132,8 +132,8 @@ def finish(code: int) -> int:
     for run in failed:
         reason = (run.data.tags.get(Tag.ERROR) or "").strip().splitlines()
         tags = run.data.tags
-        console.print(f"[red]{tags.get('parasweep.status')}[/red] #{tags.get('parasweep.trial_num')} "
-                      f"{tags.get('parasweep.overrides')}: {reason[-1] if reason else 'no reason recorded'}",
+        console.print(f"[red]{tags.get(Tag.STATUS)}[/red] #{tags.get(Tag.TRIAL_NUM)} "
+                      f"{tags.get(Tag.OVERRIDES)}: {reason[-1] if reason else 'no reason recorded'}",
                       highlight=False)
     _log_plots(tracker, state.run_id, runs, Path(state.sweep_dir))
     _describe_sweep(tracker, state.run_id, runs, status)
@@ -157,20 +157,20 @@ def _describe_sweep(tracker: Any, sweep_run_id: str, runs: list[Any], status: st
         lines = [f"**{status}**: {len(runs)} trial(s)", "",
                  "| trial | status | " + " | ".join(f"{p} tok/s" for p in labels) + " |",
                  "|---|---|" + "---|" * len(labels)]
+        # output tok/s per run and load point, from the per-point metrics
+        tok_s = {run.info.run_id: {str(p): m["output_tok_s"]
+                                   for p, m in point_metrics(run.data.metrics).items() if "output_tok_s" in m}
+                 for run in runs}
         for run in ordered:
-            m, tags = run.data.metrics, run.data.tags
-            cells = [f"{m[str(MetricKey.at(p, 'output_tok_s'))]:.1f}"
-                     if str(MetricKey.at(p, "output_tok_s")) in m else "-" for p in labels]
-            status_cell = tags.get(Tag.STATUS, "?")
+            values = tok_s[run.info.run_id]
+            cells = [f"{values[p]:.1f}" if p in values else "-" for p in labels]
+            status_cell = run.data.tags.get(Tag.STATUS, "?")
             lines.append(f"| {run.info.run_name} | {status_cell} | {' | '.join(cells)} |")
         tracker.set_tags(sweep_run_id, {Tag.NOTE: "\n".join(lines)[:7900]})
-        rollup = []
-        for p in labels:
-            key = str(MetricKey.at(p, "output_tok_s"))
-            values = [r.data.metrics[key] for r in runs if key in r.data.metrics]
-            rollup.append((str(MetricKey.at(p, "output_tok_s", prefix="best")), max(values), 0))
-        counts = {s: sum(1 for r in runs if r.data.tags.get(Tag.STATUS) == s)
-                  for s in ("ok", "failed", "killed", "skipped")}
+        rollup = [(str(MetricKey.at(p, "output_tok_s", prefix="best")),
+                   max(t[p] for t in tok_s.values() if p in t), 0) for p in labels]
+        counts = {s.value: sum(1 for r in runs if r.data.tags.get(Tag.STATUS) == s)
+                  for s in TrialStatus if s is not TrialStatus.RUNNING}
         tracker.log_metrics(sweep_run_id, rollup + [(f"trials_{s}", float(n), 0) for s, n in counts.items()])
     except Exception:  # a convenience: the trials' own runs hold the numbers
         logging.getLogger("parasweep").exception("could not describe the sweep run")

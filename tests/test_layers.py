@@ -93,7 +93,10 @@ def test_every_package_is_installed() -> None:
     found = {str(p.parent.relative_to(REPO)).replace("/", ".") for pkg in PACKAGES
              for p in (REPO / pkg).rglob("__init__.py")}
     assert found <= listed, sorted(found - listed)
-    assert {"parasweep_conf", "parasweep_models"} <= listed
+    # every config group is a data package of its own (setuptools installs a folder's files only then)
+    groups = {f"parasweep_conf.{d.name}" for d in (REPO / "conf").iterdir()
+              if d.is_dir() and any(d.glob("*.yaml"))}
+    assert {"parasweep_conf", "parasweep_models"} | groups <= listed, sorted(groups - listed)
 
 
 # Built from pieces so that this file does not match itself.

@@ -4,6 +4,7 @@ shipped hardware profiles and model configs are found from the installed copy, a
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +16,21 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # builds and installs the project
 
 
+def _tracked_copy(dst: Path) -> Path:
+    """The checkout's tracked files, so pip's in-tree build leaves nothing behind in the repository."""
+    names = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True)
+    for name in names.stdout.splitlines():
+        (dst / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, dst / name)
+    return dst
+
+
 def test_a_plain_install_works_outside_the_checkout(tmp_path: Path) -> None:
     target = tmp_path / "site"
+    source = _tracked_copy(tmp_path / "src")
     build = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-         "--target", str(target), str(REPO)], capture_output=True, text=True, timeout=300, check=False)
+         "--target", str(target), str(source)], capture_output=True, text=True, timeout=300, check=False)
     assert build.returncode == 0, build.stderr
     assert not (target / "vocab" / "__editable__").exists()
     env = {**os.environ, "PYTHONPATH": str(target)}

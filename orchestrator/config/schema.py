@@ -104,6 +104,12 @@ class RayConf:
     accelerator_type: str | None = None  # Ray accelerator type every trial needs, e.g. "H200"
 
 
+# Keys that configure a sweep as a whole, not one trial: they may not vary between a sweep's trials
+# (the launcher refuses that) and never appear in a trial's label.
+SWEEP_WIDE_KEYS = ("tracking.uri", "tracking.experiment", "ray.address", "ray.num_gpus", "ray.num_cpus",
+                   "resume", "dry_run", "predict", "reproduce")
+
+
 @dataclass
 class ParasweepConf:
     engine: EngineConf = field(default_factory=EngineConf)

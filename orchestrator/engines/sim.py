@@ -52,7 +52,7 @@ class SimEngine(Engine):
                               why=redact_text(message, secret_values(dict(cfg.server.extra_args))))
 
         parser.error = refuse  # type: ignore[method-assign]
-        parser.parse_args(self.argv(cfg, 30000, Path("/nonexistent-trial-dir"))[3:])
+        parser.parse_args(self.simulator_flags(cfg, 30000, Path("/nonexistent-trial-dir")))
         return self.plan_notes(cfg)
 
     @staticmethod
@@ -65,6 +65,11 @@ class SimEngine(Engine):
         return trial_dir / "engine" / "model"
 
     def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path) -> list[str]:
+        return [self.python(cfg), "-m", "simulator", *self.simulator_flags(cfg, port, trial_dir)]
+
+    def simulator_flags(self, cfg: ParasweepConf, port: int, trial_dir: Path) -> list[str]:
+        """The simulator's command line without the interpreter: what the live server and the
+        virtual-time prediction both parse."""
         flags = sglang_flags(cfg, port)
         if _override_args(cfg):
             # the simulator has no --json-model-override-args: it reads a config.json with the
@@ -72,8 +77,7 @@ class SimEngine(Engine):
             i = flags.index("--json-model-override-args")
             del flags[i:i + 2]
             flags[flags.index("--model-path") + 1] = str(self.model_copy(trial_dir))
-        return [self.python(cfg), "-m", "simulator", *flags,
-                "--sim-hardware", str(self.hardware_file(trial_dir)),
+        return [*flags, "--sim-hardware", str(self.hardware_file(trial_dir)),
                 "--sim-time-scale", f"{cfg.engine.time_scale:g}"]
 
     def prepare(self, cfg: ParasweepConf, trial_dir: Path) -> None:

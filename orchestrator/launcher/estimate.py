@@ -49,7 +49,7 @@ def predict_trials(cfgs: list[ParasweepConf], scratch: Path,
             sim = SimEngine()
             trial_dir = scratch / f"predict-{i}"
             sim.prepare(cfg, trial_dir)
-            argv = sim.argv(cfg, 30000, trial_dir)[3:]  # without `python -m simulator`
+            argv = sim.simulator_flags(cfg, 30000, trial_dir)
             points = load_points(cfg)
             results = predict_trial(argv, points, request_spec(cfg))
         except Exception as exc:  # e.g. a layout the simulator cannot model

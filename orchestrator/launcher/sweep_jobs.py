@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.schema import SWEEP_WIDE_KEYS, ParasweepConf
 from orchestrator.errors import ConfigError
 from orchestrator.tracking import tracking_uri
 
@@ -23,11 +23,6 @@ class CheckedJob:
     overrides: tuple[str, ...]
     label: str = ""  # what varies between the sweep's trials
     config_hash: str = ""
-
-
-# (key, how to read it): settings that say where and how the sweep runs, not what a trial measures
-SWEEP_WIDE_KEYS = ("tracking.uri", "tracking.experiment", "ray.address", "ray.num_gpus", "ray.num_cpus",
-                   "resume", "dry_run", "predict")
 
 
 def _value(cfg: ParasweepConf, key: str) -> Any:

@@ -12,20 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.identity import config_hash, resolved_config_dict
-from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.schema import SWEEP_WIDE_KEYS, ParasweepConf
 from orchestrator.config.validate import world_size
 from orchestrator.engines.base import Engine
 from orchestrator.engines.registry import get_engine
 from orchestrator.load_plan import load_points, request_spec
 from vocab.load import LoadPoint, RequestSpec
 
-# Overrides that configure the sweep as a whole, not a trial: never part of a trial's label.
-SWEEP_WIDE = ("tracking.", "ray.", "hydra.", "resume", "dry_run", "predict", "reproduce")
-
 
 def is_sweep_wide(override: str) -> bool:
+    """A sweep-wide key, or Hydra's own settings: not part of what distinguishes a trial."""
     key = override.lstrip("+~").split("=", 1)[0]
-    return key.startswith(SWEEP_WIDE)
+    return key in SWEEP_WIDE_KEYS or key.startswith("hydra.")
 
 
 def trial_label(overrides: tuple[str, ...] | list[str], common: frozenset[str] = frozenset()) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -78,8 +79,8 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
     try:
         with view:
             if not virtual:
-                recorder.set_tags({Tag.CUDA_VISIBLE_DEVICES: getattr(session, "env", {}).get(
-                    "CUDA_VISIBLE_DEVICES", "")})
+                # the GPUs Ray assigned (LiveSession hands this environment to the engine)
+                recorder.set_tags({Tag.CUDA_VISIBLE_DEVICES: os.environ.get("CUDA_VISIBLE_DEVICES", "")})
                 progress.update(status="starting engine", force=True)
             with session:
                 recorder.record_engine(session.server_info, session.resolved,

@@ -151,8 +151,7 @@ class VirtualSession:
 
         self.plan = plan
         self._sim = SimEngine()
-        # the simulator's own flags, without the `python -m simulator` prefix
-        self.argv = self._sim.argv(plan.cfg, 30000, plan.identity.trial_dir)[3:]
+        self.argv = self._sim.simulator_flags(plan.cfg, 30000, plan.identity.trial_dir)
         self.server_info: dict[str, Any] = {}
         self.resolved: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
