@@ -1,34 +1,115 @@
-"""Diagnosis rules: each reads the trial's config, the engine's resolved values and the per-point
-results, and returns findings with evidence and a suggestion (ids are stable: users filter on them)."""
+"""Diagnosis rules: each reads the trial's facts (config, the engine's resolved values, the per-point
+client metrics and telemetry summaries, the cost model's step estimates) and returns findings with
+evidence, a suggestion, and that suggestion as config overrides (ids are stable: users filter on them).
+
+The rules read only engine-independent signals: GPU telemetry by the names of ``vocab/telemetry.py``
+(whichever source wrote it: NVML or the simulated engine's GPU model), the per-stage scheduler series
+(engine log / ``/metrics``), the client's own metrics, the resolved config and the cost model. They
+never read the simulated engine's internal series, so a rule fires on SGLang exactly as it fires on the
+simulator. Every evidence string names where its numbers come from.
+
+Each rule: the signal it reads, when it fires, the source its evidence names.
+
+==================== ====================================================== ==============================
+rule                 signal: fires when                                     source in the evidence
+==================== ====================================================== ==============================
+client_bound         each point's ``valid``: 0 (the client's own validity   load generator
+                     check)
+too_few_microbatches resolved ``pp_max_micro_batch_size``, C per DP         resolved by the engine
+                     replica: pp > 1, C > 1 and min(pp + async depth,
+                     ceil(C/cap)) micro-batches < pp
+admission_cap        resolved ``max_running_requests``: C per DP replica    resolved by the engine
+                     above it
+pp_bubble            ``stage_activity_mean`` at the busiest point: pp > 1   GPU telemetry (NVML, measured;
+                     and < 0.6 (critical below 0.3)                         or simulated)
+pp_stage_imbalance   ``stageK_activity_mean`` at the busiest point: pp > 1  GPU telemetry
+                     and (max - min) / max > 0.15
+cuda_graph_off       resolved ``disable_cuda_graph``,                       resolved by the engine; the
+                     ``cuda_graph_max_bs_decode`` or ``cuda_graph_max_bs``: batch: cost model
+                     graphs off, or the decode batch at the busiest point
+                     above the largest captured size
+gpu_underused        ``gpu_power_frac_mean`` at the busiest point: below    GPU telemetry
+                     idle + 0.25 x (1 - idle), as fractions of the power
+                     limit
+kv_capacity          ``kv_token_usage_max`` >= 0.95, or ``retracted_reqs``  engine log / metrics
+                     > 0, or a growing queue while the running requests sit
+                     below both admission caps (see :func:`kv_capacity`)
+tp_comm_bound        cost model ``comm_s / step_s`` and ``memory_bound_s``, cost model estimate; ITL: load
+                     measured ``itl_p50_ms``: tp > 1 and (PCIe and comm     generator
+                     share >= 0.3 at the busiest point, or anywhere ITL p50
+                     > 2 x the memory-bound step with share >= 0.15)
+==================== ====================================================== ==============================
+
+Rules on GPU telemetry stay quiet when the trial had none (``gpu_source="none"``) or a summary is
+missing. "Busiest" is the highest-concurrency closed-loop point whose client check passed (an invalid
+point's numbers describe the client, not the server).
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from vocab.findings import SEVERITIES, Finding
+from vocab.telemetry import (
+    KV_USAGE_MAX,
+    POWER_FRAC_MEAN,
+    QUEUE_GROWTH,
+    RETRACTED,
+    RUNNING_MEAN,
+    STAGE_ACTIVITY_MAX,
+    STAGE_ACTIVITY_MEAN,
+    GpuSource,
+    per_stage,
+)
+
+INTERCONNECTS = ("pcie", "nvlink")
+COST_MODEL = "cost model estimate"
+RESOLVED = "resolved by the engine"
+
+
+@dataclass
+class StepEstimate:
+    """The cost model's view of one decode step at a point (filled by the orchestrator from the
+    simulator's cost model)."""
+
+    batch: int            # requests per micro-batch at that point
+    step_s: float         # one decode forward through every stage (the ring trip / the step for pp=1)
+    comm_s: float         # of which TP/EP collectives
+    memory_bound_s: float  # the same step if it only read weights + KV at full memory bandwidth (its floor)
 
 
 @dataclass
 class TrialFacts:
-    """What the rules look at. ``points`` maps a load-point label to its metrics."""
+    """What the rules look at. ``points`` maps a load-point label to its metrics (client metrics and
+    the ``analysis.telemetry.point_telemetry`` summaries)."""
 
     pp_size: int
     async_depth: int
     resolved: Mapping[str, Any]
-    points: Mapping[str, Mapping[str, float]]
-    concurrency: Mapping[str, int]  # label -> concurrency, closed-loop points only
-    idle_power_w: float = 0.0  # hardware profile: an idle GPU with a server loaded
-    power_limit_w: float = 0.0  # hardware profile: board power limit
+    points: Mapping[str, Mapping[str, float]]   # label -> client metrics + point_telemetry summaries
+    concurrency: Mapping[str, int]              # label -> concurrency, closed-loop points only
+    idle_power_w: float = 0.0
+    power_limit_w: float = 0.0
+    tp_size: int = 1
+    dp_size: int = 1
+    interconnect: str = "nvlink"                # hardware profile: "pcie" | "nvlink"
+    gpu_source: str = "none"                    # vocab.telemetry.GpuSource value: named in evidence
+    steps: Mapping[str, StepEstimate] = field(default_factory=dict)   # label -> estimate
+    stage_layers: Sequence[int] = ()            # layers per PP stage as the engine split them
+
+    def __post_init__(self) -> None:
+        if self.interconnect not in INTERCONNECTS:
+            raise ValueError(f"interconnect must be one of {', '.join(INTERCONNECTS)}, "
+                             f"got {self.interconnect!r}")
+        valid = [s.value for s in GpuSource]
+        if self.gpu_source not in valid:
+            raise ValueError(f"gpu_source must be one of {', '.join(valid)}, got {self.gpu_source!r}")
 
 
-def _busiest(f: TrialFacts, key: str) -> str | None:
-    """The highest closed-loop load point that has ``key`` in its metrics."""
-    labels = [label for label in f.concurrency if key in f.points.get(label, {})]
-    return max(labels, key=lambda k: f.concurrency[k]) if labels else None
-
+# ---- helpers -------------------------------------------------------------------------------------
 
 def _int(value: Any) -> int | None:
     try:
@@ -37,16 +118,105 @@ def _int(value: Any) -> int | None:
         return None
 
 
+def _float(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _busiest(f: TrialFacts, key: str) -> str | None:
+    """The highest valid closed-loop load point that has ``key`` in its metrics."""
+    labels = [label for label in f.concurrency if _float(f.points.get(label, {}).get(key)) is not None
+              and f.points[label].get("valid", 1) != 0]
+    return max(labels, key=lambda k: f.concurrency[k]) if labels else None
+
+
+def _by_load(f: TrialFacts, labels: Sequence[str]) -> list[str]:
+    """``labels`` busiest first: closed-loop points by concurrency, then the others in their order."""
+    closed = sorted((x for x in labels if x in f.concurrency), key=lambda k: -f.concurrency[k])
+    return closed + [x for x in labels if x not in f.concurrency]
+
+
+def _per_replica(f: TrialFacts, c: int) -> int:
+    """Concurrency one DP replica sees (the router spreads requests over the replicas)."""
+    return math.ceil(c / max(1, f.dp_size))
+
+
+def _gpu_evidence(f: TrialFacts) -> str | None:
+    """"(NVML, measured)" or "(simulated GPU telemetry, not measured)"; None without GPU telemetry."""
+    source = GpuSource(f.gpu_source)
+    return None if source is GpuSource.NONE else f"({source.describe()})"
+
+
+def _scheduler_evidence(f: TrialFacts) -> str:
+    # simulated GPU telemetry only comes with the simulated engine, whose log and metrics it also wrote
+    return ("(simulated engine's log / metrics, not measured)" if f.gpu_source == GpuSource.SIMULATED
+            else "(engine log / metrics)")
+
+
+def _value(v: Any) -> str:
+    """A value as a Hydra override writes it."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, list | tuple):
+        return "[" + ",".join(_value(x) for x in v) + "]"
+    if isinstance(v, str) and "," in v:
+        return f"'{v}'"  # quoted: a bare comma would start a sweep
+    return str(v)
+
+
+ENV_PREFIX = "env."  # a change key naming an environment variable of the engine, not a config key
+
+
+def overrides_text(change: Mapping[str, Any]) -> str:
+    """``pp.micro_batch_size=4 pp.async_depth=1``: a change as the overrides a user types (an engine
+    environment variable as ``NAME=value (engine environment)``: it is exported, not overridden)."""
+    return " ".join(f"{k.removeprefix(ENV_PREFIX)}={v} (engine environment)" if k.startswith(ENV_PREFIX)
+                    else f"{k}={_value(v)}" for k, v in change.items())
+
+
+def _suggest(why: str, change: Mapping[str, Any]) -> str:
+    """The suggestion text: it states exactly the change the finding carries (the alternatives are
+    named only if the change is predicted not to help)."""
+    return why + (f" Set {overrides_text(change)}." if change else "")
+
+
+def _more_load(f: TrialFacts, label: str) -> dict[str, Any] | None:
+    c = f.concurrency.get(label)
+    return {"workload.concurrency": [2 * c]} if c else None
+
+
+def _all_tp(f: TrialFacts) -> dict[str, Any] | None:
+    """The pipeline folded into TP. Only over NVLink: over PCIe the TP collectives of every layer would
+    cross the slow links, which is what PP avoids there."""
+    if f.pp_size <= 1 or f.interconnect == "pcie":
+        return None
+    return {"tp.size": f.tp_size * f.pp_size, "pp.size": 1}
+
+
+def _some(*changes: dict[str, Any] | None) -> list[dict[str, Any]]:
+    return [c for c in changes if c]
+
+
+def _micro_batches(f: TrialFacts, c: int, cap: int) -> int:
+    """Micro-batches one replica fills at concurrency c under a per-slot cap."""
+    return min(f.pp_size + f.async_depth, math.ceil(_per_replica(f, c) / cap))
+
+
+# ---- rules ---------------------------------------------------------------------------------------
+
 def client_bound(f: TrialFacts) -> list[Finding]:
     bad = [label for label, m in f.points.items() if m.get("valid", 1) == 0]
     if not bad:
         return []
-    reasons = "; ".join(f"{label}: {f.points[label].get('invalid_reason', 'client fell behind')}"
+    reasons = "; ".join(f"{label}: {f.points[label].get('invalid_reason') or 'client fell behind'}"
                         for label in bad)
     return [Finding("client_bound", "critical", f"The load generator fell behind at {', '.join(bad)}",
-                    f"valid=0 at {', '.join(bad)} ({reasons})",
+                    f"valid=0 at {', '.join(bad)} (load generator's validity check: {reasons})",
                     "Do not read those points as server numbers; lower the load or give the client "
-                    "its own cores.")]
+                    "its own cores.", point=_by_load(f, bad)[0])]
 
 
 def too_few_microbatches(f: TrialFacts) -> list[Finding]:
@@ -57,116 +227,309 @@ def too_few_microbatches(f: TrialFacts) -> list[Finding]:
     slots = f.pp_size + f.async_depth
     worst = None
     for label, c in f.concurrency.items():
-        m = min(slots, math.ceil(c / cap))
+        m = _micro_batches(f, c, cap)
         if c > 1 and m < f.pp_size and (worst is None or c > worst[1]):
             worst = (label, c, m)
     if worst is None:
         return []
     label, c, m = worst
+    per = _per_replica(f, c)
     idle = 1 - m / f.pp_size
     severity = "critical" if idle >= 0.5 else "warning"
+    change = {"pp.micro_batch_size": max(1, math.ceil(per / f.pp_size))}
+    alternatives = _some(_more_load(f, label), _all_tp(f))
+    replica = f" per DP replica ({f.dp_size} replicas)" if f.dp_size > 1 else ""
     return [Finding(
         "too_few_microbatches", severity,
         f"Only {m} micro-batch{'es' if m > 1 else ''} in flight for {f.pp_size} pipeline stages at {label}",
-        f"pp_max_micro_batch_size={cap} (resolved) puts all {c} requests of {label} into {m} slot(s) of "
-        f"{slots}; each stage idles at least {idle:.0%} of the time",
-        f"Set pp.micro_batch_size={max(1, math.ceil(c / f.pp_size))} (ceil(C/pp)) so the {c} requests of "
-        f"{label} spread over all {f.pp_size} stages.")]
+        f"pp_max_micro_batch_size={cap} ({RESOLVED}) puts all {per} requests{replica} of {label} into "
+        f"{m} slot(s) of {slots}; each stage idles at least {idle:.0%} of the time",
+        _suggest(f"Spread the {per} requests{replica} of {label} over all {f.pp_size} stages "
+                 f"(micro-batch cap ceil(C/pp)).", change),
+        point=label, change=change, alternatives=alternatives)]
 
 
 def admission_cap(f: TrialFacts) -> list[Finding]:
     mrr = _int(f.resolved.get("max_running_requests"))
     if not mrr:
         return []
-    over = {label: c for label, c in f.concurrency.items() if c > mrr}
+    over = {label: _per_replica(f, c) for label, c in f.concurrency.items() if _per_replica(f, c) > mrr}
     if not over:
         return []
     worst = max(over, key=lambda k: over[k])
+    change = {"server.max_running_requests": over[worst]}
+    replica = " per DP replica" if f.dp_size > 1 else ""
     return [Finding(
         "admission_cap", "warning",
         f"Concurrency above max_running_requests={mrr} queues at the server",
-        f"{worst} offers {over[worst]} concurrent requests; the engine admits at most {mrr} "
-        f"(resolved max_running_requests)",
-        "Raise server.max_running_requests (KV capacity permitting) or read those points as queueing.")]
+        f"{worst} offers {over[worst]} concurrent requests{replica}; the engine admits at most {mrr} "
+        f"(max_running_requests {RESOLVED})",
+        _suggest("Admit every offered request (KV capacity permitting), or read those points as "
+                 "queueing.", change),
+        point=worst, change=change)]
 
 
 def pp_bubble(f: TrialFacts) -> list[Finding]:
-    if f.pp_size <= 1:
+    """Stages busy well under the whole time: too few micro-batches in flight or exposed per-step
+    overhead. The change is the micro-batch cap when the resolved cap keeps the busiest point below pp
+    micro-batches, else one more async slot to hide the overhead."""
+    evidence = _gpu_evidence(f)
+    label = _busiest(f, STAGE_ACTIVITY_MEAN) if f.pp_size > 1 and evidence else None
+    if label is None:
         return []
-    busy = {label: m["sim_stage_busy_mean"] for label, m in f.points.items() if "sim_stage_busy_mean" in m}
-    if not busy:
+    activity = float(f.points[label][STAGE_ACTIVITY_MEAN])
+    if activity >= 0.6:
         return []
-    label = max(busy, key=lambda k: f.concurrency.get(k, 0))
-    if busy[label] >= 0.6:
-        return []
+    c = f.concurrency[label]
+    cap = _int(f.resolved.get("pp_max_micro_batch_size"))
+    if cap and _micro_batches(f, c, cap) < f.pp_size:
+        change: dict[str, Any] = {"pp.micro_batch_size": max(1, math.ceil(_per_replica(f, c) / f.pp_size))}
+        why = f"Fill all {f.pp_size} stages with micro-batches."
+    else:
+        change = {"pp.async_depth": f.async_depth + 1}
+        why = "Hide the per-step overhead behind one more micro-batch in flight (check outputs against pp=1)."
+    alternatives = _some(_more_load(f, label), _all_tp(f))
     return [Finding(
-        "pp_bubble", "warning" if busy[label] >= 0.3 else "critical",
-        f"Pipeline stages idle {1 - busy[label]:.0%} of the time at {label}",
-        f"simulated mean stage busy fraction {busy[label]:.2f} at {label} (parasweep_sim series)",
-        "Put more micro-batches in flight (pp.micro_batch_size, concurrency) or hide per-step "
-        "overhead with pp.async_depth.")]
+        "pp_bubble", "warning" if activity >= 0.3 else "critical",
+        f"Pipeline stages idle {1 - activity:.0%} of the time at {label}",
+        f"mean stage activity {activity:.2f} at {label} (power above idle as a fraction of the idle-to-"
+        f"limit range, averaged over each stage's GPUs) {evidence}",
+        _suggest(why, change), point=label, change=change, alternatives=alternatives)]
+
+
+def _rebalance(layers: Sequence[int], activity: Sequence[float]) -> list[int] | None:
+    """A layer split that evens the stages out, or None when none is better.
+
+    Every decoder layer costs the same (one stack of identical layers), so the per-layer cost is read
+    off the stage that spends the least per layer (it carries the least else); what a stage does beyond
+    its layers at that cost (embedding, LM head and sampling) stays with it. Layers move one at a time
+    from the stage predicted busiest to the one predicted least busy while the receiver stays below
+    what the giver had; every stage keeps at least one layer and the total is unchanged."""
+    per_layer = min(a / n for a, n in zip(activity, layers, strict=True))
+    if per_layer <= 0:
+        return None
+    fixed = [a - per_layer * n for a, n in zip(activity, layers, strict=True)]
+    split = list(layers)
+    for _ in range(sum(layers) * len(layers)):
+        load = [x + per_layer * n for x, n in zip(fixed, split, strict=True)]
+        givers = [s for s in range(len(split)) if split[s] > 1]
+        if not givers:
+            break
+        src = max(givers, key=lambda s: load[s])
+        dst = min(range(len(split)), key=lambda s: load[s])
+        if src == dst or load[dst] + per_layer >= load[src] - 1e-12:
+            break
+        split[src] -= 1
+        split[dst] += 1
+    return split if split != list(layers) else None
 
 
 def pp_stage_imbalance(f: TrialFacts) -> list[Finding]:
     """One stage busier than the others paces the whole ring (often the last: it carries the LM head)."""
-    label = _busiest(f, "sim_stage_busy_max") if f.pp_size > 1 else None
+    evidence = _gpu_evidence(f)
+    label = _busiest(f, STAGE_ACTIVITY_MAX) if f.pp_size > 1 and evidence else None
     if label is None:
         return []
     m = f.points[label]
-    low, high = m.get("sim_stage_busy_min", 0.0), m["sim_stage_busy_max"]
+    activity = [_float(m.get(per_stage(s, "activity_mean"))) for s in range(f.pp_size)]
+    known = [a for a in activity if a is not None]
+    if len(known) < 2:
+        return []
+    low, high = min(known), max(known)
     if high <= 0 or (high - low) / high <= 0.15:
         return []
+    shown = ", ".join(f"stage {s}: {a:.2f}" for s, a in enumerate(activity) if a is not None)
+    change: dict[str, Any] = {}
+    if len(f.stage_layers) == f.pp_size and len(known) == f.pp_size:
+        split = _rebalance(list(f.stage_layers), known)
+        if split:
+            change = {"env.SGLANG_PP_LAYER_PARTITION": ",".join(map(str, split))}
+            why = (f"Move layers off the busiest stage (now {','.join(map(str, f.stage_layers))} layers per "
+                   f"stage; the last stage also runs the LM head and sampling).")
+        else:
+            why = (f"No whole-layer move evens the stages ({','.join(map(str, f.stage_layers))} layers per "
+                   f"stage): the imbalance is not in the layers.")
+    else:
+        why = ("Move layers off the busiest stage with SGLANG_PP_LAYER_PARTITION; the engine's layer split "
+               "is unknown here, so no partition is proposed.")
     return [Finding(
         "pp_stage_imbalance", "warning", f"Pipeline stages are unevenly loaded at {label}",
-        f"simulated stage busy fraction ranges {low:.2f}..{high:.2f} at {label} (parasweep_sim series): "
-        f"the busiest stage paces the ring",
-        "Move layers off the busiest stage with SGLANG_PP_LAYER_PARTITION (the last stage also runs the "
-        "LM head and sampling).")]
+        f"stage activity ranges {low:.2f}..{high:.2f} at {label} ({shown}) {evidence}: the busiest "
+        f"stage paces the ring",
+        _suggest(why, change), point=label, change=change)]
 
 
 def cuda_graph_off(f: TrialFacts) -> list[Finding]:
     """Decode steps that run eagerly pay a kernel launch per kernel instead of one graph replay."""
+    label = max(f.concurrency, key=lambda k: f.concurrency[k]) if f.concurrency else ""
     if str(f.resolved.get("disable_cuda_graph")).lower() == "true":
+        change: dict[str, Any] = {"server.cuda_graph": True}
         return [Finding("cuda_graph_off", "warning", "CUDA graphs are disabled",
-                        "resolved disable_cuda_graph=True: every decode step launches its kernels one by one",
-                        "Leave server.cuda_graph=true unless debugging: small decode batches are "
-                        "launch-bound.")]
-    max_bs = _int(f.resolved.get("cuda_graph_max_bs_decode"))
-    cap = _int(f.resolved.get("pp_max_micro_batch_size"))
-    if not max_bs or not f.concurrency:
+                        f"disable_cuda_graph=True ({RESOLVED}): every decode step launches its kernels "
+                        "one by one",
+                        _suggest("Use CUDA graphs unless debugging: small decode batches are launch-bound.",
+                                 change),
+                        point=label, change=change)]
+    name = next((n for n in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs") if _int(f.resolved.get(n))), "")
+    max_bs = _int(f.resolved.get(name))
+    if not max_bs or not label:
         return []
-    label = max(f.concurrency, key=lambda k: f.concurrency[k])
-    batch = min(f.concurrency[label], cap) if cap else f.concurrency[label]
+    step = f.steps.get(label)
+    if step is not None and step.batch > 0:
+        batch, where = step.batch, f"{COST_MODEL} of the micro-batch"
+    else:
+        cap = _int(f.resolved.get("pp_max_micro_batch_size"))
+        per = _per_replica(f, f.concurrency[label])
+        batch, where = (min(per, cap) if cap else per), "concurrency and the resolved micro-batch cap"
     if batch <= max_bs:
         return []
+    change = {"server.extra_args.cuda-graph-max-bs": batch}
     return [Finding(
         "cuda_graph_off", "info", f"Decode batches at {label} exceed the captured CUDA-graph sizes",
-        f"up to {batch} requests per decode batch at {label}; graphs were captured up to bs={max_bs} "
-        f"(resolved cuda_graph_max_bs_decode), so larger batches run eagerly",
-        f"Raise --cuda-graph-max-bs-decode (server.extra_args) to at least {batch}, memory permitting.")]
+        f"up to {batch} requests per decode batch at {label} ({where}); graphs were captured up to "
+        f"bs={max_bs} ({name} {RESOLVED}), so larger batches run eagerly",
+        _suggest("Capture graphs up to the decode batch, memory permitting.", change),
+        point=label, change=change)]
 
 
 def gpu_underused(f: TrialFacts) -> list[Finding]:
     """Power, not utilisation: NVML's utilisation counts any time a kernel is resident, including
     kernels spin-waiting on a peer (a stage blocked in a receive shows 100 %); power does not lie."""
-    label = _busiest(f, "sim_gpu_power_w_mean")
-    if label is None or f.power_limit_w <= f.idle_power_w:
+    evidence = _gpu_evidence(f)
+    label = _busiest(f, POWER_FRAC_MEAN) if evidence else None
+    if label is None:
         return []
-    watts = f.points[label]["sim_gpu_power_w_mean"]
-    threshold = f.idle_power_w + 0.25 * (f.power_limit_w - f.idle_power_w)
-    if watts >= threshold:
+    frac = float(f.points[label][POWER_FRAC_MEAN])
+    idle = f.idle_power_w / f.power_limit_w if 0 < f.idle_power_w < f.power_limit_w else 0.0
+    threshold = idle + 0.25 * (1 - idle)
+    if frac >= threshold:
         return []
+    change = _more_load(f, label) or {}
+    alternatives = _some(_all_tp(f))
     return [Finding(
-        "gpu_underused", "warning", f"GPUs draw {watts:.0f} W of {f.power_limit_w:.0f} W at {label}",
-        f"simulated mean GPU power {watts:.0f} W at {label}, below {threshold:.0f} W (idle "
-        f"{f.idle_power_w:.0f} W + a quarter of the range to the {f.power_limit_w:.0f} W limit)",
-        "The GPUs mostly wait: see the other findings (micro-batches in flight, communication), or "
-        "offer more load.")]
+        "gpu_underused", "warning", f"GPUs draw {frac:.0%} of their power limit at {label}",
+        f"mean GPU power {frac:.0%} of the limit at {label} {evidence}, below {threshold:.0%} (idle "
+        f"{idle:.0%} + a quarter of the range to the limit)",
+        _suggest("The GPUs mostly wait: see the other findings (micro-batches in flight, communication), "
+                 "or offer more load.", change),
+        point=label, change=change, alternatives=alternatives)]
+
+
+def kv_capacity(f: TrialFacts) -> list[Finding]:
+    """The KV pool, not a request cap, limits how many requests run. At a point it fires on any of:
+
+    * the pool ran full: ``kv_token_usage_max >= 0.95``;
+    * the engine retracted requests (``retracted_reqs > 0``): it admitted more than the pool holds;
+    * requests wait and the wait grows (``queue_growth_req_s > 0`` and a stage's mean queue >= 1
+      request) while the running requests sit below both admission caps, so neither cap holds them
+      back and only the KV budget (which also reserves room for each request's future tokens) can.
+      Under PP the series' ``running`` is one micro-batch, so the replica runs about running x
+      (pp + async depth) requests; "below" means under 90 % of ``max_running_requests`` and, when
+      known, a micro-batch under 90 % of ``pp_max_micro_batch_size``. Without a resolved
+      ``max_running_requests`` this third trigger cannot tell the caps apart and stays quiet.
+
+    The point reported is the busiest that fires. The change raises ``mem_fraction_static`` by 0.05 (at
+    most 0.95) while it is known and below 0.9; alternatives are a ``max_running_requests`` that keeps
+    the pool about 90 % full (when it ran full or retracted: the running requests x 0.9 / usage, usage 1
+    after a retraction) and
+    twice the TP size (weights spread thinner leave more room for KV). The first that applies is the
+    change.
+    """
+    mrr = _int(f.resolved.get("max_running_requests"))
+    cap = _int(f.resolved.get("pp_max_micro_batch_size"))
+    slots = f.pp_size + f.async_depth if f.pp_size > 1 else 1
+    fired: dict[str, tuple[list[str], int | None, bool]] = {}
+    for label, m in f.points.items():
+        usage, retracted = _float(m.get(KV_USAGE_MAX)), _float(m.get(RETRACTED))
+        growth, running = _float(m.get(QUEUE_GROWTH)), _float(m.get(RUNNING_MEAN))
+        queues = [q for s in range(f.pp_size) if (q := _float(m.get(per_stage(s, "queue_mean")))) is not None]
+        total = running * slots if running is not None else None
+        reasons = []
+        if usage is not None and usage >= 0.95:
+            reasons.append(f"KV pool usage reached {usage:.0%}")
+        if retracted is not None and retracted > 0:
+            reasons.append(f"{retracted:.0f} requests retracted (KV pool full)")
+        below_caps = (total is not None and running is not None and mrr is not None and total < 0.9 * mrr
+                      and (cap is None or f.pp_size <= 1 or running < 0.9 * cap))
+        if growth is not None and growth > 0 and queues and max(queues) >= 1 and below_caps:
+            reasons.append(f"the waiting queue (mean {max(queues):.1f}) grows {growth:.2f} req/s while about "
+                           f"{total:.0f} requests run, below max_running_requests={mrr}")
+        retracting = retracted is not None and retracted > 0
+        fits = None
+        if total is not None and ((usage is not None and usage >= 0.95) or retracting):
+            # what keeps the pool about 90 % full: the running requests scaled by 0.9 / usage (a
+            # retraction means the pool was full, whatever the reports between them caught)
+            full = 1.0 if retracting or usage is None else usage
+            fits = max(1, math.floor(total * 0.9 / full))
+        if reasons:
+            fired[label] = (reasons, fits, retracting)
+    if not fired:
+        return []
+    label = _by_load(f, list(fired))[0]
+    reasons, fits, retracting = fired[label]
+    mfs = _float(f.resolved.get("mem_fraction_static"))
+    raise_mfs = ({"server.mem_fraction_static": round(min(mfs + 0.05, 0.95), 3)}
+                 if mfs is not None and mfs < 0.9 else None)
+    lower_mrr = ({"server.max_running_requests": fits} if fits is not None and (mrr is None or fits < mrr)
+                 else None)
+    more_tp = {"tp.size": 2 * f.tp_size}
+    candidates = _some(raise_mfs, lower_mrr, more_tp)
+    change, alternatives = candidates[0], candidates[1:]
+    return [Finding(
+        "kv_capacity", "critical" if retracting else "warning",
+        f"The KV cache limits the running requests at {label}",
+        f"{'; '.join(reasons)} at {label} {_scheduler_evidence(f)}",
+        _suggest("Give the KV pool more memory or admit only what it holds.", change),
+        point=label, change=change, alternatives=alternatives)]
+
+
+def _comm_bound_point(f: TrialFacts, steps: Mapping[str, StepEstimate], order: Sequence[str]
+                      ) -> tuple[str, str] | None:
+    """The point tp_comm_bound is about and the ITL part of its evidence, or None."""
+    busiest = steps[order[0]]
+    if f.interconnect == "pcie" and busiest.comm_s / busiest.step_s >= 0.3:
+        return order[0], ""
+    for label in order:
+        s = steps[label]
+        itl = _float(f.points[label].get("itl_p50_ms"))
+        if (itl is not None and s.memory_bound_s > 0 and itl / 1e3 > 2 * s.memory_bound_s
+                and s.comm_s / s.step_s >= 0.15):
+            return label, (f"; measured ITL p50 {itl:.2f} ms (load generator) is "
+                           f"{itl / 1e3 / s.memory_bound_s:.1f}x the {s.memory_bound_s * 1e3:.2f} ms "
+                           f"memory-bandwidth floor of the step ({COST_MODEL})")
+    return None
+
+
+def tp_comm_bound(f: TrialFacts) -> list[Finding]:
+    """TP collectives dominate the decode step: over PCIe when they take >= 30 % of the step at the
+    busiest point, or anywhere when the measured ITL is over twice the memory-bandwidth floor while they
+    take >= 15 %. The change moves the split to PP, whose stages exchange one activation per step
+    instead of two all-reduces per layer."""
+    if f.tp_size <= 1:
+        return []
+    steps = {label: s for label, s in f.steps.items() if s.step_s > 0 and label in f.points}
+    if not steps:
+        return []
+    order = _by_load(f, list(steps))
+    found = _comm_bound_point(f, steps, order)
+    if found is None:
+        return []
+    label, itl_text = found
+    s = steps[label]
+    change = {"tp.size": 1, "pp.size": f.tp_size * f.pp_size}
+    alternatives = _some({"tp.size": f.tp_size // 2, "pp.size": f.pp_size * 2} if f.tp_size >= 4 else None)
+    return [Finding(
+        "tp_comm_bound", "warning", f"TP communication dominates the decode step at {label}",
+        f"TP collectives take {s.comm_s / s.step_s:.0%} of a {s.step_s * 1e3:.2f} ms decode step at {label} "
+        f"over {f.interconnect} with tp={f.tp_size} ({COST_MODEL}){itl_text}",
+        _suggest("Split the model across the slow links by pipeline stages instead of tensor shards.",
+                 change),
+        point=label, change=change, alternatives=alternatives)]
 
 
 RULES: list[Callable[[TrialFacts], list[Finding]]] = [
     client_bound, too_few_microbatches, admission_cap, pp_bubble, pp_stage_imbalance, cuda_graph_off,
-    gpu_underused,
+    gpu_underused, kv_capacity, tp_comm_bound,
 ]
 
 

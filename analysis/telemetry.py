@@ -1,59 +1,228 @@
-"""Per-load-point summaries of the engine's own series (counters turned into rates over the window).
+"""Per-load-point summaries of the trial's telemetry: the GPU samples (``vocab.telemetry.GPU_COLUMNS``)
+and the per-stage scheduler series (``vocab.telemetry.STAGE_COLUMNS``), cut to one point's window.
 
-Works on the scraped ``/metrics`` rows (columns ts, name, labels, value). The simulated engine's
-series are prefixed ``parasweep_sim:`` and summarised under ``sim_*`` names, so a simulated busy
-fraction is never mistaken for a GPU measurement.
+The summaries carry the names in ``vocab/telemetry.py`` whichever source wrote the series (NVML, the
+simulated engine's GPU model, SGLang's log or ``/metrics``); the source is named where a person reads
+them, not here. Everything is pandas/numpy on small frames (a few thousand rows per point).
+
+Choices worth knowing:
+
+* Energy is read from each GPU's energy counter, never integrated from power: the counter is what the
+  board measured, a power integral over 10 Hz samples is not. A window that starts or ends between two
+  samples gets its share by linear interpolation between the samples that bracket its edge.
+* A throttle sample stands for the interval up to the next sample (a sample is a state, not an event).
+* "Activity" is power above idle over the idle-to-limit range, not NVML utilisation, because
+  utilisation counts a kernel spin-waiting on a pipeline peer as busy.
+* Under PP every stage replicates the scheduler, so a replica's queue and retraction counter are read
+  once per replica (not summed over its stages); ``running`` is per micro-batch (see STAGE_COLUMNS).
+* Scheduler series: a column's values come from the engine log rows when the window has any, else from
+  the ``/metrics`` rows (the log is per batch, the gauges only as fresh as the scrape).
 """
 
 from __future__ import annotations
 
-import json
+import math
 
+import numpy as np
 import pandas as pd
 
-SIM_STAGE_BUSY = "parasweep_sim:stage_busy_seconds_total"
-SIM_POWER = "parasweep_sim:gpu_power_watts"
+from vocab.telemetry import (
+    ENERGY_J,
+    J_PER_TOKEN,
+    KV_USAGE_MAX,
+    MEM_USED_MAX,
+    POWER_FRAC_MAX_GPU,
+    POWER_FRAC_MEAN,
+    POWER_FRAC_MIN_GPU,
+    POWER_FRAC_PEAK,
+    QUEUE_GROWTH,
+    RETRACTED,
+    RUNNING_MEAN,
+    STAGE_ACTIVITY_MAX,
+    STAGE_ACTIVITY_MEAN,
+    STAGE_ACTIVITY_MIN,
+    THROTTLED_S,
+    UTIL_MEAN,
+    GpuPlace,
+    per_gpu,
+    per_stage,
+)
+
+GIB = float(1 << 30)
 
 
-def _window(df: pd.DataFrame, name: str, start: float, end: float) -> pd.DataFrame:
-    rows = df[(df["name"] == name) & (df["ts"] >= start) & (df["ts"] <= end)]
-    return rows
-
-
-def counter_rates(df: pd.DataFrame, name: str, start: float, end: float, label: str) -> dict[str, float]:
-    """Increase per second of a counter over [start, end], per value of ``label``."""
-    rows = _window(df, name, start, end)
-    out: dict[str, float] = {}
-    for labels, group in rows.groupby("labels"):
-        group = group.sort_values("ts")
-        if len(group) < 2:
-            continue
-        dt = group["ts"].iloc[-1] - group["ts"].iloc[0]
-        if dt <= 0:
-            continue
-        key = json.loads(labels).get(label, "")
-        out[key] = (group["value"].iloc[-1] - group["value"].iloc[0]) / dt
-    return out
-
-
-def gauge_means(df: pd.DataFrame, name: str, start: float, end: float, label: str) -> dict[str, float]:
-    rows = _window(df, name, start, end)
-    return {json.loads(labels).get(label, ""): float(g["value"].mean())
-            for labels, g in rows.groupby("labels")}
-
-
-def point_telemetry(df: pd.DataFrame | None, start: float, end: float) -> dict[str, float]:
-    """Telemetry summary metrics for one load point window (empty where the series are absent)."""
-    if df is None or df.empty:
+def point_telemetry(gpu: pd.DataFrame | None, stages: pd.DataFrame | None, start: float, end: float,
+                    output_tokens: int, idle_power_w: float, layout: list[GpuPlace]) -> dict[str, float]:
+    """The summaries of one load point's window [start, end] (epoch seconds); {} when nothing was
+    recorded in it. ``layout`` places each GPU in a pipeline stage (GPUs not in it count for the
+    GPU-wide summaries only)."""
+    if not end >= start:
         return {}
     out: dict[str, float] = {}
-    busy = counter_rates(df, SIM_STAGE_BUSY, start, end, "pp_rank")
-    if busy:
-        fractions = list(busy.values())
-        out["sim_stage_busy_mean"] = sum(fractions) / len(fractions)
-        out["sim_stage_busy_min"] = min(fractions)
-        out["sim_stage_busy_max"] = max(fractions)
-    power = gauge_means(df, SIM_POWER, start, end, "gpu")
-    if power:
-        out["sim_gpu_power_w_mean"] = sum(power.values()) / len(power)
+    if gpu is not None and not gpu.empty and "ts" in gpu and "gpu" in gpu:
+        out.update(_gpu_summaries(gpu, start, end, output_tokens, idle_power_w, layout))
+    if stages is not None and not stages.empty and "ts" in stages:
+        out.update(_stage_summaries(stages, start, end))
+    return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
+
+
+# ---- GPU samples ---------------------------------------------------------------------------------
+
+def _col(df: pd.DataFrame, name: str) -> pd.Series:
+    """A numeric column, all NaN when the source did not write it."""
+    if name not in df:
+        return pd.Series(np.nan, index=df.index, dtype=float)
+    return pd.to_numeric(df[name], errors="coerce").astype(float)
+
+
+def _gpu_summaries(gpu: pd.DataFrame, start: float, end: float, output_tokens: int, idle_power_w: float,
+                   layout: list[GpuPlace]) -> dict[str, float]:
+    df = pd.DataFrame({"ts": _col(gpu, "ts"), "gpu": _col(gpu, "gpu"), "power": _col(gpu, "power_w"),
+                       "limit": _col(gpu, "power_limit_w"), "util": _col(gpu, "util_gpu_pct"),
+                       "mem": _col(gpu, "mem_used_bytes"), "throttle": _col(gpu, "throttle_reasons"),
+                       "energy": _col(gpu, "energy_j")})
+    df = df[df["ts"].notna() & df["gpu"].notna()].sort_values("ts", kind="stable")
+    df["gpu"] = df["gpu"].astype(int)
+    limit = df["limit"].where(df["limit"] > 0)
+    df["frac"] = df["power"] / limit
+    df["activity"] = ((df["power"] - idle_power_w) / (limit - idle_power_w).where(limit > idle_power_w)
+                      ).clip(0.0, 1.0)
+    inside = df[(df["ts"] >= start) & (df["ts"] <= end)]
+    out: dict[str, float] = {}
+
+    per = inside.groupby("gpu").agg(frac_mean=("frac", "mean"), frac_peak=("frac", "max"),
+                                    util_mean=("util", "mean"), activity=("activity", "mean"))
+    for g, row in per.iterrows():
+        out[per_gpu(int(g), "power_frac_mean")] = row["frac_mean"]
+        out[per_gpu(int(g), "power_frac_peak")] = row["frac_peak"]
+        out[per_gpu(int(g), "util_mean_pct")] = row["util_mean"]
+    fracs = per["frac_mean"].dropna()
+    if len(fracs):
+        out[POWER_FRAC_MEAN] = fracs.mean()
+        out[POWER_FRAC_MIN_GPU] = fracs.min()
+        out[POWER_FRAC_MAX_GPU] = fracs.max()
+        out[POWER_FRAC_PEAK] = inside["frac"].max()
+    if per["util_mean"].notna().any():
+        out[UTIL_MEAN] = per["util_mean"].mean()
+    if inside["mem"].notna().any():
+        out[MEM_USED_MAX] = inside["mem"].max() / GIB
+
+    energy = [e for _, g in df.groupby("gpu") if (e := _counter_increase(g, start, end)) is not None]
+    if energy:
+        out[ENERGY_J] = sum(energy)
+        if output_tokens > 0:
+            out[J_PER_TOKEN] = out[ENERGY_J] / output_tokens
+    throttled = [t for _, g in df.groupby("gpu") if (t := _throttled_s(g, start, end)) is not None]
+    if throttled:
+        out[THROTTLED_S] = max(throttled)
+
+    stage_of = {p.gpu: p.pp for p in layout}
+    activity = per["activity"].dropna()
+    by_stage: dict[int, list[float]] = {}
+    for g, a in activity.items():
+        if int(g) in stage_of:
+            by_stage.setdefault(stage_of[int(g)], []).append(float(a))
+    stage_means = {s: sum(v) / len(v) for s, v in sorted(by_stage.items())}
+    for s, a in stage_means.items():
+        out[per_stage(s, "activity_mean")] = a
+    if stage_means:
+        values = list(stage_means.values())
+        out[STAGE_ACTIVITY_MEAN] = sum(values) / len(values)
+        out[STAGE_ACTIVITY_MIN] = min(values)
+        out[STAGE_ACTIVITY_MAX] = max(values)
     return out
+
+
+def _counter_increase(g: pd.DataFrame, start: float, end: float) -> float | None:
+    """One GPU's energy counter read at ``end`` minus at ``start``, each interpolated between the two
+    samples around it (held at the first/last sample beyond the sampled span). None when the GPU has no
+    counter samples overlapping the window, or the counter went backwards (a reset)."""
+    g = g[g["energy"].notna()]
+    ts, energy = g["ts"].to_numpy(), g["energy"].to_numpy()
+    if len(ts) == 0 or ts[0] > end or ts[-1] < start:
+        return None
+    increase = float(np.interp(end, ts, energy) - np.interp(start, ts, energy))
+    return increase if increase >= 0 else None
+
+
+def _throttled_s(g: pd.DataFrame, start: float, end: float) -> float | None:
+    """Seconds of [start, end] during which the GPU reported a throttle reason; None when it reported
+    none over a span that overlaps the window."""
+    g = g[g["throttle"].notna()]
+    ts = g["ts"].to_numpy()
+    if len(ts) == 0 or ts[0] > end or ts[-1] < start:
+        return None
+    begin = np.clip(ts, start, end)
+    until = np.clip(np.append(ts[1:], ts[-1]), start, end)  # the last sample stands for no time
+    return float(np.sum((until - begin)[g["throttle"].to_numpy() != 0]))
+
+
+# ---- scheduler series ----------------------------------------------------------------------------
+
+def _preferred(window: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Rows with a value of ``column``: the engine log's when the window has any, else ``/metrics``'."""
+    rows = window[window[column].notna()]
+    if "source" not in rows:
+        return rows
+    log_rows = rows[rows["source"] == "log"]
+    return log_rows if len(log_rows) else rows[rows["source"] == "metrics"]
+
+
+def _stage_summaries(stages: pd.DataFrame, start: float, end: float) -> dict[str, float]:
+    df = pd.DataFrame({c: _col(stages, c) for c in ("ts", "dp", "pp", "tp", "running", "queue",
+                                                     "token_usage", "retracted_total")})
+    if "source" in stages:
+        df["source"] = stages["source"].astype(str)
+    df[["dp", "pp", "tp"]] = df[["dp", "pp", "tp"]].fillna(0)
+    df = df[df["ts"].notna()].sort_values("ts", kind="stable")
+    window = df[(df["ts"] >= start) & (df["ts"] <= end)]
+    out: dict[str, float] = {}
+
+    running = _preferred(window, "running")
+    stage_running = running.groupby("pp")["running"].mean()
+    for s, v in stage_running.items():
+        out[per_stage(int(s), "running_mean")] = v
+    if len(stage_running):
+        out[RUNNING_MEAN] = stage_running.mean()
+    queue = _preferred(window, "queue")
+    for s, v in queue.groupby("pp")["queue"].mean().items():
+        out[per_stage(int(s), "queue_mean")] = v
+    slopes = [_slope(g["ts"].to_numpy(), g["queue"].to_numpy()) for _, g in queue.groupby("dp")]
+    if any(s is not None for s in slopes):
+        out[QUEUE_GROWTH] = sum(s for s in slopes if s is not None)  # replicas queue separately
+    usage = _preferred(window, "token_usage")
+    if len(usage):
+        out[KV_USAGE_MAX] = usage["token_usage"].max()
+    retracted = _retracted(df, start, end)
+    if retracted is not None:
+        out[RETRACTED] = retracted
+    return out
+
+
+def _slope(ts: np.ndarray, values: np.ndarray) -> float | None:
+    """Least-squares slope of values against ts (per second); None with reports at fewer than 3 times
+    (the stages of a replica report the same queue, so their rows at one time are one report)."""
+    if len(np.unique(ts)) < 3:
+        return None
+    t = ts - ts.mean()
+    return float(np.dot(t, values - values.mean()) / np.dot(t, t))
+
+
+def _retracted(df: pd.DataFrame, start: float, end: float) -> float | None:
+    """Requests retracted in [start, end]: each reporter's counter at its last report up to ``end`` minus
+    at its last report up to ``start`` (its first report in the window when none came before). The
+    stages and TP ranks of one replica replicate its scheduler, so a replica counts once (its highest
+    increase); replicas add up."""
+    rows = df[df["retracted_total"].notna() & (df["ts"] <= end)]
+    chosen = _preferred(rows[rows["ts"] >= start], "retracted_total")
+    if chosen.empty:
+        return None
+    if "source" in rows:
+        rows = rows[rows["source"] == chosen["source"].iloc[0]]
+    by_replica: dict[float, float] = {}
+    for (dp, _pp, _tp), g in rows.groupby(["dp", "pp", "tp"]):
+        before = g[g["ts"] <= start]
+        base = before["retracted_total"].iloc[-1] if len(before) else g["retracted_total"].iloc[0]
+        increase = max(0.0, float(g["retracted_total"].iloc[-1] - base))
+        by_replica[dp] = max(by_replica.get(dp, 0.0), increase)
+    return sum(by_replica.values()) if by_replica else None

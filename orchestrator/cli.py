@@ -177,27 +177,74 @@ def _describe_sweep(tracker: Any, sweep_run_id: str, runs: list[Any], status: st
 
 
 def _log_plots(tracker: Any, sweep_run_id: str, runs: list[Any], sweep_dir: Path) -> None:
-    """Per-trial plots into each child run, and every trial on one chart in the sweep's run."""
+    """Per-trial plots into each child run (load curves; GPU and stage series where the trial has
+    them), and every trial on one chart in the sweep's run."""
     import logging
     import tempfile
 
-    from analysis.plots import plot_sweep, plot_trial
+    from analysis.plots import plot_energy_per_token, plot_sweep, plot_trial
     from analysis.report import points_from_metrics
+    from vocab.telemetry import J_PER_TOKEN, GpuSource
 
     try:
-        by_label = {}
+        by_label, energy = {}, {}
+        sources = set()
         for run in runs:
             points = points_from_metrics(run.data.metrics)
             label = (run.info.run_name or "").removesuffix(" (predicted)")
             by_label[label] = points
+            source = run.data.tags.get(Tag.GPU_TELEMETRY, GpuSource.NONE.value)
+            per_token = {c: m[J_PER_TOKEN] for c, m in points.items() if J_PER_TOKEN in m}
+            if per_token:
+                energy[label] = per_token
+                sources.add(source)
             trial_dir = run.data.tags.get(Tag.TRIAL_DIR)
             out = Path(trial_dir) / "plots" if trial_dir else Path(tempfile.mkdtemp()) / "plots"
-            for path in plot_trial(points, label, out):
+            paths = plot_trial(points, label, out)
+            if trial_dir:
+                paths += _telemetry_plots(Path(trial_dir), label, source, run.data.params)
+            for path in paths:
                 tracker.log_artifact(run.info.run_id, path, "plots")
-        for path in plot_sweep(by_label, "every trial of the sweep", sweep_dir / "plots"):
+        plots = plot_sweep(by_label, "every trial of the sweep", sweep_dir / "plots")
+        if energy:  # a sweep mixes sources only when some trials had no NVML: name them all
+            source = sources.pop() if len(sources) == 1 else \
+                "mixed: " + ", ".join(GpuSource(s).describe() for s in sorted(sources))
+            path = plot_energy_per_token(energy, source, "energy per output token",
+                                         sweep_dir / "plots" / "energy_per_token.png")
+            plots += [path] if path else []
+        for path in plots:
             tracker.log_artifact(sweep_run_id, path, "plots")
     except Exception:  # plots are a convenience; the numbers are already stored
         logging.getLogger("parasweep").exception("could not draw plots")
+
+
+def _telemetry_plots(trial_dir: Path, label: str, source: str, params: dict[str, str]) -> list[Path]:
+    """GPU power and utilisation over time, and per-stage running and queued requests, from the trial
+    directory's Parquet files (drawn here, after the trial, so no GPU waits on matplotlib)."""
+    import json
+
+    import pandas as pd
+
+    from analysis.plots import plot_gpu_timeline, plot_stage_queues
+    from vocab.telemetry import GpuSource, engine_layout
+
+    folder = trial_dir / "telemetry"
+    windows_file = folder / "point_windows.json"
+    windows = {k: tuple(v) for k, v in json.loads(windows_file.read_text()).items()} \
+        if windows_file.exists() else {}
+    layout = engine_layout(*(int(params.get(f"{k}.size", 1)) for k in ("tp", "pp", "dp")))
+    out = []
+    if (folder / "gpu.parquet").exists():
+        path = plot_gpu_timeline(pd.read_parquet(folder / "gpu.parquet"), layout, windows, source, label,
+                                 trial_dir / "plots" / "gpu_timeline.png")
+        out += [path] if path else []
+    if (folder / "stage_series.parquet").exists():
+        origin = ("the simulated engine's log and /metrics, not measured" if source == GpuSource.SIMULATED
+                  else "the engine's log and /metrics")
+        path = plot_stage_queues(pd.read_parquet(folder / "stage_series.parquet"), windows, origin, label,
+                                 trial_dir / "plots" / "stage_queues.png")
+        out += [path] if path else []
+    return out
 
 
 def _shutdown_ray() -> None:

@@ -10,6 +10,8 @@ Configuration (flags in, resolved numbers out)
     ``sim_config.py``  ``SimConfig``, the resolved configuration, and the ``/server_info`` dict
     ``model_spec.py``  a model's ``config.json`` -> parameters, bytes, KV size
     ``costs.py``       roofline cost of one forward step per PP stage, hops, host time
+    ``estimates.py``   analytic decode-step estimates for the diagnosis (communication share, the
+                       memory-bound floor)
 
 The discrete-event model of one engine replica
     ``replica.py``     THE PP LOOP: ``ReplicaModel`` (stage 0 visiting the micro-batch slots, launch
@@ -26,6 +28,7 @@ Serving (live mode)
     ``observer.py``    ``Reporter``: the replica's reports -> log lines and metrics
     ``logs.py``        SGLang-format log lines
     ``prometheus.py``  ``/metrics``: SGLang's ``sglang:`` series and the ``parasweep_sim:`` series
+    ``gpus.py``        simulated GPU telemetry (``GET /parasweep_sim/gpus``): the same columns as NVML
 
 Prediction (virtual time)
     ``predict.py``     the same replica model driven by a virtual load-generator client

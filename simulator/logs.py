@@ -1,11 +1,14 @@
 """SGLang-format log lines on stdout: ``[%Y-%m-%d %H:%M:%S PPk TPt] message`` (line format, rank tags,
-startup and batch lines: docs/simulator.md, "Logs").
+startup and batch lines: docs/simulator.md, "Logs"). With ``SGLANG_LOG_MS=1`` the stamp carries
+milliseconds, ``[%Y-%m-%d %H:%M:%S.mmm PPk TPt]``, as SGLang's does, so batch lines can be joined with
+GPU samples to the millisecond.
 
 Every line is flushed at once: the orchestrator tails the log file while the server runs.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +27,8 @@ class LogWriter:
         self.wall = wall
         self._last_sec = -1
         self._last_stamp = ""
+        # SGLang reads it once, when it configures its loggers; it accepts "1" and "true"
+        self.ms = os.environ.get("SGLANG_LOG_MS", "").strip().lower() in ("1", "true")
 
     def _stamp(self) -> str:
         t = self.wall()
@@ -31,6 +36,8 @@ class LogWriter:
         if sec != self._last_sec:  # strftime is the expensive part; one per second is enough
             self._last_sec = sec
             self._last_stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+        if self.ms:  # logging's %(msecs)03d: the fraction of the second, truncated
+            return f"{self._last_stamp}.{int((t - sec) * 1000):03d}"
         return self._last_stamp
 
     def log(self, msg: str, tag: str = "", level: str = "info") -> None:

@@ -31,11 +31,27 @@ start). These are the hardware's seconds: ``--sim-time-scale`` only changes how 
 plays them back, so predictions ignore it (a live simulated trial at scale F measures wall latencies
 F times shorter).
 
-Per point the metrics also carry the simulated telemetry the live path derives from ``/metrics``
-(``parasweep_sim:stage_busy_seconds_total{pp_rank}``, ``parasweep_sim:gpu_power_watts{gpu}``):
-``sim_stage_busy_mean/min/max`` (fraction of the point's window, first send to last end, that each PP
-stage was busy; mean/min/max over all stages of all DP replicas) and ``sim_gpu_power_w_mean`` (mean over
-the trial's GPUs of idle + busy x (limit - idle)), plus ``sim_peak_running_reqs`` and
+Per point the metrics also carry the GPU telemetry summaries under the names a measured trial's
+NVML samples are summarised under (``vocab.telemetry``; the diagnosis must not care which source it
+reads, and the orchestrator tags the source). Here they come exactly from the simulator's power model
+(``gpus.py``) over the point's window, the first measured send to the last measured end (warm-up
+excluded, as in a measured trial and as ``output_tok_s`` counts); they are simulated, not measured:
+
+* ``gpu_power_frac_mean`` / ``_min_gpu`` / ``_max_gpu`` and ``gpu<i>_power_frac_mean``: each GPU's
+  mean power over the window / its limit. There are no samples in virtual time, so
+  ``gpu_power_frac_peak`` (and ``gpu<i>_power_frac_peak``) is the busiest GPU's window mean (a 10 Hz
+  sampler would see higher peaks);
+* ``gpu_util_mean_pct`` and ``gpu<i>_util_mean_pct``: busy fraction x 100; ``gpu_mem_used_gib_max``:
+  the memory model of ``gpus.py`` (constant while serving);
+* ``energy_j``: every GPU's power integrated over the window; ``j_per_output_token``: that energy over
+  the point's measured output tokens;
+* ``stage_activity_mean/min/max`` and ``stage<s>_activity_mean``: each PP stage's busy fraction (the
+  power above idle over the idle-to-limit range, which the linear model makes equal), averaged over
+  DP replicas per stage index; mean, least and most active stage;
+* ``kv_token_usage_max``: the highest KV pool use / pool size of any replica from the first measured
+  send on;
+
+plus two numbers only the simulator knows: ``sim_peak_running_reqs`` and
 ``sim_peak_microbatches_in_flight``.
 """
 
@@ -44,8 +60,10 @@ from __future__ import annotations
 import argparse
 import collections
 
+from simulator.admission import Admission
 from simulator.cli import build_parser
-from simulator.entities import Request
+from simulator.entities import Batch, Request
+from simulator.gpus import energy_j, mem_used_bytes, power_w
 from simulator.replica import ReplicaModel
 from simulator.resolve import FlagError, resolve
 from simulator.sim_config import SimConfig
@@ -53,6 +71,23 @@ from simulator.text import completion_prompt_lengths, count_chat_tokens, generat
 from simulator.timebase import Simulation
 from vocab.load import LoadPoint, RequestSpec
 from vocab.records import PointResult, RequestRecord
+from vocab.telemetry import (
+    ENERGY_J,
+    J_PER_TOKEN,
+    KV_USAGE_MAX,
+    MEM_USED_MAX,
+    POWER_FRAC_MAX_GPU,
+    POWER_FRAC_MEAN,
+    POWER_FRAC_MIN_GPU,
+    POWER_FRAC_PEAK,
+    STAGE_ACTIVITY_MAX,
+    STAGE_ACTIVITY_MEAN,
+    STAGE_ACTIVITY_MIN,
+    UTIL_MEAN,
+    engine_layout,
+    per_gpu,
+    per_stage,
+)
 
 __all__ = ["VirtualTrial", "load_config", "predict_point", "predict_trial", "resolved_server_info"]
 
@@ -109,6 +144,20 @@ def _server_input_len(spec: RequestSpec, body: dict) -> int:
     return generate_prompt_lengths(body)[0][0]
 
 
+class _PeakKvAdmission(Admission):
+    """Admission that also keeps the highest KV use since the last reset (for ``kv_token_usage_max``).
+    KV grows only when a batch is launched (``store_kv``), so that is the one place to watch."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        super().__init__(cfg)
+        self.peak_kv_used = 0
+
+    def store_kv(self, batch: Batch) -> None:
+        super().store_kv(batch)
+        if self.kv_used > self.peak_kv_used:
+            self.peak_kv_used = self.kv_used
+
+
 class VirtualTrial:
     """One engine instance (all DP replicas) on one virtual clock; load points run one after another."""
 
@@ -116,6 +165,10 @@ class VirtualTrial:
         self.cfg = cfg
         self.sim = Simulation()
         self.replicas = [ReplicaModel(cfg, self.sim) for _ in range(cfg.dp)]
+        self._kv = [_PeakKvAdmission(cfg) for _ in self.replicas]
+        for rep, adm in zip(self.replicas, self._kv, strict=True):
+            rep.admission = adm  # before any request: nothing refers to the replaced one
+        self._window_busy: dict[tuple[int, int], float] = {}  # busy seconds when the window opened
         self._rr = 0
         self._seq = 0
         self.turnaround = CLIENT_TURNAROUND_S
@@ -135,12 +188,11 @@ class VirtualTrial:
     def run_point(self, point: LoadPoint, spec: RequestSpec) -> PointResult:
         from workloads import summarize, validity_reasons
 
-        sim, cfg = self.sim, self.cfg
-        t0 = sim.now
+        sim = self.sim
         for rep in self.replicas:
             rep.peak_in_flight = rep.in_flight
             rep.admission.peak_pool_used = rep.admission.pool_used
-        busy0 = [rep.busy[s].busy_total(t0) for rep in self.replicas for s in range(cfg.pp)]
+        self._window_busy = {}
         client = _VirtualClient(self, point, spec)
         client.start()
         events = 0
@@ -154,36 +206,62 @@ class VirtualTrial:
             raise RuntimeError(f"prediction of {point.label}: requests {unfinished[:5]} never finished")
 
         metrics = summarize(records, point, lag_ms=[0.0])
-        metrics.update(self._telemetry(records, busy0))
+        metrics.update(self._telemetry(records, metrics["output_tokens"]))
         reasons = validity_reasons(metrics, point)
         return PointResult(point, metrics, reasons, records)
 
-    def _telemetry(self, records: list[RequestRecord], busy0: list[float]) -> dict[str, float]:
+    def open_window(self) -> None:
+        """The point's first measured request is being sent: its telemetry window opens now. Busy time
+        is read here and at the window's end; reading it later for a past instant would not be exact
+        (``StageBusy`` folds finished intervals as time is read)."""
+        now = self.sim.now
+        self._window_busy = {(r, s): rep.busy[s].busy_total(now)
+                             for r, rep in enumerate(self.replicas) for s in range(self.cfg.pp)}
+        for adm in self._kv:
+            adm.peak_kv_used = adm.kv_used
+
+    def _telemetry(self, records: list[RequestRecord], output_tokens: float) -> dict[str, float]:
         cfg, hw = self.cfg, self.cfg.hw
-        start = min(r.send_time for r in records)
-        end = max(r.end_time for r in records)
-        width = end - start
         out: dict[str, float] = {
             "sim_peak_running_reqs": float(max(rep.admission.peak_pool_used for rep in self.replicas)),
             "sim_peak_microbatches_in_flight": float(max(rep.peak_in_flight for rep in self.replicas)),
+            MEM_USED_MAX: max(mem_used_bytes(cfg, s) for s in range(cfg.pp)) / 2**30,
         }
+        measured = [r for r in records if not r.warmup]
+        if not measured or not self._window_busy:
+            return out
+        # the window of the live trial's summaries: first measured send to last measured end
+        start = min(r.send_time for r in measured)
+        end = max(r.end_time for r in measured)
+        width = end - start
+        out[KV_USAGE_MAX] = max(adm.peak_kv_used / adm.kv_capacity for adm in self._kv)
         if width <= 0:
             return out
-        # Busy seconds inside [start, end]: the point started on an idle engine, so nothing before
-        # ``start`` overlaps the window and busy_total(end) - busy_total(start) is exact.
-        fractions = []
-        k = 0
-        for rep in self.replicas:
-            for s in range(cfg.pp):
-                fractions.append((rep.busy[s].busy_total(end) - busy0[k]) / width)
-                k += 1
-        out["sim_stage_busy_mean"] = sum(fractions) / len(fractions)
-        out["sim_stage_busy_min"] = min(fractions)
-        out["sim_stage_busy_max"] = max(fractions)
-        # Every GPU of a stage (its tp ranks) has the stage's busy fraction; mean over GPUs = mean over
-        # stages because each stage has the same number (tp) of GPUs.
-        watts = [hw.idle_power_w + f * (hw.power_limit_w - hw.idle_power_w) for f in fractions]
-        out["sim_gpu_power_w_mean"] = sum(watts) / len(watts)
+        busy = {(r, s): rep.busy[s].busy_total(end) - self._window_busy[r, s]
+                for r, rep in enumerate(self.replicas) for s in range(cfg.pp)}
+        # every TP rank of a stage has the stage's busy time
+        layout = engine_layout(cfg.tp, cfg.pp, cfg.dp)
+        frac = {p.gpu: busy[p.dp, p.pp] / width for p in layout}
+        power_frac = {g: power_w(hw, f) / hw.power_limit_w for g, f in frac.items()}
+        for g, pf in power_frac.items():
+            out[per_gpu(g, "power_frac_mean")] = pf
+            out[per_gpu(g, "power_frac_peak")] = pf  # no samples in virtual time: the window mean
+            out[per_gpu(g, "util_mean_pct")] = 100.0 * frac[g]
+        out[POWER_FRAC_MEAN] = sum(power_frac.values()) / len(power_frac)
+        out[POWER_FRAC_MIN_GPU] = min(power_frac.values())
+        out[POWER_FRAC_MAX_GPU] = out[POWER_FRAC_PEAK] = max(power_frac.values())
+        out[UTIL_MEAN] = 100.0 * sum(frac.values()) / len(frac)
+        energy = sum(energy_j(hw, width, busy[p.dp, p.pp]) for p in layout)
+        out[ENERGY_J] = energy
+        if output_tokens > 0:
+            out[J_PER_TOKEN] = energy / output_tokens
+        # activity = busy fraction; a stage index averaged over the DP replicas
+        activity = [sum(busy[r, s] for r in range(cfg.dp)) / (cfg.dp * width) for s in range(cfg.pp)]
+        for s, a in enumerate(activity):
+            out[per_stage(s, "activity_mean")] = a
+        out[STAGE_ACTIVITY_MEAN] = sum(activity) / len(activity)
+        out[STAGE_ACTIVITY_MIN] = min(activity)
+        out[STAGE_ACTIVITY_MAX] = max(activity)
         return out
 
 
@@ -199,6 +277,7 @@ class _VirtualClient:
 
         self.build_body = build_body
         self.records: dict[int, RequestRecord] = {}
+        self.window_open = False
         self.in_flight = 0
         self.held: collections.deque[tuple[int, float]] = collections.deque()  # open loop, over the cap
         # closed loop: the next index a worker takes; None = no count (bounded by duration_s only)
@@ -238,7 +317,11 @@ class _VirtualClient:
     def _send(self, i: int, scheduled: float | None) -> None:
         now = self.sim.now
         body, n_in, n_out = self.build_body(self.spec, i)
-        rec = RequestRecord(point=self.point.label, index=i, warmup=i < self.point.warmup_requests,
+        warmup = i < self.point.warmup_requests
+        if not warmup and not self.window_open:  # sends happen in time order: this is the first one
+            self.window_open = True
+            self.trial.open_window()
+        rec = RequestRecord(point=self.point.label, index=i, warmup=warmup,
                             scheduled_time=scheduled, send_time=now, first_byte_time=now, input_tokens=n_in)
         self.records[i] = rec
         req = self.trial.submit(_server_input_len(self.spec, body), n_out)

@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from simulator.gpus import power_w
+
 if TYPE_CHECKING:
     from simulator.replica import ReplicaModel
     from simulator.sim_config import SimConfig
@@ -152,7 +154,7 @@ class _ReplicaCollector(Collector):
                 busy.add_metric([str(pp_rank), *dpl], rep.busy[pp_rank].busy_total(now))
                 frac = rep.busy[pp_rank].busy_fraction(now)
                 busy_ratio.add_metric([str(pp_rank), *dpl], frac)
-                watts = hw.idle_power_w + frac * (hw.power_limit_w - hw.idle_power_w)
+                watts = power_w(hw, frac)
                 for tp_rank in range(cfg.tp):
                     # SGLang's placement: replica offset + pp_rank * tp + tp_rank
                     gpu = dp_rank * cfg.tp * cfg.pp + pp_rank * cfg.tp + tp_rank

@@ -20,12 +20,14 @@ from aiohttp import web
 
 from simulator.frontend import Frontend
 from simulator.generation import GenerationAPI, json_response
+from simulator.gpus import GPUS_PATH, gpu_rows
 from simulator.logs import LogWriter, startup_lines
 from simulator.observer import Reporter
 from simulator.prometheus import PrometheusMetrics
 from simulator.replica import ReplicaModel
 from simulator.sim_config import SimConfig
 from simulator.timebase import LiveDriver, Simulation
+from vocab.telemetry import GpuSource
 
 HEALTH_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT default
 
@@ -66,6 +68,7 @@ class SimServer:
         r.add_post("/v1/completions", self.generation.completions)
         r.add_post("/v1/chat/completions", self.generation.chat)
         r.add_get("/metrics", self.metrics_handler)
+        r.add_get(GPUS_PATH, self.gpus_handler)
         return app
 
     # -- health / info / control ----------------------------------------------------------------------------
@@ -154,6 +157,13 @@ class SimServer:
 
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def gpus_handler(self, request: web.Request) -> web.Response:
+        """The simulated GPUs' telemetry now (``simulator/gpus.py``), whatever ``--enable-metrics`` says:
+        the orchestrator samples it as it would sample NVML."""
+        now = self.driver.now()
+        return json_response({"source": GpuSource.SIMULATED.value, "sim_time_s": now,
+                              "gpus": gpu_rows(self.cfg, self.replicas, now)})
 
 
 async def _run(cfg: SimConfig, log: LogWriter) -> int:

@@ -1,56 +1,280 @@
-"""Diagnosis rules on hand-made facts: each finding fires where it should and stays quiet otherwise."""
+"""Diagnosis rules on hand-made facts whose truth is known by construction: a healthy trial where no
+rule fires, and for every rule a trial that differs from it in the one signal the rule reads, where it
+fires at the right point, with the right change and evidence that names its source."""
 
 from __future__ import annotations
 
-from analysis.diagnose import TrialFacts, diagnose
+import dataclasses
+import inspect
+from typing import Any
+
+import pytest
+
+import analysis.diagnose as diagnose_module
+from analysis.diagnose import RULES, StepEstimate, TrialFacts, diagnose, overrides_text
+from vocab.findings import Finding
+from vocab.telemetry import (
+    KV_USAGE_MAX,
+    POWER_FRAC_MEAN,
+    QUEUE_GROWTH,
+    RETRACTED,
+    RUNNING_MEAN,
+    STAGE_ACTIVITY_MAX,
+    STAGE_ACTIVITY_MEAN,
+    STAGE_ACTIVITY_MIN,
+    per_stage,
+)
+
+SOURCES = ("(NVML, measured)", "(simulated GPU telemetry, not measured)", "(cost model estimate)",
+           "(engine log / metrics)", "(simulated engine's log / metrics, not measured)",
+           "(resolved by the engine)", "resolved by the engine", "load generator")
+PP, TP = 4, 2
 
 
-def _facts(**kw) -> TrialFacts:
-    base = dict(pp_size=8, async_depth=0, resolved={"max_running_requests": 4096,
-                                                    "pp_max_micro_batch_size": 512,
-                                                    "cuda_graph_max_bs_decode": 256,
-                                                    "disable_cuda_graph": False},
-                points={"c1": {"valid": 1}, "c32": {"valid": 1}}, concurrency={"c1": 1, "c32": 32},
-                idle_power_w=35.0, power_limit_w=600.0)
+def stage_activity(*values: float) -> dict[str, float]:
+    out = {per_stage(s, "activity_mean"): v for s, v in enumerate(values)}
+    out.update({STAGE_ACTIVITY_MEAN: sum(values) / len(values), STAGE_ACTIVITY_MIN: min(values),
+                STAGE_ACTIVITY_MAX: max(values)})
+    return out
+
+
+def busy_point(**overrides: float) -> dict[str, float]:
+    """c32 of a healthy pp=4 tp=2 trial: stages busy, power high, KV half full, no queue."""
+    m: dict[str, float] = {"valid": 1.0, "output_tok_s": 3000.0, "itl_p50_ms": 12.0,
+                           POWER_FRAC_MEAN: 0.8, KV_USAGE_MAX: 0.5, RETRACTED: 0.0, QUEUE_GROWTH: 0.0,
+                           RUNNING_MEAN: 8.0, **stage_activity(0.8, 0.78, 0.79, 0.82)}
+    m.update({per_stage(s, "queue_mean"): 0.0 for s in range(PP)})
+    m.update(overrides)
+    return m
+
+
+def facts(c32: dict[str, float] | None = None, resolved: dict[str, Any] | None = None,
+          **kw: Any) -> TrialFacts:
+    """A healthy trial: 32 requests over 4 micro-batches of 8 (the resolved cap) on 4 stages."""
+    base: dict[str, Any] = dict(
+        pp_size=PP, async_depth=0, tp_size=TP,
+        resolved={"max_running_requests": 256, "pp_max_micro_batch_size": 8, "cuda_graph_max_bs_decode": 256,
+                  "disable_cuda_graph": False, "mem_fraction_static": 0.85, **(resolved or {})},
+        points={"c1": {"valid": 1.0}, "c32": busy_point(**(c32 or {}))}, concurrency={"c1": 1, "c32": 32},
+        idle_power_w=100.0, power_limit_w=700.0, gpu_source="nvml", interconnect="nvlink",
+        steps={"c32": StepEstimate(batch=8, step_s=0.012, comm_s=0.0012, memory_bound_s=0.009)},
+        stage_layers=(8, 8, 8, 8))
     base.update(kw)
     return TrialFacts(**base)
 
 
-def _ids(facts: TrialFacts) -> set[str]:
-    return {f.id for f in diagnose(facts)}
+def found(f: TrialFacts) -> dict[str, Finding]:
+    findings = diagnose(f)
+    for x in findings:  # every finding, whatever the scenario: a point, a source, its change in words
+        assert x.point in f.points, x
+        assert any(s in x.evidence for s in SOURCES), x.evidence
+        if x.change:
+            assert f"Set {overrides_text(x.change)}." in x.suggestion, x.suggestion
+        # alternatives are named only once the change is predicted not to help (the advice check)
+        assert all(overrides_text(alt) not in x.suggestion for alt in x.alternatives), x.suggestion
+    return {x.id: x for x in findings}
 
 
-def test_the_demo_story() -> None:
-    points = {"c1": {"valid": 1}, "c32": {"valid": 1, "sim_stage_busy_mean": 0.12, "sim_stage_busy_min": 0.10,
-                                          "sim_stage_busy_max": 0.14, "sim_gpu_power_w_mean": 95.0}}
-    findings = diagnose(_facts(points=points))
-    ids = [f.id for f in findings]
+def test_a_healthy_trial_is_quiet() -> None:
+    assert found(facts()) == {}
+
+
+def test_client_bound() -> None:
+    bad = {"valid": 0.0, "invalid_reason": "achieved concurrency 20 < 30.4"}
+    f = found(facts(points={"c1": {"valid": 1.0}, "c32": bad}))
+    assert set(f) == {"client_bound"}
+    x = f["client_bound"]
+    assert x.point == "c32" and x.change == {} and x.severity == "critical"
+    assert "achieved concurrency 20" in x.evidence and "load generator" in x.evidence
+
+
+def test_too_few_microbatches() -> None:
+    f = found(facts(resolved={"pp_max_micro_batch_size": 64}))
+    x = f["too_few_microbatches"]
+    assert x.point == "c32" and x.severity == "critical"  # 1 micro-batch for 4 stages
+    assert x.change == {"pp.micro_batch_size": 8}  # ceil(32 / 4)
+    assert x.alternatives == [{"workload.concurrency": [64]}, {"tp.size": 8, "pp.size": 1}]
+    assert "(resolved by the engine)" in x.evidence
+    # over PCIe folding the pipeline into TP is not offered
+    assert found(facts(resolved={"pp_max_micro_batch_size": 64}, interconnect="pcie"))[
+        "too_few_microbatches"].alternatives == [{"workload.concurrency": [64]}]
+    # two DP replicas see 16 requests each: one micro-batch under a cap of 16; ceil(16 / 4) = 4 each
+    dp = found(facts(resolved={"pp_max_micro_batch_size": 16}, dp_size=2))["too_few_microbatches"]
+    assert dp.change == {"pp.micro_batch_size": 4} and "per DP replica" in dp.evidence
+
+
+def test_admission_cap() -> None:
+    f = found(facts(resolved={"max_running_requests": 16}))
+    x = f["admission_cap"]
+    assert x.point == "c32" and x.change == {"server.max_running_requests": 32}
+    assert "max_running_requests=16" in x.title and "resolved by the engine" in x.evidence
+    # spread over two replicas, 16 each fit under the cap
+    assert "admission_cap" not in found(facts(resolved={"max_running_requests": 16}, dp_size=2))
+
+
+def test_pp_bubble_with_enough_micro_batches_raises_async_depth() -> None:
+    f = found(facts(c32=stage_activity(0.4, 0.4, 0.4, 0.4)))
+    assert set(f) == {"pp_bubble"}
+    x = f["pp_bubble"]
+    assert x.point == "c32" and x.severity == "warning"
+    assert x.change == {"pp.async_depth": 1}
+    assert x.alternatives == [{"workload.concurrency": [64]}, {"tp.size": 8, "pp.size": 1}]
+    assert "(NVML, measured)" in x.evidence and "0.40" in x.evidence
+    critical = found(facts(c32=stage_activity(0.2, 0.2, 0.2, 0.2)))["pp_bubble"]
+    assert critical.severity == "critical"
+
+
+def test_pp_bubble_under_a_cap_that_leaves_stages_empty_raises_the_micro_batch_size() -> None:
+    f = found(facts(c32=stage_activity(0.25, 0.25, 0.25, 0.25), resolved={"pp_max_micro_batch_size": 64}))
+    assert f["pp_bubble"].change == {"pp.micro_batch_size": 8}
+    assert "too_few_microbatches" in f
+
+
+def test_pp_stage_imbalance_moves_layers_off_the_busy_stage() -> None:
+    f = found(facts(c32=stage_activity(0.6, 0.6, 0.6, 0.9)))
+    assert set(f) == {"pp_stage_imbalance"}
+    x = f["pp_stage_imbalance"]
+    # per layer 0.6 / 8 = 0.075; the last stage carries 0.3 beyond its layers: 9,9,9,5 evens them out
+    assert x.point == "c32" and x.change == {"env.SGLANG_PP_LAYER_PARTITION": "9,9,9,5"}
+    assert "SGLANG_PP_LAYER_PARTITION=9,9,9,5 (engine environment)" in x.suggestion
+    assert "(NVML, measured)" in x.evidence and "0.60..0.90" in x.evidence
+
+
+def test_pp_stage_imbalance_partition_keeps_the_total_and_a_layer_per_stage() -> None:
+    x = found(facts(c32=stage_activity(0.2, 0.2, 0.2, 0.95), stage_layers=(2, 2, 2, 2)))["pp_stage_imbalance"]
+    split = [int(n) for n in x.change["env.SGLANG_PP_LAYER_PARTITION"].split(",")]
+    assert split == [3, 2, 2, 1] and sum(split) == 8 and min(split) >= 1
+
+
+def test_pp_stage_imbalance_without_the_layer_split_proposes_no_partition() -> None:
+    x = found(facts(c32=stage_activity(0.6, 0.6, 0.6, 0.9), stage_layers=()))["pp_stage_imbalance"]
+    assert x.change == {} and "no partition is proposed" in x.suggestion
+
+
+def test_cuda_graph_off() -> None:
+    x = found(facts(resolved={"disable_cuda_graph": True}))["cuda_graph_off"]
+    assert x.change == {"server.cuda_graph": True} and "server.cuda_graph=true" in x.suggestion
+    # SGLang 0.5.9 names it cuda_graph_max_bs; the cost model's micro-batch of 8 exceeds the 4 captured
+    resolved = {"cuda_graph_max_bs_decode": None, "cuda_graph_max_bs": 4}
+    y = found(facts(resolved=resolved))["cuda_graph_off"]
+    assert y.point == "c32" and y.change == {"server.extra_args.cuda-graph-max-bs": 8}
+    assert "cuda_graph_max_bs " in y.evidence and "cost model estimate" in y.evidence
+    # without an estimate: concurrency capped by the resolved micro-batch cap
+    z = found(facts(resolved=resolved, steps={}))["cuda_graph_off"]
+    assert z.change == {"server.extra_args.cuda-graph-max-bs": 8} and "resolved" in z.evidence
+
+
+def test_gpu_underused() -> None:
+    f = found(facts(c32={POWER_FRAC_MEAN: 0.3}))
+    assert set(f) == {"gpu_underused"}
+    x = f["gpu_underused"]
+    # idle 100 / 700 = 14 %; threshold 14 % + a quarter of the 86 % above it = 36 %
+    assert x.point == "c32" and "36%" in x.evidence and "30%" in x.evidence
+    assert x.change == {"workload.concurrency": [64]} and x.alternatives == [{"tp.size": 8, "pp.size": 1}]
+    assert "gpu_underused" not in found(facts(c32={POWER_FRAC_MEAN: 0.4}))
+
+
+def test_kv_capacity_when_the_pool_runs_full() -> None:
+    f = found(facts(c32={KV_USAGE_MAX: 0.97}))
+    assert set(f) == {"kv_capacity"}
+    x = f["kv_capacity"]
+    assert x.point == "c32" and x.severity == "warning" and "(engine log / metrics)" in x.evidence
+    assert x.change == {"server.mem_fraction_static": 0.9}
+    # 8 per micro-batch x 4 micro-batches = 32 running at 97 %: 32 x 0.9 / 0.97 = 29 keep it at 90 %
+    assert x.alternatives == [{"server.max_running_requests": 29}, {"tp.size": 4}]
+
+
+def test_kv_capacity_on_retractions_without_room_to_raise_the_memory_fraction() -> None:
+    x = found(facts(c32={RETRACTED: 3.0}, resolved={"mem_fraction_static": 0.92}))["kv_capacity"]
+    assert x.severity == "critical" and "3 requests retracted" in x.evidence
+    assert x.change == {"server.max_running_requests": 28}  # the pool was full: floor(32 x 0.9)
+    assert x.alternatives == [{"tp.size": 4}]
+
+
+def test_kv_capacity_on_a_growing_queue_below_the_caps_but_not_at_a_cap() -> None:
+    queue = {per_stage(s, "queue_mean"): 4.0 for s in range(PP)}
+    growing = {QUEUE_GROWTH: 0.5, RUNNING_MEAN: 4.0, **queue}  # 16 run of 256; 4 per micro-batch of 8
+    x = found(facts(c32=growing, gpu_source="simulated"))["kv_capacity"]
+    assert "grows 0.50 req/s" in x.evidence
+    assert "(simulated engine's log / metrics, not measured)" in x.evidence
+    assert x.change == {"server.mem_fraction_static": 0.9} and x.alternatives == [{"tp.size": 4}]
+    at_cap = {**growing, RUNNING_MEAN: 8.0}  # micro-batches full: the per-slot cap holds them back
+    assert "kv_capacity" not in found(facts(c32=at_cap))
+    assert "kv_capacity" not in found(facts(c32={**growing, QUEUE_GROWTH: -0.5}))
+
+
+def test_tp_comm_bound_over_pcie() -> None:
+    steps = {"c32": StepEstimate(batch=8, step_s=0.02, comm_s=0.007, memory_bound_s=0.009)}
+    f = found(facts(steps=steps, interconnect="pcie"))
+    assert set(f) == {"tp_comm_bound"}
+    x = f["tp_comm_bound"]
+    assert x.point == "c32" and x.change == {"tp.size": 1, "pp.size": 8} and x.alternatives == []
+    assert "35%" in x.evidence and "(cost model estimate)" in x.evidence
+    assert "tp_comm_bound" not in found(facts(steps=steps))  # 35 % over NVLink, ITL near the floor
+
+
+def test_tp_comm_bound_from_the_measured_itl() -> None:
+    steps = {"c32": StepEstimate(batch=32, step_s=0.02, comm_s=0.004, memory_bound_s=0.01)}
+    points = {"c1": {"valid": 1.0}, "c32": {"valid": 1.0, "itl_p50_ms": 30.0}}
+    x = found(facts(pp_size=1, tp_size=4, steps=steps, points=points, stage_layers=(),
+                    resolved={"pp_max_micro_batch_size": 256}))["tp_comm_bound"]
+    assert x.change == {"tp.size": 1, "pp.size": 4} and x.alternatives == [{"tp.size": 2, "pp.size": 2}]
+    assert "ITL p50 30.00 ms (load generator)" in x.evidence
+    fast = {"c1": {"valid": 1.0}, "c32": {"valid": 1.0, "itl_p50_ms": 15.0}}  # 1.5x the floor
+    assert "tp_comm_bound" not in found(facts(pp_size=1, tp_size=4, steps=steps, points=fast,
+                                              resolved={"pp_max_micro_batch_size": 256}))
+
+
+def test_most_severe_first_and_the_demo_story() -> None:
+    c32 = {**stage_activity(0.12, 0.11, 0.12, 0.13), POWER_FRAC_MEAN: 0.2}
+    findings = diagnose(facts(c32=c32, resolved={"pp_max_micro_batch_size": 512}))
+    ids = [x.id for x in findings]
     assert {"too_few_microbatches", "pp_bubble", "gpu_underused"} <= set(ids)
-    assert findings[0].severity == "critical"  # most severe first
-    micro = next(f for f in findings if f.id == "too_few_microbatches")
-    assert "pp.micro_batch_size=4" in micro.suggestion
+    assert [x.severity for x in findings] == sorted((x.severity for x in findings),
+                                                    key=("critical", "warning", "info").index)
 
 
-def test_healthy_pipeline_is_quiet() -> None:
-    points = {"c1": {"valid": 1}, "c32": {"valid": 1, "sim_stage_busy_mean": 0.85, "sim_stage_busy_min": 0.8,
-                                          "sim_stage_busy_max": 0.9, "sim_gpu_power_w_mean": 520.0}}
-    resolved = {"max_running_requests": 4096, "pp_max_micro_batch_size": 4, "cuda_graph_max_bs_decode": 256}
-    assert _ids(_facts(points=points, resolved=resolved)) == set()
+def test_gpu_rules_stay_quiet_without_gpu_telemetry() -> None:
+    sick = {**stage_activity(0.2, 0.2, 0.2, 0.9), POWER_FRAC_MEAN: 0.1}
+    assert {"pp_bubble", "pp_stage_imbalance", "gpu_underused"} <= set(found(facts(c32=sick)))
+    assert found(facts(c32=sick, gpu_source="none")) == {}
 
 
-def test_stage_imbalance_and_cuda_graph_limits() -> None:
-    points = {"c1": {"valid": 1}, "c512": {"valid": 1, "sim_stage_busy_mean": 0.7, "sim_stage_busy_min": 0.55,
-                                           "sim_stage_busy_max": 0.95}}
-    facts = _facts(points=points, concurrency={"c1": 1, "c512": 512})
-    ids = _ids(facts)
-    assert "pp_stage_imbalance" in ids and "cuda_graph_off" in ids  # 512 per batch > captured 256
-    off = _facts(resolved={"disable_cuda_graph": True})
-    assert "cuda_graph_off" in _ids(off)
+def test_evidence_names_measured_or_simulated_gpu_telemetry() -> None:
+    sick = {**stage_activity(0.2, 0.2, 0.2, 0.9), POWER_FRAC_MEAN: 0.1}
+    for source, words, other in (("nvml", "(NVML, measured)", "not measured"),
+                                 ("simulated", "(simulated GPU telemetry, not measured)", "NVML")):
+        f = found(facts(c32=sick, gpu_source=source))
+        for rule in ("pp_bubble", "pp_stage_imbalance", "gpu_underused"):
+            assert words in f[rule].evidence and other not in f[rule].evidence
 
 
-def test_client_bound_and_admission_cap() -> None:
-    points = {"c1": {"valid": 1}, "c32": {"valid": 0, "invalid_reason": "achieved concurrency 20 < 30.4"}}
-    facts = _facts(points=points, resolved={"max_running_requests": 16, "pp_max_micro_batch_size": 2})
-    found = {f.id: f for f in diagnose(facts)}
-    assert "achieved concurrency 20" in found["client_bound"].evidence
-    assert "max_running_requests=16" in found["admission_cap"].title
+def test_invalid_points_are_not_read_as_server_numbers() -> None:
+    f = found(facts(c32={POWER_FRAC_MEAN: 0.1, "valid": 0.0}))
+    assert set(f) == {"client_bound"}
+
+
+def test_no_rule_reads_the_simulators_internal_series() -> None:
+    source = inspect.getsource(diagnose_module)
+    assert "sim_" not in source and "parasweep_sim:" not in source
+    # the old simulator-only summaries, at values that would once have fired every GPU rule
+    internal = {"sim_stage_busy_mean": 0.05, "sim_stage_busy_min": 0.01, "sim_stage_busy_max": 0.9,
+                "sim_gpu_power_w_mean": 36.0, "parasweep_sim:stage_busy_seconds_total": 0.0,
+                "parasweep_sim:gpu_power_watts": 36.0}
+    only_internal = facts(points={"c1": dict(internal), "c32": dict(internal)}, gpu_source="simulated",
+                          steps={})
+    assert diagnose(only_internal) == []
+    assert all(rule(only_internal) == [] for rule in RULES)
+
+
+def test_facts_reject_unknown_sources_and_links() -> None:
+    with pytest.raises(ValueError, match="gpu_source must be one of nvml, simulated, none, got 'dcgm'"):
+        facts(gpu_source="dcgm")
+    with pytest.raises(ValueError, match="interconnect must be one of pcie, nvlink, got 'ib'"):
+        facts(interconnect="ib")
+
+
+def test_hand_made_facts_stay_short() -> None:
+    f = TrialFacts(pp_size=1, async_depth=0, resolved={}, points={"c1": {"valid": 1.0}},
+                   concurrency={"c1": 1})
+    assert diagnose(f) == [] and f.gpu_source == "none" and dataclasses.asdict(f)["steps"] == {}

@@ -8,6 +8,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.test_sweep_e2e import CONTRACT_METRICS
+from vocab.telemetry import STAGE_ACTIVITY_MEAN
 
 pytestmark = pytest.mark.slow  # runs the real entry point in a subprocess
 
@@ -33,7 +34,7 @@ def test_predict_sweep_logs_prediction_runs(tmp_path: Path) -> None:
             for name in CONTRACT_METRICS:
                 assert f"c{c}/{name}" in run.data.metrics
             assert run.data.metrics[f"c{c}/output_tok_s"] > 0
-            assert 0 < run.data.metrics[f"c{c}/sim_stage_busy_mean"] <= 1
+            assert 0 < run.data.metrics[f"c{c}/{STAGE_ACTIVITY_MEAN}"] <= 1
         assert run.data.metrics["c4/output_tok_s"] > run.data.metrics["c1/output_tok_s"]
         assert int(run.data.params["resolved.max_running_requests"]) >= 1
     # nothing was launched: no engine log anywhere, no Ray session started by this command

@@ -18,6 +18,7 @@ import yaml
 
 from simulator.costs import decode_shape
 from simulator.predict import load_config, predict_point, predict_trial, resolved_server_info
+from vocab.telemetry import POWER_FRAC_MEAN, STAGE_ACTIVITY_MAX, STAGE_ACTIVITY_MEAN, STAGE_ACTIVITY_MIN
 from workloads import LoadPoint, RequestSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,17 +49,17 @@ def test_pp8_depth0_default_cap_runs_one_microbatch_and_stages_idle_7_of_8() -> 
     assert m["sim_peak_running_reqs"] == 8
     # one micro-batch circles the ring: each stage works on it 1/8 of the period (less the hops and
     # host time, and spread by the LM-head stage being heavier)
-    assert m["sim_stage_busy_mean"] == pytest.approx(1 / 8, abs=0.01)
-    assert m["sim_stage_busy_max"] < 0.16 and m["sim_stage_busy_min"] > 0.09
+    assert m[STAGE_ACTIVITY_MEAN] == pytest.approx(1 / 8, abs=0.01)
+    assert m[STAGE_ACTIVITY_MAX] < 0.16 and m[STAGE_ACTIVITY_MIN] > 0.09
     # every token costs one full ring trip of an 8-request micro-batch: 99.4 ms, worked by hand in
     # test_micro_batch_size_1_fills_the_ring
     assert m["tpot_p50_ms"] == pytest.approx(99.4, rel=0.02)
     # simulated power follows busy time: on the PCIe profile (idle 40 W, limit 600 W) a GPU busy 1/8 of
     # the time draws about 40 + 560 / 8 = 110 W; and the mean over GPUs is linear in the mean busy time
-    assert m["sim_gpu_power_w_mean"] == pytest.approx(110.0, abs=6.0)
     hw = cfg.hw
-    assert m["sim_gpu_power_w_mean"] == pytest.approx(
-        hw.idle_power_w + m["sim_stage_busy_mean"] * (hw.power_limit_w - hw.idle_power_w), rel=1e-9
+    assert m[POWER_FRAC_MEAN] * hw.power_limit_w == pytest.approx(110.0, abs=6.0)
+    assert m[POWER_FRAC_MEAN] * hw.power_limit_w == pytest.approx(
+        hw.idle_power_w + m[STAGE_ACTIVITY_MEAN] * (hw.power_limit_w - hw.idle_power_w), rel=1e-9
     )
 
 
@@ -78,7 +79,7 @@ def test_micro_batch_size_1_fills_the_ring(monkeypatch: pytest.MonkeyPatch) -> N
     assert base["tpot_p50_ms"] == pytest.approx(99.4, rel=0.02)
     assert full["tpot_p50_ms"] == pytest.approx(40.0, rel=0.03)
     assert base["sim_peak_microbatches_in_flight"] == 1 and full["sim_peak_microbatches_in_flight"] == 8
-    assert full["sim_stage_busy_max"] > 0.95  # the pacing stage never waits
+    assert full[STAGE_ACTIVITY_MAX] > 0.95  # the pacing stage never waits
     assert 2.2 < full["output_tok_s"] / base["output_tok_s"] < 3.0
     # Balanced stages (the LM-head stage gets 5 layers): the pacing stage is lighter, so the same change
     # gains more, at least 3x.

@@ -23,6 +23,7 @@ from simulator.replica import ReplicaModel
 from simulator.resolve import resolve
 from simulator.timebase import Simulation
 from vocab.hardware import HardwareConf, load_hardware
+from vocab.telemetry import STAGE_ACTIVITY_MAX
 from workloads import LoadPoint, RequestSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -176,7 +177,7 @@ def test_pp8_ring_and_bubbles_in_virtual_time() -> None:
                  requests=8)
     last = mb1.cost.stage_time(7, decode_shape([328]))
     assert p["tpot_p50_ms"] / 1e3 == pytest.approx(8 * last, rel=0.1)
-    assert p["sim_stage_busy_max"] > 0.8
+    assert p[STAGE_ACTIVITY_MAX] > 0.8
 
 
 def test_overlap_scheduler_hides_host_time_at_pp1() -> None:

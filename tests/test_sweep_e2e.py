@@ -130,4 +130,14 @@ def test_records_and_diagnosis_content(sweep) -> None:
         # c4 in one micro-batch: the diagnosis must say so
         assert "too_few_microbatches" in {f["id"] for f in findings}, findings
         for f in findings:
-            assert set(f) == {"id", "severity", "title", "evidence", "suggestion"}
+            assert set(f) == {"id", "severity", "title", "evidence", "suggestion", "point", "change",
+                              "alternatives", "predicted_effect"}
+            if f["change"]:  # every suggested change was predicted before it was made
+                assert f["predicted_effect"]["verdict"] == "helps", f
+        # GPU telemetry of the simulated engine, named as such, on the load's clock
+        for d in trial_dirs:
+            gpu = pd.read_parquet(d / "telemetry" / "gpu.parquet")
+            assert set(gpu["gpu"]) == {0, 1} and set(gpu["pp"]) == {0, 1}
+            assert (gpu["uuid"].str.startswith("sim-")).all()
+            assert gpu["energy_j"].is_monotonic_increasing or gpu.groupby("gpu")["energy_j"].apply(
+                lambda s: s.is_monotonic_increasing).all()

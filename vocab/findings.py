@@ -1,9 +1,10 @@
-"""A finding of the diagnosis: what was seen, the evidence, and what to change."""
+"""A finding of the diagnosis: what was seen, the evidence, what to change, and what that change is
+predicted to do."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Literal
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
@@ -11,17 +12,29 @@ SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
 
 @dataclass
 class Finding:
-    """``id`` is stable across versions (users filter on it); ``evidence`` quotes the numbers."""
+    """``id`` is stable across versions (users filter on it); ``evidence`` quotes the numbers and names
+    their source.
+
+    ``change`` is the suggestion as config overrides (``{"pp.micro_batch_size": 4}``; an environment
+    variable for the engine as ``{"env.NAME": value}``), empty when the advice is not a config change.
+    ``alternatives`` are further changes worth predicting when ``change`` turns out not to help.
+    ``point`` is the load point the finding is about; ``predicted_effect`` is filled in by the check
+    that predicts each suggestion before it is made (see ``orchestrator/trial/advice.py``).
+    """
 
     id: str
     severity: Severity
     title: str
     evidence: str
     suggestion: str
+    point: str = ""
+    change: dict[str, Any] = field(default_factory=dict)
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
+    predicted_effect: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
             raise ValueError(f"severity must be one of {', '.join(SEVERITIES)}, got {self.severity!r}")
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -48,5 +48,7 @@ class Tag:
     REUSED_RUN_ID = "parasweep.reused_run_id"
     REPRODUCES = "parasweep.reproduces"
     REPRODUCE_WARNING = "parasweep.reproduce_warning"
+    GPU_TELEMETRY = "parasweep.gpu_telemetry"  # nvml | simulated | none: where GPU numbers come from
+    GPU_TELEMETRY_NOTE = "parasweep.gpu_telemetry_note"  # what was sampled, or why nothing was
     NOTE = "mlflow.note.content"  # the run description the MLflow UI shows
     PARENT = "mlflow.parentRunId"

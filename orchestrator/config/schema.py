@@ -86,6 +86,14 @@ class WorkloadConf:
 
 
 @dataclass
+class TelemetryConf:
+    # GPU samples per second during a trial (NVML on a GPU node, the simulated engine's model
+    # otherwise); 0 turns GPU sampling off
+    gpu_hz: float = 10.0
+    metrics_period_s: float = 1.0  # how often the engine's /metrics is scraped
+
+
+@dataclass
 class TrackingConf:
     uri: str | None = None  # null: sqlite file runs/mlflow.db under the working directory
     experiment: str = "parasweep"
@@ -121,6 +129,7 @@ class ParasweepConf:
     dp: DPConf = field(default_factory=DPConf)
     server: ServerConf = field(default_factory=ServerConf)
     workload: WorkloadConf = field(default_factory=WorkloadConf)
+    telemetry: TelemetryConf = field(default_factory=TelemetryConf)
     tracking: TrackingConf = field(default_factory=TrackingConf)
     ray: RayConf = field(default_factory=RayConf)
     dry_run: bool = False  # print each trial's plan and server argv, launch nothing

@@ -50,6 +50,10 @@ def available_gpus(cfg: ParasweepConf, engine: str) -> tuple[int, str]:
     return n, f"this node has {n} GPUs (NVML)"
 
 
+# NVML refreshes power about every 100 ms at best; faster sampling only repeats values and costs CPU
+MAX_GPU_HZ = 50.0
+
+
 def world_size(cfg: ParasweepConf) -> int:
     return cfg.tp.size * cfg.pp.size * cfg.dp.size
 
@@ -115,6 +119,11 @@ def validate(cfg: ParasweepConf) -> str:
     _positive("server.decode_log_interval", cfg.server.decode_log_interval, allow_none=True)
 
     _validate_workload(cfg)
+    if not 0 <= cfg.telemetry.gpu_hz <= MAX_GPU_HZ:
+        raise ConfigError("telemetry.gpu_hz", cfg.telemetry.gpu_hz,
+                          f"0 (off) to {MAX_GPU_HZ:g} samples per second")
+    if not cfg.telemetry.metrics_period_s > 0:
+        raise ConfigError("telemetry.metrics_period_s", cfg.telemetry.metrics_period_s, "seconds > 0")
     context = model.max_context
     if context and cfg.workload.input_len + cfg.workload.output_len > context:
         raise ConfigError("workload.input_len+workload.output_len",

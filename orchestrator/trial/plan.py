@@ -74,6 +74,10 @@ class TrialPlan:
     def engine_name(self) -> str:
         return self.engine.name
 
+    @property
+    def world_size(self) -> int:
+        return world_size(self.cfg)
+
     def argv(self, port: int) -> list[str]:
         return self.engine.argv(self.cfg, port, self.identity.trial_dir)
 

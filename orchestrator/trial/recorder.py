@@ -50,6 +50,15 @@ class TrialPaths:
     def server_metrics_jsonl(self) -> Path:
         return self.root / "telemetry" / "server_metrics.jsonl"
 
+    @property
+    def gpu_jsonl(self) -> Path:
+        return self.root / "telemetry" / "gpu.jsonl"
+
+    @property
+    def point_windows(self) -> Path:
+        """Each load point's measured window on the records' clock (for pictures of the series)."""
+        return self.root / "telemetry" / "point_windows.json"
+
     def read_server_log(self) -> str:
         return self.server_log.read_text(errors="replace") if self.server_log.exists() else ""
 
@@ -143,6 +152,12 @@ class TrialRecorder:
             frame.to_parquet(folder / f"{name}.parquet", index=False)
             self.tracker.log_artifact(self.run_id, folder / f"{name}.parquet", "telemetry")
 
+    def save_point_windows(self, windows: dict[str, tuple[float, float]]) -> None:
+        if windows:
+            self.paths.point_windows.parent.mkdir(parents=True, exist_ok=True)
+            self.paths.point_windows.write_text(json.dumps(windows, indent=1))
+            self.tracker.log_artifact(self.run_id, self.paths.point_windows, "telemetry")
+
     def save_config(self, resolved_cfg: dict[str, Any], overrides: Iterable[str]) -> None:
         folder = self.paths.root / "config"
         folder.mkdir(parents=True, exist_ok=True)
@@ -161,7 +176,7 @@ class TrialRecorder:
             upload.write_text(self._text(self.paths.read_server_log()))
             self.tracker.log_artifact(self.run_id, upload, "server")
 
-    def save_findings(self, findings: list[Finding], status: TrialStatus, error: str) -> list[dict[str, str]]:
+    def save_findings(self, findings: list[Finding], status: TrialStatus, error: str) -> list[dict[str, Any]]:
         """``diagnosis.json``: the rules' findings, led by the failure itself when the trial failed."""
         result = [f.to_dict() for f in findings]
         if status is not TrialStatus.OK and error:

@@ -28,6 +28,7 @@ from orchestrator.trial.session import EngineSession, LiveSession, VirtualSessio
 from vocab.findings import Finding
 from vocab.records import PointResult
 from vocab.status import RunKind, Tag, TrialStatus
+from vocab.telemetry import GpuPlace, engine_layout
 
 log = logging.getLogger("parasweep")
 
@@ -116,43 +117,69 @@ def _check_reproduction(recorder: TrialRecorder, original: str, new_hash: str) -
         recorder.set_tags({Tag.REPRODUCE_WARNING: warning})
 
 
+def with_placement(samples: Any, layout: list[GpuPlace]) -> Any:
+    """GPU samples with the (dp, pp, tp) rank of each GPU as the engine lays them out, so the Parquet
+    file can be grouped by pipeline stage without knowing the layout rule."""
+    if samples is None:
+        return None
+    place = {p.gpu: p for p in layout}
+    for rank in ("dp", "pp", "tp"):
+        samples[rank] = [getattr(place[g], rank) if g in place else -1 for g in samples["gpu"].astype(int)]
+    return samples
+
+
 def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, results: list[PointResult],
             status: TrialStatus, error: str, timings: dict[str, float]) -> None:
     """Summarise, diagnose and log what exists; never raise. The order is explicit: each step takes
     what it needs as arguments (telemetry summaries feed the diagnosis, which feeds the description)."""
     from analysis.diagnose import diagnose
     from analysis.telemetry import point_telemetry
+    from orchestrator.telemetry.gpu_sampler import read_gpu_samples
     from orchestrator.telemetry.server_log import server_log_frame
     from orchestrator.telemetry.server_metrics import read_samples
-    from orchestrator.trial.summary import describe_trial, trial_facts, trial_timings
+    from orchestrator.telemetry.stage_series import stage_frame
+    from orchestrator.trial.advice import check_findings
+    from orchestrator.trial.summary import describe_trial, measured_window, trial_facts, trial_timings
 
-    paths = recorder.paths
+    paths, cfg, gpu = recorder.paths, plan.cfg, session.gpu
     frames: dict[str, Any] = {}
     extras: dict[str, dict[str, float]] = {}
     findings: list[Finding] = []
+    layout = engine_layout(cfg.tp.size, cfg.pp.size, cfg.dp.size)
 
     def telemetry() -> None:
-        frames["server_metrics"] = read_samples(paths.server_metrics_jsonl)
-        if paths.server_log.exists():
-            frames["server_log"] = server_log_frame(paths.server_log)
+        recorder.set_tags({Tag.GPU_TELEMETRY: gpu.source.value, Tag.GPU_TELEMETRY_NOTE: gpu.note})
+        if cfg.predict:  # virtual time: the prediction's metrics already carry the summaries
+            return
+        metrics = frames["server_metrics"] = read_samples(paths.server_metrics_jsonl)
+        log_rows = frames["server_log"] = (server_log_frame(paths.server_log)
+                                           if paths.server_log.exists() else None)
+        stages = frames["stage_series"] = stage_frame(log_rows, metrics)
+        samples = frames["gpu"] = with_placement(read_gpu_samples(paths.gpu_jsonl), layout)
         recorder.save_telemetry(frames)
+        windows = {r.point.label: measured_window(r) for r in results}
+        recorder.save_point_windows(windows)
         for r in results:
-            extra = point_telemetry(frames["server_metrics"], r.start, r.end)
+            start, end = windows[r.point.label]
+            extra = point_telemetry(samples, stages, start, end, int(r.metrics.get("output_tokens", 0)),
+                                    cfg.hardware.idle_power_w, layout)
             if extra:
                 extras[r.point.label] = extra
         recorder.log_point_extras(extras)
 
     def diagnosis() -> None:
-        findings.extend(diagnose(trial_facts(plan.cfg, session.resolved, results, extras)))
+        facts = trial_facts(cfg, session.resolved, results, extras, gpu.source)
+        findings.extend(check_findings(diagnose(facts), cfg, plan.points))
 
-    saved: list[dict[str, str]] = []
+    saved: list[dict[str, Any]] = []
     steps = [("records", recorder.save_records), ("telemetry", telemetry),
              ("config", lambda: recorder.save_config(plan.resolved_cfg, plan.identity.overrides)),
              ("server_files", recorder.save_server_files), ("diagnosis", diagnosis),
              ("findings", lambda: saved.extend(recorder.save_findings(findings, status, error))),
              ("error", lambda: recorder.save_error(error)),
              ("timings", lambda: recorder.log_timings(trial_timings({**timings, "end": time.time()}))),
-             ("description", lambda: recorder.describe(describe_trial(plan, status, results, extras, saved)))]
+             ("description", lambda: recorder.describe(
+                 describe_trial(plan, status, results, extras, saved, gpu.source, gpu.note)))]
     run_steps(steps, timings, plan.identity.label)
     try:
         recorder.close(status)

@@ -5,8 +5,9 @@ Two sessions behind one interface, so the rest of the trial does not know which 
 * :class:`LiveSession` starts the engine's server (SGLang or the simulated engine) in its own process
   group on a free 127.0.0.1 port, retrying with another port if a trial started side by side took it
   first; waits until it is ready; reads ``/server_info`` plus the startup log into the resolved
-  values; scrapes ``/metrics`` while load runs; and on exit always stops the whole process group and,
-  for SGLang, waits until NVML shows the trial's GPUs free for the next trial.
+  values; scrapes ``/metrics`` and samples the GPUs (NVML for SGLang, the simulated engine's own model
+  for it) from before the first point to after the last; and on exit always stops the whole process
+  group and, for SGLang, waits until NVML shows the trial's GPUs free for the next trial.
 * :class:`VirtualSession` runs the simulator's model in virtual time (``predict=true``): nothing is
   launched, and each point's result comes back in seconds.
 """
@@ -24,12 +25,14 @@ from orchestrator.engines.base import HOST
 from orchestrator.errors import EngineStartError
 from orchestrator.gpu_release import process_group_pids, wait_gpus_free
 from orchestrator.process.server import ServerProcess, free_port, http_get_json
+from orchestrator.telemetry.gpu_sources import GpuTelemetry, start_gpu_telemetry
 from orchestrator.telemetry.server_log import resolved_config
 from orchestrator.telemetry.server_metrics import MetricsScraper
 from orchestrator.trial.plan import TrialPlan
 from orchestrator.trial.recorder import TrialPaths
 from vocab.load import LoadPoint, RequestSpec
 from vocab.records import PointResult, RecordWriter
+from vocab.telemetry import GpuSource
 
 log = logging.getLogger("parasweep")
 
@@ -44,6 +47,7 @@ class EngineSession(Protocol):
     server_info: dict[str, Any]  # /server_info as the engine reported it
     resolved: dict[str, Any]  # the engine's resolved values (``resolved.*`` params)
     timings: dict[str, float]  # epoch seconds: engine_launch, engine_ready, engine_stopped
+    gpu: GpuTelemetry  # where the GPU samples come from (nvml | simulated | none) and why
 
     def __enter__(self) -> EngineSession: ...
 
@@ -63,6 +67,9 @@ class LiveSession:
     def __init__(self, plan: TrialPlan, paths: TrialPaths, env: dict[str, str] | None = None) -> None:
         self.plan, self.paths = plan, paths
         self.env = dict(os.environ) if env is None else env  # CUDA_VISIBLE_DEVICES as Ray set it
+        # batch log lines stamped to the millisecond, so stage series join the GPU samples
+        self.env.setdefault("SGLANG_LOG_MS", "1")
+        self.gpu = GpuTelemetry(GpuSource.NONE, "the engine did not start")
         self.argv: list[str] = []
         self.server_info: dict[str, Any] = {}
         self.resolved: dict[str, Any] = {}
@@ -88,7 +95,11 @@ class LiveSession:
             self.server_info = http_get_json(self.url + "/server_info")
             # /server_info, completed by the startup log (CUDA-graph sizes, per-stage limits, backend)
             self.resolved = resolved_config(self.server_info, self.paths.read_server_log())
-            self._scraper = MetricsScraper(self.url + "/metrics", self.paths.server_metrics_jsonl).start()
+            self._scraper = MetricsScraper(self.url + "/metrics", self.paths.server_metrics_jsonl,
+                                           cfg.telemetry.metrics_period_s).start()
+            self.gpu = start_gpu_telemetry(self.plan.engine_name, self.env.get("CUDA_VISIBLE_DEVICES"),
+                                           self.plan.world_size, self.url, self.paths.gpu_jsonl,
+                                           cfg.telemetry.gpu_hz)
         except BaseException:
             self.__exit__()
             raise
@@ -129,6 +140,7 @@ class LiveSession:
     def __exit__(self, *exc: object) -> None:
         """Always: stop the scraper and the whole process group; give an SGLang trial's GPUs back."""
         try:
+            self.gpu.stop()
             if self._scraper is not None:
                 self._scraper.stop()
                 self._scraper = None
@@ -155,6 +167,8 @@ class VirtualSession:
         self.server_info: dict[str, Any] = {}
         self.resolved: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
+        # the per-point summaries come from the simulator's power model (no series in virtual time)
+        self.gpu = GpuTelemetry(GpuSource.SIMULATED, "the simulator's model, in virtual time")
         self._results: dict[str, PointResult] = {}
 
     def __enter__(self) -> VirtualSession:

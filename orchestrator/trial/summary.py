@@ -3,23 +3,48 @@ description a person reads in the MLflow UI. Plain functions of the trial's type
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from analysis.diagnose import TrialFacts
+from analysis.diagnose import StepEstimate, TrialFacts
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.trial.plan import TrialPlan
 from vocab.records import PointResult
 from vocab.status import TrialStatus
+from vocab.telemetry import GpuSource
+
+log = logging.getLogger("parasweep")
+
+
+def measured_window(result: PointResult) -> tuple[float, float]:
+    """The point's measured requests, first send to last end (warm-up excluded, as the throughput
+    and the token counts are): the window its telemetry is summarised over."""
+    times = [(r.send_time, r.end_time) for r in result.records
+             if not r.warmup and r.send_time is not None and r.end_time is not None]
+    if not times:
+        return result.start, result.end
+    return min(t[0] for t in times), max(t[1] for t in times)
 
 
 def trial_facts(cfg: ParasweepConf, resolved: dict[str, Any], results: list[PointResult],
-                extras: dict[str, dict[str, float]]) -> TrialFacts:
+                extras: dict[str, dict[str, float]], gpu_source: GpuSource) -> TrialFacts:
     points = {r.point.label: {**r.metrics, **extras.get(r.point.label, {}),
                               "invalid_reason": "; ".join(r.invalid_reasons)} for r in results}
+    concurrency = {r.point.label: r.point.concurrency for r in results if r.point.concurrency is not None}
+    steps: dict[str, StepEstimate] = {}
+    layers: tuple[int, ...] = ()
+    try:
+        from orchestrator.trial.modelled import modelled_steps
+
+        steps, layers = modelled_steps(cfg, concurrency, resolved)
+    except Exception as exc:  # a model the cost model cannot describe: those rules stay quiet
+        log.warning("no cost-model estimates for the diagnosis: %s", exc)
     return TrialFacts(
         pp_size=cfg.pp.size, async_depth=cfg.pp.async_depth, resolved=resolved, points=points,
-        concurrency={r.point.label: r.point.concurrency for r in results if r.point.concurrency is not None},
-        idle_power_w=cfg.hardware.idle_power_w, power_limit_w=cfg.hardware.power_limit_w)
+        concurrency=concurrency, idle_power_w=cfg.hardware.idle_power_w,
+        power_limit_w=cfg.hardware.power_limit_w, tp_size=cfg.tp.size, dp_size=cfg.dp.size,
+        interconnect=cfg.hardware.interconnect, gpu_source=gpu_source.value, steps=steps,
+        stage_layers=layers)
 
 
 def trial_timings(t: dict[str, float]) -> dict[str, float]:
@@ -35,22 +60,30 @@ def trial_timings(t: dict[str, float]) -> dict[str, float]:
 
 
 def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResult],
-                   extras: dict[str, dict[str, float]], findings: list[dict[str, str]]) -> list[str]:
+                   extras: dict[str, dict[str, float]], findings: list[dict[str, Any]],
+                   gpu_source: GpuSource, gpu_note: str) -> list[str]:
     """The run's description (Markdown): the layout, a table of the points, the findings."""
+    from vocab.telemetry import ENERGY_J, J_PER_TOKEN, POWER_FRAC_MEAN
+
     c = plan.cfg
     source = ("predicted in virtual time by the simulated engine" if c.predict
               else f"engine {plan.engine_name}")
     lines = [f"**{status.value}**: {plan.identity.label}", "",
              f"{c.model.name} on {c.hardware.name}, tp={c.tp.size} pp={c.pp.size} ep={c.ep.size} "
-             f"dp={c.dp.size}, async depth {c.pp.async_depth}, {source}", ""]
+             f"dp={c.dp.size}, async depth {c.pp.async_depth}, {source}", "",
+             f"GPU telemetry: {gpu_source.describe()} ({gpu_note})", ""]
     if results:
-        lines += ["| point | output tok/s | TTFT p99 ms | ITL p99 ms | valid |", "|---|---|---|---|---|"]
+        lines += ["| point | output tok/s | TTFT p99 ms | ITL p99 ms | power % of limit | J/token | valid |",
+                  "|---|---|---|---|---|---|---|"]
         for r in results:
             m = {**r.metrics, **extras.get(r.point.label, {})}
             nan = float("nan")
             lines.append(f"| {r.point.label} | {m.get('output_tok_s', nan):.1f} | "
                          f"{m.get('ttft_p99_ms', nan):.1f} | {m.get('itl_p99_ms', nan):.2f} | "
+                         f"{100 * m.get(POWER_FRAC_MEAN, nan):.0f} | {m.get(J_PER_TOKEN, nan):.2f} | "
                          f"{int(m.get('valid', 1))} |")
+        if any(ENERGY_J in {**r.metrics, **extras.get(r.point.label, {})} for r in results):
+            lines += ["", f"Power and energy: {gpu_source.describe()}."]
     if findings:
         lines += ["", "Findings (diagnosis.json):"]
         lines += [f"- **{f['severity']}** {f['title']}: {f['suggestion'].splitlines()[0]}" for f in findings]

@@ -1,0 +1,119 @@
+"""Sample a GPU source at a fixed rate on a background thread; rows are appended to disk as they come.
+
+The sampler runs in the trial's process on its own thread, never on the load generator's event loop
+(the load generator runs its points in worker processes of its own), so a slow NVML call cannot delay
+a request. It is started before the first load point and stopped after the last; each row carries
+``ts`` on the load generator's clock (:func:`workloads.clock.now`), the clock of the request records.
+
+A source is anything with ``name`` (a :class:`vocab.gpu_telemetry.GpuSource`), ``read() -> rows``
+(one dict per GPU, the columns of ``GPU_COLUMNS`` except ``ts``, which the sampler stamps) and
+``close()``. A failing read is counted and skipped; it never ends the trial.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+import pandas as pd
+
+from vocab.telemetry import GPU_COLUMNS, GpuSource
+from workloads.clock import now
+
+log = logging.getLogger("parasweep")
+
+
+class GpuReader(Protocol):
+    name: GpuSource
+
+    def read(self) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+class GpuSampler:
+    """``start()`` then ``stop()``; rows land in ``jsonl_path`` (one JSON object per GPU per sample)."""
+
+    def __init__(self, source: GpuReader, jsonl_path: Path, hz: float = 10.0) -> None:
+        if not hz > 0:
+            raise ValueError(f"sampling rate must be > 0 Hz, got {hz}")
+        self.source, self.jsonl_path, self.period_s = source, jsonl_path, 1.0 / hz
+        self.samples = 0
+        self.errors = 0
+        self.first_error = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
+        self._file: Any = None
+
+    def start(self) -> GpuSampler:
+        self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.jsonl_path.open("a", buffering=1)  # line-buffered: a crash loses no row
+        self.sample_once()  # one sample before the first load point
+        self._thread.start()
+        return self
+
+    def sample_once(self) -> int:
+        ts = now()
+        try:
+            rows = self.source.read()
+        except Exception as exc:  # NVML errors, a simulated engine that went away: count, go on
+            self.errors += 1
+            if not self.first_error:
+                self.first_error = f"{type(exc).__name__}: {exc}"
+                log.warning("GPU telemetry (%s): a read failed: %s", self.source.name, self.first_error)
+            return 0
+        lines = []
+        for row in rows:
+            row = {"ts": ts, **row}
+            lines.append(json.dumps({k: _plain(row.get(k)) for k in GPU_COLUMNS}) + "\n")
+        self._file.writelines(lines)
+        self.samples += 1
+        return len(rows)
+
+    def _loop(self) -> None:
+        # fixed-rate schedule: a slow read shortens the next wait instead of shifting every later tick
+        next_tick = now() + self.period_s
+        while not self._stop.wait(max(0.0, next_tick - now())):
+            self.sample_once()
+            next_tick += self.period_s
+            if next_tick < now():  # fell behind by more than a period: skip ticks, do not burst
+                next_tick = now() + self.period_s
+
+    def stop(self) -> None:
+        """Stop the thread, take a last sample (it closes the last point's window), close the source."""
+        self._stop.set()
+        try:
+            if self._thread.is_alive():
+                self._thread.join(timeout=10)
+            if self._file is not None:
+                self.sample_once()
+        finally:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+            self.source.close()
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe: NaN and infinities become null (read back as NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def read_gpu_samples(jsonl_path: Path) -> pd.DataFrame | None:
+    """The sampled rows as one frame with the ``GPU_COLUMNS`` (None when nothing was sampled)."""
+    if not jsonl_path.exists() or jsonl_path.stat().st_size == 0:
+        return None
+    import orjson
+
+    with jsonl_path.open("rb") as f:
+        rows = [orjson.loads(line) for line in f if line.strip()]
+    df = pd.DataFrame(rows, columns=list(GPU_COLUMNS))
+    numeric = [c for c in GPU_COLUMNS if c not in ("uuid",)]
+    df[numeric] = df[numeric].apply(pd.to_numeric, errors="coerce")
+    return df

@@ -1,0 +1,61 @@
+"""Pick the GPU source for a live trial and start sampling it.
+
+- SGLang: the trial's physical GPUs through NVML (the GPUs Ray assigned, by ``CUDA_VISIBLE_DEVICES``);
+- the simulated engine: its model of the GPUs it pretends to run on, over HTTP (never NVML: real GPUs
+  on the node are not doing the simulated work);
+- neither possible (no NVML on the node, or ``telemetry.gpu_hz=0``): no samples, and the reason is
+  recorded. The trial goes on either way.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.telemetry.gpu_sampler import GpuReader, GpuSampler
+from vocab.telemetry import GpuSource
+
+log = logging.getLogger("parasweep")
+
+
+@dataclass
+class GpuTelemetry:
+    source: GpuSource
+    note: str  # why there is no telemetry, or what is sampled
+    sampler: GpuSampler | None = None
+
+    def stop(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+            if self.sampler.errors:
+                self.note += f"; {self.sampler.errors} failed read(s), first: {self.sampler.first_error}"
+            self.sampler = None
+
+
+def open_reader(engine: str, visible: str | None, world_size: int, server_url: str) -> GpuReader:
+    """The reader for ``engine``'s GPUs; raises ``NvmlUnavailable`` when NVML cannot be used."""
+    if engine == "sim":
+        from orchestrator.telemetry.sim_gpu_source import SimulatedGpuReader
+
+        return SimulatedGpuReader(server_url)
+    from orchestrator.telemetry.nvml_source import NvmlReader
+
+    return NvmlReader.open(visible, world_size)
+
+
+def start_gpu_telemetry(engine: str, visible: str | None, world_size: int, server_url: str,
+                        jsonl_path: Path, hz: float) -> GpuTelemetry:
+    if hz <= 0:
+        return GpuTelemetry(GpuSource.NONE, "GPU sampling off (telemetry.gpu_hz=0)")
+    from orchestrator.telemetry.nvml_source import NvmlUnavailable
+
+    try:
+        reader = open_reader(engine, visible, world_size, server_url)
+    except NvmlUnavailable as exc:
+        log.warning("no GPU telemetry for this trial: %s", exc)
+        return GpuTelemetry(GpuSource.NONE, f"no NVML: {exc}")
+    sampler = GpuSampler(reader, jsonl_path, hz).start()
+    what = (f"{world_size} simulated GPU(s)" if engine == "sim"
+            else f"{world_size} GPU(s), CUDA_VISIBLE_DEVICES={visible or '(unset)'}")
+    return GpuTelemetry(reader.name, f"{what} at {hz:g} Hz", sampler)

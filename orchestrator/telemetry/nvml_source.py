@@ -1,0 +1,295 @@
+"""The trial's physical GPUs, read with NVML (nvidia-ml-py, imported as ``pynvml``): a GPU source for
+:class:`orchestrator.telemetry.gpu_sampler.GpuSampler`.
+
+Which GPUs. NVML numbers devices in PCI-bus order and ignores ``CUDA_VISIBLE_DEVICES``, so each entry
+of the trial's mask (as Ray set it) is mapped to an NVML handle:
+
+* ``GPU-…`` / ``MIG-…``: by UUID (``nvmlDeviceGetHandleByUUID``). The UUID must be exact; Ray and
+  nvidia-smi write whole UUIDs, and a prefix (which CUDA would accept) is refused with its name.
+* an integer: the NVML index. That is how Ray and nvidia-smi number GPUs, and it is CUDA's number
+  only where CUDA enumerates in PCI-bus order too (``CUDA_DEVICE_ORDER=PCI_BUS_ID``, or a node of
+  identical GPUs, where CUDA's "fastest first" order falls back to bus order).
+* unset or empty: the first ``count`` NVML devices.
+
+The first ``count`` entries are the engine's GPUs 0..count-1; a row's ``gpu`` is that position.
+
+What one read costs, per GPU: one batched ``nvmlDeviceGetFieldValues`` (instantaneous power, the
+total-energy counter, the cumulative PCIe byte counters) and five plain calls (utilisation, SM clock,
+memory, clocks-event reasons, temperature). A metric the GPU does not support is NaN and is not asked
+for again (a MIG instance, for one, reports neither power nor utilisation). Energy always comes from
+the GPU's own counter, never from integrating power samples: at 10 Hz those miss every spike between
+two samples, the counter does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vocab.telemetry import NOT_THROTTLING_BITS, GpuSource
+
+NAN = math.nan
+
+# Field ids, from pynvml where it names them; the numbers are NVML's (stable across versions).
+_FIELDS = {"power": ("NVML_FI_DEV_POWER_INSTANT", 186),
+           "energy": ("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 83),
+           "pcie_tx": ("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 197),
+           "pcie_rx": ("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198)}
+
+# A field whose nvmlReturn says one of these will not start working during the trial: stop asking.
+# (Older drivers answer an unknown field id with INVALID_ARGUMENT.) Any other code is NaN this time.
+_FIELD_GIVE_UP = (("NVML_ERROR_NOT_SUPPORTED", 3), ("NVML_ERROR_INVALID_ARGUMENT", 2),
+                  ("NVML_ERROR_NO_PERMISSION", 4))
+
+# Plain calls failing with these are given up on for that GPU (the next candidate call, if any, is
+# tried once). Any other NVMLError propagates: the sampler counts the failed read and tries again.
+_CALL_GIVE_UP = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_NoPermission")
+
+# nvmlFieldValue_t.valueType -> the member of its value union
+_VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+# Why nvmlInit failed, in words a person can act on (first match wins).
+_INIT_REASONS = (
+    ("NVMLError_LibraryNotFound", "NVML library not found (no NVIDIA driver on this node)"),
+    ("NVMLError_DriverNotLoaded", "NVIDIA driver not loaded on this node"),
+    ("NVMLError_NoPermission", "no permission to use NVML on this node"),
+    ("NVMLError_LibRmVersionMismatch", "NVML library and NVIDIA kernel driver versions differ "
+                                       "(reboot or reload the driver)"),
+)
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used for this trial's GPUs; the message is one line saying why."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class _Gpu:
+    """One of the trial's GPUs and what is known about reading it."""
+
+    gpu: int
+    handle: Any
+    uuid: str
+    power_limit_w: float
+    field_ids: dict[str, int]                      # metric -> NVML field id, still asked for
+    calls: dict[str, list[Callable[[Any], Any]]]   # metric -> candidate calls, still usable
+    pcie_prev: dict[str, tuple[float, float]] = field(default_factory=dict)  # counter -> (bytes, s)
+
+
+class NvmlReader:
+    """A GPU source over NVML. Build with :meth:`open`; ``read()`` returns one row per GPU."""
+
+    name = GpuSource.NVML
+
+    def __init__(self, nvml: Any, gpus: list[_Gpu]) -> None:
+        self._nvml, self._gpus = nvml, gpus
+        self._give_up_codes = {getattr(nvml, n, v) for n, v in _FIELD_GIVE_UP}
+        self._give_up_errors = _give_up_errors(nvml)
+        self._success = getattr(nvml, "NVML_SUCCESS", 0)
+        self._open = True
+
+    @property
+    def uuids(self) -> list[str]:
+        """The UUID of each of the trial's GPUs, in ``gpu`` order."""
+        return [g.uuid for g in self._gpus]
+
+    @classmethod
+    def open(cls, visible: str | None, count: int, nvml: Any = None) -> NvmlReader:
+        """NVML handles for the engine's ``count`` GPUs, given the trial's ``CUDA_VISIBLE_DEVICES``.
+
+        Raises :class:`NvmlUnavailable` (one line) where NVML or one of those GPUs cannot be used.
+        ``nvml`` is the ``pynvml`` module (the default) or a stand-in with the same names."""
+        if count < 1:
+            raise ValueError(f"count must be the number of GPUs the engine uses (>= 1), got {count}")
+        if nvml is None:
+            try:
+                import pynvml as nvml
+            except ImportError as exc:
+                raise NvmlUnavailable("nvidia-ml-py (module pynvml) is not installed") from exc
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            raise NvmlUnavailable(_init_reason(nvml, exc)) from exc
+        try:
+            handles = _handles(nvml, visible, count)
+            return cls(nvml, [_describe(nvml, i, h) for i, h in enumerate(handles)])
+        except nvml.NVMLError as exc:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlShutdown()
+            raise NvmlUnavailable(f"NVML failed while opening the GPUs: {exc}") from exc
+        except NvmlUnavailable:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlShutdown()
+            raise
+
+    def read(self) -> list[dict[str, Any]]:
+        return [self._read_gpu(g) for g in self._gpus]
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlShutdown()
+
+    # -- one GPU --------------------------------------------------------------------------------
+
+    def _read_gpu(self, g: _Gpu) -> dict[str, Any]:
+        fields = self._fields(g)
+        power_mw = fields.get("power", (NAN, 0.0))[0]
+        if "power" not in g.field_ids and math.isnan(power_mw):
+            power_mw = self._call(g, "power")  # the field is unsupported: nvmlDeviceGetPowerUsage
+        energy_mj = fields.get("energy", (NAN, 0.0))[0]
+        if "energy" not in g.field_ids and math.isnan(energy_mj):
+            energy_mj = self._call(g, "energy")
+        util = self._call(g, "util", raw=True)
+        mem = self._call(g, "memory", raw=True)
+        reasons = self._call(g, "throttle")
+        return {
+            "gpu": g.gpu,
+            "uuid": g.uuid,
+            "power_w": power_mw / 1000.0,
+            "power_limit_w": g.power_limit_w,
+            "util_gpu_pct": float(util.gpu) if util is not None else NAN,
+            "util_mem_pct": float(util.memory) if util is not None else NAN,
+            "sm_clock_mhz": self._call(g, "sm_clock"),
+            "mem_used_bytes": float(mem.used) if mem is not None else NAN,
+            "mem_total_bytes": float(mem.total) if mem is not None else NAN,
+            "pcie_tx_bytes_s": _rate(g, "pcie_tx", fields.get("pcie_tx")),
+            "pcie_rx_bytes_s": _rate(g, "pcie_rx", fields.get("pcie_rx")),
+            "temp_c": self._call(g, "temp"),
+            "throttle_reasons": reasons if math.isnan(reasons) else int(reasons) & ~NOT_THROTTLING_BITS,
+            "energy_j": energy_mj / 1000.0,
+        }
+
+    def _fields(self, g: _Gpu) -> dict[str, tuple[float, float]]:
+        """metric -> (value, when in seconds) for every field this GPU answered this time."""
+        if not g.field_ids:
+            return {}
+        metric_of = {fid: name for name, fid in g.field_ids.items()}
+        try:
+            values = self._nvml.nvmlDeviceGetFieldValues(g.handle, list(metric_of))
+        except self._give_up_errors:  # a driver without field values: the plain calls stand in
+            g.field_ids.clear()
+            return {}
+        host_s = time.monotonic()
+        out: dict[str, tuple[float, float]] = {}
+        for v in values:
+            name = metric_of.get(int(v.fieldId))
+            if name is None:
+                continue
+            if v.nvmlReturn == self._success:
+                member = _VALUE_MEMBER.get(int(v.valueType))
+                if member is not None:
+                    # the driver's own timestamp (µs) when it gives one: PCIe rates are exact then
+                    when = v.timestamp / 1e6 if v.timestamp else host_s
+                    out[name] = (float(getattr(v.value, member)), when)
+            elif v.nvmlReturn in self._give_up_codes:
+                del g.field_ids[name]
+        return out
+
+    def _call(self, g: _Gpu, metric: str, raw: bool = False) -> Any:
+        """The first still-usable candidate call for ``metric`` (a float, or the raw struct with
+        ``raw``); NaN (None with ``raw``) once every candidate has been given up on."""
+        candidates = g.calls[metric]
+        while candidates:
+            try:
+                value = candidates[0](g.handle)
+            except self._give_up_errors:
+                candidates.pop(0)
+                continue
+            return value if raw else float(value)
+        return None if raw else NAN
+
+
+def _rate(g: _Gpu, counter: str, now: tuple[float, float] | None) -> float:
+    """Bytes/s of a cumulative byte counter since this GPU's previous read (NaN the first time, after
+    a missing value, or when the counter went backwards: a reset)."""
+    if now is None:
+        g.pcie_prev.pop(counter, None)
+        return NAN
+    prev = g.pcie_prev.get(counter)
+    g.pcie_prev[counter] = now
+    if prev is None or now[1] <= prev[1] or now[0] < prev[0]:
+        return NAN
+    return (now[0] - prev[0]) / (now[1] - prev[1])
+
+
+def _init_reason(nvml: Any, exc: Exception) -> str:
+    for cls_name, reason in _INIT_REASONS:
+        cls = getattr(nvml, cls_name, None)
+        if cls is not None and isinstance(exc, cls):
+            return reason
+    return f"NVML could not start: {exc}"
+
+
+def _handles(nvml: Any, visible: str | None, count: int) -> list[Any]:
+    n = int(nvml.nvmlDeviceGetCount())
+    if n == 0:
+        raise NvmlUnavailable("NVML sees no GPU on this node")
+    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
+    if not entries:  # no mask: the engine's GPUs are the first ones NVML lists
+        if n < count:
+            raise NvmlUnavailable(f"NVML sees {n} GPU(s) but the engine uses {count}")
+        return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    if len(entries) < count:
+        raise NvmlUnavailable(f"CUDA_VISIBLE_DEVICES={visible!r} lists {len(entries)} GPU(s) "
+                              f"but the engine uses {count}")
+    handles = []
+    for entry in entries[:count]:
+        if entry.startswith(("GPU-", "MIG-")):
+            try:
+                handles.append(nvml.nvmlDeviceGetHandleByUUID(entry))
+            except nvml.NVMLError as exc:
+                raise NvmlUnavailable(f"CUDA_VISIBLE_DEVICES entry {entry!r} matches no GPU "
+                                      f"({exc}; UUIDs must be exact)") from exc
+        elif entry.isdigit():
+            if int(entry) >= n:
+                raise NvmlUnavailable(f"CUDA_VISIBLE_DEVICES entry {entry!r} is past NVML's {n} GPU(s) "
+                                      f"(valid: 0..{n - 1} or a GPU-/MIG- UUID)")
+            handles.append(nvml.nvmlDeviceGetHandleByIndex(int(entry)))
+        else:
+            raise NvmlUnavailable(f"CUDA_VISIBLE_DEVICES entry {entry!r} is neither a GPU index nor a "
+                                  "GPU-/MIG- UUID")
+    return handles
+
+
+def _give_up_errors(nvml: Any) -> tuple[type[Exception], ...]:
+    return tuple(c for c in (getattr(nvml, n, None) for n in _CALL_GIVE_UP) if c)
+
+
+def _describe(nvml: Any, gpu: int, handle: Any) -> _Gpu:
+    """Everything read once per GPU: UUID, enforced power limit, which fields and calls to use."""
+    try:
+        limit_w = nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0
+    except _give_up_errors(nvml):
+        limit_w = NAN
+    sm = getattr(nvml, "NVML_CLOCK_SM", 1)
+    sensor = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
+
+    def usable(*functions: Any) -> list[Any]:
+        """The candidate pynvml functions this pynvml has, newest name first (None: absent)."""
+        return [f for f in functions if f is not None]
+
+    calls: dict[str, list[Callable[[Any], Any]]] = {
+        "power": usable(getattr(nvml, "nvmlDeviceGetPowerUsage", None)),
+        "energy": usable(getattr(nvml, "nvmlDeviceGetTotalEnergyConsumption", None)),
+        "util": usable(getattr(nvml, "nvmlDeviceGetUtilizationRates", None)),
+        "memory": usable(getattr(nvml, "nvmlDeviceGetMemoryInfo", None)),
+        # the ThrottleReasons name is deprecated (to go with CUDA 14) but older pynvml has only it
+        "throttle": usable(getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None),
+                           getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)),
+        "sm_clock": [lambda h, f=f: f(h, sm) for f in usable(getattr(nvml, "nvmlDeviceGetClockInfo", None))],
+        # TemperatureV is the current call; drivers older than it answer FunctionNotFound
+        "temp": [lambda h, f=f: f(h, sensor)
+                 for f in usable(getattr(nvml, "nvmlDeviceGetTemperatureV", None),
+                                 getattr(nvml, "nvmlDeviceGetTemperature", None))],
+    }
+    field_ids = {metric: getattr(nvml, const, number) for metric, (const, number) in _FIELDS.items()}
+    return _Gpu(gpu, handle, _text(nvml.nvmlDeviceGetUUID(handle)), limit_w, field_ids, calls)

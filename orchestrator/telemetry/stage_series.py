@@ -1,0 +1,75 @@
+"""Per-stage scheduler series: what each pipeline stage reported, from two sources on one clock.
+
+- the engine's batch log lines (``Prefill batch`` / ``Decode batch``, one per PP stage and TP rank
+  that logs: running requests, queue, KV token usage, generation throughput), parsed by
+  :mod:`orchestrator.telemetry.server_log`;
+- its ``/metrics`` gauges (``sglang:num_running_reqs``, ``num_queue_reqs``, ``token_usage``,
+  ``gen_throughput`` per ``pp_rank``/``tp_rank``, and the retraction counter), scraped by
+  :mod:`orchestrator.telemetry.server_metrics`.
+
+Both stamp epoch seconds on this host: the log with the engine's wall clock (to the millisecond: the
+engine is started with ``SGLANG_LOG_MS=1``), the scrape with the scraper's. The rows go into one frame
+with the columns of ``vocab.telemetry.STAGE_COLUMNS``, sorted by time, so a stage's queue can be read
+beside the GPU samples and the request records. The same code serves SGLang and the simulated engine,
+which writes the same lines and gauges.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from vocab.telemetry import STAGE_COLUMNS
+
+# log field (server_log's names) -> stage column
+_LOG_FIELDS = {"running_req": "running", "queue_req": "queue", "token_usage": "token_usage",
+               "gen_throughput": "gen_throughput"}
+# /metrics gauge -> stage column
+_GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queue",
+           "sglang:token_usage": "token_usage", "sglang:gen_throughput": "gen_throughput",
+           "sglang:num_retracted_requests_total": "retracted_total"}
+_RANK_LABELS = {"dp": "dp_rank", "pp": "pp_rank", "tp": "tp_rank"}
+
+
+def _from_log(log: pd.DataFrame | None) -> pd.DataFrame:
+    if log is None or log.empty:
+        return pd.DataFrame(columns=list(STAGE_COLUMNS))
+    out = pd.DataFrame({"ts": log["ts"], "source": "log", "kind": log["kind"],
+                        "dp": log["dp"], "pp": log["pp"], "tp": log["tp"]})
+    for field, column in _LOG_FIELDS.items():
+        out[column] = pd.to_numeric(log[field], errors="coerce") if field in log.columns else float("nan")
+    out["retracted_total"] = float("nan")  # the log reports retractions per event, not as a total
+    return out
+
+
+def _from_metrics(metrics: pd.DataFrame | None) -> pd.DataFrame:
+    if metrics is None or metrics.empty:
+        return pd.DataFrame(columns=list(STAGE_COLUMNS))
+    rows = metrics[metrics["name"].isin(list(_GAUGES))]
+    if rows.empty:
+        return pd.DataFrame(columns=list(STAGE_COLUMNS))
+    labels = rows["labels"].map(json.loads)
+    frame = pd.DataFrame({"ts": rows["ts"].to_numpy(), "column": rows["name"].map(_GAUGES).to_numpy(),
+                          "value": rows["value"].to_numpy()})
+    for rank, label in _RANK_LABELS.items():
+        frame[rank] = [int(x.get(label, 0) or 0) for x in labels]
+    # one row per scrape and stage; the retraction counter carries no pp_rank (it is the scheduler's)
+    wide = frame.pivot_table(index=["ts", "dp", "pp", "tp"], columns="column", values="value",
+                             aggfunc="max").reset_index()
+    wide["source"], wide["kind"] = "metrics", "gauge"
+    for column in STAGE_COLUMNS:
+        if column not in wide.columns:
+            wide[column] = float("nan")
+    return wide[list(STAGE_COLUMNS)]
+
+
+def stage_frame(log: pd.DataFrame | None, metrics: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Log rows and scraped gauges as one frame of ``STAGE_COLUMNS`` (None when neither has any)."""
+    parts = [p for p in (_from_log(log), _from_metrics(metrics)) if not p.empty]
+    if not parts:
+        return None
+    frame = pd.concat(parts, ignore_index=True)[list(STAGE_COLUMNS)]
+    for column in ("dp", "pp", "tp"):
+        frame[column] = frame[column].astype(int)
+    return frame.sort_values("ts", kind="stable").reset_index(drop=True)

@@ -1,0 +1,104 @@
+"""What the simulator's model says about a configuration, for code that is not a trial: one load point
+predicted in virtual time, and decode-step estimates (communication share, memory-bound floor).
+
+Each call works on its own scratch directory (the simulated engine reads its hardware profile and
+any shrunk model from files) and leaves nothing behind. Everything here is a model's number, never a
+measurement: callers say so where a person reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from analysis.diagnose import ENV_PREFIX, StepEstimate
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.validate import typed_config, validate
+from orchestrator.engines.sim import SimEngine
+from orchestrator.load_plan import load_points, request_spec
+from vocab.load import LoadPoint
+
+
+def apply_change(cfg: ParasweepConf, change: Mapping[str, Any]) -> tuple[ParasweepConf, dict[str, str]]:
+    """The config with ``change`` applied (config keys) and the engine environment it adds; raises
+    ``UserError`` (via validation) when the changed config is not possible, e.g. a layout that needs
+    more GPUs than the node has."""
+    conf = OmegaConf.structured(cfg)
+    env: dict[str, str] = {}
+    for key, value in change.items():
+        if key.startswith(ENV_PREFIX):
+            env[key.removeprefix(ENV_PREFIX)] = str(value)
+        else:
+            OmegaConf.update(conf, key, value, merge=False)
+    changed = typed_config(conf)
+    changed.engine.name = "sim"  # predicted on the simulated engine, whatever the trial ran on
+    changed.engine.time_scale = 1.0
+    validate(changed)
+    return changed, env
+
+
+@contextlib.contextmanager
+def _engine_env(env: Mapping[str, str]) -> Iterator[None]:
+    """The simulator reads SGLang's environment variables (e.g. the PP layer partition) at start-up,
+    as SGLang does; a prediction of a changed environment sets them for its duration only."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _sim_argv(cfg: ParasweepConf, workdir: Path) -> list[str]:
+    sim = SimEngine()
+    sim.prepare(cfg, workdir)
+    return sim.simulator_flags(cfg, 30000, workdir)
+
+
+def predict_at(cfg: ParasweepConf, env: Mapping[str, str], point: LoadPoint | None) -> dict[str, float]:
+    """The prediction of one load point (``None``: the config's first point) in virtual time."""
+    from simulator.predict import predict_point
+
+    point = point or load_points(cfg)[0]
+    with tempfile.TemporaryDirectory(prefix="parasweep-predict-") as tmp, _engine_env(env):
+        return predict_point(_sim_argv(cfg, Path(tmp)), point, request_spec(cfg)).metrics
+
+
+def modelled_steps(cfg: ParasweepConf, concurrency: Mapping[str, int], resolved: Mapping[str, Any]
+                   ) -> tuple[dict[str, StepEstimate], tuple[int, ...]]:
+    """The cost model's decode step at each closed-loop point (the requests of one micro-batch: the
+    concurrency spread over micro-batches of at most the resolved cap, at the mean context length),
+    and the layers per PP stage as the engine splits them (honouring SGLANG_PP_LAYER_PARTITION)."""
+    from simulator.estimates import decode_step
+    from simulator.predict import load_config
+
+    sim_cfg = apply_change(cfg, {})[0]
+    with tempfile.TemporaryDirectory(prefix="parasweep-estimate-") as tmp:
+        model = load_config(_sim_argv(sim_cfg, Path(tmp)))
+    cap = _int(resolved.get("pp_max_micro_batch_size")) or model.pp_max_micro_batch_size
+    context = cfg.workload.input_len + cfg.workload.output_len // 2
+    slots = cfg.pp.size + cfg.pp.async_depth
+    steps = {}
+    for label, c in concurrency.items():
+        batch = max(1, min(cap, math.ceil(c / min(slots, math.ceil(c / cap)))))
+        step = decode_step(model, batch, context)
+        steps[label] = StepEstimate(step.batch, step.step_s, step.comm_s, step.memory_bound_s)
+    return steps, tuple(model.cost.stage_layers)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

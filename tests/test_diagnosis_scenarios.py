@@ -1,0 +1,130 @@
+"""The diagnosis end to end on scenarios whose truth is known by construction: each trial is run on the
+simulated engine in virtual time (its telemetry summaries come from the simulator's power model,
+through the same names NVML's do), diagnosed, and every suggestion is checked by prediction.
+
+Each rule fires on the scenario built for it and a healthy trial stays quiet; every suggested change
+carries its predicted effect. The two cases that motivated the check: on a dense model split into 8
+pipeline stages no micro-batch change is suggested (decode of a dense model reads the same weights
+however the batch is split, so the model predicts a trade-off, not a gain); on Kimi K2, where a
+bigger micro-batch touches more experts per weight read, it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analysis.diagnose import diagnose
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.trial.advice import check_findings
+from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
+from orchestrator.trial.session import VirtualSession
+from orchestrator.trial.summary import trial_facts
+from vocab.findings import Finding
+from vocab.hardware import load_hardware
+from vocab.telemetry import GpuSource
+
+
+def scenario(model: str, hardware: str, tp: int = 1, pp: int = 1, concurrency: int = 8, input_len: int = 256,
+             output_len: int = 32, micro_batch: int | None = None, **server: object) -> ParasweepConf:
+    cfg = ParasweepConf()
+    cfg.engine.name = "sim"
+    cfg.model.name, cfg.model.path = model, f"models/{model}"
+    cfg.hardware = load_hardware(hardware)
+    cfg.tp.size, cfg.pp.size, cfg.pp.micro_batch_size = tp, pp, micro_batch
+    cfg.workload.concurrency = [concurrency]
+    cfg.workload.input_len, cfg.workload.output_len = input_len, output_len
+    cfg.workload.requests_per_concurrency, cfg.workload.warmup_requests = 2, 1
+    for key, value in server.items():
+        setattr(cfg.server, key, value)
+    return cfg
+
+
+def diagnosed(cfg: ParasweepConf, tmp_path: Path) -> dict[str, Finding]:
+    plan = make_plan(cfg, checked_engine(cfg), TrialIdentity(0, "scenario", tmp_path / "trial", ()))
+    with VirtualSession(plan) as session:
+        results = [session.run_point(p, plan.spec, tmp_path / "records.jsonl", lambda done, total: None)
+                   for p in plan.points]
+    assert session.gpu.source is GpuSource.SIMULATED
+    findings = check_findings(diagnose(trial_facts(cfg, session.resolved, results, {}, session.gpu.source)),
+                              cfg, plan.points)
+    for f in findings:
+        if f.id != "client_bound":  # advice about the measurement itself has no config change
+            assert f.predicted_effect, f  # every suggestion was predicted before it was made
+            assert "prediction, not a measurement" in f.predicted_effect["source"]
+        if f.change:
+            assert f.predicted_effect["verdict"] == "helps", f
+        assert "parasweep_sim" not in f.evidence
+    return {f.id: f for f in findings}
+
+
+def test_a_healthy_trial_is_quiet(tmp_path: Path) -> None:
+    # 8B on one H200 at C=32: the GPU is busy, nothing queues, the KV pool is nearly empty
+    assert diagnosed(scenario("llama-3.1-8b", "h200-nvlink-x8", concurrency=32), tmp_path) == {}
+
+
+def test_dense_pp8_gets_no_micro_batch_suggestion(tmp_path: Path) -> None:
+    found = diagnosed(scenario("llama-3.1-70b", "h100-sxm-x8", pp=8, concurrency=8), tmp_path)
+    micro = found["too_few_microbatches"]  # the fact stands: one micro-batch for 8 stages
+    assert micro.point == "c8"
+    assert all("pp.micro_batch_size" not in f.change for f in found.values()), found
+    assert micro.predicted_effect["instead_of"]["change"] == {"pp.micro_batch_size": 1}
+    assert micro.predicted_effect["instead_of"]["verdict"] != "helps"
+    assert "is predicted not to help" in micro.suggestion and "Instead:" in micro.suggestion
+    assert "pp_bubble" in found and "gpu_underused" in found  # read from simulated GPU power
+
+
+def test_kimi_pp8_gets_the_micro_batch_suggestion(tmp_path: Path) -> None:
+    found = diagnosed(scenario("kimi-k2", "rtx-pro-6000-pcie-x8", pp=8, concurrency=32), tmp_path)
+    micro = found["too_few_microbatches"]
+    assert micro.change == {"pp.micro_batch_size": 4}
+    assert micro.predicted_effect["change_pct"]["output_tok_s"] > 50
+    assert "Predicted at c32" in micro.suggestion
+    assert "simulated GPU telemetry, not measured" in found["pp_bubble"].evidence
+
+
+def test_admission_cap(tmp_path: Path) -> None:
+    found = diagnosed(scenario("llama-3.1-8b", "h200-nvlink-x8", concurrency=32, max_running_requests=8),
+                      tmp_path)
+    assert set(found) == {"admission_cap"}
+    assert found["admission_cap"].change == {"server.max_running_requests": 32}
+
+
+def test_kv_capacity(tmp_path: Path) -> None:
+    # long contexts, many of them, a KV pool squeezed by a low static memory fraction
+    cfg = scenario("llama-3.1-8b", "h100-sxm-x8", concurrency=256, input_len=3000, output_len=1024,
+                   mem_fraction_static=0.3)
+    found = diagnosed(cfg, tmp_path)
+    kv = found["kv_capacity"]
+    assert "KV pool usage reached" in kv.evidence and "not measured" in kv.evidence
+    assert kv.change == {"server.mem_fraction_static": 0.35}
+
+
+def test_tp_comm_bound_on_pcie(tmp_path: Path) -> None:
+    found = diagnosed(scenario("llama-3.1-70b", "rtx-pro-6000-pcie-x8", tp=8, concurrency=16), tmp_path)
+    comm = found["tp_comm_bound"]
+    assert "cost model estimate" in comm.evidence and "pcie" in comm.evidence
+    # the layouts it would try instead are predicted, and reported whatever the verdict
+    tried = comm.predicted_effect.get("tried") or [comm.predicted_effect]
+    assert {"tp.size": 1, "pp.size": 8} in [t["change"] for t in tried] + [comm.predicted_effect.get(
+        "instead_of", {}).get("change")]
+
+
+def test_cuda_graph_off(tmp_path: Path) -> None:
+    found = diagnosed(scenario("llama-3.1-8b", "h200-nvlink-x8", concurrency=4, cuda_graph=False), tmp_path)
+    graph = found["cuda_graph_off"]
+    assert graph.change == {"server.cuda_graph": True}
+    assert graph.predicted_effect["change_pct"]["output_tok_s"] > 5
+
+
+def test_pp_stage_imbalance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a lopsided layer split, exported the way a user would
+    monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", "4,4,4,20")
+    found = diagnosed(scenario("llama-3.1-8b", "h200-nvlink-x8", pp=4, concurrency=32, micro_batch=8),
+                      tmp_path)
+    imbalance = found["pp_stage_imbalance"]
+    partition = imbalance.change["env.SGLANG_PP_LAYER_PARTITION"]
+    layers = [int(n) for n in partition.split(",")]
+    assert sum(layers) == 32 and layers[-1] < 20
+    assert imbalance.predicted_effect["change_pct"]["output_tok_s"] > 5
