@@ -5,7 +5,7 @@ The sampler runs in the trial's process on its own thread, never on the load gen
 a request. It is started before the first load point and stopped after the last; each row carries
 ``ts`` on the load generator's clock (:func:`workloads.clock.now`), the clock of the request records.
 
-A source is anything with ``name`` (a :class:`vocab.gpu_telemetry.GpuSource`), ``read() -> rows``
+A source is anything with ``name`` (a :class:`vocab.telemetry.GpuSource`), ``read() -> rows``
 (one dict per GPU, the columns of ``GPU_COLUMNS`` except ``ts``, which the sampler stamps) and
 ``close()``. A failing read is counted and skipped; it never ends the trial.
 """

@@ -1,0 +1,199 @@
+"""A stand-in for the ``pynvml`` module on machines without a GPU (this one, CI).
+
+``FakeNvml(gpus).module()`` is a namespace with exactly the pynvml names ``NvmlReader`` uses
+(:data:`NAMES`; a test checks each one exists in the real pynvml). It answers with pynvml's own
+ctypes structures (``c_nvmlFieldValue_t``, ``c_nvmlUtilization_t``, ``c_nvmlMemory_t``) and raises
+pynvml's own error classes (``NVMLError(code)`` maps to ``NVMLError_NotSupported`` and so on; they
+need no driver), so the reader's decoding and error handling run exactly as against the library.
+
+Each :class:`FakeGpu` is configurable between reads: power, counters and how much they grow per
+field read, which calls or field ids it does not support, which calls fail with which error.
+``calls`` counts every call by name and ``field_requests`` keeps each list of field ids asked for,
+so tests can see what was (not) retried.
+"""
+
+from __future__ import annotations
+
+import types
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+# every pynvml name NvmlReader may use (functions, error classes, constants)
+NAMES: tuple[str, ...] = (
+    "NVMLError", "NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded", "NVMLError_NoPermission",
+    "NVMLError_LibRmVersionMismatch", "NVMLError_NotSupported", "NVMLError_FunctionNotFound",
+    "NVML_SUCCESS", "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT", "NVML_ERROR_NO_PERMISSION",
+    "NVML_FI_DEV_POWER_INSTANT", "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "NVML_FI_DEV_PCIE_COUNT_RX_BYTES",
+    "NVML_CLOCK_SM", "NVML_TEMPERATURE_GPU",
+    "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetUUID", "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetFieldValues", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetClockInfo", "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature",
+)
+
+POWER, ENERGY = pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
+PCIE_TX, PCIE_RX = pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
+
+
+def nvml_error(code: int) -> pynvml.NVMLError:
+    """pynvml's own exception for an NVML return code (``NVMLError_NotSupported`` for 3, ...)."""
+    return pynvml.NVMLError(code)
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    power_w: float = 100.0
+    power_limit_w: float = 700.0
+    energy_mj: int = 5_000_000
+    energy_step_mj: int = 0        # added to the energy counter at every field read
+    pcie_tx_bytes: int = 0
+    pcie_rx_bytes: int = 0
+    pcie_tx_step: int = 0          # added to the PCIe counters at every field read
+    pcie_rx_step: int = 0
+    util_gpu: int = 0
+    util_mem: int = 0
+    sm_clock_mhz: int = 1980
+    mem_used: int = 1 << 30
+    mem_total: int = 80 << 30
+    temp_c: int = 40
+    reasons: int = 0
+    # pynvml function names that raise NVMLError_NotSupported, and field ids answered NOT_SUPPORTED
+    unsupported: set[str | int] = field(default_factory=set)
+    # pynvml function name -> the NVML return code it fails with (GPU_IS_LOST, say), until removed
+    failing: dict[str, int] = field(default_factory=dict)
+
+
+class FakeNvml:
+    def __init__(self, gpus: list[FakeGpu], init_error: Exception | None = None) -> None:
+        self.gpus, self.init_error = gpus, init_error
+        self.calls: Counter[str] = Counter()
+        self.field_requests: list[list[int]] = []
+        self.now_us = 0  # the field values' driver timestamp; 0: "none given" (the reader uses its clock)
+
+    def module(self, omit: tuple[str, ...] = ()) -> types.SimpleNamespace:
+        """The stand-in module; ``omit`` leaves names out (an older pynvml, say)."""
+        ns: dict[str, Any] = {}
+        for name in NAMES:
+            if name in omit:
+                continue
+            ns[name] = getattr(self, name) if name.startswith("nvml") else getattr(pynvml, name)
+        return types.SimpleNamespace(**ns)
+
+    def _enter(self, name: str, gpu: FakeGpu | None = None) -> None:
+        self.calls[name] += 1
+        if gpu is not None and name in gpu.unsupported:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if gpu is not None and name in gpu.failing:
+            raise nvml_error(gpu.failing[name])
+
+    # -- library ----------------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self._enter("nvmlInit")
+        if self.init_error is not None:
+            raise self.init_error
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.gpus):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self.gpus[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeGpu:
+        self._enter("nvmlDeviceGetHandleByUUID")
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                return gpu
+        raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetUUID(self, gpu: FakeGpu) -> str:
+        self._enter("nvmlDeviceGetUUID", gpu)
+        return gpu.uuid
+
+    # -- per-device reads ---------------------------------------------------------------------------
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, gpu: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetEnforcedPowerLimit", gpu)
+        return round(gpu.power_limit_w * 1000)
+
+    def nvmlDeviceGetFieldValues(self, gpu: FakeGpu, field_ids: list[int]) -> Any:
+        self._enter("nvmlDeviceGetFieldValues", gpu)
+        self.field_requests.append(list(field_ids))
+        gpu.energy_mj += gpu.energy_step_mj
+        gpu.pcie_tx_bytes += gpu.pcie_tx_step
+        gpu.pcie_rx_bytes += gpu.pcie_rx_step
+        known = {  # field id -> (valueType, union member, value), as the driver reports them
+            POWER: (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", round(gpu.power_w * 1000)),
+            ENERGY: (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", gpu.energy_mj),
+            PCIE_TX: (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", gpu.pcie_tx_bytes),
+            PCIE_RX: (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", gpu.pcie_rx_bytes),
+        }
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for v, fid in zip(values, field_ids, strict=True):
+            v.fieldId, v.timestamp = fid, self.now_us
+            if fid in gpu.unsupported:
+                v.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            elif fid not in known:
+                v.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
+            else:
+                v.valueType, member, value = known[fid]
+                setattr(v.value, member, value)
+                v.nvmlReturn = pynvml.NVML_SUCCESS
+        return values
+
+    def nvmlDeviceGetPowerUsage(self, gpu: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetPowerUsage", gpu)
+        return round(gpu.power_w * 1000)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, gpu: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetTotalEnergyConsumption", gpu)
+        return gpu.energy_mj
+
+    def nvmlDeviceGetUtilizationRates(self, gpu: FakeGpu) -> Any:
+        self._enter("nvmlDeviceGetUtilizationRates", gpu)
+        return pynvml.c_nvmlUtilization_t(gpu=gpu.util_gpu, memory=gpu.util_mem)
+
+    def nvmlDeviceGetClockInfo(self, gpu: FakeGpu, clock: int) -> int:
+        self._enter("nvmlDeviceGetClockInfo", gpu)
+        if clock != pynvml.NVML_CLOCK_SM:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.sm_clock_mhz
+
+    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu) -> Any:
+        self._enter("nvmlDeviceGetMemoryInfo", gpu)
+        free = gpu.mem_total - gpu.mem_used
+        return pynvml.c_nvmlMemory_t(total=gpu.mem_total, free=free, used=gpu.mem_used)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, gpu: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetCurrentClocksEventReasons", gpu)
+        return gpu.reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, gpu: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetCurrentClocksThrottleReasons", gpu)
+        return gpu.reasons
+
+    def nvmlDeviceGetTemperatureV(self, gpu: FakeGpu, sensor: int) -> int:
+        self._enter("nvmlDeviceGetTemperatureV", gpu)
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.temp_c
+
+    def nvmlDeviceGetTemperature(self, gpu: FakeGpu, sensor: int) -> int:
+        self._enter("nvmlDeviceGetTemperature", gpu)
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.temp_c

@@ -1,0 +1,102 @@
+"""The generic GPU sampler (orchestrator/telemetry/gpu_sampler.py) with a simple source defined here."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.telemetry.gpu_sampler import GpuSampler, read_gpu_samples
+from vocab.telemetry import GPU_COLUMNS, GpuSource
+from workloads.clock import now
+
+
+class CountingSource:
+    """Two GPUs; ``power_w`` is the read's number, so rows can be matched to reads. Reads listed in
+    ``fail_on`` raise; ``nan_power`` makes every power NaN."""
+
+    name = GpuSource.SIMULATED
+
+    def __init__(self, fail_on: tuple[int, ...] = (), nan_power: bool = False) -> None:
+        self.reads = 0
+        self.closed = False
+        self.fail_on, self.nan_power = fail_on, nan_power
+
+    def read(self) -> list[dict[str, Any]]:
+        self.reads += 1
+        if self.reads in self.fail_on:
+            raise RuntimeError(f"read {self.reads} failed")
+        power = math.nan if self.nan_power else float(self.reads)
+        return [{"gpu": g, "uuid": f"sim-{g}", "power_w": power, "energy_j": 10.0 * self.reads}
+                for g in range(2)]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_start_and_stop_each_take_a_sample_on_the_workloads_clock(tmp_path: Path) -> None:
+    source = CountingSource()
+    path = tmp_path / "telemetry" / "gpu.jsonl"
+    before = now()
+    sampler = GpuSampler(source, path, hz=0.2).start()  # a 5 s period: no tick between start and stop
+    assert source.reads == 1 and path.exists()  # the start sample is there before the first point
+    sampler.stop()
+    after = now()
+    assert source.reads == 2 and sampler.samples == 2 and source.closed
+    df = read_gpu_samples(path)
+    assert df is not None and list(df.columns) == list(GPU_COLUMNS)
+    assert df["power_w"].tolist() == [1.0, 1.0, 2.0, 2.0]
+    assert df["ts"].between(before, after).all()
+    assert df.groupby("power_w")["ts"].nunique().eq(1).all()  # one stamp per sample, shared by its rows
+    assert df["sm_clock_mhz"].isna().all()  # a column the source did not give is NaN
+
+
+def test_rate_is_roughly_honoured(tmp_path: Path) -> None:
+    source = CountingSource()
+    sampler = GpuSampler(source, tmp_path / "gpu.jsonl", hz=50).start()
+    time.sleep(0.5)
+    sampler.stop()
+    # 25 ticks at 50 Hz plus start and stop; loose bounds, this is not a timing test
+    assert 3 <= sampler.samples <= 40
+    df = read_gpu_samples(tmp_path / "gpu.jsonl")
+    assert df is not None and len(df) == 2 * sampler.samples
+    assert df["ts"].is_monotonic_increasing
+
+
+def test_a_failing_read_is_counted_and_sampling_goes_on(tmp_path: Path) -> None:
+    source = CountingSource(fail_on=(2, 3))
+    sampler = GpuSampler(source, tmp_path / "gpu.jsonl", hz=50).start()
+    deadline = time.monotonic() + 5
+    while source.reads < 6 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sampler.stop()
+    assert sampler.errors == 2
+    assert sampler.first_error == "RuntimeError: read 2 failed"
+    assert sampler.samples == source.reads - 2
+    df = read_gpu_samples(tmp_path / "gpu.jsonl")
+    assert df is not None
+    assert 2.0 not in set(df["power_w"]) and 4.0 in set(df["power_w"])
+
+
+def test_nan_is_written_as_null_and_read_back_as_nan(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.jsonl"
+    GpuSampler(CountingSource(nan_power=True), path, hz=0.2).start().stop()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]  # strict JSON: no NaN token
+    assert lines and all(row["power_w"] is None for row in lines)
+    df = read_gpu_samples(path)
+    assert df is not None
+    assert df["power_w"].isna().all() and df["energy_j"].notna().all()
+
+
+def test_nothing_sampled_reads_as_none(tmp_path: Path) -> None:
+    assert read_gpu_samples(tmp_path / "missing.jsonl") is None
+
+
+@pytest.mark.parametrize("hz", [0, -1.0, math.nan])
+def test_a_rate_that_is_not_positive_is_rejected(tmp_path: Path, hz: float) -> None:
+    with pytest.raises(ValueError, match="sampling rate must be > 0 Hz"):
+        GpuSampler(CountingSource(), tmp_path / "gpu.jsonl", hz=hz)
