@@ -3,9 +3,10 @@ them. SGLang runs a process per rank; a killed process group can hold GPU memory
 while the driver tears its contexts down, and a trial placed on the GPU then may run out of memory.
 
 NVML indices are PCI-bus order and ignore CUDA_VISIBLE_DEVICES (docs/platform-notes.md, NVML), so the
-trial's CVD entries are mapped to NVML handles: a UUID (``GPU-...``/``MIG-...``, or a unique prefix of
-one, as CUDA accepts) by UUID, an integer by NVML index (right where the node was started without a
-CVD mask, which is how Ray hands out GPUs).
+trial's CVD entries are mapped to NVML handles by ``nvml_source.visible_devices``, the one mapping the
+GPU telemetry uses too: a UUID (``GPU-...``/``MIG-...``, or a unique prefix of one, as CUDA accepts) by
+UUID, an integer by NVML index (right where the node was started without a CVD mask, which is how Ray
+hands out GPUs). An entry that matches nothing is warned about and not waited for.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
+
+from orchestrator.telemetry.nvml_source import visible_devices
 
 
 def process_group_pids(pgid: int) -> set[int]:
@@ -36,36 +39,14 @@ def process_group_pids(pgid: int) -> set[int]:
     return pids
 
 
-def _name(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _handles(nvml: Any, cuda_visible_devices: str | None, warnings: list[str]) -> list[tuple[str, Any]]:
-    """(label, NVML handle) for every device the trial could see."""
-    count = int(nvml.nvmlDeviceGetCount())
-    every = [(f"GPU {i}", nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
-    if cuda_visible_devices is None:  # no mask: the engine saw every GPU
-        return every
+    """(label, NVML handle) for every device the trial could see; the others become warnings."""
     out = []
-    for entry in (e.strip() for e in cuda_visible_devices.split(",")):
-        if not entry:
-            continue
-        if entry.isdigit():
-            index = int(entry)
-            if index < count:
-                out.append((f"GPU {index}", every[index][1]))
-            else:
-                warnings.append(f"CUDA_VISIBLE_DEVICES entry {entry} is past NVML's {count} GPUs; "
-                                "not checked")
-            continue
-        matches = [(label, h) for label, h in every if _name(nvml.nvmlDeviceGetUUID(h)).startswith(entry)]
-        if len(matches) == 1:
-            out.append((f"{matches[0][0]} ({entry})", matches[0][1]))
-            continue
-        try:  # MIG instances are not among the indexed devices, but NVML finds them by UUID
-            out.append((entry, nvml.nvmlDeviceGetHandleByUUID(entry)))
-        except nvml.NVMLError:
-            warnings.append(f"CUDA_VISIBLE_DEVICES entry {entry!r} matches no GPU NVML knows; not checked")
+    for m in visible_devices(nvml, cuda_visible_devices):
+        if m.handle is None:
+            warnings.append(f"{m.reason}; not checked")
+        else:
+            out.append((m.label, m.handle))
     return out
 
 

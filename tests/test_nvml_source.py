@@ -14,7 +14,7 @@ import pytest
 from orchestrator.gpus import local_gpu_count
 from orchestrator.telemetry import gpu_check
 from orchestrator.telemetry.gpu_sampler import GpuSampler, read_gpu_samples
-from orchestrator.telemetry.nvml_source import NvmlReader, NvmlUnavailable
+from orchestrator.telemetry.nvml_source import DeviceMatch, NvmlReader, NvmlUnavailable, visible_devices
 from tests.conftest import ROOT
 from tests.fake_nvml import ENERGY, NAMES, PCIE_RX, PCIE_TX, POWER, FakeGpu, FakeNvml, nvml_error
 from vocab.telemetry import GPU_COLUMNS, GpuSource
@@ -65,11 +65,61 @@ def test_unknown_uuid_is_named_and_nvml_shut_down() -> None:
     assert fake.calls["nvmlShutdown"] == 1
 
 
+def test_a_unique_uuid_prefix_names_its_gpu_as_cuda_accepts() -> None:
+    reader = opened(four(), "GPU-00000002,GPU-00000000-1111", count=2)
+    assert reader.uuids == [UUIDS[2], UUIDS[0]]
+    assert reader.read()[0]["power_w"] == pytest.approx(120.0)
+
+
+def test_only_the_first_count_entries_must_match() -> None:
+    # the engine uses GPUs 0..count-1; an entry past them is not the reader's concern
+    assert opened(four(), f"{UUIDS[1]},nvidia9", count=1).uuids == [UUIDS[1]]
+
+
+def test_visible_devices_maps_each_entry_in_order() -> None:
+    fake = four()
+    nvml = fake.module()
+    got = visible_devices(nvml, f" 3, GPU-00000001,{UUIDS[0]}, ,9,GPU-0000000,x,MIG-abc ")
+    assert [(m.label, m.handle.uuid if m.handle else None) for m in got] == [
+        ("GPU 3", UUIDS[3]), ("GPU 1 (GPU-00000001)", UUIDS[1]), (f"GPU 0 ({UUIDS[0]})", UUIDS[0]),
+        ("9", None), ("GPU-0000000", None), ("x", None), ("MIG-abc", None)]
+    assert [m.reason for m in got[:3]] == ["", "", ""]
+    reasons = [m.reason for m in got[3:]]
+    assert reasons[0] == ("CUDA_VISIBLE_DEVICES entry '9' is past NVML's 4 GPU(s) "
+                          "(valid: 0..3, or a GPU-/MIG- UUID)")
+    assert reasons[1].startswith("CUDA_VISIBLE_DEVICES entry 'GPU-0000000' is a prefix of 4 GPUs' UUIDs")
+    assert reasons[2] == "CUDA_VISIBLE_DEVICES entry 'x' is neither a GPU index nor a GPU-/MIG- UUID"
+    assert reasons[3].startswith("CUDA_VISIBLE_DEVICES entry 'MIG-abc' matches no GPU NVML knows (")
+    assert all("\n" not in r for r in reasons)
+
+
+def test_visible_devices_without_a_mask_lists_every_gpu_and_blanks_list_none() -> None:
+    fake = four()
+    nvml = fake.module()
+    assert visible_devices(nvml, None) == [DeviceMatch(f"GPU {i}", g) for i, g in enumerate(fake.gpus)]
+    assert visible_devices(nvml, " , ") == []
+
+
+def test_visible_devices_finds_a_mig_instance_by_its_exact_uuid() -> None:
+    # MIG instances are not among the indexed devices; NVML finds them by UUID only
+    fake = four()
+    mig = FakeGpu("MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee")
+    nvml = fake.module()
+    indexed = fake.gpus
+    fake.gpus = [*indexed, mig]  # nvmlDeviceGetHandleByUUID searches every device ...
+    nvml.nvmlDeviceGetCount = lambda: len(indexed)  # ... the index covers only the physical GPUs
+    (match,) = visible_devices(nvml, mig.uuid)
+    assert match.handle is mig and match.label == mig.uuid
+    (prefix,) = visible_devices(nvml, "MIG-aaaa")
+    assert prefix.handle is None and "matches no GPU" in prefix.reason
+
+
 @pytest.mark.parametrize(("visible", "count", "message"), [
     ("7", 1, r"entry '7' is past NVML's 4 GPU\(s\) \(valid: 0..3"),
     ("0,1", 3, r"lists 2 GPU\(s\) but the engine uses 3"),
     (None, 5, r"NVML sees 4 GPU\(s\) but the engine uses 5"),
-    ("GPU-00000000", 1, r"entry 'GPU-00000000' matches no GPU"),  # a prefix is not a UUID
+    ("GPU-0000000", 1, r"entry 'GPU-0000000' is a prefix of 4 GPUs' UUIDs \(GPU 0, GPU 1, GPU 2, GPU 3\)"),
+    ("1,GPU-0000000", 2, r"entry 'GPU-0000000' is a prefix of 4"),  # a bad entry among good ones
     ("nvidia0", 1, r"entry 'nvidia0' is neither a GPU index nor a GPU-/MIG- UUID"),
 ])
 def test_bad_cvd_entries(visible: str | None, count: int, message: str) -> None:

@@ -84,9 +84,11 @@ def test_uuid_entries_and_only_own_pids() -> None:
 
 def test_timeout_reports_what_is_left() -> None:
     nvml, clock = FakeNVML({0: [[7]]}), Clock()
-    warnings = wait_gpus_free("0,9,MIG-zzz", 2, None, nvml=nvml, clock=clock, sleep=clock.sleep)
-    assert any("entry 9 is past NVML's 4 GPUs" in w for w in warnings)
+    warnings = wait_gpus_free("0,9,MIG-zzz,GPU-", 2, None, nvml=nvml, clock=clock, sleep=clock.sleep)
+    assert any("entry '9' is past NVML's 4 GPU(s)" in w and w.endswith("; not checked") for w in warnings)
     assert any("'MIG-zzz' matches no GPU" in w for w in warnings)
+    assert any("'GPU-' is a prefix of 4 GPUs' UUIDs" in w for w in warnings)  # ambiguous: not guessed
+    assert nvml.polls and set(nvml.polls) == {0}
     assert warnings[-1] == "GPUs still in use 2 s after the engine stopped (GPU 0: pids 7)"
     assert clock.t >= 2
 

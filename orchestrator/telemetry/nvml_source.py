@@ -2,10 +2,12 @@
 :class:`orchestrator.telemetry.gpu_sampler.GpuSampler`.
 
 Which GPUs. NVML numbers devices in PCI-bus order and ignores ``CUDA_VISIBLE_DEVICES``, so each entry
-of the trial's mask (as Ray set it) is mapped to an NVML handle:
+of the trial's mask (as Ray set it) is mapped to an NVML handle by :func:`visible_devices` (the one
+mapping; ``orchestrator.gpu_release`` uses it too):
 
-* ``GPU-…`` / ``MIG-…``: by UUID (``nvmlDeviceGetHandleByUUID``). The UUID must be exact; Ray and
-  nvidia-smi write whole UUIDs, and a prefix (which CUDA would accept) is refused with its name.
+* ``GPU-…`` / ``MIG-…``: by UUID, exact or a unique prefix of one (CUDA accepts a prefix too). A prefix
+  is matched against the indexed GPUs' UUIDs; a MIG instance is not among those, so its UUID must be
+  exact (``nvmlDeviceGetHandleByUUID`` finds it).
 * an integer: the NVML index. That is how Ray and nvidia-smi number GPUs, and it is CUDA's number
   only where CUDA enumerates in PCI-bus order too (``CUDA_DEVICE_ORDER=PCI_BUS_ID``, or a node of
   identical GPUs, where CUDA's "fastest first" order falls back to bus order).
@@ -229,35 +231,79 @@ def _init_reason(nvml: Any, exc: Exception) -> str:
     return f"NVML could not start: {exc}"
 
 
+@dataclass(frozen=True)
+class DeviceMatch:
+    """One ``CUDA_VISIBLE_DEVICES`` entry mapped to NVML: ``handle`` is None when it matched nothing,
+    and ``reason`` then says why in one line (naming the entry and what is valid)."""
+
+    label: str        # how to name the GPU to a person: "GPU 2", "GPU 2 (GPU-8f3a)", a MIG UUID
+    handle: Any | None
+    reason: str = ""
+
+
+def visible_devices(nvml: Any, visible: str | None) -> list[DeviceMatch]:
+    """Each entry of ``visible`` (a ``CUDA_VISIBLE_DEVICES`` value), in order, mapped to an NVML handle;
+    ``None`` (no mask) gives every device NVML lists. Blank entries are skipped, so a mask of only
+    blanks gives ``[]``: whether that means "no GPU" or "unset" is the caller's policy. NVML must be
+    initialised; an NVMLError from a lookup other than by UUID propagates."""
+    n = int(nvml.nvmlDeviceGetCount())
+    if visible is None:
+        return [DeviceMatch(f"GPU {i}", nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(n)]
+    uuids: list[str] | None = None  # the indexed GPUs' UUIDs, read once a UUID entry needs them
+    out: list[DeviceMatch] = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if not entry:
+            continue
+        if entry.isdigit():
+            if int(entry) < n:
+                out.append(DeviceMatch(f"GPU {int(entry)}", nvml.nvmlDeviceGetHandleByIndex(int(entry))))
+            else:
+                valid = f"valid: 0..{n - 1}" if n else "NVML sees no GPU"
+                out.append(DeviceMatch(entry, None, f"CUDA_VISIBLE_DEVICES entry {entry!r} is past NVML's "
+                                                    f"{n} GPU(s) ({valid}, or a GPU-/MIG- UUID)"))
+            continue
+        if not entry.startswith(("GPU-", "MIG-")):
+            out.append(DeviceMatch(entry, None, f"CUDA_VISIBLE_DEVICES entry {entry!r} is neither a GPU "
+                                                "index nor a GPU-/MIG- UUID"))
+            continue
+        if uuids is None:
+            uuids = [_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(n)]
+        # a whole UUID is a prefix of itself (and of no other: NVML's UUIDs are all one length)
+        hits = [i for i, u in enumerate(uuids) if u.startswith(entry)]
+        if len(hits) == 1:
+            out.append(DeviceMatch(f"GPU {hits[0]} ({entry})", nvml.nvmlDeviceGetHandleByIndex(hits[0])))
+        elif hits:
+            gpus = ", ".join(f"GPU {i}" for i in hits)
+            out.append(DeviceMatch(entry, None, f"CUDA_VISIBLE_DEVICES entry {entry!r} is a prefix of "
+                                                f"{len(hits)} GPUs' UUIDs ({gpus}); give enough of the "
+                                                "UUID to name one"))
+        else:
+            try:  # MIG instances are not among the indexed devices, but NVML finds them by UUID
+                out.append(DeviceMatch(entry, nvml.nvmlDeviceGetHandleByUUID(entry)))
+            except nvml.NVMLError as exc:
+                out.append(DeviceMatch(entry, None, f"CUDA_VISIBLE_DEVICES entry {entry!r} matches no GPU "
+                                                    f"NVML knows ({exc}; valid: a UUID as `nvidia-smi -L` "
+                                                    "lists it or a unique prefix of one; MIG UUIDs exact)"))
+    return out
+
+
 def _handles(nvml: Any, visible: str | None, count: int) -> list[Any]:
+    """The handles of the engine's GPUs 0..count-1: the first ``count`` entries of the mask."""
     n = int(nvml.nvmlDeviceGetCount())
     if n == 0:
         raise NvmlUnavailable("NVML sees no GPU on this node")
-    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
-    if not entries:  # no mask: the engine's GPUs are the first ones NVML lists
+    matches = visible_devices(nvml, visible) if visible is not None else []
+    if not matches:  # no mask (or only blanks): the engine's GPUs are the first ones NVML lists
         if n < count:
             raise NvmlUnavailable(f"NVML sees {n} GPU(s) but the engine uses {count}")
-        return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-    if len(entries) < count:
-        raise NvmlUnavailable(f"CUDA_VISIBLE_DEVICES={visible!r} lists {len(entries)} GPU(s) "
+        matches = visible_devices(nvml, None)
+    elif len(matches) < count:
+        raise NvmlUnavailable(f"CUDA_VISIBLE_DEVICES={visible!r} lists {len(matches)} GPU(s) "
                               f"but the engine uses {count}")
-    handles = []
-    for entry in entries[:count]:
-        if entry.startswith(("GPU-", "MIG-")):
-            try:
-                handles.append(nvml.nvmlDeviceGetHandleByUUID(entry))
-            except nvml.NVMLError as exc:
-                raise NvmlUnavailable(f"CUDA_VISIBLE_DEVICES entry {entry!r} matches no GPU "
-                                      f"({exc}; UUIDs must be exact)") from exc
-        elif entry.isdigit():
-            if int(entry) >= n:
-                raise NvmlUnavailable(f"CUDA_VISIBLE_DEVICES entry {entry!r} is past NVML's {n} GPU(s) "
-                                      f"(valid: 0..{n - 1} or a GPU-/MIG- UUID)")
-            handles.append(nvml.nvmlDeviceGetHandleByIndex(int(entry)))
-        else:
-            raise NvmlUnavailable(f"CUDA_VISIBLE_DEVICES entry {entry!r} is neither a GPU index nor a "
-                                  "GPU-/MIG- UUID")
-    return handles
+    for m in matches[:count]:
+        if m.handle is None:
+            raise NvmlUnavailable(m.reason)
+    return [m.handle for m in matches[:count]]
 
 
 def _give_up_errors(nvml: Any) -> tuple[type[Exception], ...]:
