@@ -209,7 +209,7 @@ def _log_plots(tracker: Any, sweep_run_id: str, runs: list[Any], sweep_dir: Path
         if energy:  # a sweep mixes sources only when some trials had no NVML: name them all
             source = sources.pop() if len(sources) == 1 else \
                 "mixed: " + ", ".join(GpuSource(s).describe() for s in sorted(sources))
-            path = plot_energy_per_token(energy, source, "energy per output token",
+            path = plot_energy_per_token(energy, source, "every trial of the sweep",
                                          sweep_dir / "plots" / "energy_per_token.png")
             plots += [path] if path else []
         for path in plots:
