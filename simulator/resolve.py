@@ -10,6 +10,7 @@ import os
 import random
 from pathlib import Path
 
+from simulator.calibration import CalibrationError, load_calibration
 from simulator.costs import CostModel, CostParams, Parallel
 from simulator.model_spec import ModelConfigError, ModelSpec, load_model_spec
 from simulator.sim_config import MIB, SimConfig, StageMemory
@@ -76,6 +77,12 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         hw = load_hardware(args.sim_hardware)
     except HardwareError as e:
         raise FlagError(str(e)) from e
+    params = CostParams()
+    if getattr(args, "sim_calibration", None):
+        try:
+            params, hw = load_calibration(args.sim_calibration).apply(params, hw)
+        except CalibrationError as e:
+            raise FlagError(str(e)) from e
     if not Path(args.model_path).is_dir():
         raise FlagError(f"model path {args.model_path!r} is not a directory with a config.json")
     try:
@@ -157,7 +164,7 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     disable_graph = bool(args.disable_cuda_graph)
     partition = _layer_partition(spec.num_layers, pp)
     # Build the cost model once to get per-stage weights; graph bs is fixed up after max_running_requests.
-    cost = CostModel(spec, hw, par, graph_bs, disable_graph, CostParams(), partition)
+    cost = CostModel(spec, hw, par, graph_bs, disable_graph, params, partition)
     total = hw.memory_gb * 1e9
     graph_mem = 0.0 if disable_graph else graph_bs * 2 * MIB  # activations of the captured graphs
     capacities = []
@@ -190,7 +197,7 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     mrr = max(mrr, 1)
     cap = args.pp_max_micro_batch_size or max(mrr // pp, 1)
     graph_bs = min(graph_bs, mrr)  # captured sizes are clipped to the request pool size
-    cost = CostModel(spec, hw, par, graph_bs, disable_graph, CostParams(), partition)
+    cost = CostModel(spec, hw, par, graph_bs, disable_graph, params, partition)
 
     stages = []
     for st in cost.stages:

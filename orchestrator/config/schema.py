@@ -86,6 +86,21 @@ class WorkloadConf:
 
 
 @dataclass
+class CalibrationConf:
+    """A calibration profile of the simulated engine's cost model (``conf/calibration/<name>.yaml``,
+    written by ``python -m simulator calibrate``): fitted constants, each with its source. Used by
+    the simulated engine and by predictions; ``calibration=null`` (the default) is the uncalibrated
+    model."""
+
+    name: str | None = None
+    hardware: str | None = None  # the hardware profile it was fitted for
+    source: str = ""
+    params: dict[str, Any] = field(default_factory=dict)  # cost-model constants: {value, source}
+    hardware_overrides: dict[str, Any] = field(default_factory=dict)  # hardware fields: {value, source}
+    fit: dict[str, Any] = field(default_factory=dict)  # residuals and held-out errors
+
+
+@dataclass
 class TelemetryConf:
     # GPU samples per second during a trial (NVML on a GPU node, the simulated engine's model
     # otherwise); 0 turns GPU sampling off
@@ -123,6 +138,7 @@ class ParasweepConf:
     engine: EngineConf = field(default_factory=EngineConf)
     model: ModelConf = field(default_factory=ModelConf)
     hardware: HardwareConf = field(default_factory=HardwareConf)
+    calibration: CalibrationConf = field(default_factory=CalibrationConf)
     tp: TPConf = field(default_factory=TPConf)
     pp: PPConf = field(default_factory=PPConf)
     ep: EPConf = field(default_factory=EPConf)

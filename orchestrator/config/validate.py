@@ -119,6 +119,7 @@ def validate(cfg: ParasweepConf) -> str:
     _positive("server.decode_log_interval", cfg.server.decode_log_interval, allow_none=True)
 
     _validate_workload(cfg)
+    _validate_calibration(cfg)
     if not 0 <= cfg.telemetry.gpu_hz <= MAX_GPU_HZ:
         raise ConfigError("telemetry.gpu_hz", cfg.telemetry.gpu_hz,
                           f"0 (off) to {MAX_GPU_HZ:g} samples per second")
@@ -138,6 +139,25 @@ def validate(cfg: ParasweepConf) -> str:
                           why="trials on a remote Ray cluster cannot write a local sqlite file; start "
                               "one with: mlflow server --host <address the nodes reach> --port 5000")
     return engine
+
+
+def _validate_calibration(cfg: ParasweepConf) -> None:
+    """A calibration profile fits one hardware profile, and its entries must be usable by the model."""
+    cal = cfg.calibration
+    if not cal.name:
+        return
+    if cal.hardware != cfg.hardware.name:
+        raise ConfigError("calibration", cal.name, f"a profile fitted for hardware={cfg.hardware.name}",
+                          why=f"it was fitted for hardware={cal.hardware}")
+    from omegaconf import OmegaConf
+
+    from simulator.calibration import CalibrationError, calibration_from_dict
+
+    try:
+        calibration_from_dict(OmegaConf.to_container(OmegaConf.structured(cal), resolve=True))
+    except CalibrationError as exc:
+        raise ConfigError("calibration", cal.name, "a profile written by python -m simulator calibrate",
+                          why=str(exc)) from exc
 
 
 def _validate_workload(cfg: ParasweepConf) -> None:

@@ -61,6 +61,10 @@ class SimEngine(Engine):
         return trial_dir / "engine" / "hardware.yaml"
 
     @staticmethod
+    def calibration_file(trial_dir: Path) -> Path:
+        return trial_dir / "engine" / "calibration.yaml"
+
+    @staticmethod
     def model_copy(trial_dir: Path) -> Path:
         return trial_dir / "engine" / "model"
 
@@ -77,6 +81,8 @@ class SimEngine(Engine):
             i = flags.index("--json-model-override-args")
             del flags[i:i + 2]
             flags[flags.index("--model-path") + 1] = str(self.model_copy(trial_dir))
+        if cfg.calibration.name:
+            flags += ["--sim-calibration", str(self.calibration_file(trial_dir))]
         return [*flags, "--sim-hardware", str(self.hardware_file(trial_dir)),
                 "--sim-time-scale", f"{cfg.engine.time_scale:g}"]
 
@@ -86,6 +92,11 @@ class SimEngine(Engine):
         path = self.hardware_file(trial_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(asdict(cfg.hardware), sort_keys=False))
+        if cfg.calibration.name:
+            from omegaconf import OmegaConf
+
+            calibration = OmegaConf.to_container(OmegaConf.structured(cfg.calibration), resolve=True)
+            self.calibration_file(trial_dir).write_text(yaml.safe_dump(calibration, sort_keys=False))
         override = _override_args(cfg)
         if override:
             config = json.loads((model_dir(cfg.model.path) / "config.json").read_text())

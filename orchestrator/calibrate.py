@@ -1,0 +1,286 @@
+"""``python -m orchestrator calibrate``: fit the simulated engine's cost-model constants to measurements
+and write a calibration profile (``conf/calibration/<name>.yaml``) that ``calibration=<name>`` uses.
+
+Two kinds of input:
+
+- ``--run RUN_ID``: a parasweep sweep (or one trial) measured on GPUs. Each trial's resolved config is
+  predicted again in virtual time with candidate constants, and the constants are fitted (least squares
+  on the log of predicted/measured) to its per-point output tok/s, ITL p50, TPOT p50 and TTFT p50. This
+  is the main use: run a small real sweep, calibrate, then predict the big one with
+  ``predict=true calibration=<name>``.
+- ``--tables DIR``: operator-profile tables like Vidur's (per-operator times by token count and TP
+  degree, all-reduce times by size), fitted operator by operator (``simulator/fit_tables.py``).
+
+Every fitted number is written with its source, and the fit's residuals are printed and kept in the
+profile. A held-out point is never fitted to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.errors import UserError
+
+# What a run can tell apart, and where each constant lives (CostParams or the hardware profile).
+PARAM_HOME = {"eta_mem": "params", "eta_expert": "params", "eta_compute": "params",
+              "kernel_floor_us": "params", "sched_base_us": "params", "sched_per_req_us": "params",
+              "pp_return_host_us": "params", "host_op_us": "params",
+              "allreduce_latency_us": "hardware_overrides", "kernel_launch_us": "hardware_overrides",
+              "graph_launch_us": "hardware_overrides", "link_latency_us": "hardware_overrides"}
+RUN_METRICS = ("output_tok_s", "itl_p50_ms", "tpot_p50_ms", "ttft_p50_ms")
+
+
+class CalibrationInputError(UserError):
+    """Input the calibration cannot use; one line."""
+
+
+@dataclass
+class TrialData:
+    run_id: str
+    label: str
+    cfg: Any  # ParasweepConf
+    measured: dict[str, dict[str, float]]  # point label -> metric -> value
+
+
+@dataclass
+class RunFit:
+    names: list[str]
+    start: dict[str, float]
+    fitted: dict[str, float]
+    rows: list[dict[str, Any]] = field(default_factory=list)  # per trial, point, metric
+    evaluations: int = 0
+
+
+# -- reading a run --------------------------------------------------------------------------------------
+def read_run(run_id: str, uri: str | None) -> list[TrialData]:
+    """The trials of a sweep run (or the one trial run) with their resolved configs and metrics."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+    from omegaconf import OmegaConf
+
+    from orchestrator.config.validate import typed_config
+    from orchestrator.tracking import tracking_uri
+    from vocab.metric_keys import point_metrics
+    from vocab.status import RunKind, Tag
+
+    client = MlflowClient(tracking_uri(uri))
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as exc:
+        raise CalibrationInputError(f"--run {run_id}: no such run in {tracking_uri(uri)}") from exc
+    if run.data.tags.get(Tag.KIND) == RunKind.SWEEP:
+        runs = client.search_runs([run.info.experiment_id], f"tags.`{Tag.PARENT}` = '{run_id}'",
+                                  max_results=10000)
+    else:
+        runs = [run]
+    trials = []
+    with tempfile.TemporaryDirectory(prefix="parasweep-calibrate-") as tmp:
+        for r in runs:
+            measured = {str(p): {k: v for k, v in m.items() if k in RUN_METRICS}
+                        for p, m in point_metrics(r.data.metrics).items() if not p.open_loop}
+            measured = {p: m for p, m in measured.items() if len(m) == len(RUN_METRICS)
+                        and all(math.isfinite(v) and v > 0 for v in m.values())}
+            if not measured:
+                continue
+            try:
+                path = client.download_artifacts(r.info.run_id, "config/resolved.yaml", tmp)
+            except (MlflowException, OSError):
+                continue
+            cfg = typed_config(OmegaConf.create(yaml.safe_load(Path(path).read_text())))
+            trials.append(TrialData(r.info.run_id, r.info.run_name or r.info.run_id, cfg, measured))
+    if not trials:
+        raise CalibrationInputError(
+            f"--run {run_id}: no trial with per-point metrics ({', '.join(RUN_METRICS)}) and a recorded "
+            "config/resolved.yaml; calibrate from a sweep whose trials ran their load points")
+    return trials
+
+
+# -- fitting --------------------------------------------------------------------------------------------
+def _with_constants(cfg: Any, values: dict[str, float], name: str) -> Any:
+    """``cfg`` on the simulated engine with ``values`` as its calibration (other entries kept)."""
+    import copy
+
+    out = copy.deepcopy(cfg)
+    out.calibration.name = name
+    out.calibration.hardware = cfg.hardware.name
+    for key, value in values.items():
+        getattr(out.calibration, PARAM_HOME[key])[key] = {"value": float(value), "source": "fit"}
+    return out
+
+
+def predict_trial_points(cfg: Any, labels: list[str]) -> dict[str, dict[str, float]]:
+    from orchestrator.load_plan import load_points
+    from orchestrator.trial.modelled import predict_at
+
+    points = {p.label: p for p in load_points(cfg)}
+    return {label: predict_at(cfg, {}, points[label]) for label in labels if label in points}
+
+
+def default_names(trials: list[TrialData]) -> list[str]:
+    """The constants the trials can tell apart: memory efficiency and per-step host time always; the
+    expert path for MoE models; the all-reduce latency where some trial used TP."""
+    from orchestrator.config.model_info import model_info
+
+    names = ["eta_mem", "sched_base_us"]
+    if any(model_info(t.cfg.model.path).is_moe for t in trials):
+        names.append("eta_expert")
+    if any(t.cfg.tp.size > 1 for t in trials):
+        names.append("allreduce_latency_us")
+    return names
+
+
+def _current(trials: list[TrialData], name: str) -> float:
+    """A constant's value as the trials' first config has it (calibrated, profile, or model default)."""
+    from simulator.costs import CostParams
+
+    cfg = trials[0].cfg
+    entry = getattr(cfg.calibration, PARAM_HOME[name]).get(name)
+    if entry:
+        return float(entry["value"])
+    if PARAM_HOME[name] == "params":
+        return float(getattr(CostParams(), name))
+    return float(getattr(cfg.hardware, name))
+
+
+def fit_run(trials: list[TrialData], names: list[str], max_evaluations: int = 80) -> RunFit:
+    """Least squares on log(predicted / measured) over every trial, point and metric."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    unknown = sorted(set(names) - set(PARAM_HOME))
+    if unknown:
+        raise CalibrationInputError(f"--params {','.join(unknown)}: not fittable; valid: "
+                                    f"{', '.join(sorted(PARAM_HOME))}")
+    start = {n: _current(trials, n) for n in names}
+    fit = RunFit(names, start, dict(start))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        fit.evaluations += 1
+        values = dict(zip(names, np.exp(x).tolist(), strict=True))
+        out = []
+        for t in trials:
+            predicted = predict_trial_points(_with_constants(t.cfg, values, "fit"), list(t.measured))
+            for label, measured in t.measured.items():
+                for metric in RUN_METRICS:
+                    out.append(math.log(predicted[label][metric] / measured[metric]))
+        return np.array(out)
+
+    x0 = np.log(np.array([start[n] for n in names]))
+    before = residuals(x0)
+    result = least_squares(residuals, x0, diff_step=0.02, max_nfev=max_evaluations, x_scale=1.0)
+    fit.fitted = dict(zip(names, np.exp(result.x).tolist(), strict=True))
+    after = residuals(result.x)
+    i = 0
+    for t in trials:
+        for label in t.measured:
+            for metric in RUN_METRICS:
+                fit.rows.append({"trial": t.label, "point": label, "metric": metric,
+                                 "measured": t.measured[label][metric],
+                                 "error_before_pct": 100 * math.expm1(before[i]),
+                                 "error_after_pct": 100 * math.expm1(after[i])})
+                i += 1
+    return fit
+
+
+def run_calibration(fit: RunFit, trials: list[TrialData], run_id: str, name: str) -> Any:
+    from simulator.calibration import Calibration
+
+    hardware = {t.cfg.hardware.name for t in trials}
+    if len(hardware) > 1:
+        raise CalibrationInputError(f"--run {run_id}: its trials ran on several hardware profiles "
+                                    f"({', '.join(sorted(hardware))}); calibrate one at a time")
+    points = sum(len(t.measured) for t in trials)
+    mape_before = _mape(fit.rows, "error_before_pct")
+    mape_after = _mape(fit.rows, "error_after_pct")
+    source = (f"least squares on log(predicted/measured) of {', '.join(RUN_METRICS)} over {points} "
+              f"load point(s) of {len(trials)} trial(s) of run {run_id}")
+    cal = Calibration(name=name, hardware=hardware.pop(), source=f"fit to parasweep run {run_id}: {source}",
+                      fit={"run_id": run_id, "mape_before_pct": mape_before, "mape_after_pct": mape_after,
+                           "evaluations": fit.evaluations, "rows": fit.rows})
+    for key, value in fit.fitted.items():
+        getattr(cal, PARAM_HOME[key])[key] = {
+            "value": round(value, 6), "source": f"{source} (start {fit.start[key]:g})"}
+    return cal
+
+
+def _mape(rows: list[dict[str, Any]], key: str) -> float:
+    return sum(abs(r[key]) for r in rows) / len(rows) if rows else math.nan
+
+
+def residual_table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'trial':<28} {'point':<6} {'metric':<13} {'measured':>10} {'before':>8} {'after':>8}"]
+    for r in rows:
+        lines.append(f"{r['trial'][:28]:<28} {r['point']:<6} {r['metric']:<13} {r['measured']:>10.2f} "
+                     f"{r['error_before_pct']:>+7.1f}% {r['error_after_pct']:>+7.1f}%")
+    return "\n".join(lines)
+
+
+# -- the command ---------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m orchestrator calibrate", description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", metavar="RUN_ID", help="a measured parasweep sweep (or trial) run id")
+    src.add_argument("--tables", metavar="DIR", type=Path, help="operator-profile tables (e.g. data/vidur)")
+    p.add_argument("--tracking-uri", default=None, help="MLflow store of --run (default: runs/mlflow.db)")
+    p.add_argument("--params", default=None,
+                   help=f"constants to fit from --run, comma-separated (default: chosen from the trials; "
+                        f"valid: {', '.join(sorted(PARAM_HOME))})")
+    p.add_argument("--hardware", help="--tables: the hardware profile the tables were measured on")
+    p.add_argument("--fit", default="", help="--tables: models to fit on, comma-separated")
+    p.add_argument("--holdout", default="", help="--tables: models held out (errors reported, never fitted)")
+    p.add_argument("--name", help="profile name (default: <hardware>-<run id prefix> or <hardware>-tables)")
+    p.add_argument("--out", type=Path,
+                   help="where to write the profile (default conf/calibration/<name>.yaml)")
+    p.add_argument("--max-evaluations", type=int, default=80, help="--run: prediction rounds at most")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    from simulator.calibration import save_calibration
+    from vocab.assets import conf_dir
+
+    args = build_parser().parse_args(argv)
+    try:
+        if args.run:
+            trials = read_run(args.run, args.tracking_uri)
+            names = [n.strip() for n in args.params.split(",") if n.strip()] if args.params else \
+                default_names(trials)
+            print(f"calibrate: fitting {', '.join(names)} to {sum(len(t.measured) for t in trials)} point(s) "
+                  f"of {len(trials)} trial(s); each round predicts every point in virtual time", flush=True)
+            fit = fit_run(trials, names, args.max_evaluations)
+            name = args.name or f"{trials[0].cfg.hardware.name}-{args.run[:8]}"
+            cal = run_calibration(fit, trials, args.run, name)
+            print(residual_table(fit.rows))
+            print(f"MAPE {cal.fit['mape_before_pct']:.1f}% before, {cal.fit['mape_after_pct']:.1f}% after; "
+                  + ", ".join(f"{k} {fit.start[k]:g} -> {v:.4g}" for k, v in fit.fitted.items()))
+        else:
+            if not args.hardware:
+                raise CalibrationInputError("--tables needs --hardware (the profile they were measured on)")
+            from simulator.fit_tables import fidelity_markdown, fit_tables
+
+            result = fit_tables(args.tables, args.hardware, _names(args.fit), _names(args.holdout))
+            cal = result.calibration
+            if args.name:
+                cal.name = args.name
+            print(fidelity_markdown(result))
+        out = args.out or conf_dir() / "calibration" / f"{cal.name}.yaml"
+        save_calibration(cal, out)
+        print(f"calibrate: wrote {out}; use it with calibration={cal.name} "
+              f"(hardware={cal.hardware})" if out.parent == conf_dir() / "calibration" else
+              f"calibrate: wrote {out}")
+        return 0
+    except (UserError, ValueError) as exc:
+        print(f"calibrate: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
