@@ -68,6 +68,7 @@ def read_run(run_id: str, uri: str | None) -> list[TrialData]:
 
     from orchestrator.config.validate import typed_config
     from orchestrator.tracking import tracking_uri
+    from vocab.assets import model_dir
     from vocab.metric_keys import point_metrics
     from vocab.status import RunKind, Tag
 
@@ -95,6 +96,10 @@ def read_run(run_id: str, uri: str | None) -> list[TrialData]:
             except (MlflowException, OSError):
                 continue
             cfg = typed_config(OmegaConf.create(yaml.safe_load(Path(path).read_text())))
+            if not (model_dir(cfg.model.path) / "config.json").is_file():
+                raise CalibrationInputError(
+                    f"--run {run_id}: trial {r.info.run_name} ran model {cfg.model.name} ({cfg.model.path}), "
+                    "which has no config.json here; add its HF config directory under models/ first")
             trials.append(TrialData(r.info.run_id, r.info.run_name or r.info.run_id, cfg, measured))
     if not trials:
         raise CalibrationInputError(
@@ -150,8 +155,10 @@ def _current(trials: list[TrialData], name: str) -> float:
     return float(getattr(cfg.hardware, name))
 
 
-def fit_run(trials: list[TrialData], names: list[str], max_evaluations: int = 80) -> RunFit:
-    """Least squares on log(predicted / measured) over every trial, point and metric."""
+def fit_run(trials: list[TrialData], names: list[str], max_evaluations: int = 80,
+            holdout: frozenset[str] = frozenset()) -> RunFit:
+    """Least squares on log(predicted / measured) over every trial, point and metric, except the
+    held-out load points (``holdout``: point labels such as ``c32``), whose errors are only reported."""
     import numpy as np
     from scipy.optimize import least_squares
 
@@ -162,31 +169,33 @@ def fit_run(trials: list[TrialData], names: list[str], max_evaluations: int = 80
     start = {n: _current(trials, n) for n in names}
     fit = RunFit(names, start, dict(start))
 
+    keys = [(t, label, metric) for t in trials for label in t.measured for metric in RUN_METRICS]
+    fitted_on = np.array([label not in holdout for _, label, _ in keys])
+    if not fitted_on.any():
+        raise CalibrationInputError(f"--holdout {','.join(sorted(holdout))}: leaves no point to fit on")
+
+    def errors(x: np.ndarray) -> np.ndarray:
+        """log(predicted/measured) of every (trial, point, metric), held-out points included."""
+        values = dict(zip(names, np.exp(x).tolist(), strict=True))
+        predicted = {t.run_id: predict_trial_points(_with_constants(t.cfg, values, "fit"), list(t.measured))
+                     for t in trials}
+        return np.array([math.log(predicted[t.run_id][label][metric] / t.measured[label][metric])
+                         for t, label, metric in keys])
+
     def residuals(x: np.ndarray) -> np.ndarray:
         fit.evaluations += 1
-        values = dict(zip(names, np.exp(x).tolist(), strict=True))
-        out = []
-        for t in trials:
-            predicted = predict_trial_points(_with_constants(t.cfg, values, "fit"), list(t.measured))
-            for label, measured in t.measured.items():
-                for metric in RUN_METRICS:
-                    out.append(math.log(predicted[label][metric] / measured[metric]))
-        return np.array(out)
+        return errors(x)[fitted_on]  # a held-out point never enters the fit
 
     x0 = np.log(np.array([start[n] for n in names]))
-    before = residuals(x0)
+    before = errors(x0)
     result = least_squares(residuals, x0, diff_step=0.02, max_nfev=max_evaluations, x_scale=1.0)
     fit.fitted = dict(zip(names, np.exp(result.x).tolist(), strict=True))
-    after = residuals(result.x)
-    i = 0
-    for t in trials:
-        for label in t.measured:
-            for metric in RUN_METRICS:
-                fit.rows.append({"trial": t.label, "point": label, "metric": metric,
-                                 "measured": t.measured[label][metric],
-                                 "error_before_pct": 100 * math.expm1(before[i]),
-                                 "error_after_pct": 100 * math.expm1(after[i])})
-                i += 1
+    after = errors(result.x)
+    for i, (t, label, metric) in enumerate(keys):
+        fit.rows.append({"trial": t.label, "point": label, "metric": metric,
+                         "set": "fit" if fitted_on[i] else "held-out", "measured": t.measured[label][metric],
+                         "error_before_pct": 100 * math.expm1(before[i]),
+                         "error_after_pct": 100 * math.expm1(after[i])})
     return fit
 
 
@@ -198,12 +207,15 @@ def run_calibration(fit: RunFit, trials: list[TrialData], run_id: str, name: str
         raise CalibrationInputError(f"--run {run_id}: its trials ran on several hardware profiles "
                                     f"({', '.join(sorted(hardware))}); calibrate one at a time")
     points = sum(len(t.measured) for t in trials)
-    mape_before = _mape(fit.rows, "error_before_pct")
-    mape_after = _mape(fit.rows, "error_after_pct")
+    fitted_rows = [r for r in fit.rows if r["set"] == "fit"]
+    held = [r for r in fit.rows if r["set"] == "held-out"]
     source = (f"least squares on log(predicted/measured) of {', '.join(RUN_METRICS)} over {points} "
               f"load point(s) of {len(trials)} trial(s) of run {run_id}")
     cal = Calibration(name=name, hardware=hardware.pop(), source=f"fit to parasweep run {run_id}: {source}",
-                      fit={"run_id": run_id, "mape_before_pct": mape_before, "mape_after_pct": mape_after,
+                      fit={"run_id": run_id, "mape_before_pct": _mape(fitted_rows, "error_before_pct"),
+                           "mape_after_pct": _mape(fitted_rows, "error_after_pct"),
+                           "heldout_mape_before_pct": _mape(held, "error_before_pct"),
+                           "heldout_mape_after_pct": _mape(held, "error_after_pct"),
                            "evaluations": fit.evaluations, "rows": fit.rows})
     for key, value in fit.fitted.items():
         getattr(cal, PARAM_HOME[key])[key] = {
@@ -216,10 +228,11 @@ def _mape(rows: list[dict[str, Any]], key: str) -> float:
 
 
 def residual_table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'trial':<28} {'point':<6} {'metric':<13} {'measured':>10} {'before':>8} {'after':>8}"]
+    lines = [f"{'trial':<28} {'point':<6} {'set':<8} {'metric':<13} {'measured':>10} "
+             f"{'before':>8} {'after':>8}"]
     for r in rows:
-        lines.append(f"{r['trial'][:28]:<28} {r['point']:<6} {r['metric']:<13} {r['measured']:>10.2f} "
-                     f"{r['error_before_pct']:>+7.1f}% {r['error_after_pct']:>+7.1f}%")
+        lines.append(f"{r['trial'][:28]:<28} {r['point']:<6} {r['set']:<8} {r['metric']:<13} "
+                     f"{r['measured']:>10.2f} {r['error_before_pct']:>+7.1f}% {r['error_after_pct']:>+7.1f}%")
     return "\n".join(lines)
 
 
@@ -235,7 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"valid: {', '.join(sorted(PARAM_HOME))})")
     p.add_argument("--hardware", help="--tables: the hardware profile the tables were measured on")
     p.add_argument("--fit", default="", help="--tables: models to fit on, comma-separated")
-    p.add_argument("--holdout", default="", help="--tables: models held out (errors reported, never fitted)")
+    p.add_argument("--holdout", default="",
+                   help="models (--tables) or load points such as c32 (--run) held out: their errors are "
+                        "reported, never fitted to")
     p.add_argument("--name", help="profile name (default: <hardware>-<run id prefix> or <hardware>-tables)")
     p.add_argument("--out", type=Path,
                    help="where to write the profile (default conf/calibration/<name>.yaml)")
@@ -255,11 +270,14 @@ def main(argv: list[str]) -> int:
                 default_names(trials)
             print(f"calibrate: fitting {', '.join(names)} to {sum(len(t.measured) for t in trials)} point(s) "
                   f"of {len(trials)} trial(s); each round predicts every point in virtual time", flush=True)
-            fit = fit_run(trials, names, args.max_evaluations)
+            fit = fit_run(trials, names, args.max_evaluations, frozenset(_names(args.holdout)))
             name = args.name or f"{trials[0].cfg.hardware.name}-{args.run[:8]}"
             cal = run_calibration(fit, trials, args.run, name)
             print(residual_table(fit.rows))
-            print(f"MAPE {cal.fit['mape_before_pct']:.1f}% before, {cal.fit['mape_after_pct']:.1f}% after; "
+            held = (f"; held out: {cal.fit['heldout_mape_before_pct']:.1f}% before, "
+                    f"{cal.fit['heldout_mape_after_pct']:.1f}% after" if args.holdout else "")
+            print(f"MAPE (fitted points) {cal.fit['mape_before_pct']:.1f}% before, "
+                  f"{cal.fit['mape_after_pct']:.1f}% after{held}; "
                   + ", ".join(f"{k} {fit.start[k]:g} -> {v:.4g}" for k, v in fit.fitted.items()))
         else:
             if not args.hardware:

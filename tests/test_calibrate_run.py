@@ -59,12 +59,20 @@ def test_calibrate_recovers_perturbed_constants(tmp_path: Path) -> None:
     # the recorded configs carry the perturbed profile: start from the model's defaults instead
     for t in trials:
         t.cfg.calibration.name, t.cfg.calibration.params = None, {}
-    fit = fit_run(trials, ["eta_mem", "sched_base_us"])
+    # c8 is held out: fitted on the single-stream points only, checked on c8
+    fit = fit_run(trials, ["eta_mem", "sched_base_us"], holdout=frozenset({"c8"}))
     assert fit.start == {"eta_mem": 0.75, "sched_base_us": 800.0}
     for name, value in TRUE.items():
         assert fit.fitted[name] == pytest.approx(value, rel=0.05), fit.fitted
     cal = run_calibration(fit, trials, sweep, "recovered")
     assert cal.fit["mape_after_pct"] < 1.0 < cal.fit["mape_before_pct"]
+    assert cal.fit["heldout_mape_after_pct"] < 2.0 < cal.fit["heldout_mape_before_pct"]
+    assert {r["set"] for r in cal.fit["rows"] if r["point"] == "c8"} == {"held-out"}
+    # nothing is fitted to a held-out point: doubling its measurements changes no fitted value
+    for t in trials:
+        t.measured["c8"] = {k: 2 * v for k, v in t.measured["c8"].items()}
+    again = fit_run(trials, ["eta_mem", "sched_base_us"], holdout=frozenset({"c8"}))
+    assert again.fitted == pytest.approx(fit.fitted, rel=1e-9)
     assert all(sweep in entry["source"] for entry in cal.params.values())
 
 
