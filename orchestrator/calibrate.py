@@ -284,10 +284,9 @@ def main(argv: list[str]) -> int:
                 raise CalibrationInputError("--tables needs --hardware (the profile they were measured on)")
             from simulator.fit_tables import fidelity_markdown, fit_tables
 
-            result = fit_tables(args.tables, args.hardware, _names(args.fit), _names(args.holdout))
+            result = fit_tables(args.tables, args.hardware, _names(args.fit), _names(args.holdout),
+                                name=args.name)
             cal = result.calibration
-            if args.name:
-                cal.name = args.name
             print(fidelity_markdown(result))
         out = args.out or conf_dir() / "calibration" / f"{cal.name}.yaml"
         save_calibration(cal, out)

@@ -12,6 +12,8 @@ Configuration (flags in, resolved numbers out)
     ``costs.py``       roofline cost of one forward step per PP stage, hops, host time
     ``estimates.py``   analytic decode-step estimates for the diagnosis (communication share, the
                        memory-bound floor)
+    ``calibration.py`` calibration profiles: fitted constants with their sources (``--sim-calibration``)
+    ``fit_tables.py``  fitting the constants to operator-profile tables (Vidur's), with held-out errors
 
 The discrete-event model of one engine replica
     ``replica.py``     THE PP LOOP: ``ReplicaModel`` (stage 0 visiting the micro-batch slots, launch

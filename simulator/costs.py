@@ -1,7 +1,11 @@
 """Roofline cost of one forward step of a micro-batch on one pipeline stage, plus hop and host costs.
 
-    t_stage = max(bytes / (eta_mem * BW), flops / (eta_compute * peak), kernels * kernel_floor)
-              + t_comm + t_fixed
+    gpu     = max(bytes / (eta_mem * BW), flops / (eta_compute * peak), kernels * kernel_floor)
+    host    = graph_launch (decode replayed from a CUDA graph)
+              or kernels * (host_op + kernel_launch)   (eager: every kernel dispatched from Python)
+    t_stage = gpu + t_comm + host                      (CUDA graph: the replay is one short call)
+            = max(gpu + t_comm, host)                  (eager: the GPU runs kernel i while the host
+                                                        dispatches kernel i+1, so the slower side wins)
 
 Every constant is explained in docs/simulator.md; the defaults in ``CostParams`` are engine-side
 (software) constants, the hardware ones come from the profile (``HardwareConf``).
@@ -30,15 +34,28 @@ class CostParams:
     eta_link: float = 0.70
     # Shortest time the GPU spends on any kernel (launch-to-completion of a tiny kernel on the device).
     kernel_floor_us: float = 2.0
-    # Kernels launched per layer in an eager forward (host cost = kernels x kernel_launch_us).
+    # Kernels launched per layer in an eager forward (host cost = kernels x (host_op_us + kernel_launch_us)).
     kernels_attn_gqa: int = 8  # norm, qkv GEMM, rope, kv store, attention, o GEMM, residual, misc
     kernels_attn_mla: int = 14  # + q_a/q_b, kv_a/kv_b, latent norm, absorbed projections
     kernels_dense_mlp: int = 4  # norm, gate_up GEMM, act, down GEMM
     kernels_moe: int = 10  # router GEMM, top-k, align/sort, 2 grouped GEMMs, act, combine, 3 shared
     kernels_tp_collective: int = 1  # per all-reduce
     kernels_head: int = 8  # final norm, LM head GEMM, logits gather, sampling
+    # Host (CPU) time per kernel of an eager forward beyond the profile's kernel_launch_us (ATen
+    # dispatcher + cudaLaunchKernel): the Python that SGLang runs around each kernel. The module call and
+    # the layer's forward (3-5 us), the custom-op binding of sgl_kernel/flashinfer/NCCL calls (3-5 us),
+    # Triton's Python JIT launcher for Triton kernels (~9 us a call), the output tensor from the caching
+    # allocator (1-2 us) and about one non-launching op per kernel (view, reshape, dtype/shape checks,
+    # 2-5 us): 15-25 us, 20 taken. Each TP/PP rank is its own process on its own core, so ranks dispatch
+    # in parallel. Cross-check: SGLang decoding GPT-2 (~165 kernels a step) eagerly on an H200 runs about
+    # 4.9 ms a token against 1.0 ms with CUDA graphs, (4.9 - 0.8 scheduler) / 165 = 25 us per kernel
+    # = 20 + 5. It depends on the CPU's single-thread speed and the Python/PyTorch versions: fit it per
+    # deployment (calibration profiles override it).
+    host_op_us: float = 20.0
     # Host work of one scheduler iteration (build the batch, process results, stream outputs): paid on
-    # the critical path unless the overlap scheduler (pp=1) or pp_async_batch_depth>0 hides it.
+    # the critical path unless the overlap scheduler (pp=1) or pp_async_batch_depth>0 hides it. It runs
+    # on the same thread that dispatches an eager forward, so beside a host-bound eager step nothing
+    # hides it (replica.py serialises the two).
     sched_base_us: float = 800.0
     sched_per_req_us: float = 15.0
     # PP: the output dict (sampled ids) goes back from the last stage to stage 0 through the CPU (gloo)
@@ -165,8 +182,9 @@ class CostModel:
     def uses_cuda_graph(self, shape: BatchShape) -> bool:
         return shape.decode and not self.disable_cuda_graph and shape.seqs <= self.cuda_graph_max_bs
 
-    def stage_time(self, stage: int, shape: BatchShape) -> float:
-        """Seconds stage ``stage`` is busy with one forward of ``shape`` (GPU + comm + host launch)."""
+    def gpu_time(self, stage: int, shape: BatchShape) -> float:
+        """Seconds of GPU work of one forward of ``shape`` on ``stage``, without collectives: the roofline
+        max of memory, compute and the kernel floor."""
         st = self.stages[stage]
         spec, tp, p = self.spec, self.par.tp, self.p
         n = shape.tokens
@@ -179,16 +197,30 @@ class CostModel:
             imb = ep_imbalance(spec.num_experts, self.par.ep, touched)
             mem_t += st.moe_layers * touched * spec.expert_bytes * imb / tp / (p.eta_expert * self._bw)
             flops += 2.0 * n * st.moe_layers * spec.top_k * spec.expert_params / tp
-        gpu = max(mem_t, flops / (p.eta_compute * self._peak), st.kernels * p.kernel_floor_us * 1e-6)
-        return gpu + self.comm_time(stage, shape) + self.launch_time(stage, shape)
+        return max(mem_t, flops / (p.eta_compute * self._peak), st.kernels * p.kernel_floor_us * 1e-6)
+
+    def stage_time(self, stage: int, shape: BatchShape) -> float:
+        """Seconds stage ``stage`` is busy with one forward of ``shape``. With a CUDA graph: GPU + comm +
+        the replay call. Eager: the host dispatches kernel after kernel while the GPU runs the ones already
+        queued, so the forward takes the longer of the two, max(GPU + comm, host dispatch)."""
+        work = self.gpu_time(stage, shape) + self.comm_time(stage, shape)
+        host = self.host_time(stage, shape)
+        if self.uses_cuda_graph(shape):
+            return work + host
+        return max(work, host)
 
     def breakdown(self, stage: int, shape: BatchShape) -> dict[str, float]:
         """The parts of ``stage_time`` in seconds: ``gpu`` (roofline max of memory, compute and kernel
-        floor), ``comm`` (TP/EP collectives), ``launch`` (host launch), and their sum ``total``."""
+        floor), ``comm`` (TP/EP collectives), ``host`` (the host's dispatch: one graph replay, or every
+        kernel of an eager forward), ``host_exposed`` (the part of ``host`` not hidden behind GPU work:
+        all of a graph replay, max(0, host - gpu - comm) eager), ``eager`` (1.0 when the forward runs
+        eagerly, else 0.0) and ``total`` = gpu + comm + host_exposed."""
+        gpu, comm = self.gpu_time(stage, shape), self.comm_time(stage, shape)
+        host = self.host_time(stage, shape)
         total = self.stage_time(stage, shape)
-        comm = self.comm_time(stage, shape)
-        launch = self.launch_time(stage, shape)
-        return {"gpu": total - comm - launch, "comm": comm, "launch": launch, "total": total}
+        eager = not self.uses_cuda_graph(shape)
+        return {"gpu": gpu, "comm": comm, "host": host, "host_exposed": total - gpu - comm,
+                "eager": float(eager), "total": total}
 
     def comm_time(self, stage: int, shape: BatchShape) -> float:
         st, tp, ep = self.stages[stage], self.par.tp, self.par.ep
@@ -211,10 +243,13 @@ class CostModel:
             t += alpha + (tp - 1) / tp * shape.seqs * self.spec.vocab * BF16_BYTES / self._link
         return t
 
-    def launch_time(self, stage: int, shape: BatchShape) -> float:
+    def host_time(self, stage: int, shape: BatchShape) -> float:
+        """Host (CPU) seconds stage ``stage``'s scheduler process spends launching one forward: one
+        cudaGraphLaunch, or, eager, every kernel through SGLang's Python, PyTorch's dispatcher and the
+        driver."""
         if self.uses_cuda_graph(shape):
             return self.hw.graph_launch_us * 1e-6
-        return self.stages[stage].kernels * self.hw.kernel_launch_us * 1e-6
+        return self.stages[stage].kernels * (self.p.host_op_us + self.hw.kernel_launch_us) * 1e-6
 
     def hop_time(self, shape: BatchShape) -> float:
         """Stage k -> k+1: hidden states and residual of every new token, point to point."""
@@ -233,13 +268,16 @@ class CostModel:
 
     # -- analytic helpers (diagnostics, tests, predictions) ---------------------------------------------
 
-    def ring_trip(self, shape: BatchShape, cpu_exposed: bool = True) -> float:
-        """One micro-batch's trip from stage-0 launch back to its next launch, with no queueing."""
+    def ring_trip(self, shape: BatchShape, overlap: bool = False) -> float:
+        """One micro-batch's trip from stage-0 launch back to its next launch, with no queueing.
+
+        ``overlap``: pp=1 with the overlap scheduler, where the scheduler's host work runs beside the GPU
+        step on the thread that also dispatches the forward, so the step is max(GPU side, host side)."""
+        if overlap and self.par.pp == 1:
+            return max(self.stage_time(0, shape), self.sched_time(shape.seqs) + self.host_time(0, shape))
         t = sum(self.stage_time(s, shape) for s in range(self.par.pp))
         t += (self.par.pp - 1) * self.hop_time(shape) + self.return_time()
-        if cpu_exposed:
-            t += self.sched_time(shape.seqs)
-        return t
+        return t + self.sched_time(shape.seqs)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from simulator.sim_config import SimConfig
 @dataclass(frozen=True)
 class DecodeStep:
     batch: int
-    step_s: float  # one micro-batch's decode trip through every stage (the step itself when pp=1)
+    step_s: float  # one micro-batch's decode trip through every stage (the step itself when pp=1,
+    #                with the overlap scheduler's host work beside it)
     comm_s: float  # of which TP/EP collectives, all stages
     memory_bound_s: float  # the same trip if it only read weights and KV at the full memory bandwidth
 
@@ -34,4 +35,5 @@ def decode_step(cfg: SimConfig, batch: int, context_len: int) -> DecodeStep:
             imbalance = ep_imbalance(spec.num_experts, par.ep, touched)
             nbytes += st.moe_layers * touched * spec.expert_bytes * imbalance / par.tp
         floor += nbytes / bandwidth
-    return DecodeStep(batch, cost.ring_trip(shape), comm, floor)
+    overlap = par.pp == 1 and not cfg.disable_overlap_schedule
+    return DecodeStep(batch, cost.ring_trip(shape, overlap), comm, floor)

@@ -13,9 +13,11 @@ stage k free). Two events follow: tokens are emitted when the step leaves the la
 and the slot is free again once the sampled ids are back at stage 0 (``_return``).
 
 Stage 0's host is one serial resource: each turn costs ``CostModel.sched_time`` (process the slot's
-result, build its next batch), paid between the slot's return and its next launch. With depth 0 every
-slot is in that position every turn, so the host time is a bubble on each; extra slots (depth > 0) keep
-the GPUs fed while it runs. pp=1 with the overlap scheduler runs it beside the GPU step instead.
+result, build its next batch), paid between the slot's return and its next launch, plus the dispatch of
+stage 0's forward (``CostModel.host_time``: one graph replay, or every kernel of an eager forward). With
+depth 0 every slot is in that position every turn, so the host time is a bubble on each; extra slots
+(depth > 0) keep the GPUs fed while it runs. pp=1 with the overlap scheduler runs it beside the GPU step
+instead, so the step is the longer of the GPU step and scheduler + dispatch.
 """
 
 from __future__ import annotations
@@ -166,12 +168,15 @@ class ReplicaModel:
         shape = batch.shape
         batch.cuda_graph = cost.uses_cuda_graph(shape)
         host = cost.sched_time(len(batch.reqs))
+        # Stage 0's scheduler thread also dispatches stage 0's forward (one graph replay, or every kernel
+        # when eager), so it is free for the next turn only after both.
+        dispatch = cost.host_time(0, shape)
         if self.hide_cpu:
             t = now
-            self.cpu_free = now + host
+            self.cpu_free = now + host + dispatch
         else:
             t = now + host
-            self.cpu_free = t
+            self.cpu_free = t + dispatch
         hop = cost.hop_time(shape) if self.pp > 1 else 0.0
         gpu_free = self.gpu_free
         last = self.pp - 1

@@ -6,12 +6,14 @@ Advice that costs a user a GPU-hour to disprove is worse than none. So for each 
 
 1. predict the trial's config as it is, and with the change, at the finding's load point (both on the
    simulated engine, so the comparison is model against model);
-2. if the change is predicted to help, keep the suggestion and add the effect. *Helps* means either
-   throughput up by ``MIN_GAIN`` or more and by more than any p99 latency (TTFT, ITL) gets worse, or
-   throughput kept (within ``MIN_GAIN``) with a p99 latency down by ``MIN_LATENCY_GAIN`` or more and
-   neither worse by as much. A gain bought with a larger loss is a *trade-off*, reported but not
-   suggested. A change of the load itself (more concurrency) is judged on throughput alone: more
-   requests in flight always wait longer, and the finding states that cost;
+2. if the change is predicted to help, keep the suggestion and add the effect. Every finding with a
+   change is about capacity (idle stages, idle GPUs, a full KV pool, slow links, eager steps, a
+   queue at the door), so *helps* means throughput up by ``MIN_GAIN`` or more, and by more than any
+   p99 latency (TTFT, ITL) gets worse. A gain bought with a larger latency loss is a *trade-off*; a
+   change that only moves latency (throughput within ``MIN_GAIN``, a p99 down by
+   ``MIN_LATENCY_GAIN`` or more) is *latency only*. Both are reported, neither is suggested as the
+   fix. A change of the load itself (more concurrency) is judged on throughput alone: more requests
+   in flight always wait longer, and the finding states that cost;
 3. otherwise predict the finding's ``alternatives`` (more load, another layout, ...) and suggest the
    best that helps instead, saying that the first change would not; if none helps, say that, with
    every prediction tried, and suggest no change.
@@ -123,15 +125,17 @@ class AdviceChecker:
 
 
 def _verdict(pct: Mapping[str, float], load_change: bool = False) -> str:
-    """``helps`` | ``trade-off`` | ``negligible`` | ``worse`` (see the module docstring)."""
+    """``helps`` | ``trade-off`` | ``latency only`` | ``negligible`` | ``worse`` (module docstring)."""
     tok = pct.get("output_tok_s", 0.0) / 100
     latencies = [] if load_change else [pct[k] / 100 for k in ("ttft_p99_ms", "itl_p99_ms") if k in pct]
     worst = max(latencies, default=0.0)
     if tok >= MIN_GAIN:
         return "helps" if worst < tok else "trade-off"
-    if tok > -MIN_GAIN and min(latencies, default=0.0) <= -MIN_LATENCY_GAIN:
-        return "helps" if worst < MIN_LATENCY_GAIN else "trade-off"
-    return "worse" if tok <= -MIN_GAIN or worst >= MIN_LATENCY_GAIN else "negligible"
+    if tok <= -MIN_GAIN:
+        return "worse"
+    if min(latencies, default=0.0) <= -MIN_LATENCY_GAIN:
+        return "latency only"
+    return "worse" if worst >= MIN_LATENCY_GAIN else "negligible"
 
 
 def _brief(effect: Mapping[str, Any]) -> str:
