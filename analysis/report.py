@@ -1,28 +1,49 @@
-"""The end-of-sweep table: one row per trial, throughput and tail latency at each load point,
-read back from the MLflow store (so what is printed is what landed)."""
+"""The end of a sweep in the terminal, read back from the MLflow store (so what is printed is what
+landed), for a reader who has never seen parasweep before, within 100 columns:
+
+1. a header naming the engine and why it was chosen (a simulated number is never read as measured);
+2. one table, one section per load point and one row per trial in it: tok/s with the simulator's
+   prediction in brackets, TTFT p99, ITL p99 and J per output token, the best of each column at that
+   point marked ``*``. Sections by point (not by trial) put the numbers to compare under each other;
+3. the findings that matter: every trial's ``diagnosis.json``, merged by finding id and load point
+   across trials, each with its suggested change and that change's predicted effect, critical first.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import re
+import tempfile
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from analysis.diagnose import overrides_text
+from vocab.findings import SEVERITIES
 from vocab.metric_keys import MetricKey, point_metrics
 from vocab.status import Tag
+from vocab.telemetry import J_PER_TOKEN, GpuSource
+
+log = logging.getLogger("parasweep")
+
+MAX_WIDTH = 100  # the widest line printed: a README, a CI log and an 80-100 column terminal all hold it
+MAX_FINDINGS = 5  # more is a wall of text; the rest are one command away (the report, diagnosis.json)
+# Findings the summary does not repeat: a failed trial's reason is printed on its own line already
+NOT_REPEATED = ("trial_failed",)
 
 
 def points_from_metrics(metrics: dict[str, float]) -> dict[int, dict[str, float]]:
     """``{"c8/output_tok_s": x}`` -> ``{8: {"output_tok_s": x}}`` (closed-loop points only)."""
     return {label.concurrency: values for label, values in point_metrics(metrics).items()
             if label.concurrency is not None}
-
-
-def _num(value: float | None, fmt: str = "{:.1f}") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return fmt.format(value)
 
 
 def point_labels(runs: list[Any]) -> list[str]:
@@ -36,39 +57,347 @@ def point_labels(runs: list[Any]) -> list[str]:
     return [str(label) for label in sorted(labels)]
 
 
-def sweep_table(runs: list[Any], title: str) -> Table:
-    runs = sorted(runs, key=lambda r: int(r.data.tags.get(Tag.TRIAL_NUM, 0)))
-    labels = point_labels(runs)
+def summary_width(console: Console) -> int:
+    """The width to print at: the terminal's, at most :data:`MAX_WIDTH`."""
+    return min(console.width, MAX_WIDTH)
+
+
+# -- 1. the engine --------------------------------------------------------------------------------
+
+def engine_lines(runs: list[Any]) -> list[str]:
+    """One line per engine the trials ran on, with the reason it was chosen, saying plainly whether
+    the numbers are measurements or the simulator's."""
+    by_engine: dict[str, list[Any]] = {}
+    for run in _ordered(runs):
+        by_engine.setdefault(run.data.tags.get(Tag.ENGINE, "unknown"), []).append(run)
+    lines = []
+    for engine, group in by_engine.items():
+        reasons = sorted({r.data.tags.get(Tag.ENGINE_REASON, "") for r in group} - {""})
+        why = f" ({'; '.join(reasons)})" if reasons else ""
+        who = "" if len(by_engine) == 1 else f"{_who([_num(r) for r in group], len(runs))}: "
+        if engine == "sim-predict":
+            text = f"Simulated engine in virtual time{why}: the simulator's predictions, not measured"
+        elif engine == "sim":
+            text = f"Simulated engine{why}: the simulator's numbers, not measured"
+        else:  # a real engine measured them; a run without the tag says nothing it cannot back
+            versions = sorted({r.data.tags.get(Tag.ENGINE_VERSION, "") for r in group} - {"", "unknown"})
+            text = f"Engine {engine} {', '.join(versions)}".rstrip() + why
+            text += ": measured" if engine == "sglang" else ""
+        lines.append(f"{who}{text}")
+    return lines
+
+
+# -- 2. the table ---------------------------------------------------------------------------------
+
+@dataclass
+class _Cell:
+    """One measured value, whether it may be marked best (a valid point of a trial that ran), and
+    the text that follows it (the prediction in brackets)."""
+
+    value: float | None
+    eligible: bool
+    text: str = ""
+    after: str = ""
+
+
+@dataclass
+class _Column:
+    header: str
+    metric: str
+    lower_is_better: bool
+    fmt: str
+    cells: dict[str, list[_Cell]] = field(default_factory=dict)  # per point label, one per trial
+
+
+def _fmt(value: float | None, fmt: str) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    if fmt == "energy":  # J/token spans 0.05 (a full H100) to 50 (a lone request on eight GPUs)
+        return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+    return fmt.format(value)
+
+
+def _energy_source(run: Any) -> str:
+    return run.data.tags.get(Tag.GPU_TELEMETRY, GpuSource.NONE.value)
+
+
+def sweep_table(runs: list[Any]) -> tuple[Table, list[str]]:
+    """The table and its footnotes (what the marks mean)."""
+    runs = _ordered(runs)
+    labels = point_labels(runs) or [""]
     with_pred = any(point_metrics(r.data.metrics, "pred") for r in runs)
-    table = Table(title=title, title_justify="left")
-    table.add_column("trial")
-    table.add_column("status")
-    for label in labels:
-        table.add_column(f"{label} tok/s" + (" (predicted)" if with_pred else ""), justify="right")
-        table.add_column(f"{label} TTFT p99 ms", justify="right")
-        table.add_column(f"{label} ITL p99 ms", justify="right")
+    # J/token only where a source wrote it; a simulated one is labelled so (decision: shown, because
+    # the simulated engine's tok/s beside it is as simulated, and the header says so; hiding it
+    # would hide the column a GPU run will fill)
+    energy_sources = {_energy_source(r) for r in runs
+                      if any(J_PER_TOKEN in m for m in point_metrics(r.data.metrics).values())}
+    energy_sources &= {GpuSource.NVML.value, GpuSource.SIMULATED.value}
+    columns = [_Column("tok/s (pred)" if with_pred else "tok/s", "output_tok_s", False, "{:.1f}"),
+               _Column("TTFT p99 ms", "ttft_p99_ms", True, "{:.0f}"),
+               _Column("ITL p99 ms", "itl_p99_ms", True, "{:.1f}")]
+    if energy_sources:
+        simulated_only = energy_sources == {GpuSource.SIMULATED.value}
+        columns.append(_Column("J/tok (sim)" if simulated_only else "J/tok", J_PER_TOKEN, True, "energy"))
+    notes: list[str] = []
+    invalid = False
     for run in runs:
-        tags = run.data.tags
         measured = {str(k): v for k, v in point_metrics(run.data.metrics).items()}
         predicted = {str(k): v for k, v in point_metrics(run.data.metrics, "pred").items()}
-        status = tags.get(Tag.STATUS, "?")
-        style = {"ok": "green", "failed": "red", "killed": "yellow"}.get(status, "")
-        row = [f"#{tags.get(Tag.TRIAL_NUM, '?')} {tags.get(Tag.OVERRIDES, '')}",
-               f"[{style}]{status}[/{style}]" if style else status]
+        ok = run.data.tags.get(Tag.STATUS) in ("ok", "skipped")
         for label in labels:
             m = measured.get(label, {})
-            mark = " !" if m.get("valid", 1.0) != 1.0 else ""
-            tok = _num(m.get("output_tok_s")) + mark
-            if "output_tok_s" in predicted.get(label, {}):
-                tok += f" ({_num(predicted[label]['output_tok_s'])})"
-            row += [tok, _num(m.get("ttft_p99_ms")), _num(m.get("itl_p99_ms"), "{:.2f}")]
-        table.add_row(*row)
-    return table
+            valid = m.get("valid", 1.0) == 1.0
+            invalid |= not valid and bool(m)
+            for col in columns:
+                value = m.get(col.metric)
+                if col.metric == J_PER_TOKEN and _energy_source(run) not in energy_sources:
+                    value = None  # no source: not a number to print
+                text = _fmt(value, col.fmt)
+                # compared as printed: a difference in the fourth digit is no "best"
+                cell = _Cell(None if text == "-" else float(text), ok and valid and text != "-", text)
+                if col.metric == J_PER_TOKEN and value is not None and len(energy_sources) > 1 \
+                        and _energy_source(run) == GpuSource.SIMULATED:
+                    cell.text = "~" + cell.text
+                if not valid and value is not None:
+                    cell.text += "!"
+                if col.metric == "output_tok_s" and "output_tok_s" in predicted.get(label, {}):
+                    cell.after = f" ({_fmt(predicted[label]['output_tok_s'], col.fmt)})"
+                col.cells.setdefault(label, []).append(cell)
+    marked = False
+    for col in columns:
+        for cells in col.cells.values():
+            marked |= _mark_best(cells, col.lower_is_better)
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    table.add_column("point", no_wrap=True)
+    table.add_column("trial", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    for col in columns:
+        table.add_column(col.header, justify="right", no_wrap=True)
+    for label in labels:
+        for i, run in enumerate(runs):
+            status = run.data.tags.get(Tag.STATUS, "?")
+            style = {"ok": "green", "failed": "red", "killed": "yellow"}.get(status, "")
+            row = [Text(label if i == 0 else ""), Text(_trial_label(run)), Text(status, style=style)]
+            for col in columns:
+                cell = col.cells[label][i]
+                row.append(Text.assemble((cell.text, "bold" if cell.text.endswith("*") else ""), cell.after))
+            table.add_row(*row, end_section=i == len(runs) - 1)
+    if marked:
+        notes.append("* best of the trials at that load point")
+    if with_pred:
+        notes.append("(pred) = the simulator's prediction for the same configuration")
+    if energy_sources and energy_sources != {GpuSource.NVML.value}:
+        notes.append("J/tok from simulated GPU telemetry is the simulator's power model, not measured"
+                     + (" (~ marks it)" if len(energy_sources) > 1 else ""))
+    if invalid:
+        notes.append("! = the load generator fell behind at that point (valid=0): not a server number")
+    return table, notes
 
 
-def print_sweep_summary(runs: list[Any], title: str, console: Console | None = None) -> None:
-    console = console or Console()
-    console.print(sweep_table(runs, title))
-    if any(r.data.metrics.get(k) == 0.0 for r in runs for k in r.data.metrics if k.endswith("/valid")):
-        console.print("[yellow]! = the load generator fell behind at that point (valid=0): "
-                      "not a server number[/yellow]")
+def _mark_best(cells: list[_Cell], lower_is_better: bool) -> bool:
+    """Append ``*`` to the best eligible value (ties: all of them), a space to the others so numbers
+    stay aligned. Marks only when there is something to tell apart (two values or more, not all
+    equal)."""
+    values = [c.value for c in cells if c.eligible and c.value is not None]
+    if len(values) < 2 or len(set(values)) == 1:
+        return False
+    best = min(values) if lower_is_better else max(values)
+    for c in cells:
+        c.text += "*" if c.eligible and c.value == best else ("" if c.text.endswith("!") else " ")
+    return True
+
+
+def _trial_label(run: Any) -> str:
+    return f"#{_num(run)} {run.data.tags.get(Tag.OVERRIDES, '') or 'defaults'}"
+
+
+def _num(run: Any) -> int:
+    try:
+        return int(run.data.tags.get(Tag.TRIAL_NUM, 0))
+    except ValueError:
+        return 0
+
+
+def _ordered(runs: list[Any]) -> list[Any]:
+    return sorted(runs, key=_num)
+
+
+# -- 3. the findings ------------------------------------------------------------------------------
+
+def load_findings(run: Any, tracking_uri: str | None) -> list[dict[str, Any]]:
+    """A trial's ``diagnosis.json``: from its directory when this machine has it, else downloaded
+    from the run's artifacts in ``tracking_uri`` (None: not looked for, so no default store is ever
+    created). Empty when there is none or it cannot be read."""
+    trial_dir = run.data.tags.get(Tag.TRIAL_DIR)
+    try:
+        local = Path(trial_dir) / "diagnosis.json" if trial_dir else None
+        if local is not None and local.is_file():
+            return list(json.loads(local.read_text()))
+        if tracking_uri is None:
+            return []
+        from mlflow.tracking import MlflowClient
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = MlflowClient(tracking_uri).download_artifacts(run.info.run_id, "diagnosis.json", tmp)
+            return list(json.loads(Path(path).read_text()))
+    except Exception:  # a trial without a diagnosis (it never got that far) is not an error here
+        log.debug("no diagnosis.json for run %s", run.info.run_id, exc_info=True)
+        return []
+
+
+@dataclass
+class MergedFinding:
+    """One finding id at one load point, as seen by every trial that reported it."""
+
+    id: str
+    point: str
+    severity: str
+    trials: list[int]
+    titles: list[str]
+    advice: list[str]  # one line per trial: the change and its predicted effect
+    changes: list[str]  # per trial: the change suggested in the end, as overrides
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        return (-SEVERITIES.index(self.severity) if self.severity in SEVERITIES else 0, -len(self.trials))
+
+
+def merge_findings(per_run: list[tuple[int, list[dict[str, Any]]]]) -> list[MergedFinding]:
+    """``[(trial number, findings)]`` -> findings merged by id and point, critical first, then by the
+    number of trials reporting them."""
+    merged: dict[tuple[str, str], MergedFinding] = {}
+    for num, findings in per_run:
+        for f in findings:
+            if f.get("id") in NOT_REPEATED:
+                continue
+            key = (str(f.get("id")), str(f.get("point", "")))
+            m = merged.setdefault(key, MergedFinding(key[0], key[1], "info", [], [], [], []))
+            if num not in m.trials:
+                m.trials.append(num)
+                m.titles.append(str(f.get("title", key[0])))
+                m.advice.append(advice_text(f))
+                effect = f.get("predicted_effect") or {}
+                m.changes.append(overrides_text(effect.get("change") or f.get("change") or {}))
+            severity = str(f.get("severity", "info"))
+            if severity in SEVERITIES and SEVERITIES.index(severity) > SEVERITIES.index(m.severity):
+                m.severity = severity
+    return sorted(merged.values(), key=lambda m: m.rank)
+
+
+def advice_text(finding: dict[str, Any]) -> str:
+    """The suggestion in one line: the change, then what the simulator predicts it does."""
+    effect = finding.get("predicted_effect") or {}
+    change = finding.get("change") or {}
+    if "change_pct" in effect:
+        text = f"set {overrides_text(effect.get('change') or change)}: predicted {_effect_numbers(effect)}"
+        instead = effect.get("instead_of")
+        if instead:
+            text = f"{overrides_text(instead.get('change', {}))} would not help; instead {text}"
+        return text
+    verdict = str(effect.get("verdict", ""))
+    if verdict == "nothing tried helps":
+        tried = ", ".join(overrides_text(e.get("change", {})) for e in effect.get("tried", []))
+        return "no change tried is predicted to help" + (f" (tried {tried})" if tried else "")
+    if change:
+        return f"set {overrides_text(change)}" + (f" (prediction: {verdict})" if verdict else "")
+    # no change to predict (the measurement itself, or advice that is not a config change)
+    suggestion = str(finding.get("suggestion", "")).strip()
+    return suggestion.split(". ")[0].rstrip(".") if suggestion else "see the trial's diagnosis.json"
+
+
+def _effect_numbers(effect: dict[str, Any]) -> str:
+    """``91 → 245 tok/s (+168%), TTFT p99 -38%, ITL p99 +43%`` (a latency only when it moves 10 %)."""
+    b, p, pct = effect.get("baseline", {}), effect.get("predicted", {}), effect["change_pct"]
+    parts = []
+    if "output_tok_s" in b and "output_tok_s" in p:
+        parts.append(f"{b['output_tok_s']:.0f} → {p['output_tok_s']:.0f} tok/s "
+                     f"({pct.get('output_tok_s', 0.0):+.0f}%)")
+    parts += [f"{name} {pct[k]:+.0f}%" for k, name in (("ttft_p99_ms", "TTFT p99"), ("itl_p99_ms", "ITL p99"))
+              if k in pct and abs(pct[k]) >= 10]
+    text = ", ".join(parts)
+    at = effect.get("predicted_at")
+    return text + (f" at {at}" if at and at != effect.get("point") else "")
+
+
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+
+
+def merge_texts(texts: list[str], first: str = "the first", max_ranges: int = 3) -> str:
+    """Texts that differ only in up to ``max_ranges`` of their numbers become one text with ranges
+    (``idle 79–86%``); texts that differ otherwise: the first one, naming whose (``first``)."""
+    distinct = list(dict.fromkeys(texts))
+    if len(distinct) == 1:
+        return distinct[0]
+    skeletons = {_NUMBER.sub("#", t) for t in distinct}
+    numbers = [_NUMBER.findall(t) for t in distinct]
+    if len(skeletons) == 1 and sum(len(set(slot)) > 1 for slot in zip(*numbers, strict=True)) <= max_ranges:
+        pieces = _NUMBER.split(distinct[0])
+        out = [pieces[0]]
+        for i, piece in enumerate(pieces[1:]):
+            values = [n[i] for n in numbers]
+            low, high = min(values, key=float), max(values, key=float)
+            # "+167–168%", not "+167–+168%"
+            out.append(low if low == high else f"{low}–{high.lstrip('+') if low.startswith('+') else high}")
+            out.append(piece)
+        return "".join(out)
+    return f"{distinct[0]} ({first}; others differ)"
+
+
+def finding_lines(merged: list[MergedFinding], n_trials: int, width: int = MAX_WIDTH) -> list[str]:
+    """At most :data:`MAX_FINDINGS` findings, each as a line saying who and what, then ``→`` the
+    change and its predicted effect, wrapped to ``width``."""
+    lines: list[str] = []
+    shown: set[str] = set()  # advice already printed
+    for m in merged[:MAX_FINDINGS]:
+        head = f"{m.severity.upper() if m.severity == 'critical' else m.severity}: " \
+               f"{_who(m.trials, n_trials)}: {merge_texts(m.titles, f'trial #{m.trials[0]}')}"
+        lines += textwrap.wrap(head, width, subsequent_indent="    ")
+        advice = merge_texts(m.advice, f"trial #{m.trials[0]}")
+        text = f"the same change as above ({merge_texts(m.changes)})" if advice in shown else advice
+        shown.add(advice)
+        lines += textwrap.wrap(f"→ {text}", width, initial_indent="  ", subsequent_indent="    ",
+                               max_lines=2, placeholder=" …")
+    if len(merged) > MAX_FINDINGS:
+        lines.append(f"... {len(merged) - MAX_FINDINGS} more: each trial's diagnosis.json, or the report")
+    return lines
+
+
+def _who(trials: list[int], n_trials: int) -> str:
+    if n_trials > 1 and len(trials) == n_trials:
+        return f"all {n_trials} trials"
+    nums = ", ".join(f"#{n}" for n in sorted(trials))
+    return f"trial{'s' if len(trials) > 1 else ''} {nums}"
+
+
+# -- all of it ------------------------------------------------------------------------------------
+
+def print_sweep_summary(runs: list[Any], title: str, console: Console | None = None,
+                        tracking_uri: str | None = None) -> None:
+    """Header, table with its notes, then the merged findings, within the console's width (at most
+    :data:`MAX_WIDTH`)."""
+    console = console or Console(width=MAX_WIDTH)
+    width = summary_width(console)
+    console.print(title, highlight=False, markup=False, width=width)
+    for line in engine_lines(runs):
+        console.print(line, highlight=False, markup=False, width=width,
+                      style="bold" if "Simulated" in line else "")
+    if not runs:
+        return
+    table, notes = sweep_table(runs)
+    console.print(table, width=width)
+    for note in notes:
+        console.print(note, highlight=False, markup=False, width=width, style="dim")
+    for run in _ordered(runs):
+        if run.data.tags.get(Tag.STATUS) not in ("ok", "skipped"):
+            reason = (run.data.tags.get(Tag.ERROR) or "").strip().splitlines()
+            console.print(Text.assemble((run.data.tags.get(Tag.STATUS, "?"), "red"), f" {_trial_label(run)}: "
+                                        f"{reason[-1] if reason else 'no reason recorded'}"), width=width)
+    merged = merge_findings([(_num(r), load_findings(r, tracking_uri)) for r in _ordered(runs)])
+    if merged:
+        console.print()
+        console.print("Findings (each trial's diagnosis.json; effects predicted by the simulated engine):",
+                      highlight=False, markup=False, width=width, style="bold")
+        for line in finding_lines(merged, len(runs), width):
+            style = "red" if line.startswith("CRITICAL") else "yellow" if line.startswith("warning") else ""
+            console.print(line, highlight=False, markup=False, width=width, style=style)

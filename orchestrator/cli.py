@@ -98,7 +98,8 @@ def one_line_error(exc: BaseException) -> tuple[str, int]:
 
 
 def finish(code: int) -> int:
-    """Close the sweep's parent run, print the per-trial table; the process exit code."""
+    """Close the sweep's parent run and print its end (analysis/report.py: the engine, the table, the
+    findings; then the HTML report, the trial files, the MLflow UI); the process exit code."""
     from orchestrator import sweep
 
     state = sweep.ACTIVE
@@ -107,10 +108,11 @@ def finish(code: int) -> int:
         return code
     from rich.console import Console
 
-    from analysis.report import print_sweep_summary
+    from analysis.report import MAX_WIDTH, print_sweep_summary
     from orchestrator.tracking import Tracker, runs_url, ui_command
 
-    console = Console() if sys.stdout.isatty() else Console(width=200)  # logs: no wrapping
+    # a terminal's width, at most 100 columns; 100 in logs and pipes (the README shows this output)
+    console = Console(width=min(Console().width, MAX_WIDTH) if sys.stdout.isatty() else MAX_WIDTH)
     tracker = Tracker(state.uri, state.experiment)
     runs = tracker.children(state.run_id)
     interrupted = TrialStatus.KILLED if code == 130 else TrialStatus.FAILED
@@ -126,22 +128,84 @@ def finish(code: int) -> int:
     else:
         status = "ok"
     tracker.finish(state.run_id, status)
-    failed = [r for r in runs if not TrialStatus(r.data.tags.get(Tag.STATUS, "failed")).succeeded]
     what = "prediction (virtual time, simulated engine)" if state.mode == "prediction" else "sweep"
-    print_sweep_summary(runs, f"{what} {state.run_id}: {len(runs)} trial(s), status {status}", console)
-    for run in failed:
-        reason = (run.data.tags.get(Tag.ERROR) or "").strip().splitlines()
-        tags = run.data.tags
-        console.print(f"[red]{tags.get(Tag.STATUS)}[/red] #{tags.get(Tag.TRIAL_NUM)} "
-                      f"{tags.get(Tag.OVERRIDES)}: {reason[-1] if reason else 'no reason recorded'}",
-                      highlight=False)
-    _log_plots(tracker, state.run_id, runs, Path(state.sweep_dir))
+    print_sweep_summary(runs, f"{what} {state.run_id}: {len(runs)} trial(s), status {status}", console,
+                        state.uri)
+    sweep_dir = Path(state.sweep_dir)
+    _log_plots(tracker, state.run_id, runs, sweep_dir)
     _describe_sweep(tracker, state.run_id, runs, status)
+    console.print()
+    report = _html_report(tracker, state.run_id, state.uri, sweep_dir)
+    if report is not None:
+        console.print(f"Report: {_shown_path(report)}", highlight=False, markup=False)
+    trials = f"{_shown_path(sweep_dir)}/<n>/" if state.multirun else _shown_path(sweep_dir)
+    console.print(f"Trial files: {trials} (records, telemetry, diagnosis.json, plots)",
+                  highlight=False, markup=False)
     url = runs_url(state.experiment_id or "0", state.uri)
-    console.print(f"Browse: {ui_command(state.uri)}\n  then open {url}", highlight=False, soft_wrap=True)
+    # commands are printed whole, never wrapped by rich: a long one continues with a shell backslash
+    ui = _ui_uri(state.uri)
+    where = " (from this directory)" if ui != state.uri else ""
+    console.print("\n".join([f"Browse the runs in the MLflow UI{where}:",
+                             *_shell_lines(ui_command(ui), console.width), f"  then open {url}"]),
+                  highlight=False, markup=False, soft_wrap=True)
     if code == 0 and status != "ok":
         code = 1
     return code
+
+
+def _html_report(tracker: Any, sweep_run_id: str, uri: str, sweep_dir: Path) -> Path | None:
+    """The sweep's HTML report (``analysis/report_html.py``), logged as an artifact of the sweep run;
+    None when it could not be written (the numbers are in the store whatever happens here)."""
+    import logging
+
+    try:
+        from analysis.report_html import build_report
+
+        path = Path(build_report(sweep_run_id, uri, out=sweep_dir / "report.html"))
+        tracker.log_artifact(sweep_run_id, path)
+        return path
+    except Exception:  # a convenience, like the plots
+        logging.getLogger("parasweep").exception("could not write the sweep's HTML report")
+        return None
+
+
+def _shown_path(path: Path) -> str:
+    """A path as short as it can be said: relative to the current directory when under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _shell_lines(command: str, width: int, indent: str = "  ", more: str = "      ") -> list[str]:
+    """A shell command broken before its options into lines of at most ``width`` where it can be
+    (continued with `` \\``; ``indent`` before the first line, ``more`` before the others), so it can
+    still be pasted whole."""
+    units: list[str] = []
+    for word in command.split(" "):  # an option and its value stay together
+        if units and units[-1].startswith("--") and " " not in units[-1] and not word.startswith("-"):
+            units[-1] += " " + word
+        else:
+            units.append(word)
+    lines = [indent + units[0]]
+    for unit in units[1:]:
+        if len(lines[-1]) + 1 + len(unit) + 2 <= width:  # 2: the " \\" that may follow
+            lines[-1] += " " + unit
+        else:
+            lines[-1] += " \\"
+            lines.append(more + unit)
+    return lines
+
+
+def _ui_uri(uri: str) -> str:
+    """A sqlite store under the current directory as a relative URI (``sqlite:///runs/mlflow.db``):
+    the command that opens it is then short enough to print whole."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and Path(uri.removeprefix(prefix)).is_absolute():
+        shown = _shown_path(Path(uri.removeprefix(prefix)))
+        if not Path(shown).is_absolute():
+            return prefix + shown
+    return uri
 
 
 def _describe_sweep(tracker: Any, sweep_run_id: str, runs: list[Any], status: str) -> None:

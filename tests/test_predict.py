@@ -73,6 +73,9 @@ def test_reproduce_a_trial_and_a_sweep(tmp_path: Path) -> None:
     redo = run_cli([f"reproduce={sweep.info.run_id}"], tmp_path, timeout=120)
     assert redo.returncode == 0, redo.stdout + redo.stderr
     assert "2 trial(s), status ok" in redo.stdout and "skipping" not in redo.stdout
+    # each trial is put side by side with its namesake in the original sweep (virtual time: no change)
+    summaries = [line for line in redo.stdout.splitlines() if line.startswith("reproduction: ")]
+    assert len(summaries) == 2 and all(line.startswith("reproduction: tok/s +0.0%") for line in summaries)
     # an unknown id is one line
     bad = run_cli(["reproduce=0123456789abcdef"], tmp_path, timeout=60)
     assert bad.returncode == 2

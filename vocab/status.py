@@ -34,6 +34,7 @@ class Tag:
     STATUS = "parasweep.status"
     MODE = "parasweep.mode"  # sweep runs: measure | prediction
     ENGINE = "parasweep.engine"
+    ENGINE_REASON = "parasweep.engine_reason"  # why that engine: engine=auto's choice, or the config's
     ENGINE_VERSION = "parasweep.engine_version"
     CONFIG_HASH = "parasweep.config_hash"
     TRIAL_NUM = "parasweep.trial_num"
@@ -48,6 +49,7 @@ class Tag:
     REUSED_RUN_ID = "parasweep.reused_run_id"
     REPRODUCES = "parasweep.reproduces"
     REPRODUCE_WARNING = "parasweep.reproduce_warning"
+    REPRODUCE_DIFF = "parasweep.reproduce_diff"  # one line: largest metric changes, environment differences
     GPU_TELEMETRY = "parasweep.gpu_telemetry"  # nvml | simulated | none: where GPU numbers come from
     GPU_TELEMETRY_NOTE = "parasweep.gpu_telemetry_note"  # what was sampled, or why nothing was
     NOTE = "mlflow.note.content"  # the run description the MLflow UI shows

@@ -33,9 +33,22 @@ def typed_config(cfg: DictConfig | ParasweepConf) -> ParasweepConf:
 
 def resolve_engine(cfg: ParasweepConf) -> str:
     """``auto`` becomes ``sglang`` on a node with GPUs and SGLang, else ``sim``."""
+    return resolve_engine_reason(cfg)[0]
+
+
+def resolve_engine_reason(cfg: ParasweepConf) -> tuple[str, str]:
+    """The engine ``resolve_engine`` picks and why, in words for the end-of-sweep header (so a number
+    from the simulated engine is never read as a measurement without saying how it came to be)."""
     if cfg.engine.name != "auto":
-        return cfg.engine.name
-    return "sglang" if local_gpu_count() > 0 and (cfg.engine.python or sglang_installed()) else "sim"
+        return cfg.engine.name, f"engine={cfg.engine.name} in the config"
+    gpus = local_gpu_count()
+    if gpus == 0:
+        return "sim", "engine=auto: no NVIDIA GPU on this node"
+    if cfg.engine.python:
+        return "sglang", f"engine=auto: {gpus} GPU(s) on this node and engine.python set"
+    if sglang_installed():
+        return "sglang", f"engine=auto: {gpus} GPU(s) and SGLang on this node"
+    return "sim", f"engine=auto: {gpus} GPU(s) on this node but SGLang is not installed (engine.python unset)"
 
 
 def available_gpus(cfg: ParasweepConf, engine: str) -> tuple[int, str]:

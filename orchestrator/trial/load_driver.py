@@ -34,6 +34,6 @@ def drive_load(session: EngineSession, points: list[LoadPoint], spec: RequestSpe
         result = session.run_point(point, spec, records, on_progress)
         results.append(result)
         on_point(result)
-        log.info("%s: %s", point.label, ", ".join(f"{k}={result.metrics[k]:.4g}" for k in SUMMARY_KEYS
+        log.debug("%s: %s", point.label, ", ".join(f"{k}={result.metrics[k]:.4g}" for k in SUMMARY_KEYS
                                                    if k in result.metrics))
     return results

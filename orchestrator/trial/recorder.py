@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from orchestrator.environment import ENV_FILE
 from orchestrator.process.server import log_tail
 from orchestrator.redact import redact_argv, redact_mapping, redact_text, secret_values
 from orchestrator.telemetry.server_log import resolved_params
@@ -165,6 +166,12 @@ class TrialRecorder:
         (folder / "overrides.yaml").write_text(yaml.safe_dump([self._text(o) for o in overrides]))
         for name in ("resolved.yaml", "overrides.yaml"):
             self.tracker.log_artifact(self.run_id, folder / name, "config")
+
+    def save_env(self, env: dict[str, Any]) -> None:
+        """``env.json``: the environment fingerprint (orchestrator/environment.py), which a
+        reproduction compares with its own."""
+        (self.paths.root / ENV_FILE).write_text(json.dumps(redact_mapping(env), indent=1))
+        self.tracker.log_artifact(self.run_id, self.paths.root / ENV_FILE)
 
     def save_server_files(self) -> None:
         server = self.paths.root / "server"

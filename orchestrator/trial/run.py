@@ -11,6 +11,7 @@ diagnosed and logged, and the run is closed with the trial's status.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -62,7 +63,8 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
     paths = TrialPaths(ident.trial_dir)
     virtual = cfg.predict
     recorder = TrialRecorder(Tracker(settings.tracking_uri, settings.experiment), paths, plan.resolved_cfg)
-    tags = {Tag.ENGINE: "sim-predict" if virtual else plan.engine_name, Tag.CONFIG_HASH: plan.config_hash,
+    tags = {Tag.ENGINE: "sim-predict" if virtual else plan.engine_name,
+            Tag.ENGINE_REASON: _engine_reason(plan), Tag.CONFIG_HASH: plan.config_hash,
             Tag.TRIAL_NUM: str(ident.num), Tag.OVERRIDES: ident.label}
     run_id = recorder.open(ident.run_name + (" (predicted)" if virtual else ""),
                            RunKind.PREDICTION if virtual else RunKind.TRIAL, tags,
@@ -102,8 +104,26 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
         timings.update(session.timings)
         recorder.save_argv(session.argv)
         progress.update(status=status.value, message=error.splitlines()[0] if error else "", force=True)
-        _finish(plan, recorder, session, results, status, error, timings)
+        _finish(plan, recorder, session, results, status, error, timings, settings.reproduces)
     return TrialOutcome(status, run_id, timings, error)
+
+
+def _engine_reason(plan: TrialPlan) -> str:
+    """Why this trial runs on its engine (the end-of-sweep header quotes it, so a simulated number is
+    never read as a measurement)."""
+    from orchestrator.config.validate import resolve_engine_reason
+
+    if plan.cfg.predict:
+        return "predict=true"
+    # what the user asked for: the sweep's launcher writes what "auto" became into engine.name, so
+    # the trial's own overrides say whether an engine was named (the config's default is auto)
+    named = [o.split("=", 1)[1] for o in plan.identity.overrides
+             if o.lstrip("+").split("=", 1)[0] in ("engine", "engine.name") and "=" in o]
+    asked = dataclasses.replace(plan.cfg.engine, name=named[-1] if named else "auto")
+    engine, reason = resolve_engine_reason(dataclasses.replace(plan.cfg, engine=asked))
+    if engine != plan.engine_name:  # the driver chose on its node; this worker may see other GPUs
+        return f"engine={plan.engine_name}, chosen by the sweep's driver"
+    return reason
 
 
 def _check_reproduction(recorder: TrialRecorder, original: str, new_hash: str) -> None:
@@ -129,11 +149,13 @@ def with_placement(samples: Any, layout: list[GpuPlace]) -> Any:
 
 
 def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, results: list[PointResult],
-            status: TrialStatus, error: str, timings: dict[str, float]) -> None:
+            status: TrialStatus, error: str, timings: dict[str, float],
+            reproduces: str | None = None) -> None:
     """Summarise, diagnose and log what exists; never raise. The order is explicit: each step takes
     what it needs as arguments (telemetry summaries feed the diagnosis, which feeds the description)."""
     from analysis.diagnose import diagnose
     from analysis.telemetry import point_telemetry
+    from orchestrator.environment import fingerprint
     from orchestrator.telemetry.gpu_sampler import read_gpu_samples
     from orchestrator.telemetry.server_log import server_log_frame
     from orchestrator.telemetry.server_metrics import read_samples
@@ -171,11 +193,31 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
         facts = trial_facts(cfg, session.resolved, results, extras, gpu.source)
         findings.extend(check_findings(diagnose(facts), cfg, plan.points))
 
+    def environment() -> None:
+        engine = "sim-predict" if cfg.predict else plan.engine_name
+        recorder.save_env(fingerprint(engine, session.server_info, cfg.hardware.name,
+                                      os.environ.get("CUDA_VISIBLE_DEVICES")))
+
+    def reproduction() -> None:
+        """The original and this run side by side (reproduce=): printed, kept, summarised in a tag."""
+        from orchestrator.redact import redact_text
+        from orchestrator.reproduce import REPORT_FILE, reproduction_report
+
+        if not reproduces:
+            return
+        lines = reproduction_report(recorder.tracker, reproduces, recorder.run_id)
+        print("\n".join(lines), flush=True)
+        (paths.root / REPORT_FILE).write_text(redact_text("\n".join(lines) + "\n", recorder.secrets))
+        recorder.tracker.log_artifact(recorder.run_id, paths.root / REPORT_FILE)
+        recorder.set_tags({Tag.REPRODUCE_DIFF: lines[0]})
+
     saved: list[dict[str, Any]] = []
     steps = [("records", recorder.save_records), ("telemetry", telemetry),
              ("config", lambda: recorder.save_config(plan.resolved_cfg, plan.identity.overrides)),
+             ("environment", environment),
              ("server_files", recorder.save_server_files), ("diagnosis", diagnosis),
              ("findings", lambda: saved.extend(recorder.save_findings(findings, status, error))),
+             ("reproduction", reproduction),
              ("error", lambda: recorder.save_error(error)),
              ("timings", lambda: recorder.log_timings(trial_timings({**timings, "end": time.time()}))),
              ("description", lambda: recorder.describe(

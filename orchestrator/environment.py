@@ -1,0 +1,150 @@
+"""The environment a trial ran in, as one flat-ish dict (``env.json`` in the trial directory and as a
+run artifact), so a reproduction can say what differs besides the config.
+
+What is recorded: parasweep's version and git state, Python, the versions of the packages that shape a
+measurement (read from package metadata, never imported: importing torch or sglang costs seconds and
+can touch the GPUs), the engine and its version as ``/server_info`` reports it, the trial's GPUs with
+the driver and CUDA versions (NVML), the OS, kernel and CPU, and the hardware profile's name.
+
+Every probe degrades to a word ("unknown", "none", "not installed") instead of failing: a missing
+fingerprint entry must never cost a trial its results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+# Distribution names as pip knows them; where a package ships under two names, the first installed wins.
+PACKAGES: dict[str, tuple[str, ...]] = {
+    "hydra-core": ("hydra-core",), "omegaconf": ("omegaconf",), "ray": ("ray",),
+    "mlflow": ("mlflow", "mlflow-skinny"), "aiohttp": ("aiohttp",), "pandas": ("pandas",),
+    "numpy": ("numpy",), "nvidia-ml-py": ("nvidia-ml-py", "pynvml"), "sglang": ("sglang",),
+    "torch": ("torch",)}
+NOT_INSTALLED = "not installed"
+ENV_FILE = "env.json"  # in the trial directory, and at the top of the run's artifacts
+GIT_TIMEOUT_S = 5.0
+# The checkout this code runs from (when it runs from one: an installed copy has no git state).
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def fingerprint(engine_name: str, server_info: dict[str, Any], hardware_name: str,
+                visible_devices: str | None) -> dict[str, Any]:
+    """The trial's environment. ``visible_devices`` is its ``CUDA_VISIBLE_DEVICES`` (None: unset, so
+    every GPU NVML lists)."""
+    return {
+        "parasweep": distribution_version(("parasweep",)),
+        **git_state(SOURCE_ROOT),
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "packages": {name: distribution_version(dists) for name, dists in PACKAGES.items()},
+        "engine": engine_name,
+        "engine_version": _engine_version(server_info),
+        **gpu_state(visible_devices),
+        "os": _os_name(),
+        "kernel": platform.release() or "unknown",
+        "machine": platform.machine() or "unknown",
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count() or 0,
+        "hardware": hardware_name,
+    }
+
+
+def distribution_version(names: tuple[str, ...]) -> str:
+    """The version of the first of ``names`` that is installed, from its metadata."""
+    for name in names:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(name)
+    return NOT_INSTALLED
+
+
+def git_state(repo_dir: Path) -> dict[str, Any]:
+    """``{"git_commit": sha, "git_dirty": bool}`` for the checkout whose top level is ``repo_dir``;
+    "unknown" for both outside git (an installed copy, or a folder inside someone else's checkout,
+    such as a virtual environment inside a project: its commit is not this code's)."""
+    unknown = {"git_commit": "unknown", "git_dirty": "unknown"}
+    head = _git(repo_dir, "rev-parse", "--show-toplevel", "HEAD")
+    if head is None or len(head.splitlines()) != 2:
+        return unknown
+    top, sha = head.splitlines()
+    if Path(top).resolve() != repo_dir.resolve():
+        return unknown
+    status = _git(repo_dir, "status", "--porcelain")
+    # untracked files count: a new module next to the committed ones changes what runs
+    return {"git_commit": sha, "git_dirty": "unknown" if status is None else bool(status.strip())}
+
+
+def _git(repo_dir: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(repo_dir), *args], capture_output=True, text=True,
+                             timeout=GIT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):  # no git, or it hung (a network file system)
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _engine_version(info: dict[str, Any]) -> str:
+    # the rule of orchestrator.trial.session.engine_version, repeated here because orchestrator.trial
+    # imports this module (the package's modules may not import each other round a loop)
+    version = info.get("version", "unknown")
+    return f"{info['engine']} {version}" if info.get("engine") else str(version)
+
+
+def gpu_state(visible: str | None) -> dict[str, Any]:
+    """``gpus`` (the model of each of the trial's GPUs), ``gpu_driver`` and ``cuda_driver`` from NVML;
+    "none" for each where NVML cannot be used (``gpus`` then says why)."""
+    from orchestrator.telemetry.nvml_source import visible_devices
+
+    try:
+        import pynvml as nvml
+    except ImportError:
+        return _no_gpus("nvidia-ml-py is not installed")
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        return _no_gpus(f"NVML unavailable: {exc}")
+    try:
+        matches = visible_devices(nvml, visible)
+        gpus = [_text(nvml.nvmlDeviceGetName(m.handle)) if m.handle is not None else f"unknown ({m.label})"
+                for m in matches]
+        cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
+        return {"gpus": gpus or "none (CUDA_VISIBLE_DEVICES lists no GPU)",
+                "gpu_driver": _text(nvml.nvmlSystemGetDriverVersion()),
+                "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}"}
+    except nvml.NVMLError as exc:
+        return _no_gpus(f"NVML failed: {exc}")
+    finally:
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+
+
+def _no_gpus(why: str) -> dict[str, Any]:
+    return {"gpus": f"none ({why})", "gpu_driver": "none", "cuda_driver": "none"}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _os_name() -> str:
+    try:
+        return platform.freedesktop_os_release().get("PRETTY_NAME") or platform.platform(terse=True)
+    except OSError:  # not Linux, or no os-release file
+        return platform.platform(terse=True)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo; elsewhere what ``platform`` knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model") and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

@@ -1,0 +1,253 @@
+"""The end of a sweep as a new user reads it: the engine and why, one table within 100 columns with
+the best of each column marked, the findings merged across trials with their predicted effect, then
+where things are; and ``python run.py --help``.
+
+The fast tests execute real trials in virtual time without Hydra (as tests/test_trial_stages.py does)
+into a temp sqlite store, then print the summary and run ``finish()`` on them; the slow ones run the
+real entry point."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from analysis.report import MAX_WIDTH, finding_lines, merge_findings, merge_texts, print_sweep_summary
+from orchestrator import sweep
+from orchestrator.cli import finish
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.validate import resolve_engine, resolve_engine_reason
+from orchestrator.gpus import local_gpu_count
+from orchestrator.tracking import Tracker
+from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
+from orchestrator.trial.run import TrialRunSettings, execute_trial
+from tests.conftest import run_cli
+from vocab.hardware import load_hardware
+from vocab.metric_keys import point_metrics
+from vocab.status import RunKind, Tag
+
+EXPERIMENT = "summary"
+
+
+def _cfg(tmp_path: Path, async_depth: int) -> ParasweepConf:
+    cfg = ParasweepConf()
+    cfg.engine.name = "sim"
+    cfg.predict = True
+    cfg.model.name, cfg.model.path = "tiny-test", "models/tiny-test"
+    cfg.hardware = load_hardware("h200-nvlink-x8")
+    cfg.pp.size, cfg.pp.async_depth = 2, async_depth
+    cfg.workload.concurrency = [1, 4]
+    cfg.workload.input_len, cfg.workload.output_len = 32, 8
+    cfg.workload.requests_per_concurrency, cfg.workload.warmup_requests = 2, 1
+    cfg.tracking.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def predicted_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Tracker, str, Path]:
+    """Three trials (pp.async_depth=0,1,2: PP2 with the default micro-batch cap, so every trial has
+    too few micro-batches at c4) under one sweep run, in virtual time."""
+    tmp = tmp_path_factory.mktemp("summary")
+    uri = _cfg(tmp, 0).tracking.uri
+    tracker = Tracker(uri, EXPERIMENT)
+    sweep_id = tracker.start_run("prediction pp.async_depth=0,1,2",
+                                 {Tag.KIND: RunKind.SWEEP.value, Tag.MODE: "prediction"})
+    for num, depth in enumerate((0, 1, 2)):
+        cfg = _cfg(tmp, depth)
+        label = f"pp.async_depth={depth}"
+        plan = make_plan(cfg, checked_engine(cfg), TrialIdentity(num, label, tmp / str(num), (label,)))
+        outcome = execute_trial(plan, TrialRunSettings(uri, EXPERIMENT, sweep_id, own_progress_view=False))
+        assert outcome.status.value == "ok", outcome.error
+    return tracker, sweep_id, tmp
+
+
+def _printed(runs: list, width: int = MAX_WIDTH, uri: str | None = None) -> str:
+    out = io.StringIO()
+    print_sweep_summary(runs, "sweep x: 3 trial(s), status ok", Console(file=out, width=width), uri)
+    return out.getvalue()
+
+
+def _assert_fits(text: str, width: int = MAX_WIDTH) -> None:
+    too_wide = [line for line in text.splitlines() if len(line) > width]
+    assert not too_wide, f"lines over {width} columns: {too_wide}"
+
+
+def test_summary_fits_names_the_engine_and_marks_the_best(predicted_sweep) -> None:
+    tracker, sweep_id, _ = predicted_sweep
+    runs = tracker.children(sweep_id)
+    text = _printed(runs)
+    _assert_fits(text)
+    assert all(r.data.tags[Tag.ENGINE_REASON] == "predict=true" for r in runs)
+    header = "Simulated engine in virtual time (predict=true): the simulator's predictions, not measured"
+    assert header in text.splitlines()
+    # the c4 section: one row per trial; the highest tok/s carries the mark, and only it
+    section = text[text.index("\nc4 "):].split("\n\n")[0].splitlines()
+    rows = {int(m.group(1)): line for line in section if (m := re.search(r"#(\d) pp\.async_depth", line))}
+    assert len(rows) == 3
+    tok = {int(r.data.tags[Tag.TRIAL_NUM]): round(_at(r, "c4")["output_tok_s"], 1) for r in runs}
+    best = max(tok.values())
+    for num, line in rows.items():
+        cell = f"{tok[num]:.1f}*"
+        assert (cell in line) == (tok[num] == best and len(set(tok.values())) > 1), line
+    # J/token from the simulator's power model is shown, and says so
+    assert "J/tok (sim)" in text and "simulator's power model, not measured" in text
+
+
+def _at(run, point: str) -> dict[str, float]:
+    return {str(label): m for label, m in point_metrics(run.data.metrics).items()}[point]
+
+
+def test_findings_are_merged_across_trials_with_their_predicted_effect(predicted_sweep) -> None:
+    tracker, sweep_id, tmp = predicted_sweep
+    runs = tracker.children(sweep_id)
+    diagnoses = [json.loads((tmp / str(n) / "diagnosis.json").read_text()) for n in range(3)]
+    micro = [next(f for f in d if f["id"] == "too_few_microbatches") for d in diagnoses]
+    text = _printed(runs)
+    findings = text[text.index("Findings"):]
+    lines = findings.splitlines()
+    head = next(line for line in lines if "micro-batch" in line)
+    severity = micro[0]["severity"]
+    assert head.startswith(f"{severity.upper() if severity == 'critical' else severity}: all 3 trials: ")
+    assert findings.count("micro-batch") == 1  # merged, not one per trial
+    body = " ".join(" ".join(lines[lines.index(head) + 1:lines.index(head) + 3]).split())
+    assert body.startswith("→ ")
+    effects = [f["predicted_effect"] for f in micro]
+    if all(e and "change_pct" in e for e in effects):  # the change, then what it is predicted to do
+        change = " ".join(f"{k}={v}".replace(" ", "") for k, v in effects[0]["change"].items())
+        numbers = merge_texts([f"{e['baseline']['output_tok_s']:.0f} → {e['predicted']['output_tok_s']:.0f} "
+                               f"tok/s ({e['change_pct']['output_tok_s']:+.0f}%)" for e in effects])
+        assert f"set {change}: predicted {numbers}" in body, body
+    # the same when diagnosis.json comes from the store, not the trial directory
+    for run in runs:
+        run.data.tags.pop(Tag.TRIAL_DIR)
+    assert _printed(runs, uri=tracker.uri)[text.index("Findings"):] == findings
+
+
+def test_merging_rules() -> None:
+    assert merge_texts(["Stages idle 79% at c32", "Stages idle 86% at c32", "Stages idle 82% at c32"]) \
+        == "Stages idle 79–86% at c32"
+    assert merge_texts(["x +167% y", "x +168% y"]) == "x +167–168% y"
+    assert merge_texts(["a b", "c d"], "trial #4") == "a b (trial #4; others differ)"
+    effect = {"change": {"pp.micro_batch_size": 4}, "point": "c32", "predicted_at": "c32", "verdict": "helps",
+              "baseline": {"output_tok_s": 91.0, "ttft_p99_ms": 1700.0, "itl_p99_ms": 270.0},
+              "predicted": {"output_tok_s": 243.0, "ttft_p99_ms": 1000.0, "itl_p99_ms": 280.0},
+              "change_pct": {"output_tok_s": 167.0, "ttft_p99_ms": -41.0, "itl_p99_ms": 3.7}}
+    micro = {"id": "too_few_microbatches", "severity": "critical", "point": "c32", "title": "Only 1 at c32",
+             "suggestion": "s", "change": {"pp.micro_batch_size": 4}, "predicted_effect": effect}
+    bubble = {**micro, "id": "pp_bubble", "title": "Idle 86% at c32"}
+    queue = {"id": "admission_cap", "severity": "warning", "point": "c8", "title": "Queue at c8",
+             "suggestion": "Raise the cap. More words.", "change": {}, "predicted_effect": None}
+    failed = {"id": "trial_failed", "severity": "critical", "title": "x"}
+    bubble_1 = {**bubble, "title": "Idle 79% at c32"}
+    merged = merge_findings([(0, [queue, micro, bubble]), (1, [micro, bubble_1]), (2, [micro, failed])])
+    assert [m.id for m in merged] == ["too_few_microbatches", "pp_bubble", "admission_cap"]
+    lines = finding_lines(merged, 3, 100)
+    assert lines[:4] == [
+        "CRITICAL: all 3 trials: Only 1 at c32",
+        "  → set pp.micro_batch_size=4: predicted 91 → 243 tok/s (+167%), TTFT p99 -41%",
+        "CRITICAL: trials #0, #1: Idle 79–86% at c32",
+        "  → the same change as above (pp.micro_batch_size=4)"]
+    assert lines[4:] == ["warning: trial #0: Queue at c8", "  → Raise the cap"]
+    assert all(len(line) <= 40 for line in finding_lines(merged, 3, 40))
+
+
+def test_measured_trials_show_measured_energy_and_failures_within_the_width(tmp_path: Path) -> None:
+    """Trials as an SGLang sweep with NVML telemetry records them: J/token plain, the lowest marked;
+    a failed trial's reason on its own line; a long label folds inside its column."""
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", EXPERIMENT)
+    parent = tracker.start_run("sweep", {Tag.KIND: RunKind.SWEEP.value})
+    long_label = "parallelism=tp2pp4 server.max_running_requests=512 workload.concurrency=[8,32,128]"
+    trials = [(100.0, 2.5, "ok"), (140.0, 1.9, "ok"), (0.0, 0.0, "failed")]
+    for num, (tok, joule, status) in enumerate(trials):
+        run_id = tracker.start_run(f"#{num}", {
+            Tag.KIND: RunKind.TRIAL.value, Tag.STATUS: status, Tag.TRIAL_NUM: str(num),
+            Tag.OVERRIDES: f"{long_label} pp.async_depth={num}", Tag.ENGINE: "sglang",
+            Tag.ENGINE_VERSION: "0.5.4", Tag.ENGINE_REASON: "engine=auto: 8 GPU(s) and SGLang on this node",
+            Tag.GPU_TELEMETRY: "nvml", **({Tag.ERROR: "Traceback\nEngineStartError: out of memory"}
+                                          if status == "failed" else {})}, parent)
+        if status == "ok":
+            tracker.log_metrics(run_id, [("c8/output_tok_s", tok, 0), ("c8/ttft_p99_ms", 900.0 - tok, 0),
+                                         ("c8/itl_p99_ms", 30.0, 0), ("c8/j_per_output_token", joule, 0),
+                                         ("c8/valid", 1.0, 0), ("pred/c8/output_tok_s", tok * 0.9, 0)])
+    text = _printed(tracker.children(parent), width=80)
+    _assert_fits(text, 80)
+    assert "Engine sglang 0.5.4 (engine=auto: 8 GPU(s) and SGLang on this node): measured" in text
+    assert "Simulated" not in text and "(sim)" not in text and "J/tok" in text
+    assert "140.0* (126.0)" in text and "1.90*" in text and "2.50*" not in text
+    assert "ITL p99" in text and "30.0*" not in text  # all equal: nothing to mark
+    flat = " ".join(text.split())  # the failure line wraps at 80 columns
+    assert f"failed #2 {long_label} pp.async_depth=2: EngineStartError: out of memory" in flat
+
+
+def test_engine_reason_says_why(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, 0)
+    assert resolve_engine_reason(cfg) == ("sim", "engine=sim in the config")
+    cfg.engine.name = "auto"
+    engine, reason = resolve_engine_reason(cfg)
+    assert engine == resolve_engine(cfg) and reason.startswith("engine=auto: ")
+    if local_gpu_count() == 0:
+        assert (engine, reason) == ("sim", "engine=auto: no NVIDIA GPU on this node")
+    else:
+        assert "GPU(s)" in reason
+
+
+def test_finish_prints_where_things_are_and_keeps_the_report(predicted_sweep, monkeypatch, capsys) -> None:
+    tracker, sweep_id, tmp = predicted_sweep
+    sweep_dir = tmp / "sweep"
+    sweep_dir.mkdir(exist_ok=True)
+    state = sweep.SweepState(tracker.uri, EXPERIMENT, str(sweep_dir), True, "prediction", sweep_id,
+                             tracker.experiment_id)
+    monkeypatch.setattr(sweep, "ACTIVE", state)
+    monkeypatch.chdir(tmp)
+    assert finish(0) == 0
+    out = capsys.readouterr().out
+    _assert_fits(out)
+    assert "prediction (virtual time, simulated engine)" in out and "Findings" in out
+    assert "Browse the runs in the MLflow UI (from this directory):" in out
+    assert "  mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000" in out
+    assert "Trial files: sweep/<n>/" in out
+    report = sweep_dir / "report.html"
+    if report.exists():  # analysis/report_html.py writes it; finish() goes on without it
+        assert "Report: sweep/report.html" in out
+        names = [a.path for a in tracker.client.list_artifacts(sweep_id)]
+        assert "report.html" in names
+
+
+# -- the real entry point --------------------------------------------------------------------------
+@pytest.mark.slow
+def test_help_opens_with_parasweep_and_lists_the_groups(tmp_path: Path) -> None:
+    result = run_cli(["--help"], tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("parasweep: ") and "powered by Hydra" not in out
+    for command in ("make demo", "predict=true", "dry_run=true", "reproduce=", "calibration=",
+                    "python -m analysis report", "python -m analysis compare",
+                    "python -m orchestrator calibrate"):
+        assert command in out, command
+    groups = out[out.index("== Config groups"):]
+    for group in ("engine:", "model:", "hardware:", "parallelism:", "workload:", "experiment:"):
+        assert f"\n{group} " in groups, group
+    assert "pp:\n  size:" in out  # the config keys follow
+    _assert_fits(out[:out.index("== Config keys")])
+
+
+@pytest.mark.slow
+def test_a_real_sweep_ends_within_100_columns(tmp_path: Path) -> None:
+    result = run_cli(["-m", "model=tiny-test", "parallelism=pp2", "workload=tiny", "ray.num_cpus=2",
+                      "pp.async_depth=0,2"], tmp_path, timeout=600, env={"COLUMNS": "100"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    _assert_fits(out)
+    assert re.search(r"^Simulated engine \(engine=auto: [^)]*\): the simulator's numbers, not measured$",
+                     out, re.M), out
+    assert "tok/s (pred)" in out and "*" in out
+    # the micro-batch finding, once for both trials, then the change and what it is predicted to do
+    found = re.search(r"^(CRITICAL|warning): all 2 trials: .*micro-batch.*\n(  → .*\n(    .*\n)?)", out, re.M)
+    assert found, out
+    body = " ".join(found.group(2).split())
+    assert re.search(r"set \S+=\S+: predicted \d+ → \d+ tok/s \(\+\d+%\)", body), out
+    assert "mlflow ui --backend-store-uri sqlite:///runs/mlflow.db" in out
