@@ -17,13 +17,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
 import re
 import shutil
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,11 +37,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from analysis.store import StoreError, checked_store, default_tracking_uri, masked
+from analysis.store import client as store_client
 from vocab.metric_keys import Prefix, point_metrics
 from vocab.status import RunKind, Tag, TrialStatus
 
 TABLE_WIDTH = 100  # the terminal table never gets wider than this
-PROBE_TIMEOUT_S = 3.0  # an HTTP store that does not answer /health in this time counts as unreachable
 PREDICTED_ENGINE = "sim-predict"  # the engine tag of prediction runs; also given to a trial's pred/ rows
 
 # The columns every row has, in this order; the remaining per-point metrics follow alphabetically.
@@ -62,12 +60,6 @@ class CompareError(Exception):
     """Bad input or an unusable store: the message is the one line the user sees (exit 2)."""
 
 
-def default_tracking_uri() -> str:
-    """The same store parasweep writes by default: ``runs/mlflow.db`` under the working directory, as
-    an absolute sqlite URI (restated here because analysis does not import the orchestrator)."""
-    return f"sqlite:///{(Path.cwd() / 'runs').resolve() / 'mlflow.db'}"
-
-
 def lower_is_better(metric: str) -> bool:
     """Latencies (``*_ms``), energy per token and error counts: smaller is better. Everything else
     (throughputs, rates, concurrency) is taken as larger is better."""
@@ -75,45 +67,6 @@ def lower_is_better(metric: str) -> bool:
 
 
 # ---- selection and loading ------------------------------------------------------------------------
-
-def _redact_uri(uri: str) -> str:
-    # a URI may carry user:password@host; error messages must not echo the password
-    return re.sub(r"(://[^/:@]+):[^/@]+@", r"\1:***@", uri)
-
-
-def check_store(uri: str) -> None:
-    """Fail fast, in one line, on a store that is not there: a missing sqlite file (MLflow would
-    silently create an empty one) or an HTTP server that does not answer (MLflow's client would retry
-    for minutes)."""
-    shown = _redact_uri(uri)
-    if uri.startswith("sqlite:"):
-        path = Path(uri.split("sqlite:///", 1)[-1].split("?", 1)[0])
-        if not path.is_file():
-            raise CompareError(f"--tracking-uri {shown}: no MLflow database at {path} "
-                               "(run a sweep first, or pass the store's URI)")
-    elif uri.startswith(("http://", "https://")):
-        try:
-            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT_S).close()
-        except urllib.error.HTTPError:
-            pass  # it answered: authentication or a proxy's 404 is for MLflow's client to report
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise CompareError(f"--tracking-uri {shown}: cannot reach the tracking server ({reason})"
-                               ) from exc
-    elif uri.startswith("file:") or ("://" not in uri and not uri.startswith("databricks")):
-        path = Path(uri.removeprefix("file://").removeprefix("file:"))
-        if not path.is_dir():
-            raise CompareError(f"--tracking-uri {shown}: no MLflow file store at {path}")
-
-
-def _client(uri: str) -> Any:
-    # MLflow's HTTP client retries for minutes by default; a reading command should fail in seconds
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
-
 
 def _search(client: Any, experiment_ids: list[str], filter_string: str) -> list[Any]:
     from mlflow.exceptions import MlflowException
@@ -238,14 +191,16 @@ def load_rows(tracking_uri: str | None = None, *, experiment: str | None = None,
 
     Raises :class:`CompareError` for an unusable store, an unknown experiment or sweep, a filter
     MLflow refuses, or an empty selection."""
-    uri = tracking_uri or default_tracking_uri()
-    check_store(uri)
     try:
-        client = _client(uri)
+        uri = checked_store(tracking_uri or default_tracking_uri())
+    except StoreError as exc:
+        raise CompareError(str(exc)) from exc
+    try:
+        client = store_client(uri)
         experiment_names = [(e.experiment_id, e.name) for e in client.search_experiments()]
     except Exception as exc:  # the first touch of the store: sqlalchemy, HTTP or MLflow errors alike
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CompareError(f"--tracking-uri {_redact_uri(uri)}: cannot read the store: {first}") from exc
+        raise CompareError(f"--tracking-uri {masked(uri)}: cannot read the store: {first}") from exc
     experiment_ids = _experiment_ids(experiment_names, experiment)
     user_filter = filter_string.strip()
     parents: dict[str, Any] = {}
@@ -272,7 +227,7 @@ def load_rows(tracking_uri: str | None = None, *, experiment: str | None = None,
         chosen = [f"--experiment {experiment!r}" if experiment else "every experiment"]
         chosen += [f"--sweep {s}" for s in sweeps] + ([f"--filter {user_filter!r}"] if user_filter else [])
         raise CompareError(f"empty selection: no trial or prediction run with status ok/skipped and "
-                           f"closed-loop load points in {', '.join(chosen)} of {_redact_uri(uri)}")
+                           f"closed-loop load points in {', '.join(chosen)} of {masked(uri)}")
     df = _derive(pd.DataFrame(rows))
     order = df.assign(_measured_first=df["kind"] != "measured")
     order = order.sort_values(["label", "_measured_first", "concurrency"], kind="stable")
@@ -638,8 +593,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="a service-level objective (repeatable): ttft_p99_ms=2000 (upper bound on a "
                         "latency), 'output_tok_s>=100', 'itl_p99_ms<=50'")
     p.add_argument("--csv", type=Path, metavar="PATH", help="write every column of every row here")
-    p.add_argument("--out", type=Path, metavar="DIR",
-                   help="where the PNG plots go (default: compare-<timestamp>/ in the cwd)")
+    plots = p.add_mutually_exclusive_group()
+    plots.add_argument("--out", type=Path, metavar="DIR",
+                       help="where the PNG plots go (default: compare-<timestamp>/ in the cwd)")
+    plots.add_argument("--no-plots", action="store_true",
+                       help="write no PNG plots (only the table, and the CSV with --csv)")
     return p
 
 
@@ -668,9 +626,10 @@ def run(args: argparse.Namespace) -> None:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(args.csv, index=False)
         console.print(f"CSV: {args.csv}", soft_wrap=True)
-    out = args.out or Path.cwd() / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    paths = write_plots(df, out)
-    console.print(f"Plots: {out}/ ({', '.join(p.name for p in paths)})", soft_wrap=True)
+    if not args.no_plots:
+        out = args.out or Path.cwd() / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+        paths = write_plots(df, out)
+        console.print(f"Plots: {out}/ ({', '.join(p.name for p in paths)})", soft_wrap=True)
     if slos:
         print_choice(best_under(df, slos), slos, console)
 

@@ -97,6 +97,7 @@ class TrialFacts:
     dp_size: int = 1
     interconnect: str = "nvlink"                # hardware profile: "pcie" | "nvlink"
     gpu_source: str = "none"                    # vocab.telemetry.GpuSource value: named in evidence
+    engine: str = ""                            # the engine tag: "sim", "sim-predict", "sglang"
     steps: Mapping[str, StepEstimate] = field(default_factory=dict)   # label -> estimate
     stage_layers: Sequence[int] = ()            # layers per PP stage as the engine split them
 
@@ -126,9 +127,10 @@ def _float(value: Any) -> float | None:
     return out if math.isfinite(out) else None
 
 
-def _busiest(f: TrialFacts, key: str) -> str | None:
-    """The highest valid closed-loop load point that has ``key`` in its metrics."""
-    labels = [label for label in f.concurrency if _float(f.points.get(label, {}).get(key)) is not None
+def _busiest(f: TrialFacts, key: str | None = None) -> str | None:
+    """The highest valid closed-loop load point (that has ``key`` in its metrics, when given)."""
+    labels = [label for label in f.concurrency if label in f.points
+              and (key is None or _float(f.points[label].get(key)) is not None)
               and f.points[label].get("valid", 1) != 0]
     return max(labels, key=lambda k: f.concurrency[k]) if labels else None
 
@@ -150,10 +152,14 @@ def _gpu_evidence(f: TrialFacts) -> str | None:
     return None if source is GpuSource.NONE else f"({source.describe()})"
 
 
+SIMULATED_ENGINES = ("sim", "sim-predict")
+
+
 def _scheduler_evidence(f: TrialFacts) -> str:
+    # the engine tag decides, whatever GPU sampling did (a sim trial with gpu_hz=0 has source "none");
     # simulated GPU telemetry only comes with the simulated engine, whose log and metrics it also wrote
-    return ("(simulated engine's log / metrics, not measured)" if f.gpu_source == GpuSource.SIMULATED
-            else "(engine log / metrics)")
+    simulated = f.engine in SIMULATED_ENGINES or f.gpu_source == GpuSource.SIMULATED
+    return "(simulated engine's log / metrics, not measured)" if simulated else "(engine log / metrics)"
 
 
 def _value(v: Any) -> str:
@@ -168,13 +174,22 @@ def _value(v: Any) -> str:
 
 
 ENV_PREFIX = "env."  # a change key naming an environment variable of the engine, not a config key
+# engine flags are not in the config schema: run.py takes them only as additions, with a leading +
+EXTRA_ARGS_PREFIX = "server.extra_args."
+
+
+def _override(key: str, value: Any) -> str:
+    if key.startswith(ENV_PREFIX):
+        return f"{key.removeprefix(ENV_PREFIX)}={value} (engine environment)"
+    plus = "+" if key.startswith(EXTRA_ARGS_PREFIX) else ""
+    return f"{plus}{key}={_value(value)}"
 
 
 def overrides_text(change: Mapping[str, Any]) -> str:
     """``pp.micro_batch_size=4 pp.async_depth=1``: a change as the overrides a user types (an engine
-    environment variable as ``NAME=value (engine environment)``: it is exported, not overridden)."""
-    return " ".join(f"{k.removeprefix(ENV_PREFIX)}={v} (engine environment)" if k.startswith(ENV_PREFIX)
-                    else f"{k}={_value(v)}" for k, v in change.items())
+    flag as ``+server.extra_args.<flag>=value``, as run.py wants it; an engine environment variable as
+    ``NAME=value (engine environment)``: it is exported, not overridden)."""
+    return " ".join(_override(k, v) for k, v in change.items())
 
 
 def _suggest(why: str, change: Mapping[str, Any]) -> str:
@@ -361,7 +376,8 @@ def pp_stage_imbalance(f: TrialFacts) -> list[Finding]:
 
 def cuda_graph_off(f: TrialFacts) -> list[Finding]:
     """Decode steps that run eagerly pay a kernel launch per kernel instead of one graph replay."""
-    label = max(f.concurrency, key=lambda k: f.concurrency[k]) if f.concurrency else ""
+    # the busiest valid point, as every rule reads it (an invalid point's numbers describe the client)
+    label = _busiest(f) or ""
     if str(f.resolved.get("disable_cuda_graph")).lower() == "true":
         change: dict[str, Any] = {"server.cuda_graph": True}
         return [Finding("cuda_graph_off", "warning", "CUDA graphs are disabled",

@@ -3,8 +3,9 @@ telemetry over time (GPU power and utilisation, requests per pipeline stage) and
 
 Drawn by the driver once trials have ended, from what landed in MLflow and the trial directory, so a
 trial's GPUs are never held while matplotlib renders. Every telemetry picture names its source in the
-title (measured by NVML, or simulated), and the title is also written into the PNG's ``Title`` text
-chunk so a script can tell the source without looking.
+title (measured by NVML, or simulated), as does every load plot of the simulated engine's numbers;
+the title is also written into the PNG's ``Title`` text chunk so a script can tell the source without
+looking.
 """
 
 from __future__ import annotations
@@ -29,8 +30,17 @@ def _nan(m: Mapping[str, float], key: str) -> float:
     return m.get(key, float("nan"))
 
 
-def plot_trial(points: Points, title: str, out_dir: Path) -> list[Path]:
-    """Writes ``throughput.png`` and ``latency.png`` for one trial's closed-loop points."""
+SIMULATED_NOTE = "simulated engine, not measured"
+
+
+def _marked(title: str, simulated: bool) -> str:
+    """The title, on a second line naming the simulated engine when the numbers came from it."""
+    return f"{title}\n({SIMULATED_NOTE})" if simulated else title
+
+
+def plot_trial(points: Points, title: str, out_dir: Path, simulated: bool = False) -> list[Path]:
+    """Writes ``throughput.png`` and ``latency.png`` for one trial's closed-loop points. ``simulated``:
+    the numbers came from the simulated engine (live or predicted), and the titles say so."""
     if not points:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -38,23 +48,27 @@ def plot_trial(points: Points, title: str, out_dir: Path) -> list[Path]:
     paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(xs, [_nan(points[x], "output_tok_s") for x in xs], marker="o")
-    ax.set(xlabel="concurrency", ylabel="output tok/s", title=f"{_short(title)}: throughput")
+    full = _marked(f"{_short(title)}: throughput", simulated)
+    ax.set(xlabel="concurrency", ylabel="output tok/s", title=full)
     _concurrency_axis(ax, xs)
-    paths.append(_save(fig, out_dir / "throughput.png"))
+    paths.append(_save(fig, out_dir / "throughput.png", title=full))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label in LATENCIES:
         ax.plot(xs, [_nan(points[x], key) for x in xs], marker="o", label=label)
-    ax.set(xlabel="concurrency", ylabel="ms", title=f"{_short(title)}: latency")
+    full = _marked(f"{_short(title)}: latency", simulated)
+    ax.set(xlabel="concurrency", ylabel="ms", title=full)
     _concurrency_axis(ax, xs)
     ax.set_yscale("log")
     ax.legend()
-    paths.append(_save(fig, out_dir / "latency.png"))
+    paths.append(_save(fig, out_dir / "latency.png", title=full))
     return paths
 
 
-def plot_sweep(trials: Mapping[str, Points], title: str, out_dir: Path) -> list[Path]:
-    """Every trial's throughput and TPOT against concurrency on one figure (``sweep.png``)."""
+def plot_sweep(trials: Mapping[str, Points], title: str, out_dir: Path,
+               simulated: bool = False) -> list[Path]:
+    """Every trial's throughput and TPOT against concurrency on one figure (``sweep.png``);
+    ``simulated``: some of them came from the simulated engine, and the title says so."""
     trials = {label: pts for label, pts in trials.items() if pts}
     if not trials:
         return []
@@ -70,10 +84,11 @@ def plot_sweep(trials: Mapping[str, Points], title: str, out_dir: Path) -> list[
     for ax in (left, right):
         _concurrency_axis(ax, every_x)
     handles, names = left.get_legend_handles_labels()
-    fig.suptitle(title)
+    full = _marked(title, simulated)
+    fig.suptitle(full)
     fig.legend(handles, names, loc="lower center", ncol=min(4, len(names)), fontsize="small")
     fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(names) - 1) // 4), 1, 1))  # room for the legend below
-    return [_save(fig, out_dir / "sweep.png", layout=False)]
+    return [_save(fig, out_dir / "sweep.png", layout=False, title=full)]
 
 
 def _concurrency_axis(ax: plt.Axes, xs: list[int]) -> None:
@@ -91,7 +106,8 @@ def _save(fig: plt.Figure, path: Path, layout: bool = True, title: str = "") -> 
     if layout:
         fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, metadata={"Title": title} if title else None)
+    # newlines would not survive every PNG reader's Title chunk
+    fig.savefig(path, dpi=100, metadata={"Title": title.replace("\n", " ")} if title else None)
     plt.close(fig)
     return path
 

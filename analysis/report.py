@@ -263,6 +263,12 @@ class MergedFinding:
         return (-SEVERITIES.index(self.severity) if self.severity in SEVERITIES else 0, -len(self.trials))
 
 
+def finding_key(finding: dict[str, Any]) -> tuple[str, str]:
+    """What makes two trials' findings one: the same id at the same load point (the terminal summary
+    and the HTML report merge by it)."""
+    return str(finding.get("id")), str(finding.get("point", ""))
+
+
 def merge_findings(per_run: list[tuple[int, list[dict[str, Any]]]]) -> list[MergedFinding]:
     """``[(trial number, findings)]`` -> findings merged by id and point, critical first, then by the
     number of trials reporting them."""
@@ -271,7 +277,7 @@ def merge_findings(per_run: list[tuple[int, list[dict[str, Any]]]]) -> list[Merg
         for f in findings:
             if f.get("id") in NOT_REPEATED:
                 continue
-            key = (str(f.get("id")), str(f.get("point", "")))
+            key = finding_key(f)
             m = merged.setdefault(key, MergedFinding(key[0], key[1], "info", [], [], [], []))
             if num not in m.trials:
                 m.trials.append(num)

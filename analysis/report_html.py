@@ -16,10 +16,6 @@ import html
 import io
 import json
 import math
-import os
-import re
-import socket
-import sqlite3
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,103 +23,27 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import urlparse
 
+from analysis.diagnose import overrides_text
+from analysis.report import finding_key, merge_findings, merge_texts
+from analysis.store import StoreError, checked_store, default_tracking_uri, masked
+from analysis.store import client as store_client
 from vocab.metric_keys import PointLabel, point_metrics
 from vocab.status import RunKind, Tag
 
 TELEMETRY_PICTURES = (("plots/gpu_timeline.png", "GPU power and utilisation over time"),
                       ("plots/stage_queues.png", "running and queued requests per pipeline stage"))
 SIM_ENGINES = ("sim", "sim-predict")
-SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
-PROBE_TIMEOUT_S = 3.0  # an HTTP store that does not accept a connection in this time is unreachable
 COMMON_HIGHLIGHTS = ("model.name", "hardware.name", "hardware.gpu", "tp.size", "pp.size", "dp.size",
                      "ep.size", "workload.name", "workload.concurrency", "workload.rate")
-_NUMBER_RE = re.compile(r"\d+(?:\.\d+)?")
 
 
 class ReportError(Exception):
     """Bad input (unknown run, no sweep, a store that is not one): the message is one line for a user."""
 
 
-def default_tracking_uri(cwd: Path | None = None) -> str:
-    """The store parasweep writes by default: ``sqlite:///<absolute cwd>/runs/mlflow.db``.
-
-    The same rule as ``orchestrator/paths.py default_tracking_uri`` (which ``orchestrator/tracking.py
-    tracking_uri`` falls back to); restated because analysis may not import orchestrator. Keep the two
-    in step."""
-    return f"sqlite:///{((cwd or Path.cwd()) / 'runs').resolve() / 'mlflow.db'}"
-
-
-def _masked(uri: str) -> str:
-    """The URI with the password of ``scheme://user:pass@host`` masked: the report is a shareable file."""
-    return re.sub(r"(://[^/:@]+):[^/@]*@", r"\1:***@", uri)
-
-
 # --------------------------------------------------------------------------------------------------
 # The store
-
-
-def _sqlite_checked(path: Path, uri: str) -> str:
-    """``sqlite:///path`` when ``path`` is an MLflow sqlite store. Checked read-only first, because
-    MLflow would otherwise create an empty store at a mistyped path and report "no sweep" there."""
-    if not path.exists():
-        raise ReportError(f"no MLflow store at {path} (--tracking-uri {_masked(uri)}; without the flag it "
-                          "is runs/mlflow.db under the current directory, where run.py writes it)")
-    if not path.is_file():
-        raise ReportError(f"--tracking-uri {_masked(uri)}: {path} is a directory, not an MLflow sqlite "
-                          "file")
-    try:
-        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        finally:
-            con.close()
-    except sqlite3.DatabaseError as exc:
-        raise ReportError(f"--tracking-uri {_masked(uri)}: {path} is not an MLflow store ({exc})") from exc
-    if not {"runs", "experiments"} <= tables:
-        raise ReportError(f"--tracking-uri {_masked(uri)}: {path} is a sqlite file but not an MLflow store "
-                          "(no runs/experiments tables)")
-    return f"sqlite:///{path.resolve()}"
-
-
-def checked_store(uri: str) -> str:
-    """The tracking URI to open, after the checks that fail fast with one line instead of MLflow
-    creating a store, or retrying an unreachable server for minutes."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "sqlite":
-        rest = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
-        if not rest or rest.startswith(":memory:"):
-            raise ReportError(f"--tracking-uri {uri}: not a sqlite file path (expected sqlite:///<path>)")
-        return _sqlite_checked(Path(rest), uri)
-    if parsed.scheme in ("http", "https"):
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        try:
-            with socket.create_connection((parsed.hostname or "localhost", port), timeout=PROBE_TIMEOUT_S):
-                pass
-        except OSError as exc:
-            raise ReportError(f"--tracking-uri {_masked(uri)}: cannot reach the MLflow server "
-                              f"({exc.strerror or exc})") from exc
-        return uri
-    if parsed.scheme in ("", "file") or len(parsed.scheme) == 1:  # a plain path (or a drive letter)
-        path = Path(parsed.path if parsed.scheme == "file" else uri).expanduser()
-        if path.is_dir():
-            for candidate in (path / "mlflow.db", path / "runs" / "mlflow.db"):
-                if candidate.is_file():
-                    return _sqlite_checked(candidate, uri)
-            if any(path.glob("*/meta.yaml")):  # MLflow's own file store
-                return path.resolve().as_uri()
-            raise ReportError(f"--tracking-uri {uri}: {path} holds no MLflow store (looked for mlflow.db, "
-                              "runs/mlflow.db and an MLflow file store)")
-        return _sqlite_checked(path, uri)
-    return uri  # any other MLflow store (postgresql://, databricks, ...): MLflow says what is wrong
-
-
-def _client(uri: str) -> Any:
-    os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
 
 
 def _not_found(exc: Exception) -> bool:
@@ -138,7 +58,7 @@ def _target_run(client: Any, run_id: str | None, experiment: str | None, uri: st
             return client.get_run(run_id)
         except MlflowException as exc:
             if _not_found(exc) or "not found" in str(exc).lower():
-                raise ReportError(f"run id {run_id!r}: no such run in {_masked(uri)} (the sweep's run id "
+                raise ReportError(f"run id {run_id!r}: no such run in {masked(uri)} (the sweep's run id "
                                   "is printed at its end; `python -m analysis report` alone takes the "
                                   "latest sweep)") from exc
             raise
@@ -146,7 +66,7 @@ def _target_run(client: Any, run_id: str | None, experiment: str | None, uri: st
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
             names = ", ".join(e.name for e in client.search_experiments()) or "none"
-            raise ReportError(f"--experiment {experiment!r}: no such experiment in {_masked(uri)} "
+            raise ReportError(f"--experiment {experiment!r}: no such experiment in {masked(uri)} "
                               f"(experiments: {names})")
         ids = [exp.experiment_id]
     else:
@@ -155,7 +75,7 @@ def _target_run(client: Any, run_id: str | None, experiment: str | None, uri: st
                               order_by=["attributes.start_time DESC"], max_results=1) if ids else []
     if not runs:
         where = f"experiment {experiment!r} of " if experiment else ""
-        raise ReportError(f"no sweep run in {where}{_masked(uri)} (run a sweep first, or pass a run id)")
+        raise ReportError(f"no sweep run in {where}{masked(uri)} (run a sweep first, or pass a run id)")
     return runs[0]
 
 
@@ -261,8 +181,11 @@ def build_report(run_id: str | None, tracking_uri: str | None, out: Path | None 
 
     Raises :class:`ReportError` for bad input (no such run, no sweep, not a store) and MLflow's own
     errors when the store fails; missing metrics and artifacts never raise."""
-    uri = checked_store(tracking_uri or default_tracking_uri())
-    client = _client(uri)
+    try:
+        uri = checked_store(tracking_uri or default_tracking_uri())
+    except StoreError as exc:
+        raise ReportError(str(exc)) from exc
+    client = store_client(uri)
     run = _target_run(client, run_id, experiment, uri)
     kind = run.data.tags.get(Tag.KIND)
     if kind not in tuple(RunKind):
@@ -689,16 +612,10 @@ def _plots_html(trials: Sequence[Trial]) -> str:
 # ---- findings
 
 
-def _pattern(finding: Mapping[str, Any]) -> tuple[str, str]:
-    """Findings with the same id and the same title up to numbers are one finding seen in several
-    trials (``Only 1 micro-batch ... at c4`` in every trial of a sweep)."""
-    return str(finding.get("id", "")), _NUMBER_RE.sub("#", str(finding.get("title", "")))
-
-
 def _overrides(change: Any) -> str:
-    if not isinstance(change, Mapping) or not change:
-        return "no change"
-    return " ".join(f"{k}={json.dumps(v) if isinstance(v, list | dict) else v}" for k, v in change.items())
+    """The change as the overrides a user types (:func:`analysis.diagnose.overrides_text`, as the
+    terminal summary writes it)."""
+    return overrides_text(change) if isinstance(change, Mapping) and change else "no change"
 
 
 def _effect(effect: Any) -> str:
@@ -730,37 +647,30 @@ def _effect(effect: Any) -> str:
 
 def _findings_html(trials: Sequence[Trial]) -> str:
     out = ['<h2 id="findings">Findings</h2>']
-    groups: dict[tuple[str, str], list[tuple[Trial, Mapping[str, Any]]]] = {}
-    for trial in trials:
-        for finding in trial.findings or []:
-            groups.setdefault(_pattern(finding), []).append((trial, finding))
-    if not groups:
+    # merged as the terminal summary merges them: by id and load point (report.merge_findings)
+    merged = merge_findings([(i, list(t.findings or [])) for i, t in enumerate(trials)])
+    if not merged:
         with_file = any(t.findings is not None for t in trials)
         out.append(f'<p class="muted">{"No findings." if with_file else "No diagnosis was recorded."}'
                    "</p>")
         return "\n".join(out)
     out.append('<p class="muted">What the diagnosis saw in each trial, from engine-independent signals; '
-               "the same finding in several trials is shown once. Every suggested change was predicted on "
-               "the simulated engine before it was suggested.</p>")
-
-    def order(item: tuple[tuple[str, str], list[tuple[Trial, Mapping[str, Any]]]]) -> tuple[int, int]:
-        worst = min(SEVERITY_ORDER.get(str(f.get("severity")), 3) for _t, f in item[1])
-        return worst, -len(item[1])
-
-    for (_id, _title), members in sorted(groups.items(), key=order):
-        first = members[0][1]
-        severity = min((str(f.get("severity", "info")) for _t, f in members),
-                       key=lambda s: SEVERITY_ORDER.get(s, 3))
-        seen = {id(t) for t, _f in members}
-        if len(trials) > 1 and len(seen) == len(trials):
+               "the same finding at the same load point in several trials is shown once. Every suggested "
+               "change was predicted on the simulated engine before it was suggested.</p>")
+    for m in merged:
+        # each trial's first finding with that key, as merge_findings counted it
+        members = [(trials[i], next(f for f in trials[i].findings or [] if finding_key(f) == (m.id, m.point)))
+                   for i in m.trials]
+        if len(trials) > 1 and len(m.trials) == len(trials):
             scope = f"all {len(trials)} trials"
         elif len(trials) > 1:
             scope = ", ".join(dict.fromkeys(t.label for t, _f in members))
         else:
             scope = ""
-        title = f"{scope}: {first.get('title', '')}" if scope else str(first.get("title", ""))
-        body = [f'<div class="finding {_e(severity)}"><p><span class="sev">{_e(severity)}</span>'
-                f"<code>{_e(first.get('id', '?'))}</code> <b>{_e(title)}</b></p>"]
+        merged_title = merge_texts(m.titles, members[0][0].label)
+        title = f"{scope}: {merged_title}" if scope else merged_title
+        body = [f'<div class="finding {_e(m.severity)}"><p><span class="sev">{_e(m.severity)}</span>'
+                f"<code>{_e(m.id)}</code> <b>{_e(title)}</b></p>"]
         for field_name, label in (("evidence", "Evidence"), ("suggestion", "Suggestion")):
             texts = list(dict.fromkeys(str(f.get(field_name, "")) for _t, f in members if f.get(field_name)))
             if len(texts) == 1:
@@ -806,15 +716,15 @@ def _telemetry_html(trials: Sequence[Trial]) -> str:
 
 
 def _where_html(run: Any, trials: Sequence[Trial], uri: str, experiment: str) -> str:
-    masked = _masked(uri)
+    shown = masked(uri)
     out = ['<h2 id="where">Where the data is</h2>', "<ul>",
-           f"<li>MLflow store: <code>{_e(masked)}</code>, experiment <code>{_e(experiment)}</code> "
+           f"<li>MLflow store: <code>{_e(shown)}</code>, experiment <code>{_e(experiment)}</code> "
            f"(id {_e(run.info.experiment_id)})</li>",
            f"<li>This run: <code>{_e(run.info.run_id)}</code> ({_e(run.info.run_name or '')})</li>"]
     sweep_dir = run.data.tags.get(Tag.SWEEP_DIR)
     if sweep_dir:
         out.append(f"<li>Sweep directory: <code>{_e(sweep_dir)}</code></li>")
-    out.append(f"<li>Browse: <code>mlflow ui --backend-store-uri {_e(masked)} --host 127.0.0.1 --port 5000"
+    out.append(f"<li>Browse: <code>mlflow ui --backend-store-uri {_e(shown)} --host 127.0.0.1 --port 5000"
                f"</code>, then open <code>#/experiments/{_e(run.info.experiment_id)}/runs?workflowType="
                "machine_learning</code> on that address</li>")
     if run.data.tags.get(Tag.KIND) == RunKind.SWEEP:
@@ -875,9 +785,6 @@ def main(argv: Iterable[str]) -> int:
         args = parser.parse_args(list(argv))
     except SystemExit as exc:  # --help (0) or a bad flag (2, its one line already printed)
         return exc.code if isinstance(exc.code, int) else 2
-    # an unreachable HTTP store must fail in seconds: MLflow's client retries for minutes by default
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     _quiet_mlflow()
     from mlflow.exceptions import MlflowException
 
@@ -888,7 +795,7 @@ def main(argv: Iterable[str]) -> int:
         return 2
     except (MlflowException, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"error: reading {_masked(args.tracking_uri or default_tracking_uri())}: {_short(first, 300)}",
+        print(f"error: reading {masked(args.tracking_uri or default_tracking_uri())}: {_short(first, 300)}",
               file=sys.stderr)
         return 2
     print(path)

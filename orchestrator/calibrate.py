@@ -48,6 +48,11 @@ class TrialData:
     label: str
     cfg: Any  # ParasweepConf
     measured: dict[str, dict[str, float]]  # point label -> metric -> value
+    engine: str = ""  # the run's parasweep.engine tag: sglang (measured), sim or sim-predict (simulated)
+
+    @property
+    def simulated(self) -> bool:
+        return self.engine in ("sim", "sim-predict")
 
 
 @dataclass
@@ -63,20 +68,28 @@ class RunFit:
 def read_run(run_id: str, uri: str | None) -> list[TrialData]:
     """The trials of a sweep run (or the one trial run) with their resolved configs and metrics."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
     from omegaconf import OmegaConf
 
+    from analysis.store import StoreError, checked_store
+    from analysis.store import client as client_for
     from orchestrator.config.validate import typed_config
+    from orchestrator.redact import redact_url
     from orchestrator.tracking import tracking_uri
     from vocab.assets import model_dir
     from vocab.metric_keys import point_metrics
     from vocab.status import RunKind, Tag
 
-    client = MlflowClient(tracking_uri(uri))
+    store = tracking_uri(uri)
+    try:
+        # a mistyped sqlite path must not become a new empty store, nor an outage minutes of retries
+        checked_store(store)
+    except StoreError as exc:
+        raise CalibrationInputError(str(exc)) from exc
+    client = client_for(store)
     try:
         run = client.get_run(run_id)
     except MlflowException as exc:
-        raise CalibrationInputError(f"--run {run_id}: no such run in {tracking_uri(uri)}") from exc
+        raise CalibrationInputError(f"--run {run_id}: no such run in {redact_url(store)}") from exc
     if run.data.tags.get(Tag.KIND) == RunKind.SWEEP:
         runs = client.search_runs([run.info.experiment_id], f"tags.`{Tag.PARENT}` = '{run_id}'",
                                   max_results=10000)
@@ -100,7 +113,8 @@ def read_run(run_id: str, uri: str | None) -> list[TrialData]:
                 raise CalibrationInputError(
                     f"--run {run_id}: trial {r.info.run_name} ran model {cfg.model.name} ({cfg.model.path}), "
                     "which has no config.json here; add its HF config directory under models/ first")
-            trials.append(TrialData(r.info.run_id, r.info.run_name or r.info.run_id, cfg, measured))
+            trials.append(TrialData(r.info.run_id, r.info.run_name or r.info.run_id, cfg, measured,
+                                    r.data.tags.get(Tag.ENGINE, "")))
     if not trials:
         raise CalibrationInputError(
             f"--run {run_id}: no trial with per-point metrics ({', '.join(RUN_METRICS)}) and a recorded "
@@ -179,7 +193,8 @@ def fit_run(trials: list[TrialData], names: list[str], max_evaluations: int = 80
         values = dict(zip(names, np.exp(x).tolist(), strict=True))
         predicted = {t.run_id: predict_trial_points(_with_constants(t.cfg, values, "fit"), list(t.measured))
                      for t in trials}
-        return np.array([math.log(predicted[t.run_id][label][metric] / t.measured[label][metric])
+        # a prediction of 0 (constants far off) counts as a huge error rather than a math error
+        return np.array([math.log(max(predicted[t.run_id][label][metric], 1e-12) / t.measured[label][metric])
                          for t, label, metric in keys])
 
     def residuals(x: np.ndarray) -> np.ndarray:
@@ -187,7 +202,14 @@ def fit_run(trials: list[TrialData], names: list[str], max_evaluations: int = 80
         return errors(x)[fitted_on]  # a held-out point never enters the fit
 
     x0 = np.log(np.array([start[n] for n in names]))
-    before = errors(x0)
+    try:
+        before = errors(x0)
+    except UserError:
+        raise
+    except Exception as exc:  # a recorded config the simulator cannot run: say which, in one line
+        raise CalibrationInputError(
+            f"the recorded trials cannot be predicted: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+        ) from exc
     result = least_squares(residuals, x0, diff_step=0.02, max_nfev=max_evaluations, x_scale=1.0)
     fit.fitted = dict(zip(names, np.exp(result.x).tolist(), strict=True))
     after = errors(result.x)
@@ -209,8 +231,11 @@ def run_calibration(fit: RunFit, trials: list[TrialData], run_id: str, name: str
     points = sum(len(t.measured) for t in trials)
     fitted_rows = [r for r in fit.rows if r["set"] == "fit"]
     held = [r for r in fit.rows if r["set"] == "held-out"]
+    simulated = sum(t.simulated for t in trials)
     source = (f"least squares on log(predicted/measured) of {', '.join(RUN_METRICS)} over {points} "
-              f"load point(s) of {len(trials)} trial(s) of run {run_id}")
+              f"load point(s) of {len(trials)} trial(s) of run {run_id}"
+              + (f"; {simulated} of them ran on the simulated engine: fitted to simulated numbers, not "
+                 "measurements" if simulated else ""))
     cal = Calibration(name=name, hardware=hardware.pop(), source=f"fit to parasweep run {run_id}: {source}",
                       fit={"run_id": run_id, "mape_before_pct": _mape(fitted_rows, "error_before_pct"),
                            "mape_after_pct": _mape(fitted_rows, "error_after_pct"),
@@ -237,8 +262,13 @@ def residual_table(rows: list[dict[str, Any]]) -> str:
 
 
 # -- the command ---------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CalibrationInputError(f"{message} (python -m orchestrator calibrate --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m orchestrator calibrate", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="python -m orchestrator calibrate", description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", metavar="RUN_ID", help="a measured parasweep sweep (or trial) run id")
     src.add_argument("--tables", metavar="DIR", type=Path, help="operator-profile tables (e.g. data/vidur)")
@@ -262,10 +292,13 @@ def main(argv: list[str]) -> int:
     from simulator.calibration import save_calibration
     from vocab.assets import conf_dir
 
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         if args.run:
             trials = read_run(args.run, args.tracking_uri)
+            if any(t.simulated for t in trials):
+                print(f"calibrate: note: {sum(t.simulated for t in trials)} of {len(trials)} trial(s) ran on "
+                      "the simulated engine; their numbers are the simulator's, not measurements", flush=True)
             names = [n.strip() for n in args.params.split(",") if n.strip()] if args.params else \
                 default_names(trials)
             print(f"calibrate: fitting {', '.join(names)} to {sum(len(t.measured) for t in trials)} point(s) "

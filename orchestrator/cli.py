@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
@@ -15,7 +16,12 @@ from vocab.assets import group_options
 from vocab.metric_keys import MetricKey, point_metrics
 from vocab.status import Tag, TrialStatus
 
+if TYPE_CHECKING:
+    from orchestrator.sweep import SweepState
+
 CONFIG_GROUPS = ("engine", "model", "hardware", "parallelism", "workload", "experiment")
+# the engine tags of runs whose numbers come from the simulated engine (live, and in virtual time)
+SIMULATED_ENGINES = ("sim", "sim-predict")
 
 
 def preflight_overrides(args: list[str]) -> None:
@@ -99,13 +105,66 @@ def one_line_error(exc: BaseException) -> tuple[str, int]:
 
 def finish(code: int) -> int:
     """Close the sweep's parent run and print its end (analysis/report.py: the engine, the table, the
-    findings; then the HTML report, the trial files, the MLflow UI); the process exit code."""
+    findings; then the HTML report, the trial files, the MLflow UI); the process exit code.
+
+    Nothing here may end the sweep in a traceback: the trials' numbers are already in the store, so a
+    part that cannot be shown is named in one line and the rest goes on; the sweep run is closed with
+    its status whatever happens to the summary."""
     from orchestrator import sweep
 
     state = sweep.ACTIVE
     _shutdown_ray()
     if state is None or state.run_id is None:
         return code
+    runs, status = _close_sweep(state, code)
+    if runs is not None:  # None: the store could not be read, and there is nothing to show
+        _guarded("show the sweep's summary", lambda: _show_sweep(state, runs, status))
+    if code == 0 and status != "ok":
+        code = 1
+    return code
+
+
+def _close_sweep(state: SweepState, code: int) -> tuple[list[Any] | None, str]:
+    """Close trials left running and then the sweep run itself, with the overall status: ``(the
+    sweep's trial runs, that status)``. A store that cannot be read gives ``(None, "failed")``
+    (``killed`` after Ctrl-C): a sweep whose trials cannot be found did not succeed."""
+    from orchestrator.tracking import Tracker
+
+    runs: list[Any] | None = None
+    tracker: Any = None
+    try:
+        tracker = Tracker(state.uri, state.experiment)
+        runs = tracker.children(state.run_id)
+        interrupted = TrialStatus.KILLED if code == 130 else TrialStatus.FAILED
+        for run in runs:  # a trial whose worker was killed outright never closed its own run
+            if run.data.tags.get(Tag.STATUS) == TrialStatus.RUNNING:
+                tracker.finish(run.info.run_id, interrupted.value)
+                run.data.tags[Tag.STATUS] = interrupted.value
+    except Exception as exc:
+        _say_failed(f"read the trials of sweep run {state.run_id}", exc)
+    statuses = [_trial_status(r.data.tags.get(Tag.STATUS)) for r in runs or []]
+    if code == 130 or TrialStatus.KILLED in statuses:
+        status = "killed"
+    elif code != 0 or not all(s.succeeded for s in statuses) or not runs:
+        status = "failed"
+    else:
+        status = "ok"
+    if tracker is not None:  # the sweep run is closed even when its trials could not be read
+        _guarded(f"close sweep run {state.run_id} with status {status}",
+                 lambda: tracker.finish(state.run_id, status))
+    return runs, status
+
+
+def _trial_status(value: str | None) -> TrialStatus:
+    """A trial's status tag; a missing or unknown value (a run written by another version, or edited
+    by hand) counts as failed: only a status known to be a success may make the sweep ok."""
+    try:
+        return TrialStatus(value)
+    except ValueError:
+        return TrialStatus.FAILED
+
+
+def _show_sweep(state: SweepState, runs: list[Any], status: str) -> None:
     from rich.console import Console
 
     from analysis.report import MAX_WIDTH, print_sweep_summary
@@ -114,23 +173,9 @@ def finish(code: int) -> int:
     # a terminal's width, at most 100 columns; 100 in logs and pipes (the README shows this output)
     console = Console(width=min(Console().width, MAX_WIDTH) if sys.stdout.isatty() else MAX_WIDTH)
     tracker = Tracker(state.uri, state.experiment)
-    runs = tracker.children(state.run_id)
-    interrupted = TrialStatus.KILLED if code == 130 else TrialStatus.FAILED
-    for run in runs:  # a trial whose worker was killed outright never closed its own run
-        if run.data.tags.get(Tag.STATUS) == TrialStatus.RUNNING:
-            tracker.finish(run.info.run_id, interrupted.value)
-            run.data.tags[Tag.STATUS] = interrupted.value
-    statuses = [TrialStatus(r.data.tags.get(Tag.STATUS, "failed")) for r in runs]
-    if code == 130 or TrialStatus.KILLED in statuses:
-        status = "killed"
-    elif code != 0 or not all(s.succeeded for s in statuses) or not runs:
-        status = "failed"
-    else:
-        status = "ok"
-    tracker.finish(state.run_id, status)
     what = "prediction (virtual time, simulated engine)" if state.mode == "prediction" else "sweep"
-    print_sweep_summary(runs, f"{what} {state.run_id}: {len(runs)} trial(s), status {status}", console,
-                        state.uri)
+    _guarded("show the summary table", lambda: print_sweep_summary(
+        runs, f"{what} {state.run_id}: {len(runs)} trial(s), status {status}", console, state.uri))
     sweep_dir = Path(state.sweep_dir)
     _log_plots(tracker, state.run_id, runs, sweep_dir)
     _describe_sweep(tracker, state.run_id, runs, status)
@@ -148,24 +193,37 @@ def finish(code: int) -> int:
     console.print("\n".join([f"Browse the runs in the MLflow UI{where}:",
                              *_shell_lines(ui_command(ui), console.width), f"  then open {url}"]),
                   highlight=False, markup=False, soft_wrap=True)
-    if code == 0 and status != "ok":
-        code = 1
-    return code
+
+
+def _guarded(doing: str, step: Callable[[], object]) -> None:
+    """Run one step of the sweep's end; if it fails, say in one line what could not be done."""
+    try:
+        step()
+    except Exception as exc:
+        _say_failed(doing, exc)
+
+
+def _say_failed(doing: str, exc: BaseException) -> None:
+    """``parasweep: could not <doing> (<error>)`` on stderr, one line; the traceback goes to the log
+    at debug level (``hydra.verbose=parasweep`` prints it), never to the user's screen."""
+    import logging
+
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    print(f"parasweep: could not {doing} ({type(exc).__name__}: {first})", file=sys.stderr)
+    logging.getLogger("parasweep").debug("could not %s", doing, exc_info=exc)
 
 
 def _html_report(tracker: Any, sweep_run_id: str, uri: str, sweep_dir: Path) -> Path | None:
     """The sweep's HTML report (``analysis/report_html.py``), logged as an artifact of the sweep run;
     None when it could not be written (the numbers are in the store whatever happens here)."""
-    import logging
-
     try:
         from analysis.report_html import build_report
 
         path = Path(build_report(sweep_run_id, uri, out=sweep_dir / "report.html"))
         tracker.log_artifact(sweep_run_id, path)
         return path
-    except Exception:  # a convenience, like the plots
-        logging.getLogger("parasweep").exception("could not write the sweep's HTML report")
+    except Exception as exc:  # a convenience, like the plots
+        _say_failed("write the sweep's HTML report", exc)
         return None
 
 
@@ -211,13 +269,11 @@ def _ui_uri(uri: str) -> str:
 def _describe_sweep(tracker: Any, sweep_run_id: str, runs: list[Any], status: str) -> None:
     """The sweep run's description (a Markdown table of its trials) and roll-up metrics, so the
     parent row of the runs table says something before it is expanded."""
-    import logging
-
     from analysis.report import point_labels
 
     try:
         labels = point_labels(runs)
-        ordered = sorted(runs, key=lambda r: int(r.data.tags.get(Tag.TRIAL_NUM, 0)))
+        ordered = [run for _, run in sorted(enumerate(runs), key=lambda ir: _trial_num(ir[1], ir[0]))]
         lines = [f"**{status}**: {len(runs)} trial(s)", "",
                  "| trial | status | " + " | ".join(f"{p} tok/s" for p in labels) + " |",
                  "|---|---|" + "---|" * len(labels)]
@@ -236,40 +292,53 @@ def _describe_sweep(tracker: Any, sweep_run_id: str, runs: list[Any], status: st
         counts = {s.value: sum(1 for r in runs if r.data.tags.get(Tag.STATUS) == s)
                   for s in TrialStatus if s is not TrialStatus.RUNNING}
         tracker.log_metrics(sweep_run_id, rollup + [(f"trials_{s}", float(n), 0) for s, n in counts.items()])
-    except Exception:  # a convenience: the trials' own runs hold the numbers
-        logging.getLogger("parasweep").exception("could not describe the sweep run")
+    except Exception as exc:  # a convenience: the trials' own runs hold the numbers
+        _say_failed("describe the sweep run", exc)
 
 
 def _log_plots(tracker: Any, sweep_run_id: str, runs: list[Any], sweep_dir: Path) -> None:
     """Per-trial plots into each child run (load curves; GPU and stage series where the trial has
-    them), and every trial on one chart in the sweep's run."""
-    import logging
+    them), and every trial on one chart in the sweep's run. Each trial is drawn on its own: one that
+    cannot be drawn is logged and the others, and the sweep's chart, still are."""
     import tempfile
 
     from analysis.plots import plot_energy_per_token, plot_sweep, plot_trial
     from analysis.report import points_from_metrics
     from vocab.telemetry import J_PER_TOKEN, GpuSource
 
-    try:
-        by_label, energy = {}, {}
-        sources = set()
-        for run in runs:
-            points = points_from_metrics(run.data.metrics)
+    # trials are keyed "#<num> <label>": two trials may share a label (a repeated value, a reproduced
+    # sweep's namesakes), and one must not hide the other on the sweep's chart
+    by_key: dict[str, Any] = {}
+    energy: dict[str, Any] = {}
+    sources: set[str] = set()
+    any_simulated = False
+    ordered = sorted(enumerate(runs), key=lambda ir: _trial_num(ir[1], ir[0]))
+    # a trial without a directory (its files were not kept) draws into scratch space, gone once logged
+    with tempfile.TemporaryDirectory(prefix="parasweep-plots-") as scratch:
+        for index, run in ordered:
             label = (run.info.run_name or "").removesuffix(" (predicted)")
-            by_label[label] = points
-            source = run.data.tags.get(Tag.GPU_TELEMETRY, GpuSource.NONE.value)
-            per_token = {c: m[J_PER_TOKEN] for c, m in points.items() if J_PER_TOKEN in m}
-            if per_token:
-                energy[label] = per_token
-                sources.add(source)
-            trial_dir = run.data.tags.get(Tag.TRIAL_DIR)
-            out = Path(trial_dir) / "plots" if trial_dir else Path(tempfile.mkdtemp()) / "plots"
-            paths = plot_trial(points, label, out)
-            if trial_dir:
-                paths += _telemetry_plots(Path(trial_dir), label, source, run.data.params)
-            for path in paths:
-                tracker.log_artifact(run.info.run_id, path, "plots")
-        plots = plot_sweep(by_label, "every trial of the sweep", sweep_dir / "plots")
+            key = f"#{_trial_num(run, index)} {label}"
+            try:
+                points = points_from_metrics(run.data.metrics)
+                by_key[key] = points
+                source = run.data.tags.get(Tag.GPU_TELEMETRY, GpuSource.NONE.value)
+                per_token = {c: m[J_PER_TOKEN] for c, m in points.items() if J_PER_TOKEN in m}
+                if per_token:
+                    energy[key] = per_token
+                    sources.add(source)
+                simulated = _simulated(run)
+                any_simulated |= simulated
+                trial_dir = run.data.tags.get(Tag.TRIAL_DIR)
+                out = Path(trial_dir) / "plots" if trial_dir else Path(scratch) / run.info.run_id / "plots"
+                paths = plot_trial(points, label, out, simulated=simulated)
+                if trial_dir:
+                    paths += _telemetry_plots(Path(trial_dir), label, source, simulated, run.data.params)
+                for path in paths:
+                    tracker.log_artifact(run.info.run_id, path, "plots")
+            except Exception as exc:  # plots are a convenience; the numbers are already stored
+                _say_failed(f"draw the plots of trial {key}", exc)
+    try:
+        plots = plot_sweep(by_key, "every trial of the sweep", sweep_dir / "plots", simulated=any_simulated)
         if energy:  # a sweep mixes sources only when some trials had no NVML: name them all
             source = sources.pop() if len(sources) == 1 else \
                 "mixed: " + ", ".join(GpuSource(s).describe() for s in sorted(sources))
@@ -278,11 +347,27 @@ def _log_plots(tracker: Any, sweep_run_id: str, runs: list[Any], sweep_dir: Path
             plots += [path] if path else []
         for path in plots:
             tracker.log_artifact(sweep_run_id, path, "plots")
-    except Exception:  # plots are a convenience; the numbers are already stored
-        logging.getLogger("parasweep").exception("could not draw plots")
+    except Exception as exc:
+        _say_failed("draw the sweep's plots", exc)
 
 
-def _telemetry_plots(trial_dir: Path, label: str, source: str, params: dict[str, str]) -> list[Path]:
+def _trial_num(run: Any, fallback: int) -> int:
+    """The trial's number (its directory under the sweep's); its place in the list when untagged."""
+    try:
+        return int(run.data.tags.get(Tag.TRIAL_NUM, fallback))
+    except ValueError:
+        return fallback
+
+
+def _simulated(run: Any) -> bool:
+    """Whether the run's numbers come from the simulated engine (live or in virtual time): its plots
+    must say so. Decided by the engine, not the GPU telemetry source: a live simulated trial with
+    ``telemetry.gpu_hz=0`` has no GPU source at all, yet every number in it is simulated."""
+    return run.data.tags.get(Tag.ENGINE) in SIMULATED_ENGINES
+
+
+def _telemetry_plots(trial_dir: Path, label: str, source: str, simulated: bool,
+                     params: dict[str, str]) -> list[Path]:
     """GPU power and utilisation over time, and per-stage running and queued requests, from the trial
     directory's Parquet files (drawn here, after the trial, so no GPU waits on matplotlib)."""
     import json
@@ -290,7 +375,7 @@ def _telemetry_plots(trial_dir: Path, label: str, source: str, params: dict[str,
     import pandas as pd
 
     from analysis.plots import plot_gpu_timeline, plot_stage_queues
-    from vocab.telemetry import GpuSource, engine_layout
+    from vocab.telemetry import engine_layout
 
     folder = trial_dir / "telemetry"
     windows_file = folder / "point_windows.json"
@@ -303,7 +388,7 @@ def _telemetry_plots(trial_dir: Path, label: str, source: str, params: dict[str,
                                  trial_dir / "plots" / "gpu_timeline.png")
         out += [path] if path else []
     if (folder / "stage_series.parquet").exists():
-        origin = ("the simulated engine's log and /metrics, not measured" if source == GpuSource.SIMULATED
+        origin = ("the simulated engine's log and /metrics, not measured" if simulated
                   else "the engine's log and /metrics")
         path = plot_stage_queues(pd.read_parquet(folder / "stage_series.parquet"), windows, origin, label,
                                  trial_dir / "plots" / "stage_queues.png")

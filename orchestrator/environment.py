@@ -74,7 +74,9 @@ def git_state(repo_dir: Path) -> dict[str, Any]:
     top, sha = head.splitlines()
     if Path(top).resolve() != repo_dir.resolve():
         return unknown
-    status = _git(repo_dir, "status", "--porcelain")
+    # --no-optional-locks: status may refresh .git/index under index.lock, and trials side by side
+    # would then collide and report "unknown"
+    status = _git(repo_dir, "--no-optional-locks", "status", "--porcelain")
     # untracked files count: a new module next to the committed ones changes what runs
     return {"git_commit": sha, "git_dirty": "unknown" if status is None else bool(status.strip())}
 

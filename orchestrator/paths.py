@@ -1,16 +1,9 @@
-"""Where run output goes: ``runs/`` under the working directory (shipped data: vocab/assets.py)."""
+"""Where run output goes: ``runs/`` under the working directory (shipped data: vocab/assets.py). The
+default MLflow store's rule lives in vocab/store.py, because the analysis commands that read the store
+back may not import the orchestrator; it is re-exported here for the orchestrator's callers."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from vocab.store import default_tracking_uri
 
-
-def runs_dir(cwd: Path | None = None) -> Path:
-    """Default output folder (MLflow store, Hydra job dirs): ``runs/`` under the working directory."""
-    return ((cwd or Path.cwd()) / "runs").resolve()
-
-
-def default_tracking_uri(cwd: Path | None = None) -> str:
-    # four slashes: an absolute sqlite path, so Ray workers with another cwd find the same file
-    return f"sqlite:///{runs_dir(cwd) / 'mlflow.db'}"
-
+__all__ = ["default_tracking_uri"]

@@ -78,7 +78,8 @@ def expand_reproduce(args: list[str]) -> list[str]:
     try:
         run = tracker.client.get_run(run_id)
     except Exception:
-        raise UserError(f"reproduce={run_id}: no such run in {tracker.uri}; valid: {VALID_TARGETS}") from None
+        raise UserError(f"reproduce={run_id}: no such run in {redact_url(tracker.uri)}; "
+                        f"valid: {VALID_TARGETS}") from None
     kind = run.data.tags.get(Tag.KIND)
     if kind == "sweep":
         command = run.data.tags.get(Tag.COMMAND, "")

@@ -14,7 +14,7 @@ A profile calibrates one hardware profile. It overrides fields of :class:`simula
     fit: {...}                           # residuals and held-out errors, free-form
 
 It is read by the simulated engine (``--sim-calibration PATH``; the orchestrator's config group
-``calibration`` writes one per trial) and written by ``python -m simulator calibrate``.
+``calibration`` writes one per trial) and written by ``python -m orchestrator calibrate``.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--sim-hardware", required=True, metavar="NAME_OR_PATH",
       help="hardware profile: a name under conf/hardware/ or a path to a .yaml/.json file")
     a("--sim-calibration", default=None, metavar="PATH",
-      help="calibration profile (YAML) with fitted cost-model constants (python -m simulator calibrate)")
+      help="calibration profile (YAML) with fitted cost-model constants (python -m orchestrator calibrate)")
     a("--sim-time-scale", type=float, default=1.0, metavar="F",
       help="simulated seconds per wall-clock second (2.0 runs twice as fast)")
     return p

@@ -197,9 +197,9 @@ def test_bad_store_and_slo_give_one_line_and_exit_2(tmp_path: Path, capsys: pyte
                                                     ) -> None:
     (tmp_path / "text.db").write_text("not a database\n")
     cases = [
-        (["--tracking-uri", f"sqlite:///{tmp_path}/none.db"], "no MLflow database"),
-        (["--tracking-uri", f"sqlite:///{tmp_path}/text.db"], "cannot read the store"),
-        (["--tracking-uri", "http://user:hunter2@127.0.0.1:9"], "cannot reach the tracking server"),
+        (["--tracking-uri", f"sqlite:///{tmp_path}/none.db"], "no MLflow store at"),
+        (["--tracking-uri", f"sqlite:///{tmp_path}/text.db"], "not an MLflow store"),
+        (["--tracking-uri", "http://user:hunter2@127.0.0.1:9"], "cannot reach the MLflow server"),
         (["--slo", "ttft_p99_ms"], "--slo 'ttft_p99_ms'"),
     ]
     for argv, expected in cases:
@@ -209,6 +209,10 @@ def test_bad_store_and_slo_give_one_line_and_exit_2(tmp_path: Path, capsys: pyte
         assert "hunter2" not in err  # a URL's password is never echoed
     assert not (tmp_path / "none.db").exists()  # a reading command must not create a store
     assert not (tmp_path / "plots").exists()
+    with pytest.raises(SystemExit) as exited:
+        main(["--no-plots", "--out", str(tmp_path / "plots")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and len(err.strip().splitlines()) == 1 and "--no-plots" in err, err
     with pytest.raises(SystemExit) as exited:
         main(["--no-such-flag"])
     err = capsys.readouterr().err
@@ -323,8 +327,9 @@ def test_slo_picks_the_expected_row(store, tmp_path: Path) -> None:
     assert f"at concurrency {conc} (measured on the simulated engine, not a GPU)" in text
     assert f"run {run_id}" in text and f"{per_gpu:.0f} tok/s per GPU" in text
 
-    none = compare_cli(workdir, "--slo", "ttft_p99_ms=0.000001", "--out", str(tmp_path / "p"))
+    none = compare_cli(workdir, "--slo", "ttft_p99_ms=0.000001", "--no-plots")
     assert none.returncode == 0, none.stderr
+    assert "Plots:" not in none.stdout and not list(workdir.glob("compare-*"))  # --no-plots: no PNGs
     assert "No valid configuration meets ttft_p99_ms<=1e-06" in " ".join(none.stdout.split())
     assert "Closest:" in none.stdout and "misses ttft_p99_ms<=1e-06 by" in " ".join(none.stdout.split())
 

@@ -158,10 +158,31 @@ def test_cuda_graph_off() -> None:
     resolved = {"cuda_graph_max_bs_decode": None, "cuda_graph_max_bs": 4}
     y = found(facts(resolved=resolved))["cuda_graph_off"]
     assert y.point == "c32" and y.change == {"server.extra_args.cuda-graph-max-bs": 8}
+    # an engine flag is an addition to the config: run.py refuses it without the leading +
+    assert "Set +server.extra_args.cuda-graph-max-bs=8." in y.suggestion
     assert "cuda_graph_max_bs " in y.evidence and "cost model estimate" in y.evidence
     # without an estimate: concurrency capped by the resolved micro-batch cap
     z = found(facts(resolved=resolved, steps={}))["cuda_graph_off"]
     assert z.change == {"server.extra_args.cuda-graph-max-bs": 8} and "resolved" in z.evidence
+
+
+def test_cuda_graph_off_reads_the_busiest_valid_point() -> None:
+    # c64 is the highest load but the client fell behind there: its batch is not the server's
+    points = {"c1": {"valid": 1.0}, "c32": busy_point(), "c64": {"valid": 0.0}}
+    concurrency = {"c1": 1, "c32": 32, "c64": 64}
+    off = found(facts(points=points, concurrency=concurrency, resolved={"disable_cuda_graph": True}))
+    assert off["cuda_graph_off"].point == "c32"
+    small = found(facts(points=points, concurrency=concurrency, steps={},
+                        resolved={"cuda_graph_max_bs_decode": 4}))
+    assert small["cuda_graph_off"].point == "c32" and "at c32" in small["cuda_graph_off"].evidence
+
+
+def test_overrides_text_writes_what_run_py_takes() -> None:
+    change = {"pp.size": 2, "server.extra_args.cuda-graph-max-bs": 16, "workload.concurrency": [8, 16],
+              "env.SGLANG_PP_LAYER_PARTITION": "3,2"}
+    assert overrides_text(change) == ("pp.size=2 +server.extra_args.cuda-graph-max-bs=16 "
+                                      "workload.concurrency=[8,16] SGLANG_PP_LAYER_PARTITION=3,2 "
+                                      "(engine environment)")
 
 
 def test_gpu_underused() -> None:
@@ -200,6 +221,12 @@ def test_kv_capacity_on_a_growing_queue_below_the_caps_but_not_at_a_cap() -> Non
     assert x.change == {"server.mem_fraction_static": 0.9} and x.alternatives == [{"tp.size": 4}]
     at_cap = {**growing, RUNNING_MEAN: 8.0}  # micro-batches full: the per-slot cap holds them back
     assert "kv_capacity" not in found(facts(c32=at_cap))
+    # a live simulated trial without GPU sampling (telemetry.gpu_hz=0): the engine tag still says so
+    for engine in ("sim", "sim-predict"):
+        y = found(facts(c32=growing, gpu_source="none", engine=engine))["kv_capacity"]
+        assert "(simulated engine's log / metrics, not measured)" in y.evidence
+    z = found(facts(c32=growing, gpu_source="none", engine="sglang"))["kv_capacity"]
+    assert "(engine log / metrics)" in z.evidence and "simulated" not in z.evidence
     assert "kv_capacity" not in found(facts(c32={**growing, QUEUE_GROWTH: -0.5}))
 
 

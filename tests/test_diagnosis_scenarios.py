@@ -47,8 +47,9 @@ def diagnosed(cfg: ParasweepConf, tmp_path: Path) -> dict[str, Finding]:
         results = [session.run_point(p, plan.spec, tmp_path / "records.jsonl", lambda done, total: None)
                    for p in plan.points]
     assert session.gpu.source is GpuSource.SIMULATED
-    findings = check_findings(diagnose(trial_facts(cfg, session.resolved, results, {}, session.gpu.source)),
-                              cfg, plan.points)
+    facts = trial_facts(cfg, session.resolved, results, {}, session.gpu.source, "sim-predict")
+    assert facts.engine == "sim-predict"
+    findings = check_findings(diagnose(facts), cfg, plan.points)
     for f in findings:
         if f.id != "client_bound":  # advice about the measurement itself has no config change
             assert f.predicted_effect, f  # every suggestion was predicted before it was made

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -100,3 +101,53 @@ def test_nothing_sampled_reads_as_none(tmp_path: Path) -> None:
 def test_a_rate_that_is_not_positive_is_rejected(tmp_path: Path, hz: float) -> None:
     with pytest.raises(ValueError, match="sampling rate must be > 0 Hz"):
         GpuSampler(CountingSource(), tmp_path / "gpu.jsonl", hz=hz)
+
+
+def test_a_line_cut_short_is_skipped_and_the_rest_read(tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "gpu.jsonl"
+    GpuSampler(CountingSource(), path, hz=0.2).start().stop()
+    with path.open("a") as f:  # the process was killed while writing a row
+        f.write('{"ts": 1.0, "gpu": 0, "uuid": "sim-0", "power_w": 3')
+    with caplog.at_level("WARNING", logger="parasweep"):
+        df = read_gpu_samples(path)
+    assert df is not None and df["power_w"].tolist() == [1.0, 1.0, 2.0, 2.0]
+    warnings = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("GPU telemetry: 1 line(s)")
+
+
+def test_only_unreadable_lines_read_as_none(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.jsonl"
+    path.write_text('{"ts": 1.0, "gpu"\n')
+    assert read_gpu_samples(path) is None
+
+
+class StuckSource(CountingSource):
+    """The first read answers; every later one waits until ``release`` is set (a hung NVML call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.reading = threading.Event()
+
+    def read(self) -> list[dict[str, Any]]:
+        if self.reads >= 1:
+            self.reading.set()
+            self.release.wait(timeout=30)
+        return super().read()
+
+
+def test_stop_leaves_a_stuck_thread_alone_and_writes_nothing_beside_it(tmp_path: Path) -> None:
+    source = StuckSource()
+    path = tmp_path / "gpu.jsonl"
+    sampler = GpuSampler(source, path, hz=50).start()
+    assert source.reading.wait(timeout=5)  # the thread is inside its read now
+    sampler.stop(timeout_s=0.2)
+    assert sampler.hung and not source.closed
+    assert source.reads == 1  # stop() took no sample of its own beside the stuck thread
+    assert len(path.read_text().splitlines()) == 2  # the start sample only
+    source.release.set()  # the read returns: the thread writes its row into the still-open file, and ends
+    sampler.stop()  # once the thread has ended, a second stop finishes the job
+    assert source.closed and source.reads == 3
+    df = read_gpu_samples(path)
+    assert df is not None and df["power_w"].tolist() == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.validate import validate
 from orchestrator.errors import ConfigError
 from orchestrator.telemetry.gpu_sources import start_gpu_telemetry
+from tests.fake_nvml import FakeGpu, FakeNvml
 from vocab.hardware import load_hardware
 from vocab.telemetry import GpuSource
 
@@ -46,6 +48,16 @@ def test_simulated_source_counts_failed_reads_and_goes_on(tmp_path: Path) -> Non
     assert gpu.source is GpuSource.SIMULATED
     gpu.stop()
     assert "failed read(s)" in gpu.note and "first:" in gpu.note
+
+
+def test_a_sampler_that_cannot_start_shuts_nvml_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml([FakeGpu("GPU-00000000-1111-2222-3333-444444444440")])
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module())  # the reader imports NVML by this name
+    blocker = tmp_path / "telemetry"
+    blocker.write_text("")  # a file where the telemetry folder should be: the sampler cannot start
+    with pytest.raises(OSError):
+        start_gpu_telemetry("sglang", "0", 1, "http://127.0.0.1:1", blocker / "gpu.jsonl", 10.0)
+    assert fake.calls["nvmlInit"] == 1 and fake.calls["nvmlShutdown"] == 1
 
 
 def cfg() -> ParasweepConf:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.report_html import build_report, default_tracking_uri, main
+from analysis.report_html import build_report, main
+from analysis.store import default_tracking_uri
 from tests.conftest import run_cli
 
 IMG = "data:image/png;base64,"
@@ -156,9 +157,13 @@ def test_failed_trials_are_tolerated(tmp_path: Path) -> None:
     assert "no results" in page and "engine exited with code 1" in page
     # the same finding (numbers aside) in the two trials that have a diagnosis: shown once, merged
     assert page.count("<code>pp_bubble</code>") == 1
-    assert "#1 pp.async_depth=1 &lt;b&gt;x&lt;/b&gt;, #2 pp.async_depth=2: Pipeline stages idle 91%" in page
+    # merged by id and point as the terminal summary merges them, the title's numbers as a range
+    assert ("#1 pp.async_depth=1 &lt;b&gt;x&lt;/b&gt;, #2 pp.async_depth=2: Pipeline stages idle 91–92% at c4"
+            in page)
     assert "stage activity 9% &lt;simulated&gt;" in page and "stage activity 8% &lt;simulated&gt;" in page
     assert "helps (tok/s +60%, ITL p99 +1%)" in page and "c4 → c8" in page
+    # the change as the terminal (analysis.diagnose.overrides_text) writes it
+    assert "predicted effect of workload.concurrency=[8] at c4 → c8" in page
     assert "<b>x</b>" not in page  # escaped everywhere
     assert "Measured on SGLang" in page and "SIMULATED" not in page
     assert "200.0" in page and "240.0 (+20%)" in page  # trial 2: measured, and the prediction beside it

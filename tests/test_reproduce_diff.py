@@ -79,6 +79,27 @@ def test_git_state_sees_the_commit_and_a_dirty_tree(tmp_path: Path) -> None:
     assert git_state(repo / "sub")["git_commit"] == "unknown"
 
 
+def test_git_state_never_writes_the_index(tmp_path: Path) -> None:
+    # trials side by side read the same checkout: a status that refreshed .git/index would take
+    # index.lock, and the others would then report "unknown"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "a.py").write_text("x = 1\n")
+    _git(repo, "add", "a.py")
+    _git(repo, "commit", "-q", "-m", "one")
+    index = repo / ".git" / "index"
+    old = index.stat().st_mtime - 60
+    os.utime(index, (old, old))
+    later = old + 30  # same content, newer stat: a plain `git status` would refresh the index
+    os.utime(repo / "a.py", (later, later))
+    before = index.read_bytes()
+    assert git_state(repo)["git_dirty"] is False
+    assert index.stat().st_mtime == old and index.read_bytes() == before
+    (repo / ".git" / "index.lock").write_text("")  # another process holds the lock
+    assert git_state(repo) == {"git_commit": _git(repo, "rev-parse", "HEAD"), "git_dirty": False}
+
+
 # -- trials in virtual time ------------------------------------------------------------------------
 @dataclass
 class Original:

@@ -10,7 +10,13 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from analysis.plots import plot_energy_per_token, plot_gpu_timeline, plot_stage_queues, plot_trial
+from analysis.plots import (
+    plot_energy_per_token,
+    plot_gpu_timeline,
+    plot_stage_queues,
+    plot_sweep,
+    plot_trial,
+)
 from vocab.telemetry import GPU_COLUMNS, STAGE_COLUMNS, GpuSource, engine_layout
 
 WINDOWS = {"c1": (1002.0, 1006.0), "c8": (1007.0, 1012.0)}
@@ -79,3 +85,11 @@ def test_the_load_plots_still_draw(tmp_path: Path) -> None:
               8: {"output_tok_s": 300.0, "ttft_p99_ms": 60.0, "itl_p99_ms": 25.0, "tpot_p50_ms": 22.0}}
     paths = plot_trial(points, "trial", tmp_path)
     assert [p.name for p in paths] == ["throughput.png", "latency.png"] and all(p.exists() for p in paths)
+    assert all("simulated" not in title_of(p) for p in paths)
+    # the simulated engine's numbers (live or predicted) say so, in the title and the PNG's Title chunk
+    sim = plot_trial(points, "trial", tmp_path / "sim", simulated=True)
+    assert all("simulated engine, not measured" in title_of(p) for p in sim)
+    sweep = plot_sweep({"#0 pp=1": points, "#1 pp=2": points}, "every trial", tmp_path / "s", simulated=True)
+    assert [p.name for p in sweep] == ["sweep.png"] and "simulated engine, not measured" in title_of(sweep[0])
+    measured = plot_sweep({"#0 pp=1": points}, "every trial", tmp_path / "m")
+    assert "simulated" not in title_of(measured[0])

@@ -6,5 +6,7 @@
 * :mod:`vocab.status`: run kinds, trial statuses and tag names;
 * :mod:`vocab.findings`: a diagnosis finding;
 * :mod:`vocab.hardware`, :mod:`vocab.model`: hardware profiles and the one ``config.json`` reader;
-* :mod:`vocab.assets`: where the shipped configs and models are installed.
+* :mod:`vocab.assets`: where the shipped configs and models are installed;
+* :mod:`vocab.telemetry`: GPU and per-stage series, the engine's GPU layout, summary names;
+* :mod:`vocab.store`: where the default MLflow store is (``runs/mlflow.db`` under the cwd).
 """

@@ -88,7 +88,7 @@ class WorkloadConf:
 @dataclass
 class CalibrationConf:
     """A calibration profile of the simulated engine's cost model (``conf/calibration/<name>.yaml``,
-    written by ``python -m simulator calibrate``): fitted constants, each with its source. Used by
+    written by ``python -m orchestrator calibrate``): fitted constants, each with its source. Used by
     the simulated engine and by predictions; ``calibration=null`` (the default) is the uncalibrated
     model."""
 

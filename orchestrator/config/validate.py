@@ -169,7 +169,7 @@ def _validate_calibration(cfg: ParasweepConf) -> None:
     try:
         calibration_from_dict(OmegaConf.to_container(OmegaConf.structured(cal), resolve=True))
     except CalibrationError as exc:
-        raise ConfigError("calibration", cal.name, "a profile written by python -m simulator calibrate",
+        raise ConfigError("calibration", cal.name, "a profile written by python -m orchestrator calibrate",
                           why=str(exc)) from exc
 
 

@@ -45,6 +45,7 @@ class GpuSampler:
         self.samples = 0
         self.errors = 0
         self.first_error = ""
+        self.hung = False  # stop() found the thread stuck in a read and left it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
         self._file: Any = None
@@ -83,12 +84,23 @@ class GpuSampler:
             if next_tick < now():  # fell behind by more than a period: skip ticks, do not burst
                 next_tick = now() + self.period_s
 
-    def stop(self) -> None:
-        """Stop the thread, take a last sample (it closes the last point's window), close the source."""
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread, take a last sample (it closes the last point's window), close the source.
+
+        The last sample, and closing the file and the source, happen only once the thread has ended:
+        a thread still inside a read (a hung NVML call, a simulated engine that stopped answering)
+        would otherwise write to the file, or read the source, at the same time. Such a thread is left
+        to the process's end (it is a daemon), with its file and source open; the rows it wrote stay."""
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
+        if self._thread.is_alive():
+            self.hung = True
+            log.warning("GPU telemetry (%s): the sampler did not stop within %g s (a read hangs); "
+                        "it is left running, and the trial has no sample after its last point",
+                        self.source.name, timeout_s)
+            return
         try:
-            if self._thread.is_alive():
-                self._thread.join(timeout=10)
             if self._file is not None:
                 self.sample_once()
         finally:
@@ -111,8 +123,20 @@ def read_gpu_samples(jsonl_path: Path) -> pd.DataFrame | None:
         return None
     import orjson
 
+    rows, bad = [], 0
     with jsonl_path.open("rb") as f:
-        rows = [orjson.loads(line) for line in f if line.strip()]
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rows.append(orjson.loads(line))
+            except orjson.JSONDecodeError:  # a row cut short (the process was killed mid-write)
+                bad += 1
+    if bad:
+        log.warning("GPU telemetry: %d line(s) of %s could not be read (cut short?); skipped",
+                    bad, jsonl_path)
+    if not rows:
+        return None
     df = pd.DataFrame(rows, columns=list(GPU_COLUMNS))
     numeric = [c for c in GPU_COLUMNS if c not in ("uuid",)]
     df[numeric] = df[numeric].apply(pd.to_numeric, errors="coerce")

@@ -30,6 +30,8 @@ class GpuTelemetry:
             self.sampler.stop()
             if self.sampler.errors:
                 self.note += f"; {self.sampler.errors} failed read(s), first: {self.sampler.first_error}"
+            if self.sampler.hung:
+                self.note += "; the sampler was stuck in a read at the end (no closing sample)"
             self.sampler = None
 
 
@@ -55,7 +57,11 @@ def start_gpu_telemetry(engine: str, visible: str | None, world_size: int, serve
     except NvmlUnavailable as exc:
         log.warning("no GPU telemetry for this trial: %s", exc)
         return GpuTelemetry(GpuSource.NONE, f"no NVML: {exc}")
-    sampler = GpuSampler(reader, jsonl_path, hz).start()
+    try:
+        sampler = GpuSampler(reader, jsonl_path, hz).start()
+    except BaseException:  # the file could not be opened, or the first write failed: release NVML
+        reader.close()
+        raise
     what = (f"{world_size} simulated GPU(s)" if engine == "sim"
             else f"{world_size} GPU(s), CUDA_VISIBLE_DEVICES={visible or '(unset)'}")
     return GpuTelemetry(reader.name, f"{what} at {hz:g} Hz", sampler)

@@ -78,7 +78,8 @@ def predict_at(cfg: ParasweepConf, env: Mapping[str, str], point: LoadPoint | No
 def modelled_steps(cfg: ParasweepConf, concurrency: Mapping[str, int], resolved: Mapping[str, Any]
                    ) -> tuple[dict[str, StepEstimate], tuple[int, ...]]:
     """The cost model's decode step at each closed-loop point (the requests of one micro-batch: the
-    concurrency spread over micro-batches of at most the resolved cap, at the mean context length),
+    concurrency of one DP replica spread over micro-batches of at most the resolved cap, at the mean
+    context length),
     and the layers per PP stage as the engine splits them (honouring SGLANG_PP_LAYER_PARTITION)."""
     from simulator.estimates import decode_step
     from simulator.predict import load_config
@@ -91,6 +92,7 @@ def modelled_steps(cfg: ParasweepConf, concurrency: Mapping[str, int], resolved:
     slots = cfg.pp.size + cfg.pp.async_depth
     steps = {}
     for label, c in concurrency.items():
+        c = math.ceil(c / cfg.dp.size)  # requests are spread over the DP replicas; caps are per replica
         batch = max(1, min(cap, math.ceil(c / min(slots, math.ceil(c / cap)))))
         step = decode_step(model, batch, context)
         steps[label] = StepEstimate(step.batch, step.step_s, step.comm_s, step.memory_bound_s)

@@ -190,7 +190,8 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
         recorder.log_point_extras(extras)
 
     def diagnosis() -> None:
-        facts = trial_facts(cfg, session.resolved, results, extras, gpu.source)
+        facts = trial_facts(cfg, session.resolved, results, extras, gpu.source,
+                            "sim-predict" if cfg.predict else plan.engine_name)
         findings.extend(check_findings(diagnose(facts), cfg, plan.points))
 
     def environment() -> None:

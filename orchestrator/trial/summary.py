@@ -27,7 +27,9 @@ def measured_window(result: PointResult) -> tuple[float, float]:
 
 
 def trial_facts(cfg: ParasweepConf, resolved: dict[str, Any], results: list[PointResult],
-                extras: dict[str, dict[str, float]], gpu_source: GpuSource) -> TrialFacts:
+                extras: dict[str, dict[str, float]], gpu_source: GpuSource, engine: str) -> TrialFacts:
+    """``engine`` is the trial's engine tag (``sim``, ``sim-predict``, ``sglang``): evidence from the
+    simulated engine says so even when no GPU telemetry was sampled."""
     points = {r.point.label: {**r.metrics, **extras.get(r.point.label, {}),
                               "invalid_reason": "; ".join(r.invalid_reasons)} for r in results}
     concurrency = {r.point.label: r.point.concurrency for r in results if r.point.concurrency is not None}
@@ -43,7 +45,7 @@ def trial_facts(cfg: ParasweepConf, resolved: dict[str, Any], results: list[Poin
         pp_size=cfg.pp.size, async_depth=cfg.pp.async_depth, resolved=resolved, points=points,
         concurrency=concurrency, idle_power_w=cfg.hardware.idle_power_w,
         power_limit_w=cfg.hardware.power_limit_w, tp_size=cfg.tp.size, dp_size=cfg.dp.size,
-        interconnect=cfg.hardware.interconnect, gpu_source=gpu_source.value, steps=steps,
+        interconnect=cfg.hardware.interconnect, gpu_source=gpu_source.value, engine=engine, steps=steps,
         stage_layers=layers)
 
 
