@@ -49,6 +49,11 @@ def _terminate(_signum: int, frame: Any) -> None:
 def main() -> int:
     # let configuration errors reach us as exceptions, so each becomes one readable line
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    # A shell without job control (a batch script's `cmd &`) starts background commands with SIGINT
+    # ignored, and Python keeps an inherited SIG_IGN: `kill -INT` to the driver would then do nothing,
+    # and Ray's processes and the engines, started from here, would inherit the ignore. Ctrl-C's
+    # handler, whatever we inherited (docs/platform-notes.md, Ray: Signals).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _terminate)  # SIGTERM stops trials exactly like Ctrl-C
     code = 0
     try:
@@ -65,7 +70,11 @@ def main() -> int:
     except Exception as exc:
         message, code = one_line_error(exc)
         print(f"parasweep: {message}", file=sys.stderr)
-    return finish(code)
+    code = finish(code)
+    if code == 130:  # after finish(): by now every trial that ran is stopped and closed
+        print("parasweep: interrupted; running trials were stopped and marked killed, queued ones "
+              "never started", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import yaml
 from orchestrator.environment import ENV_FILE
 from orchestrator.errors import UserError
 from orchestrator.redact import MASK, redact_url
-from orchestrator.tracking import Tracker
+from orchestrator.tracking import Tracker, check_store, tracking_uri
 from vocab.metric_keys import PointLabel, point_metrics
 from vocab.status import RunKind, Tag
 from vocab.telemetry import J_PER_TOKEN
@@ -73,6 +73,7 @@ def expand_reproduce(args: list[str]) -> list[str]:
         # the absolute path, so the trial (maybe in a Ray worker elsewhere) finds the same folder
         return [*recorded, *extra, f"reproduce={_override_value(str(Path(target).expanduser().resolve()))}"]
     experiment = _arg_value(args, "tracking.experiment") or "parasweep"
+    check_store(tracking_uri(_arg_value(args, "tracking.uri")))  # an unreachable server: one line, now
     tracker = Tracker(_arg_value(args, "tracking.uri"), experiment)
     run_id = target
     try:

@@ -14,7 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from orchestrator.redact import redact_argv
-from orchestrator.tracking import Tracker, tracking_uri
+from orchestrator.tracking import Tracker, check_store, tracking_uri
 from vocab.status import RunKind, Tag, TrialStatus
 
 
@@ -43,11 +43,15 @@ def note_sweep(config: DictConfig, multirun: bool) -> None:
 
 
 def ensure_started() -> str | None:
-    """The parent run id, creating the run on first use (driver process only)."""
+    """The parent run id, creating the run on first use (driver process only). Every path that tracks
+    passes here once, after the trials' configs are validated and before anything launches (a single
+    run and ``-m`` alike; dry runs never do), so the store is checked here: a Hydra callback cannot
+    stop a run, Hydra turns its exceptions into warnings."""
     state = ACTIVE
     if state is None:
         return None
     if state.run_id is None:
+        check_store(state.uri)
         tracker = Tracker(state.uri, state.experiment)
         argv = redact_argv(sys.argv[1:])
         args = " ".join(argv)

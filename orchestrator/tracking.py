@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from analysis.store import StoreError, checked_store
+from orchestrator.errors import ConfigError
 from orchestrator.paths import default_tracking_uri
 from vocab.status import Tag
 
@@ -22,6 +24,50 @@ MAX_PARAM_LEN = 6000  # longer values are truncated by MLflow; keep big blobs as
 
 def tracking_uri(uri: str | None) -> str:
     return uri or default_tracking_uri()
+
+
+VALID_URIS = "a reachable MLflow tracking server URL, or null for runs/mlflow.db"
+
+
+def check_store(uri: str) -> None:
+    """Refuse, in one line, a store the sweep could not write, before anything launches: an http(s)
+    server that does not accept a connection (MLflow's client would retry it for minutes, silently),
+    or a sqlite file that cannot be created or written. A sqlite file that does not exist yet is fine:
+    it is created. Other schemes are left to MLflow. Raises :class:`ConfigError` on ``tracking.uri``."""
+    from orchestrator.redact import redact_url
+
+    scheme = uri.split(":", 1)[0].lower()
+    if scheme in ("http", "https"):
+        try:
+            checked_store(uri)  # the connection probe the analysis commands use
+        except StoreError as exc:
+            cause = exc.__cause__
+            reason = getattr(cause, "strerror", None) or str(cause or exc)
+            raise ConfigError("tracking.uri", redact_url(uri), VALID_URIS,
+                              why=f"cannot reach an MLflow server there: {reason}") from None
+    elif uri.startswith("sqlite:///"):
+        problem = _sqlite_unwritable(Path(uri.removeprefix("sqlite:///").split("?", 1)[0]))
+        if problem:
+            raise ConfigError("tracking.uri", redact_url(uri), VALID_URIS + " (a writable location)",
+                              why=problem)
+
+
+def _sqlite_unwritable(path: Path) -> str | None:
+    """Why a sqlite store cannot be written at ``path``, or None. sqlite writes a journal next to the
+    file, so its directory must be writable too; a missing directory is created if its nearest
+    existing ancestor is a writable directory."""
+    if path.is_dir():
+        return f"{path} is a directory, not a sqlite file"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"{path} is not writable"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"cannot create {path}: {folder} is a file, not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot create {path}: {folder} is not writable"
+    return None
 
 
 def _client(uri: str):  # imported lazily: `import mlflow` costs ~1 s

@@ -51,3 +51,45 @@ def test_bad_value_in_a_sweep_fails_before_any_trial(workdir: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == "parasweep: pp.async_depth=99: invalid; valid: 0..64"
     assert not (workdir / "runs" / "mlflow.db").exists()
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on (bound, then released, so the kernel refuses a connection)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("multirun", [False, True], ids=["single", "sweep"])
+def test_unreachable_tracking_server_is_one_line_before_any_start(multirun: bool, workdir: Path) -> None:
+    import time
+
+    uri = f"http://alice:s3cret@127.0.0.1:{_closed_port()}"
+    args = (["-m", "pp.async_depth=0,4"] if multirun else []) + [f"tracking.uri={uri}"]
+    start = time.monotonic()
+    result = run_cli(args, workdir, timeout=60)
+    took = time.monotonic() - start
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    shown = uri.replace("s3cret", "***")
+    assert lines[0].startswith(f"parasweep: tracking.uri={shown}: invalid (cannot reach an MLflow server "
+                               "there: Connection refused); valid: ")
+    assert "null for runs/mlflow.db" in lines[0]
+    assert "s3cret" not in result.stderr + result.stdout
+    assert took < 15, f"took {took:.0f} s"  # the interpreter and Hydra start; the probe is immediate
+    assert not list(workdir.rglob("progress.json"))  # no trial started
+
+
+def test_unwritable_sqlite_location_is_one_line(workdir: Path) -> None:
+    (workdir / "afile").write_text("not a directory")
+    uri = f"sqlite:///{workdir / 'afile' / 'mlflow.db'}"
+    result = run_cli([f"tracking.uri={uri}"], workdir, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"parasweep: tracking.uri={uri}: invalid (cannot create ")
+    assert "is a file, not a directory" in lines[0]
+    assert not list(workdir.rglob("progress.json"))
