@@ -76,6 +76,10 @@ def one_line_error(exc: BaseException) -> tuple[str, int]:
 
     if isinstance(exc, UserError):
         return str(exc), 2
+    if isinstance(exc, OSError) and exc.filename:
+        # at this level an OSError is the output location: Hydra's run/sweep directory or runs/ here
+        return (f"{exc.filename}: cannot be written ({exc.strerror or type(exc).__name__}); valid: a "
+                "writable directory (run from one, or set hydra.run.dir / hydra.sweep.dir)", 2)
     cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
     inner = cause or (exc if isinstance(exc, OmegaConfBaseException) else None)
     if isinstance(inner, ConfigKeyError | ValidationError | OmegaConfBaseException) and inner is not None:

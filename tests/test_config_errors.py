@@ -30,6 +30,13 @@ CASES = [
     (["workload.input_len=300000"], ["workload.input_len+workload.output_len=300032", "at most 262144"]),
     (["workload.concurrency=8"], ["workload.concurrency", "a list, e.g. [8]"]),
     (["+server.extra_args.no_such_flag=1"], ["server.extra_args", "--no-such-flag", "simulated engine"]),
+    (["model.path=/"], ["model.path=/", "no config.json", "HF config.json"]),
+    (["tp.size=-1"], ["tp.size=-1", "an integer >= 1"]),
+    # an output directory that cannot be created (under /proc nothing can, even for root)
+    (["hydra.run.dir=/proc/parasweep-nope"],
+     ["/proc/parasweep-nope", "cannot be written", "writable directory"]),
+    (["-m", "hydra.sweep.dir=/proc/parasweep-nope", "pp.async_depth=0,1"],
+     ["/proc/parasweep-nope", "cannot be written"]),
 ]
 
 
