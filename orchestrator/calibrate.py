@@ -29,12 +29,20 @@ import yaml
 
 from orchestrator.errors import UserError
 
-# What a run can tell apart, and where each constant lives (CostParams or the hardware profile).
-PARAM_HOME = {"eta_mem": "params", "eta_expert": "params", "eta_compute": "params",
-              "kernel_floor_us": "params", "sched_base_us": "params", "sched_per_req_us": "params",
-              "pp_return_host_us": "params", "host_op_us": "params",
-              "allreduce_latency_us": "hardware_overrides", "kernel_launch_us": "hardware_overrides",
-              "graph_launch_us": "hardware_overrides", "link_latency_us": "hardware_overrides"}
+# The constants a run can tell apart. Where each lives (CostParams or the hardware profile) is the
+# calibration profile's own rule: simulator.calibration's field sets.
+FITTABLE = ("eta_mem", "eta_expert", "eta_compute", "kernel_floor_us", "sched_base_us", "sched_per_req_us",
+            "pp_return_host_us", "host_op_us", "allreduce_latency_us", "kernel_launch_us", "graph_launch_us",
+            "link_latency_us")
+
+
+def home(name: str) -> str:
+    """``params`` (a CostParams field) or ``hardware_overrides`` (a hardware profile field)."""
+    from simulator.calibration import PARAM_FIELDS
+
+    return "params" if name in PARAM_FIELDS else "hardware_overrides"
+
+
 RUN_METRICS = ("output_tok_s", "itl_p50_ms", "tpot_p50_ms", "ttft_p50_ms")
 
 
@@ -131,7 +139,7 @@ def _with_constants(cfg: Any, values: dict[str, float], name: str) -> Any:
     out.calibration.name = name
     out.calibration.hardware = cfg.hardware.name
     for key, value in values.items():
-        getattr(out.calibration, PARAM_HOME[key])[key] = {"value": float(value), "source": "fit"}
+        getattr(out.calibration, home(key))[key] = {"value": float(value), "source": "fit"}
     return out
 
 
@@ -161,10 +169,10 @@ def _current(trials: list[TrialData], name: str) -> float:
     from simulator.costs import CostParams
 
     cfg = trials[0].cfg
-    entry = getattr(cfg.calibration, PARAM_HOME[name]).get(name)
+    entry = getattr(cfg.calibration, home(name)).get(name)
     if entry:
         return float(entry["value"])
-    if PARAM_HOME[name] == "params":
+    if home(name) == "params":
         return float(getattr(CostParams(), name))
     return float(getattr(cfg.hardware, name))
 
@@ -176,10 +184,10 @@ def fit_run(trials: list[TrialData], names: list[str], max_evaluations: int = 80
     import numpy as np
     from scipy.optimize import least_squares
 
-    unknown = sorted(set(names) - set(PARAM_HOME))
+    unknown = sorted(set(names) - set(FITTABLE))
     if unknown:
         raise CalibrationInputError(f"--params {','.join(unknown)}: not fittable; valid: "
-                                    f"{', '.join(sorted(PARAM_HOME))}")
+                                    f"{', '.join(sorted(FITTABLE))}")
     start = {n: _current(trials, n) for n in names}
     fit = RunFit(names, start, dict(start))
 
@@ -243,7 +251,7 @@ def run_calibration(fit: RunFit, trials: list[TrialData], run_id: str, name: str
                            "heldout_mape_after_pct": _mape(held, "error_after_pct"),
                            "evaluations": fit.evaluations, "rows": fit.rows})
     for key, value in fit.fitted.items():
-        getattr(cal, PARAM_HOME[key])[key] = {
+        getattr(cal, home(key))[key] = {
             "value": round(value, 6), "source": f"{source} (start {fit.start[key]:g})"}
     return cal
 
@@ -275,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=None, help="MLflow store of --run (default: runs/mlflow.db)")
     p.add_argument("--params", default=None,
                    help=f"constants to fit from --run, comma-separated (default: chosen from the trials; "
-                        f"valid: {', '.join(sorted(PARAM_HOME))})")
+                        f"valid: {', '.join(sorted(FITTABLE))})")
     p.add_argument("--hardware", help="--tables: the hardware profile the tables were measured on")
     p.add_argument("--fit", default="", help="--tables: models to fit on, comma-separated")
     p.add_argument("--holdout", default="",

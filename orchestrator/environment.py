@@ -20,6 +20,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from orchestrator.engines.base import engine_version
+
 # Distribution names as pip knows them; where a package ships under two names, the first installed wins.
 PACKAGES: dict[str, tuple[str, ...]] = {
     "hydra-core": ("hydra-core",), "omegaconf": ("omegaconf",), "ray": ("ray",),
@@ -44,7 +46,7 @@ def fingerprint(engine_name: str, server_info: dict[str, Any], hardware_name: st
         "python_implementation": platform.python_implementation(),
         "packages": {name: distribution_version(dists) for name, dists in PACKAGES.items()},
         "engine": engine_name,
-        "engine_version": _engine_version(server_info),
+        "engine_version": engine_version(server_info),
         **gpu_state(visible_devices),
         "os": _os_name(),
         "kernel": platform.release() or "unknown",
@@ -88,13 +90,6 @@ def _git(repo_dir: Path, *args: str) -> str | None:
     except (OSError, subprocess.SubprocessError):  # no git, or it hung (a network file system)
         return None
     return out.stdout if out.returncode == 0 else None
-
-
-def _engine_version(info: dict[str, Any]) -> str:
-    # the rule of orchestrator.trial.session.engine_version, repeated here because orchestrator.trial
-    # imports this module (the package's modules may not import each other round a loop)
-    version = info.get("version", "unknown")
-    return f"{info['engine']} {version}" if info.get("engine") else str(version)
 
 
 def gpu_state(visible: str | None) -> dict[str, Any]:

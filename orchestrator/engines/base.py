@@ -49,3 +49,9 @@ class Engine:
         UserError/ConfigError where the engine would refuse it. Returns the plan notes."""
         self.argv(cfg, 0, Path("/nonexistent-trial-dir"))
         return self.plan_notes(cfg)
+
+
+def engine_version(info: dict) -> str:
+    """``sglang 0.5.23`` or ``parasweep-sim 0.1.0``: the engine tag and version /server_info gives."""
+    version = info.get("version", "unknown")
+    return f"{info['engine']} {version}" if info.get("engine") else str(version)

@@ -19,13 +19,14 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.engines.base import engine_version
 from orchestrator.errors import EngineStartError
 from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
 from orchestrator.tracking import Tracker
 from orchestrator.trial.load_driver import drive_load
 from orchestrator.trial.plan import TrialPlan
 from orchestrator.trial.recorder import TrialPaths, TrialRecorder, config_tags, run_steps
-from orchestrator.trial.session import EngineSession, LiveSession, VirtualSession, engine_version
+from orchestrator.trial.session import EngineSession, LiveSession, VirtualSession
 from vocab.findings import Finding
 from vocab.records import PointResult
 from vocab.status import RunKind, Tag, TrialStatus

@@ -57,12 +57,6 @@ class EngineSession(Protocol):
                   on_progress: ProgressFn) -> PointResult: ...
 
 
-def engine_version(info: dict[str, Any]) -> str:
-    """``sglang 0.5.23`` or ``parasweep-sim 0.1.0``: the engine tag and version /server_info gives."""
-    version = info.get("version", "unknown")
-    return f"{info['engine']} {version}" if info.get("engine") else str(version)
-
-
 class LiveSession:
     def __init__(self, plan: TrialPlan, paths: TrialPaths, env: dict[str, str] | None = None) -> None:
         self.plan, self.paths = plan, paths
