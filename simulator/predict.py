@@ -23,8 +23,10 @@ Timing: a request reaches the model at its send time and the client sees each to
 emitted (client lag 0; every emission event is one stream chunk); a request ends with its last token. A
 closed-loop worker's next request is sent ``CLIENT_TURNAROUND_S`` (1 ms) after the previous one ended:
 the HTTP/IPC round trip between an answer's last token and the next request's arrival, which a real
-client cannot avoid and which decides, under PP, whether the new request catches its slot's turn. The
-initial requests of a point all arrive at once.
+client cannot avoid and which decides, under PP, whether the new request catches its slot's turn. A
+closed-loop point's first requests arrive ``CLIENT_SEND_SPACING_S`` (20 µs) apart, as the load
+generator sends them from its one event loop: stage 0's first turn then takes the first request alone
+and the rest join the next turn, as they do on a live server (see the constant).
 
 Records are ``RequestRecord`` objects in *virtual seconds* of the model (t = 0 at the first point's
 start). These are the hardware's seconds: ``--sim-time-scale`` only changes how fast the live server
@@ -96,6 +98,15 @@ __all__ = ["VirtualTrial", "load_config", "predict_point", "predict_trial", "res
 # -> tokenizer manager -> scheduler: about 0.1 ms per hop over five hops (ZMQ, loopback TCP, Python
 # handlers). It matters under PP: a request arriving after its slot's turn waits one ring period.
 CLIENT_TURNAROUND_S = 1e-3
+# Closed loop: the gap between two of a point's first sends. The load generator starts its workers one
+# after another on one event loop, about 20 µs apart (measured in its request records). Under PP the
+# gap decides micro-batch membership: stage 0's scheduler takes the first request alone (its turn
+# starts the moment that request arrives) and the others, arriving during the host time of that turn,
+# together in the next turn; the closed loop then keeps that grouping. Sent all at once, every request
+# lands in one micro-batch, and the demo's PP8 points are predicted 3-8 % low. Any gap from 1 µs to
+# ~150 µs gives the same grouping on the demo (Kimi K2 PP8, C = 8 and 32); gaps above that, as a
+# heavily loaded client produces, split the burst further (docs/simulator.md, "Arrival timing").
+CLIENT_SEND_SPACING_S = 20e-6
 MAX_EVENTS_PER_POINT = 50_000_000  # a guard against a model bug turning into an endless loop
 
 
@@ -172,6 +183,7 @@ class VirtualTrial:
         self._rr = 0
         self._seq = 0
         self.turnaround = CLIENT_TURNAROUND_S
+        self.send_spacing = CLIENT_SEND_SPACING_S
 
     def submit(self, input_len: int, max_new_tokens: int) -> Request:
         """A streamed request to the next replica (round-robin), arriving now."""
@@ -294,11 +306,15 @@ class _VirtualClient:
             return
         assert point.concurrency is not None
         workers = point.concurrency if self.limit is None else min(point.concurrency, self.limit)
-        for _ in range(workers):
-            i = self._claim(t0)
+        spacing = self.trial.send_spacing
+        for k in range(workers):
+            i = self._claim(t0 + k * spacing)
             if i is None:
                 break
-            self._send(i, None)
+            if k == 0 or spacing <= 0:
+                self._send(i, None)
+            else:
+                sim.schedule(t0 + k * spacing, self._send, i, None)
 
     def _claim(self, send_at: float) -> int | None:
         """The index a closed-loop worker sends at ``send_at``, or None when the point has sent enough: its
@@ -363,7 +379,8 @@ class _VirtualClient:
             self._send(i, scheduled)
 
 
-def predict_trial(argv: list[str], points: list[LoadPoint], spec: RequestSpec) -> list[PointResult]:
+def predict_trial(argv: list[str], points: list[LoadPoint], spec: RequestSpec,
+                  send_spacing_s: float = CLIENT_SEND_SPACING_S) -> list[PointResult]:
     """Every point of one trial on ONE engine instance, in order.
 
     Each point starts the instant the previous one drained (a live trial also starts the next point
@@ -372,9 +389,12 @@ def predict_trial(argv: list[str], points: list[LoadPoint], spec: RequestSpec) -
     does not depend on the points before it; only virtual time and the scheduler's slot cursor do.
     """
     trial = VirtualTrial(load_config(argv))
+    trial.send_spacing = send_spacing_s
     return [trial.run_point(p, spec) for p in points]
 
 
-def predict_point(argv: list[str], point: LoadPoint, spec: RequestSpec) -> PointResult:
-    """One load point against a fresh engine configured by ``argv``, in virtual time (see module doc)."""
-    return predict_trial(argv, [point], spec)[0]
+def predict_point(argv: list[str], point: LoadPoint, spec: RequestSpec,
+                  send_spacing_s: float = CLIENT_SEND_SPACING_S) -> PointResult:
+    """One load point against a fresh engine configured by ``argv``, in virtual time (see module doc).
+    ``send_spacing_s=0`` sends a closed-loop point's first requests all at once (the textbook case)."""
+    return predict_trial(argv, [point], spec, send_spacing_s)[0]
