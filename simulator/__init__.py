@@ -31,6 +31,8 @@ Serving (live mode)
     ``logs.py``        SGLang-format log lines
     ``prometheus.py``  ``/metrics``: SGLang's ``sglang:`` series and the ``parasweep_sim:`` series
     ``gpus.py``        simulated GPU telemetry (``GET /parasweep_sim/gpus``): the same columns as NVML
+    ``faults.py``      fault injection (``--sim-fault-*``): crashes, start-up failures, a deadlocked
+                       engine, stalled / cut / malformed streams, HTTP 500s
 
 Prediction (virtual time)
     ``predict.py``     the same replica model driven by a virtual load-generator client

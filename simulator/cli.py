@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 
@@ -19,6 +20,73 @@ def human_readable_int(text: str) -> int:
     if value != int(value):
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
     return int(value)
+
+
+def fraction(text: str) -> float:
+    """A share of requests: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {text!r}")
+    return value
+
+
+def count(text: str) -> int:
+    """A request number: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A duration: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _add_fault_flags(p: argparse.ArgumentParser) -> None:
+    """Faults injected on purpose (simulator/faults.py; docs/simulator.md, "Fault injection"). Never
+    passed to real SGLang. Fractions are drawn per request from --random-seed and the request's arrival
+    number, so the same seed and request order meet the same faults."""
+    g = p.add_argument_group("fault injection (simulated engine only)")
+    a = g.add_argument
+    a("--sim-fault-crash-after-requests", type=count, default=None, metavar="N",
+      help="when the N-th generation request arrives, log a scheduler crash and die at once "
+           "(SIGKILL, as SGLang's launcher kills its tree): every open connection drops")
+    a("--sim-fault-hang-before-ready", action="store_true",
+      help="bind the port but never become ready: /health and /health_generate answer 503 forever; "
+           "SIGTERM still stops the process")
+    a("--sim-fault-startup-delay-s", type=seconds, default=0.0, metavar="S",
+      help="/health answers 503 until S wall seconds after start-up (startup_time in /server_info), "
+           "then as usual")
+    a("--sim-fault-hang-after-requests", type=count, default=None, metavar="N",
+      help="from the N-th generation request on, the engine produces no token for anyone (a deadlocked "
+           "scheduler); the process stays up and open streams stay open and silent. /health and "
+           "/health_generate then behave as SGLang's with a stuck scheduler: the probe generation gets "
+           "no output, so each answers 503 only after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) and logs "
+           "'Health check failed'")
+    a("--sim-fault-stall-stream-fraction", type=fraction, default=0.0, metavar="F",
+      help="this fraction of streams sends its first tokens, then goes silent with the connection open")
+    a("--sim-fault-http-error-fraction", type=fraction, default=0.0, metavar="F",
+      help="this fraction of generation requests is answered HTTP 500 with SGLang's JSON error body")
+    a("--sim-fault-malformed-sse-fraction", type=fraction, default=0.0, metavar="F",
+      help="this fraction of streams carries one unparseable SSE event after its first tokens")
+    a("--sim-fault-cut-stream-fraction", type=fraction, default=0.0, metavar="F",
+      help="this fraction of streams has its TCP connection closed after its first tokens (no final "
+           "chunk, no [DONE])")
+    a("--sim-fault-oom-at-start", action="store_true",
+      help="start-up fails: log a CUDA out-of-memory traceback as SGLang does and exit with code 1")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="calibration profile (YAML) with fitted cost-model constants (python -m orchestrator calibrate)")
     a("--sim-time-scale", type=float, default=1.0, metavar="F",
       help="simulated seconds per wall-clock second (2.0 runs twice as fast)")
+    _add_fault_flags(p)
     return p
 
 

@@ -13,6 +13,7 @@ import orjson
 from aiohttp import web
 
 from simulator.entities import Request
+from simulator.faults import HTTP_ERROR, HTTP_ERROR_MESSAGE, FaultInjector, StreamTap
 from simulator.frontend import BadRequest, Frontend
 from simulator.sim_config import SimConfig
 from simulator.text import (
@@ -30,8 +31,8 @@ def json_response(data: object, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
-def openai_error(msg: str, status: int = 400) -> web.Response:
-    return json_response({"object": "error", "message": msg, "type": "BadRequestError", "param": None,
+def openai_error(msg: str, status: int = 400, err_type: str = "BadRequestError") -> web.Response:
+    return json_response({"object": "error", "message": msg, "type": err_type, "param": None,
                           "code": status}, status)
 
 
@@ -40,9 +41,10 @@ def _sse(obj: object) -> bytes:
 
 
 class GenerationAPI:
-    def __init__(self, cfg: SimConfig, frontend: Frontend) -> None:
+    def __init__(self, cfg: SimConfig, frontend: Frontend, faults: FaultInjector) -> None:
         self.cfg = cfg
         self.frontend = frontend
+        self.faults = faults  # counts arrivals; may crash or freeze the engine (--sim-fault-*)
 
     # -- /generate ----------------------------------------------------------------------------------------
 
@@ -70,6 +72,7 @@ class GenerationAPI:
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         received = time.time()
+        fault = self.faults.arrive()
         try:
             body = await request.json(loads=orjson.loads)
             if not isinstance(body, dict):
@@ -88,6 +91,8 @@ class GenerationAPI:
             reqs = [self.frontend.new_request(n, max_new, stream) for n in lens]
         except (BadRequest, ValueError, TypeError) as e:
             return json_response({"error": {"message": str(e)}}, 400)
+        if fault == HTTP_ERROR:
+            return json_response({"error": {"message": HTTP_ERROR_MESSAGE}}, 500)
         self.frontend.submit(reqs)
         with_text = not self.cfg.args.skip_tokenizer_init
         if not stream:
@@ -96,6 +101,7 @@ class GenerationAPI:
             return json_response(outs if batch else outs[0])
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
+        tap = StreamTap(fault, request, resp, lambda: self.frontend.abort(reqs))
         texts = [""] * len(reqs)
         tlen = [0] * len(reqs)
         try:
@@ -112,7 +118,8 @@ class GenerationAPI:
                     if batch:
                         obj["index"] = i
                     parts.append(_sse(obj))
-                await resp.write(b"".join(parts))
+                if not await tap.write(b"".join(parts), all(r.finished for r in reqs)):
+                    return resp  # an injected stall or cut ended the stream
             await resp.write(DONE)
         except (ConnectionResetError, asyncio.CancelledError):
             self.frontend.abort(reqs)
@@ -131,6 +138,7 @@ class GenerationAPI:
         return bool(so.get("include_usage"))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        fault = self.faults.arrive()
         try:
             body = await request.json(loads=orjson.loads)
             lens = completion_prompt_lengths(body.get("prompt"))
@@ -140,9 +148,10 @@ class GenerationAPI:
             reqs = [self.frontend.new_request(n, max_new, stream) for n in lens]
         except (BadRequest, ValueError, TypeError, AttributeError) as e:
             return openai_error(str(e))
-        return await self._openai(request, body, reqs, chat=False)
+        return await self._openai(request, body, reqs, chat=False, fault=fault)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        fault = self.faults.arrive()
         try:
             body = await request.json(loads=orjson.loads)
             messages = body.get("messages")
@@ -156,10 +165,12 @@ class GenerationAPI:
             reqs = [self.frontend.new_request(count_chat_tokens(messages), max_new, stream)]
         except (BadRequest, ValueError, TypeError, AttributeError) as e:
             return openai_error(str(e))
-        return await self._openai(request, body, reqs, chat=True)
+        return await self._openai(request, body, reqs, chat=True, fault=fault)
 
-    async def _openai(self, request: web.Request, body: dict, reqs: list[Request], chat: bool
-                      ) -> web.StreamResponse:
+    async def _openai(self, request: web.Request, body: dict, reqs: list[Request], chat: bool,
+                      fault: str | None) -> web.StreamResponse:
+        if fault == HTTP_ERROR:
+            return openai_error(HTTP_ERROR_MESSAGE, 500, "InternalServerError")
         self.frontend.submit(reqs)
         model = body.get("model") or self.cfg.served_model_name
         created = int(time.time())
@@ -171,6 +182,7 @@ class GenerationAPI:
         head = {"id": rid, "object": obj_name, "created": created, "model": model}
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
+        tap = StreamTap(fault, request, resp, lambda: self.frontend.abort(reqs))
         sent = [0] * len(reqs)
         try:
             if chat:
@@ -199,8 +211,8 @@ class GenerationAPI:
                         parts.append(_sse({**head, "choices": [{
                             "index": i, "text": delta, "logprobs": None, "finish_reason": reason,
                             "matched_stop": None}], "usage": None}))
-                if parts:
-                    await resp.write(b"".join(parts))
+                if parts and not await tap.write(b"".join(parts), all(r.finished for r in reqs)):
+                    return resp  # an injected stall or cut ended the stream
             if self._include_usage(body):
                 await resp.write(_sse({**head, "choices": [], "usage": _usage(reqs)}))
             await resp.write(DONE)

@@ -70,6 +70,21 @@ def _layer_partition(num_layers: int, pp: int) -> list[int] | None:
     return parts
 
 
+def _health_check_timeout() -> float:
+    """SGLang's ``SGLANG_HEALTH_CHECK_TIMEOUT`` (seconds, default 20): how long /health waits for its probe
+    generation's output before answering 503."""
+    raw = os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "").strip()
+    if not raw:
+        return 20.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise FlagError(f"SGLANG_HEALTH_CHECK_TIMEOUT={raw!r} must be a number of seconds > 0")
+    return value
+
+
 def resolve(args: argparse.Namespace) -> SimConfig:
     warnings: list[str] = []
     try:
@@ -241,4 +256,5 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         time_scale=args.sim_time_scale,
         stages=stages,
         warnings=warnings,
+        health_check_timeout_s=_health_check_timeout(),
     )

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import orjson
 from aiohttp import web
 
+from simulator.faults import FaultConf, FaultInjector, fail_start_out_of_memory, hold_readiness
 from simulator.frontend import Frontend
 from simulator.generation import GenerationAPI, json_response
 from simulator.gpus import GPUS_PATH, gpu_rows
@@ -29,7 +30,9 @@ from simulator.sim_config import SimConfig
 from simulator.timebase import LiveDriver, Simulation
 from vocab.telemetry import GpuSource
 
-HEALTH_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT default
+# After SIGTERM, open requests get this long to finish before their handlers are cancelled: a stalled or
+# deadlocked stream (fault injection) must not hold the process for aiohttp's default 60 s.
+SHUTDOWN_GRACE_S = 1.0
 
 
 class SimServer:
@@ -47,7 +50,9 @@ class SimServer:
         for dp_rank, rep in enumerate(self.replicas):
             rep.observer = Reporter(cfg, log, self.metrics, dp_rank)
         self.frontend = Frontend(cfg, self.replicas, self.driver.now, loop)
-        self.generation = GenerationAPI(cfg, self.frontend)
+        self.faults = FaultConf.from_args(cfg.args)
+        self.generation = GenerationAPI(cfg, self.frontend,
+                                        FaultInjector(self.faults, cfg, log, self.freeze_engine))
         self.ready = False
         self.app = self._make_app()
 
@@ -71,6 +76,12 @@ class SimServer:
         r.add_get(GPUS_PATH, self.gpus_handler)
         return app
 
+    def freeze_engine(self) -> None:
+        """Stop the model for good (a deadlocked scheduler): no event runs again, so no token comes out;
+        the HTTP side goes on accepting requests."""
+        self.sim.on_schedule = None
+        self.driver.stop()
+
     # -- health / info / control ----------------------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
@@ -80,12 +91,13 @@ class SimServer:
         probe = self.frontend.new_request(1, 1, stream=False, log_metrics=False)
         fut = self.frontend.next_output()
         self.frontend.submit([probe])
+        timeout = self.cfg.health_check_timeout_s
         try:
-            await asyncio.wait_for(fut, HEALTH_TIMEOUT_S)
+            await asyncio.wait_for(fut, timeout)
         except TimeoutError:
             self.log.warning(
                 f"Health check failed. Server couldn't get a response from detokenizer for last "
-                f"{HEALTH_TIMEOUT_S:.0f} seconds."
+                f"{timeout:g} seconds."
             )
             return web.Response(status=503)
         return web.Response(status=200)
@@ -103,6 +115,7 @@ class SimServer:
         # Wall-clock epoch of simulated t = 0: wall = sim_wall_origin + t / sim_time_scale. With
         # meta_info.sim_token_time a client can compare each chunk's arrival to the model's schedule.
         info["sim_wall_origin"] = self.driver.wall(0.0)
+        info["sim_faults"] = self.faults.active()  # injected faults (docs/simulator.md, "Fault injection")
         return json_response(info)
 
     async def model_info(self, request: web.Request) -> web.Response:
@@ -172,7 +185,8 @@ async def _run(cfg: SimConfig, log: LogWriter) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(server.app, access_log=None, handle_signals=False,
+                           shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, cfg.args.host, cfg.args.port, reuse_address=True)
     try:
@@ -181,12 +195,15 @@ async def _run(cfg: SimConfig, log: LogWriter) -> int:
         print(f"OSError: cannot bind {cfg.args.host}:{cfg.args.port}: {e}", file=sys.stderr, flush=True)
         await runner.cleanup()
         return 1
-    server.ready = True
-    # Startup objects (config, model spec, aiohttp app) never die: keep them out of the collector's
-    # full passes, which otherwise grow with them and show up as multi-ms stalls in token timing.
-    gc.collect()
-    gc.freeze()
-    log.info("The server is fired up and ready to roll!")
+    if server.faults.active():
+        log.warning(f"Simulated faults armed: {server.faults.active()}")
+    if await hold_readiness(server.faults, cfg.startup_time, stop, log):
+        server.ready = True
+        # Startup objects (config, model spec, aiohttp app) never die: keep them out of the collector's
+        # full passes, which otherwise grow with them and show up as multi-ms stalls in token timing.
+        gc.collect()
+        gc.freeze()
+        log.info("The server is fired up and ready to roll!")
     await stop.wait()
     server.ready = False
     server.driver.stop()
@@ -197,6 +214,8 @@ async def _run(cfg: SimConfig, log: LogWriter) -> int:
 
 def serve(cfg: SimConfig) -> int:
     log = LogWriter(cfg.args.log_level)
+    if FaultConf.from_args(cfg.args).oom_at_start:
+        return fail_start_out_of_memory(cfg, log)
     startup_lines(cfg, log)
     runner: Callable = asyncio.run
     try:

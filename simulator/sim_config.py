@@ -55,6 +55,8 @@ class SimConfig:
     time_scale: float
     stages: list[StageMemory]
     warnings: list[str] = field(default_factory=list)
+    # /health's wait for the probe's output (SGLang's SGLANG_HEALTH_CHECK_TIMEOUT, default 20 s)
+    health_check_timeout_s: float = 20.0
     startup_time: float = field(default_factory=time.time)
 
     @property

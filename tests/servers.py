@@ -5,6 +5,7 @@ when ``GET /health`` answers 200, the whole group stopped on exit)."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 import tempfile
 import urllib.request
@@ -13,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 
 from orchestrator.process.server import ServerProcess, free_port
+from vocab.assets import model_dir
+from vocab.hardware import resolve_hardware_path
 
 HOST = "127.0.0.1"
 FAKE_SERVER = Path(__file__).with_name("fakeserver.py")
@@ -66,3 +70,34 @@ def loopback_server(**settings: Any) -> Iterator[str]:
         [sys.executable, "-m", "workloads.loopback", "--port", str(port), *_flags(settings)], port
     ) as url:
         yield url
+
+
+@contextlib.contextmanager
+def simulator_process(flags: list[str], tmp: Path, env: dict[str, str] | None = None
+                      ) -> Iterator[ServerProcess]:
+    """``python -m simulator`` with the tiny test model and ``flags``, started (not waited for: some
+    tests want it never ready) and stopped with its whole group at the end. Its hardware profile is a
+    copy under ``tmp``, so every process of it names ``tmp`` on its command line (see
+    ``processes_mentioning``); its log is ``tmp/server.log``."""
+    port = free_port()
+    hardware = tmp / "hardware.yaml"
+    shutil.copy(resolve_hardware_path("h100-sxm-x8"), hardware)
+    argv = [sys.executable, "-m", "simulator", "--model-path", str(model_dir("models/tiny-test")),
+            "--sim-hardware", str(hardware), "--host", HOST, "--port", str(port), *flags]
+    server = ServerProcess(argv, tmp / "server.log", HOST, port, env=env, stop_grace_s=10.0)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Live processes whose command line contains ``text`` (pid and command line), zombies excluded."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        with contextlib.suppress(psutil.Error):  # gone while we looked
+            cmdline = " ".join(p.info["cmdline"] or [])
+            if text in cmdline and p.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(f"{p.pid}: {cmdline[:160]}")
+    return found

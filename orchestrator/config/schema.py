@@ -16,6 +16,23 @@ from vocab.hardware import HardwareConf
 
 
 @dataclass
+class SimFaultConf:
+    """Faults the simulated engine injects on purpose (tests and drills of parasweep's own failure
+    handling). Passed as ``--sim-fault-*`` flags to the simulated engine only; a trial on any other
+    engine with one of these set is refused before anything launches."""
+
+    crash_after_requests: int | None = None  # the process dies when this many requests have arrived
+    hang_before_ready: bool = False  # /health never reports ready
+    startup_delay_s: float = 0.0  # slow start: ready only after this long
+    hang_after_requests: int | None = None  # the engine stops producing tokens (a deadlock) from then on
+    stall_stream_fraction: float = 0.0  # this fraction of streams stops mid-way (server stays alive)
+    http_error_fraction: float = 0.0  # this fraction of requests is answered with HTTP 500
+    malformed_sse_fraction: float = 0.0  # this fraction of streams carries a malformed SSE event
+    cut_stream_fraction: float = 0.0  # this fraction of streams has its connection cut mid-way
+    oom_at_start: bool = False  # start-up fails with CUDA out of memory, logged the way SGLang logs it
+
+
+@dataclass
 class EngineConf:
     # "auto" picks sglang where a GPU and SGLang are present, else the simulated engine
     name: str = "auto"
@@ -23,6 +40,7 @@ class EngineConf:
     startup_timeout_s: float = 900.0  # readiness deadline; the failure message carries the log tail
     stop_grace_s: float = 10.0  # SIGTERM to the process group, then SIGKILL after this long
     time_scale: float = 1.0  # simulated engine only: simulated seconds per wall second
+    sim_faults: SimFaultConf = field(default_factory=SimFaultConf)  # simulated engine only
 
 
 @dataclass
@@ -83,6 +101,11 @@ class WorkloadConf:
     requests_per_concurrency: int = 4
     warmup_requests: int = 2
     seed: int = 0
+    # a request that receives nothing for this long fails as stalled (the point goes on)
+    stall_timeout_s: float = 300.0
+    # a point still running after this long is ended: its finished records are kept, the rest are
+    # recorded as timed out, and the trial fails (null: no limit beyond stall_timeout_s)
+    point_timeout_s: float | None = 3600.0
 
 
 @dataclass

@@ -5,13 +5,14 @@ Each failure is a :class:`ConfigError` whose message names the key, the value an
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.model_info import model_info
-from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.schema import ParasweepConf, SimFaultConf
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import local_gpu_count, sglang_installed
 
@@ -82,7 +83,8 @@ def validate(cfg: ParasweepConf) -> str:
     """Check one trial's config; return the engine it will run on (``sim`` or ``sglang``)."""
     if cfg.engine.name not in ENGINES:
         raise ConfigError("engine.name", cfg.engine.name, ", ".join(ENGINES))
-    engine = resolve_engine(cfg)
+    engine, reason = resolve_engine_reason(cfg)
+    _validate_sim_faults(cfg, engine, reason)
     if cfg.engine.time_scale <= 0 or (engine == "sglang" and cfg.engine.time_scale != 1.0):
         raise ConfigError("engine.time_scale", cfg.engine.time_scale,
                           "> 0 for the simulated engine; 1.0 for sglang")
@@ -154,6 +156,33 @@ def validate(cfg: ParasweepConf) -> str:
     return engine
 
 
+# engine.sim_faults fields that are shares of requests; the rest are request counts, switches and seconds
+_FAULT_FRACTIONS = ("stall_stream_fraction", "http_error_fraction", "malformed_sse_fraction",
+                    "cut_stream_fraction")
+
+
+def _validate_sim_faults(cfg: ParasweepConf, engine: str, reason: str) -> None:
+    """Injected faults exist only in the simulated engine: on any other engine a set one is refused
+    (a fault drill must never run against real GPUs by mistake); then each value's range."""
+    faults = cfg.engine.sim_faults
+    if engine != "sim":
+        for f in dataclasses.fields(SimFaultConf):
+            value = getattr(faults, f.name)
+            if value != f.default:
+                unset = "null" if f.default is None else str(f.default).lower()
+                raise ConfigError(f"engine.sim_faults.{f.name}", value,
+                                  f"only for engine=sim (leave it at {unset} otherwise)",
+                                  why=f"the trial runs on {engine}: {reason}")
+    for name in _FAULT_FRACTIONS:
+        value = getattr(faults, name)
+        if not 0 <= value <= 1:  # NaN fails too
+            raise ConfigError(f"engine.sim_faults.{name}", value, "a fraction in [0, 1]")
+    _positive("engine.sim_faults.crash_after_requests", faults.crash_after_requests, allow_none=True)
+    _positive("engine.sim_faults.hang_after_requests", faults.hang_after_requests, allow_none=True)
+    if not (math.isfinite(faults.startup_delay_s) and faults.startup_delay_s >= 0):
+        raise ConfigError("engine.sim_faults.startup_delay_s", faults.startup_delay_s, "seconds >= 0")
+
+
 def _validate_calibration(cfg: ParasweepConf) -> None:
     """A calibration profile fits one hardware profile, and its entries must be usable by the model."""
     cal = cfg.calibration
@@ -194,3 +223,7 @@ def _validate_workload(cfg: ParasweepConf) -> None:
     _positive("workload.requests_per_concurrency", w.requests_per_concurrency)
     if w.warmup_requests < 0:
         raise ConfigError("workload.warmup_requests", w.warmup_requests, "an integer >= 0")
+    if not (math.isfinite(w.stall_timeout_s) and w.stall_timeout_s > 0):
+        raise ConfigError("workload.stall_timeout_s", w.stall_timeout_s, "seconds > 0")
+    if w.point_timeout_s is not None and not (math.isfinite(w.point_timeout_s) and w.point_timeout_s > 0):
+        raise ConfigError("workload.point_timeout_s", w.point_timeout_s, "seconds > 0, or null for no limit")

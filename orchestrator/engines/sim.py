@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.schema import ParasweepConf, SimFaultConf
 from orchestrator.engines.base import Engine, sglang_flags
 from orchestrator.errors import ConfigError
 from orchestrator.redact import redact_mapping, redact_text, secret_values
@@ -20,6 +21,19 @@ def _override_args(cfg: ParasweepConf) -> dict:
     from orchestrator.engines.sglang_compat.command import plain_value
 
     return plain_value(getattr(cfg.model, "override_args", None) or {})
+
+
+def fault_flags(faults: SimFaultConf) -> list[str]:
+    """``engine.sim_faults.*`` as the simulator's ``--sim-fault-*`` flags, one per field that differs from
+    its default (a switch for a bool, flag and value otherwise); none when no fault is set."""
+    flags: list[str] = []
+    for f in dataclasses.fields(SimFaultConf):
+        value = getattr(faults, f.name)
+        if value == f.default:
+            continue
+        flag = "--sim-fault-" + f.name.replace("_", "-")
+        flags += [flag] if isinstance(value, bool) else [flag, repr(value)]
+    return flags
 
 
 @functools.cache
@@ -84,7 +98,7 @@ class SimEngine(Engine):
         if cfg.calibration.name:
             flags += ["--sim-calibration", str(self.calibration_file(trial_dir))]
         return [*flags, "--sim-hardware", str(self.hardware_file(trial_dir)),
-                "--sim-time-scale", f"{cfg.engine.time_scale:g}"]
+                "--sim-time-scale", f"{cfg.engine.time_scale:g}", *fault_flags(cfg.engine.sim_faults)]
 
     def prepare(self, cfg: ParasweepConf, trial_dir: Path) -> None:
         from dataclasses import asdict
