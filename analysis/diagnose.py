@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vocab.findings import SEVERITIES, Finding
+from vocab.records import ENGINE_FAILED, STOPPED_EARLY
 from vocab.telemetry import (
     KV_USAGE_MAX,
     POWER_FRAC_MEAN,
@@ -223,7 +224,10 @@ def _micro_batches(f: TrialFacts, c: int, cap: int) -> int:
 # ---- rules ---------------------------------------------------------------------------------------
 
 def client_bound(f: TrialFacts) -> list[Finding]:
-    bad = [label for label, m in f.points.items() if m.get("valid", 1) == 0]
+    # a point the trial cut short (the engine died, hung or timed out) is the trial_failed finding's
+    # story, not the client's
+    bad = [label for label, m in f.points.items() if m.get("valid", 1) == 0
+           and not str(m.get("invalid_reason") or "").startswith((STOPPED_EARLY, ENGINE_FAILED))]
     if not bad:
         return []
     reasons = "; ".join(f"{label}: {f.points[label].get('invalid_reason') or 'client fell behind'}"

@@ -191,7 +191,8 @@ def sweep_table(runs: list[Any]) -> tuple[Table, list[str]]:
         notes.append("J/tok from simulated GPU telemetry is the simulator's power model, not measured"
                      + (" (~ marks it)" if len(energy_sources) > 1 else ""))
     if invalid:
-        notes.append("! = the load generator fell behind at that point (valid=0): not a server number")
+        notes.append("! = not a valid measurement (valid=0: the client fell behind, or the point was cut "
+                     "short): see the findings")
     return table, notes
 
 

@@ -432,7 +432,8 @@ def _results(trials: Sequence[Trial]) -> str:
             elif valid == 1.0:
                 cells.append('<td class="ok">yes</td>')
             else:
-                cells.append('<td class="bad">NO: the load generator fell behind</td>')
+                cells.append('<td class="bad">NO: the client fell behind or the point was cut short '
+                             '(see the findings)</td>')
             cls = ' class="warnrow"' if valid is not None and valid != 1.0 else ""
             rows.append(f"<tr{cls}>{''.join(cells)}</tr>")
     head_html = "".join(f"<th>{_e(h)}</th>" for h in head)

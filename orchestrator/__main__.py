@@ -2,13 +2,15 @@
 
 - ``calibrate``: fit the simulated engine's constants to a measured run or to operator tables
   (``orchestrator/calibrate.py``).
+- ``sync``: replay the tracking writes spooled while the MLflow server was unreachable
+  (``orchestrator/sync.py``; docs/mlflow-layout.md, "When the tracking server goes away").
 """
 
 from __future__ import annotations
 
 import sys
 
-COMMANDS = ("calibrate",)
+COMMANDS = ("calibrate", "sync")
 
 
 def main(argv: list[str]) -> int:
@@ -16,6 +18,10 @@ def main(argv: list[str]) -> int:
         print(f"usage: python -m orchestrator {{{','.join(COMMANDS)}}} ...  (--help after a command for "
               "its options)", file=sys.stderr)
         return 2
+    if argv[0] == "sync":
+        from orchestrator.sync import main as sync
+
+        return sync(argv[1:])
     from orchestrator.calibrate import main as calibrate
 
     return calibrate(argv[1:])

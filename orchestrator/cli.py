@@ -113,13 +113,16 @@ def finish(code: int) -> int:
 
     Nothing here may end the sweep in a traceback: the trials' numbers are already in the store, so a
     part that cannot be shown is named in one line and the rest goes on; the sweep run is closed with
-    its status whatever happens to the summary."""
+    its status whatever happens to the summary. A tracking server that went away during the sweep
+    gets its spooled writes first, if it is back; if it is not, the sweep's end is spooled too and
+    one line says so."""
     from orchestrator import sweep
 
     state = sweep.ACTIVE
-    _shutdown_ray()
+    _shutdown_ray()  # also ends the trials' workers, which finishes their spool files
     if state is None or state.run_id is None:
         return code
+    _sync_spool(state.uri)
     runs, status = _close_sweep(state, code)
     if runs is not None:  # None: the store could not be read, and there is nothing to show
         _guarded("show the sweep's summary", lambda: _show_sweep(state, runs, status))
@@ -128,44 +131,79 @@ def finish(code: int) -> int:
     return code
 
 
+def _sync_spool(uri: str) -> None:
+    """Replay what this sweep's processes (and any earlier run) spooled for this server, so the end of
+    the sweep reads every trial back; silent when there is nothing, or the server is still away (the
+    sweep's end then says so itself)."""
+    from orchestrator.tracking import close_spools, is_http
+
+    if not is_http(uri):
+        return
+    close_spools()  # this process's own files too: finished, so the sync may take them
+
+    def replay() -> None:
+        from orchestrator.sync import sync_spool
+
+        for line in sync_spool(only_uri=uri).lines:
+            print(f"parasweep: spool: {line}", flush=True)
+
+    _guarded("replay the spooled tracking writes", replay)
+
+
 def _close_sweep(state: SweepState, code: int) -> tuple[list[Any] | None, str]:
     """Close trials left running and then the sweep run itself, with the overall status: ``(the
     sweep's trial runs, that status)``. A store that cannot be read gives ``(None, "failed")``
-    (``killed`` after Ctrl-C): a sweep whose trials cannot be found did not succeed."""
-    from orchestrator.tracking import Tracker
+    (``killed`` after Ctrl-C): a sweep whose trials cannot be found did not succeed. A tracking
+    server that cannot be reached gives ``(None, the status the trial directories say)``, and the
+    closing is left to the sync."""
+    from orchestrator.spool import is_placeholder
+    from orchestrator.tracking import Tracker, interrupted_status, sweep_status, unreachable
 
     runs: list[Any] | None = None
     tracker: Any = None
     try:
         tracker = Tracker(state.uri, state.experiment)
+        if is_placeholder(state.run_id):  # the sweep run itself is only in the spool
+            return None, _spool_sweep_end(tracker, state, code)
         runs = tracker.children(state.run_id)
-        interrupted = TrialStatus.KILLED if code == 130 else TrialStatus.FAILED
+        interrupted = interrupted_status(code)
         for run in runs:  # a trial whose worker was killed outright never closed its own run
             if run.data.tags.get(Tag.STATUS) == TrialStatus.RUNNING:
                 tracker.finish(run.info.run_id, interrupted.value)
                 run.data.tags[Tag.STATUS] = interrupted.value
     except Exception as exc:
+        if tracker is not None and unreachable(exc):
+            return None, _spool_sweep_end(tracker, state, code)
         _say_failed(f"read the trials of sweep run {state.run_id}", exc)
-    statuses = [_trial_status(r.data.tags.get(Tag.STATUS)) for r in runs or []]
-    if code == 130 or TrialStatus.KILLED in statuses:
-        status = "killed"
-    elif code != 0 or not all(s.succeeded for s in statuses) or not runs:
-        status = "failed"
-    else:
-        status = "ok"
+    status = sweep_status(code, [r.data.tags.get(Tag.STATUS) for r in runs or []])
     if tracker is not None:  # the sweep run is closed even when its trials could not be read
         _guarded(f"close sweep run {state.run_id} with status {status}",
                  lambda: tracker.finish(state.run_id, status))
     return runs, status
 
 
-def _trial_status(value: str | None) -> TrialStatus:
-    """A trial's status tag; a missing or unknown value (a run written by another version, or edited
-    by hand) counts as failed: only a status known to be a success may make the sweep ok."""
-    try:
-        return TrialStatus(value)
-    except ValueError:
-        return TrialStatus.FAILED
+def _spool_sweep_end(tracker: Any, state: SweepState, code: int) -> str:
+    """The tracking server is away at the sweep's end: leave closing the sweep run to the sync, say so
+    in one line, and decide the exit status from the trial directories (each trial's
+    ``progress.json`` holds its final status), the only record of the trials this process can read."""
+    from orchestrator.progress import read_progress
+    from orchestrator.redact import redact_url
+    from orchestrator.spool import spool_files, spool_root
+    from orchestrator.sync import SYNC_COMMAND
+    from orchestrator.tracking import close_spools, sweep_status
+
+    tracker.close_sweep_later(state.run_id, code)
+    close_spools()  # finished: the next run.py or the sync command may take it
+    root = spool_root()
+    print(f"parasweep: tracking server {redact_url(state.uri)} unreachable; results spooled to "
+          f"{_shown_path(root)}/ ({len(spool_files(root))} file(s)); run `{SYNC_COMMAND}` when it is back",
+          file=sys.stderr, flush=True)
+    sweep_dir = Path(state.sweep_dir)
+    trial_dirs = sorted({p.parent for p in sweep_dir.glob("*/progress.json")}) if state.multirun \
+        else [sweep_dir]
+    trials = f"{_shown_path(sweep_dir)}/<n>/" if state.multirun else _shown_path(sweep_dir)
+    print(f"Trial files: {trials} (records, telemetry, diagnosis.json)", flush=True)
+    return sweep_status(code, [(read_progress(d) or {}).get("status") for d in trial_dirs])
 
 
 def _show_sweep(state: SweepState, runs: list[Any], status: str) -> None:
@@ -337,8 +375,8 @@ def _log_plots(tracker: Any, sweep_run_id: str, runs: list[Any], sweep_dir: Path
                 paths = plot_trial(points, label, out, simulated=simulated)
                 if trial_dir:
                     paths += _telemetry_plots(Path(trial_dir), label, source, simulated, run.data.params)
-                for path in paths:
-                    tracker.log_artifact(run.info.run_id, path, "plots")
+                for path in paths:  # scratch plots must be copied if they go to the spool
+                    tracker.log_artifact(run.info.run_id, path, "plots", scratch=not trial_dir)
             except Exception as exc:  # plots are a convenience; the numbers are already stored
                 _say_failed(f"draw the plots of trial {key}", exc)
     try:

@@ -1,6 +1,13 @@
-"""After a trial's engine is stopped: wait until NVML shows its GPUs free before the next trial may use
-them. SGLang runs a process per rank; a killed process group can hold GPU memory for a few seconds
-while the driver tears its contexts down, and a trial placed on the GPU then may run out of memory.
+"""A trial's GPUs free of other processes, checked with NVML on both sides of an SGLang engine's life.
+
+After the engine is stopped, :func:`wait_gpus_free` waits until its processes have left the GPUs
+before the next trial may use them: SGLang runs a process per rank, and a killed process group can
+hold GPU memory for a few seconds while the driver tears its contexts down. Before an engine is
+launched, :func:`ensure_gpus_free` waits (bounded) until no process at all holds a compute context on
+the trial's GPUs and otherwise fails the trial, naming the GPUs and the pids: an engine started next to
+a leftover (an earlier trial's engine that was killed and has not let go yet, or a stray process)
+sizes its KV cache on the memory it finds free, or runs out of memory, and either way measures
+something else than what was asked.
 
 NVML indices are PCI-bus order and ignore CUDA_VISIBLE_DEVICES (docs/platform-notes.md, NVML), so the
 trial's CVD entries are mapped to NVML handles by ``nvml_source.visible_devices``, the one mapping the
@@ -16,7 +23,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.errors import EngineStartError
 from orchestrator.telemetry.nvml_source import visible_devices
+
+# How long a launch waits for the GPUs to be free; a killed engine lets go within seconds
+BEFORE_LAUNCH_WAIT_S = 60.0
 
 
 def process_group_pids(pgid: int) -> set[int]:
@@ -60,6 +71,47 @@ def _busy(nvml: Any, handles: list[tuple[str, Any]], pids: set[int] | None) -> d
     return busy
 
 
+def _describe(busy: dict[str, list[int]]) -> str:
+    return "; ".join(f"{label}: pids {', '.join(map(str, p))}" for label, p in busy.items())
+
+
+def _wait_free(cuda_visible_devices: str | None, timeout_s: float, pids: set[int] | None, poll_s: float,
+               nvml: Any, clock: Callable[[], float], sleep: Callable[[float], None],
+               warnings: list[str],
+               on_busy: Callable[[dict[str, list[int]]], None] | None = None) -> dict[str, list[int]]:
+    """Poll until no counted process is on the trial's GPUs or ``timeout_s`` passes; what is left then
+    (empty: free, or nothing to check). NVML's own failures become warnings. ``on_busy`` hears the
+    first busy look, when there is time left to wait."""
+    if cuda_visible_devices is not None and not cuda_visible_devices.strip():
+        return {}  # the engine sees no GPU
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            return {}
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError:  # LibraryNotFound / DriverNotLoaded: nothing to wait for
+        return {}
+    try:
+        handles = _handles(nvml, cuda_visible_devices, warnings)
+        deadline = clock() + timeout_s
+        while True:
+            busy = _busy(nvml, handles, pids)
+            if not busy or clock() >= deadline:
+                return busy
+            if on_busy is not None:
+                on_busy(busy)
+                on_busy = None
+            sleep(poll_s)
+    except nvml.NVMLError as exc:
+        warnings.append(f"NVML failed while checking the GPUs' processes: {exc}")
+        return {}
+    finally:
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+
+
 def wait_gpus_free(cuda_visible_devices: str | None, timeout_s: float, pids: set[int] | None = None, *,
                    poll_s: float = 0.5, nvml: Any = None,
                    clock: Callable[[], float] = time.monotonic,
@@ -71,33 +123,30 @@ def wait_gpus_free(cuda_visible_devices: str | None, timeout_s: float, pids: set
     With pids, only the engine's own processes are waited for; note that inside a container with its
     own PID namespace NVML may report host PIDs, which then never match (prefer ``pids=None`` there:
     Ray gives a trial its GPUs exclusively, so any process left on them is a leftover)."""
-    if cuda_visible_devices is not None and not cuda_visible_devices.strip():
-        return []  # the engine saw no GPU
-    if nvml is None:
-        try:
-            import pynvml as nvml
-        except ImportError:
-            return []
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError:  # LibraryNotFound / DriverNotLoaded: nothing to wait for
-        return []
     warnings: list[str] = []
-    try:
-        handles = _handles(nvml, cuda_visible_devices, warnings)
-        deadline = clock() + timeout_s
-        while True:
-            busy = _busy(nvml, handles, pids)
-            if not busy:
-                return warnings
-            if clock() >= deadline:
-                detail = "; ".join(f"{label}: pids {', '.join(map(str, p))}" for label, p in busy.items())
-                warnings.append(f"GPUs still in use {timeout_s:g} s after the engine stopped ({detail})")
-                return warnings
-            sleep(poll_s)
-    except nvml.NVMLError as exc:
-        warnings.append(f"NVML failed while waiting for the GPUs to be released: {exc}")
-        return warnings
-    finally:
-        with contextlib.suppress(nvml.NVMLError):
-            nvml.nvmlShutdown()
+    busy = _wait_free(cuda_visible_devices, timeout_s, pids, poll_s, nvml, clock, sleep, warnings)
+    if busy:
+        warnings.append(f"GPUs still in use {timeout_s:g} s after the engine stopped ({_describe(busy)})")
+    return warnings
+
+
+def ensure_gpus_free(cuda_visible_devices: str | None, timeout_s: float = BEFORE_LAUNCH_WAIT_S, *,
+                     poll_s: float = 0.5, nvml: Any = None,
+                     clock: Callable[[], float] = time.monotonic,
+                     sleep: Callable[[float], None] = time.sleep,
+                     on_wait: Callable[[str], None] | None = None) -> list[str]:
+    """Before an engine is launched: wait up to ``timeout_s`` until no process holds a compute context
+    on the trial's GPUs, else raise :class:`EngineStartError` naming the GPUs and the pids. Returns
+    warnings (CVD entries that match no GPU, NVML errors); ``[]`` at once without NVML. ``on_wait``
+    hears once, with the same detail, when the first look finds the GPUs busy."""
+    def waiting(busy: dict[str, list[int]]) -> None:
+        if on_wait is not None:
+            on_wait(f"waiting up to {timeout_s:g} s for GPUs held by other processes ({_describe(busy)})")
+
+    warnings: list[str] = []
+    busy = _wait_free(cuda_visible_devices, timeout_s, None, poll_s, nvml, clock, sleep, warnings, waiting)
+    if busy:
+        raise EngineStartError(
+            f"GPUs not free before the engine start ({_describe(busy)}; still held after {timeout_s:g} s): "
+            "a leftover of an earlier trial or another program; see nvidia-smi")
+    return warnings

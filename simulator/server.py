@@ -88,9 +88,12 @@ class SimServer:
         if not self.ready:
             return web.Response(status=503)
         # As SGLang: a real 1-token generation; any output reaching the frontend after it starts counts.
-        probe = self.frontend.new_request(1, 1, stream=False, log_metrics=False)
+        # While requests are running SGLang's scheduler answers from the next batch instead of adding the
+        # probe to the load, so a prober does not change what is measured.
         fut = self.frontend.next_output()
-        self.frontend.submit([probe])
+        if not any(rep.in_flight or rep.admission.waiting or any(slot.reqs for slot in rep.slots)
+                   for rep in self.replicas):
+            self.frontend.submit([self.frontend.new_request(1, 1, stream=False, log_metrics=False)])
         timeout = self.cfg.health_check_timeout_s
         try:
             await asyncio.wait_for(fut, timeout)

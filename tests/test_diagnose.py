@@ -13,6 +13,7 @@ import pytest
 import analysis.diagnose as diagnose_module
 from analysis.diagnose import RULES, StepEstimate, TrialFacts, diagnose, overrides_text
 from vocab.findings import Finding
+from vocab.records import ENGINE_FAILED, STOPPED_EARLY
 from vocab.telemetry import (
     KV_USAGE_MAX,
     POWER_FRAC_MEAN,
@@ -86,6 +87,14 @@ def test_client_bound() -> None:
     x = f["client_bound"]
     assert x.point == "c32" and x.change == {} and x.severity == "critical"
     assert "achieved concurrency 20" in x.evidence and "load generator" in x.evidence
+
+
+def test_a_point_cut_short_is_not_blamed_on_the_client() -> None:
+    """A point the trial's watcher stopped (the engine died, hung or timed out) is invalid, but the
+    trial_failed finding tells that story; client_bound stays quiet for it."""
+    for reason in (STOPPED_EARLY + "engine exited with code -9", ENGINE_FAILED + "engine exited with code 1"):
+        cut = {"valid": 0.0, "invalid_reason": reason}
+        assert "client_bound" not in found(facts(points={"c1": {"valid": 1.0}, "c32": cut}))
 
 
 def test_too_few_microbatches() -> None:

@@ -1,5 +1,6 @@
-"""Waiting for a stopped engine's GPUs to be free: CVD -> NVML mapping and polling, with a fake NVML
-(no GPU here; the real module is exercised on a GPU node) and the real one's no-driver path."""
+"""Waiting for a stopped engine's GPUs to be free, and checking them free of other processes before a
+launch: CVD -> NVML mapping and polling, with a fake NVML (no GPU here; the real module is exercised
+on a GPU node) and the real one's no-driver path."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.gpu_release import process_group_pids, wait_gpus_free
+from orchestrator.errors import EngineStartError
+from orchestrator.gpu_release import ensure_gpus_free, process_group_pids, wait_gpus_free
 
 pytestmark = pytest.mark.slow  # real process groups
 
@@ -121,3 +123,32 @@ def test_process_group_pids_lists_the_group() -> None:
     finally:
         os.killpg(proc.pid, 9)
         proc.wait()
+
+
+# -- before an SGLang launch: the trial's GPUs must hold no other process --------------------------
+def test_launch_waits_for_a_leftover_to_let_go() -> None:
+    nvml, clock, heard = FakeNVML({1: [[4242], [4242], []]}), Clock(), []
+    assert ensure_gpus_free("1", 60, nvml=nvml, clock=clock, sleep=clock.sleep, on_wait=heard.append) == []
+    assert clock.t == 1.0 and nvml.shutdown
+    assert heard == ["waiting up to 60 s for GPUs held by other processes (GPU 1: pids 4242)"]
+
+
+def test_launch_fails_naming_the_gpus_and_pids_still_held() -> None:
+    nvml, clock = FakeNVML({0: [[7, 8]], 2: [[9]], 3: [[]]}), Clock()
+    with pytest.raises(EngineStartError) as err:
+        ensure_gpus_free("0,2,3", 5, nvml=nvml, clock=clock, sleep=clock.sleep)
+    assert str(err.value) == ("GPUs not free before the engine start (GPU 0: pids 7, 8; GPU 2: pids 9; "
+                              "still held after 5 s): a leftover of an earlier trial or another program; "
+                              "see nvidia-smi")
+    assert clock.t >= 5 and set(nvml.polls) == {0, 2, 3}
+
+
+def test_launch_check_on_free_gpus_and_without_nvml() -> None:
+    nvml, clock = FakeNVML({}), Clock()
+    warnings = ensure_gpus_free("1,9", 60, nvml=nvml, clock=clock, sleep=clock.sleep)
+    assert clock.t == 0 and any("entry '9' is past NVML's 4 GPU(s)" in w for w in warnings)
+    assert ensure_gpus_free("0", 60, nvml=FakeNVML({0: [[1]]}, fail_init=True)) == []
+    assert ensure_gpus_free("", 60, nvml=FakeNVML({0: [[1]]})) == []  # the engine sees no GPU
+    start = time.monotonic()
+    assert ensure_gpus_free("0", 60) == []  # the real pynvml: no driver on this machine
+    assert time.monotonic() - start < 5

@@ -21,8 +21,15 @@ from vocab.load import LoadPoint
 if TYPE_CHECKING:
     import pandas as pd
 
+# How a point's first invalid reason starts when the point did not run its course: the load generator
+# stopped it (the trial's watcher said the engine died or hung, or the point ran out of time), or the
+# engine was found dead just after it ended. Such a point is the trial's failure, not the client's.
+STOPPED_EARLY = "stopped early: "
+ENGINE_FAILED = "engine failed: "
+
 # Every kind an error can have. ``client`` is an unexpected exception inside the load generator
-# itself (a bug, reported rather than crashing the point).
+# itself (a bug, reported rather than crashing the point); ``aborted`` is a request still in flight
+# when its point was stopped early (the engine died or hung, or the point ran out of time).
 ERROR_KINDS: tuple[str, ...] = (
     "http_5xx",
     "http_4xx",
@@ -32,6 +39,7 @@ ERROR_KINDS: tuple[str, ...] = (
     "connect",
     "server_error",
     "client",
+    "aborted",
 )
 
 

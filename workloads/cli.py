@@ -217,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec,
             records_path=args.records,
             sock_read_timeout=args.read_timeout,
+            read_timeout_setting="--read-timeout",
             lag_threshold_ms=args.lag_threshold_ms,
             slo=slo,
             workers=args.workers,

@@ -306,6 +306,7 @@ class Pool:
         *,
         connect_timeout: float = 10.0,
         read_timeout: float = 300.0,
+        read_timeout_setting: str = "sock_read_timeout",
         headers: dict[str, str] | None = None,
     ) -> None:
         u = urlsplit(base_url)
@@ -317,6 +318,8 @@ class Pool:
         self.prefix = u.path.rstrip("/")
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        # the setting that lengthens the read timeout, named in a stalled request's error
+        self.read_timeout_setting = read_timeout_setting
         self.origin = f"{u.scheme or 'http'}://{self.host}:{self.port}"
         self.connections_opened = 0  # over the pool's life (a benchmark checks none open mid-point)
         host_header = self.host if u.port is None else f"{self.host}:{self.port}"
@@ -449,8 +452,8 @@ class Pool:
         now = clock.now()
         for conn in list(self._busy):
             if conn.sink is not None and not conn.sink.finished and now - conn.last_read > self.read_timeout:
-                n = self.read_timeout
-                conn._complete(HTTPError("timeout", f"read timeout: no byte for {n:g} s"))
+                msg = f"stalled: no data for {self.read_timeout:g} s ({self.read_timeout_setting})"
+                conn._complete(HTTPError("timeout", msg))
                 conn._abort()
         for conn in list(self._draining):
             if now - conn.draining_since > 1.0:  # a server holding the body open after [DONE]

@@ -103,16 +103,24 @@ async def _open_loop(
         start_perf = time.perf_counter()
     start_epoch = clock.from_perf(start_perf)
     perf = time.perf_counter
-    for i in range(shard, len(offsets), shards):
-        off = float(offsets[i])
-        delay = start_perf + off - perf()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        task = asyncio.create_task(one(i, start_epoch + off))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    while tasks:
-        await asyncio.gather(*list(tasks))
+    try:
+        for i in range(shard, len(offsets), shards):
+            off = float(offsets[i])
+            delay = start_perf + off - perf()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(one(i, start_epoch + off))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        while tasks:
+            await asyncio.gather(*list(tasks))
+    finally:
+        # Cancelled (the point was stopped) while sleeping until the next send: the requests in
+        # flight belong to this point and must end with it, not run on after it has returned.
+        if tasks:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*list(tasks), return_exceptions=True)
 
 
 class LagMonitor:

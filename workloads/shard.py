@@ -5,7 +5,8 @@ several processes), which both import from here and never from each other:
 
 * :func:`prepare_requests` builds the request bodies of a shard before the point starts;
 * :func:`run_shard` opens the connections, quiets the garbage collector, starts the lag monitor
-  and sends the shard's requests on the scheduler's timetable;
+  and sends the shard's requests on the scheduler's timetable, until done or until a
+  :class:`PointStop` gives a reason to stop early;
 * :class:`PointOptions`, :class:`RecordSink` and :func:`finish`: the point's settings, where its
   finished records go, and its metrics and verdict;
 * :func:`resolve_model` and :func:`run_sync`: the OpenAI ``model`` field and the event loop.
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from vocab.load import LoadPoint, RequestSpec
-from vocab.records import PointResult, RecordWriter, RequestRecord
+from vocab.records import STOPPED_EARLY, PointResult, RecordWriter, RequestRecord
 
 from .backend import fetch_model, send_request
 from .fasthttp import Pool
@@ -33,12 +34,17 @@ from .scheduler import LagMonitor, drive, shard_share
 
 ProgressFn = Callable[[int, int], None]
 RecordFn = Callable[[RequestRecord], None]
+# () -> None to go on, or a short reason to stop the point now ("engine exited with code -9")
+StopFn = Callable[[], str | None]
 T = TypeVar("T")
 
 # Bodies are serialised before the point starts unless they would take more memory than this;
 # then each is built just before it is sent (a few tens of microseconds per request).
 PREBUILD_LIMIT_BYTES = 256 * 1024 * 1024
 GC_THRESHOLD0 = 20_000
+# How often a point asks its ``should_stop`` whether to stop: one timer per period on the loop, no
+# cost per request; a dead engine is noticed within this (plus the caller's own detection time).
+STOP_POLL_S = 0.2
 
 
 def prepare_requests(
@@ -92,6 +98,46 @@ def quiet_gc() -> Iterator[None]:
         gc.unfreeze()
 
 
+class PointStop:
+    """Stops a point early when ``should_stop`` gives a reason.
+
+    :meth:`watch` runs the point's sending as a task and waits for it in slices of
+    :data:`STOP_POLL_S`, asking between slices: one timer per slice and nothing per request. A
+    request that cannot connect asks at once (:meth:`check`) and, if there is no reason yet, holds
+    its sender back for one poll, so a dead engine does not burn the rest of the point on refused
+    connections in the meantime. On a reason the sending task is
+    cancelled: nothing more is sent, and each request still in flight is cancelled and recorded as
+    ``aborted`` (see :func:`run_shard`). The first reason is kept in :attr:`reason`.
+    """
+
+    def __init__(self, should_stop: StopFn) -> None:
+        self.should_stop = should_stop
+        self.reason: str | None = None
+        self._task: asyncio.Future[None] | None = None
+
+    def check(self) -> bool:
+        """Ask now; on a reason keep it and cancel the sending. True when the point is stopping."""
+        if self.reason is None:
+            self.reason = self.should_stop() or None
+            if self.reason is not None and self._task is not None:
+                self._task.cancel()
+        return self.reason is not None
+
+    async def watch(self, sending: Coroutine[Any, Any, None]) -> None:
+        self._task = task = asyncio.ensure_future(sending)
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=STOP_POLL_S)
+                if not task.done():
+                    self.check()
+            if not task.cancelled():
+                task.result()  # a failure of the scheduler itself is raised, not swallowed
+        finally:
+            if not task.done():  # this coroutine itself was cancelled (Ctrl-C): the sending goes too
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+
 async def run_shard(
     base: str,
     point: LoadPoint,
@@ -102,35 +148,56 @@ async def run_shard(
     shards: int = 1,
     start_perf: float | None = None,
     sock_read_timeout: float = 300.0,
+    read_timeout_setting: str = "sock_read_timeout",
     get_request: Callable[[int], PreparedRequest] | None = None,
+    stop: PointStop | None = None,
 ) -> list[float]:
     """Send this process's share of ``point``; ``on_record`` gets each finished request.
 
-    Returns the event-loop lag samples (ms). ``spec.model`` must already be resolved.
+    Returns the event-loop lag samples (ms). ``spec.model`` must already be resolved. With ``stop``,
+    the point ends early when it gives a reason (``stop.reason`` says which): requests in flight
+    are recorded with ``error_kind`` ``aborted`` and an end time of now; unsent ones are not sent.
     """
     label = point.label
     warmup = point.warmup_requests
     if get_request is None:
         get_request = prepare_requests(spec, point, shard, shards)
     api = spec.api
-    pool = Pool(base, read_timeout=sock_read_timeout)
+    pool = Pool(base, read_timeout=sock_read_timeout, read_timeout_setting=read_timeout_setting)
 
     async def send(i: int, scheduled: float | None) -> None:
+        if stop is not None and stop.reason is not None:
+            return  # stopping: send nothing more (the cancellation reaches every sender soon)
         req = get_request(i)
         rec = RequestRecord(
             point=label, index=i, warmup=i < warmup, scheduled_time=scheduled, input_tokens=req.input_tokens
         )
-        await send_request(pool, req, api, rec)
+        try:
+            await send_request(pool, req, api, rec)
+        except asyncio.CancelledError:
+            if stop is not None and stop.reason is not None:
+                # stopped early: the request was sent and never answered; keep it (end time: now)
+                rec.error_kind, rec.error = "aborted", f"aborted: {stop.reason}"
+                on_record(rec)
+            raise
         on_record(rec)
+        if rec.error_kind == "connect" and stop is not None and not stop.check():
+            # A refused connection: the engine may be dying. Its port closes a moment before its exit
+            # can be seen, so this sender waits for one more poll instead of burning the rest of the
+            # point on refused connections in the meantime.
+            await asyncio.sleep(STOP_POLL_S)
 
     lag = LagMonitor()
     try:
         # Before the clock and the lag monitor start: connects are not load.
         await pool.open(connections_ahead(point, shard, shards))
+        if stop is not None and stop.check():
+            return lag.samples_ms  # e.g. the engine died between points: send nothing
         with quiet_gc():
             lag.start()
             try:
-                await drive(point, send, shard=shard, shards=shards, start_perf=start_perf)
+                sending = drive(point, send, shard=shard, shards=shards, start_perf=start_perf)
+                await (sending if stop is None else stop.watch(sending))
             finally:
                 await lag.stop()
     finally:
@@ -154,9 +221,15 @@ class PointOptions:
     sock_read_timeout: float = 300.0
     lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS
     slo: SLO | None = None
+    should_stop: StopFn | None = None
+    read_timeout_setting: str = "sock_read_timeout"
 
-    def finish(self, point: LoadPoint, records: list[RequestRecord], lag_ms: list[float]) -> PointResult:
-        return finish(point, records, lag_ms, lag_threshold_ms=self.lag_threshold_ms, slo=self.slo)
+    def finish(
+        self, point: LoadPoint, records: list[RequestRecord], lag_ms: list[float], stopped: str | None = None
+    ) -> PointResult:
+        return finish(
+            point, records, lag_ms, lag_threshold_ms=self.lag_threshold_ms, slo=self.slo, stopped=stopped
+        )
 
 
 class RecordSink:
@@ -190,11 +263,15 @@ def finish(
     *,
     lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS,
     slo: SLO | None = None,
+    stopped: str | None = None,
 ) -> PointResult:
-    """Metrics and verdict from the (merged) records of a point."""
+    """Metrics and verdict from the (merged) records of a point; ``stopped``: why it ended early."""
     records = sorted(records, key=lambda r: r.index)
     metrics = summarize(records, point, lag_ms=lag_ms, lag_threshold_ms=lag_threshold_ms, slo=slo)
     reasons = validity_reasons(metrics, point, lag_threshold_ms=lag_threshold_ms)
+    if stopped is not None:  # a point cut short never measured the load it claims
+        reasons.insert(0, STOPPED_EARLY + stopped)
+        metrics["valid"] = 0.0
     return PointResult(point, metrics, reasons, records)
 
 

@@ -38,6 +38,7 @@ def _worker(
     point: LoadPoint,
     spec: RequestSpec,
     sock_read_timeout: float,
+    read_timeout_setting: str,
     out: Any,
     start: Any,
     go: Any,
@@ -70,6 +71,7 @@ def _worker(
                 shards=n,
                 start_perf=start_perf,
                 sock_read_timeout=sock_read_timeout,
+                read_timeout_setting=read_timeout_setting,
                 get_request=get_request,
             )
 
@@ -95,7 +97,18 @@ def run_point_workers(
     procs = [
         ctx.Process(
             target=_worker,
-            args=(k, workers, base, point, spec, opts.sock_read_timeout, out, start, go),
+            args=(
+                k,
+                workers,
+                base,
+                point,
+                spec,
+                opts.sock_read_timeout,
+                opts.read_timeout_setting,
+                out,
+                start,
+                go,
+            ),
             daemon=True,
         )
         for k in range(workers)

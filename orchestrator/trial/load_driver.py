@@ -2,7 +2,9 @@
 
 Records are appended to ``records/requests.jsonl`` as requests finish (by the load generator, or by
 the virtual session), so an interrupted trial keeps every finished request. Each point's result is
-handed to ``on_point`` as soon as it is known, so its metrics are logged before the next point starts.
+handed to ``on_point`` as soon as it is known, so its metrics are logged before the next point starts;
+so is a point cut short by an :class:`~orchestrator.errors.EngineFailure` (marked invalid), before the
+failure ends the trial's load.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.errors import EngineFailure
 from orchestrator.progress import ProgressWriter
 from orchestrator.trial.session import EngineSession
 from vocab.load import LoadPoint, RequestSpec
@@ -31,7 +34,13 @@ def drive_load(session: EngineSession, points: list[LoadPoint], spec: RequestSpe
         def on_progress(done: int, total: int) -> None:
             progress.update(done=done, total=total)
 
-        result = session.run_point(point, spec, records, on_progress)
+        try:
+            result = session.run_point(point, spec, records, on_progress)
+        except EngineFailure as failure:
+            if failure.result is not None:  # what the point measured before it was cut short
+                results.append(failure.result)
+                on_point(failure.result)
+            raise
         results.append(result)
         on_point(result)
         log.debug("%s: %s", point.label, ", ".join(f"{k}={result.metrics[k]:.4g}" for k in SUMMARY_KEYS

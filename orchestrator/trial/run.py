@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.engines.base import engine_version
-from orchestrator.errors import EngineStartError
+from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
 from orchestrator.tracking import Tracker
 from orchestrator.trial.load_driver import drive_load
@@ -90,14 +90,19 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
                 recorder.record_engine(session.server_info, session.resolved,
                                        engine_version(session.server_info))
                 timings["load_start"] = time.time()
-                results = drive_load(session, plan.points, plan.spec, paths.records_jsonl, progress,
-                                     recorder.log_point)
+
+                def on_point(result: PointResult) -> None:
+                    # kept as each point ends, so a point cut short still reaches the summary
+                    results.append(result)
+                    recorder.log_point(result)
+
+                drive_load(session, plan.points, plan.spec, paths.records_jsonl, progress, on_point)
                 timings["load_end"] = time.time()
         status = TrialStatus.OK
     except KeyboardInterrupt:  # Ctrl-C in a single run, or Ray's soft cancel of this task
         status, error = TrialStatus.KILLED, "interrupted"
         raise
-    except EngineStartError as exc:
+    except (EngineStartError, EngineFailure) as exc:  # the message says it all: no traceback
         error = str(exc)
     except Exception:
         error = traceback.format_exc()

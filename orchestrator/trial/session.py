@@ -7,7 +7,13 @@ Two sessions behind one interface, so the rest of the trial does not know which 
   first; waits until it is ready; reads ``/server_info`` plus the startup log into the resolved
   values; scrapes ``/metrics`` and samples the GPUs (NVML for SGLang, the simulated engine's own model
   for it) from before the first point to after the last; and on exit always stops the whole process
-  group and, for SGLang, waits until NVML shows the trial's GPUs free for the next trial.
+  group and, for SGLang, waits until NVML shows the trial's GPUs free for the next trial. Before an
+  SGLang launch it checks that no other process holds those GPUs (bounded wait, then the trial fails).
+  While a point runs, it watches the engine (:class:`EngineWatch`): the process exiting, ``/health``
+  going unanswered (:mod:`orchestrator.process.health`) or the point outliving
+  ``workload.point_timeout_s`` stops the point within a fraction of a second of being noticed, and
+  :meth:`LiveSession.run_point` raises :class:`~orchestrator.errors.EngineFailure` with the point
+  cut short.
 * :class:`VirtualSession` runs the simulator's model in virtual time (``predict=true``): nothing is
   launched, and each point's result comes back in seconds.
 """
@@ -16,22 +22,24 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.engines.base import HOST
-from orchestrator.errors import EngineStartError
-from orchestrator.gpu_release import process_group_pids, wait_gpus_free
-from orchestrator.process.server import ServerProcess, free_port, http_get_json
+from orchestrator.errors import EngineFailure, EngineStartError
+from orchestrator.gpu_release import ensure_gpus_free, process_group_pids, wait_gpus_free
+from orchestrator.process.health import HealthProber
+from orchestrator.process.server import ServerProcess, free_port, http_get_json, log_tail
 from orchestrator.telemetry.gpu_sources import GpuTelemetry, start_gpu_telemetry
 from orchestrator.telemetry.server_log import resolved_config
 from orchestrator.telemetry.server_metrics import MetricsScraper
 from orchestrator.trial.plan import TrialPlan
 from orchestrator.trial.recorder import TrialPaths
 from vocab.load import LoadPoint, RequestSpec
-from vocab.records import PointResult, RecordWriter
+from vocab.records import ENGINE_FAILED, PointResult, RecordWriter
 from vocab.telemetry import GpuSource
 
 log = logging.getLogger("parasweep")
@@ -54,7 +62,68 @@ class EngineSession(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
     def run_point(self, point: LoadPoint, spec: RequestSpec, records: Path,
-                  on_progress: ProgressFn) -> PointResult: ...
+                  on_progress: ProgressFn) -> PointResult:
+        """One point's result; a live session raises EngineFailure (carrying the point cut short)
+        when the engine fails during it."""
+        ...
+
+
+def exit_reason(code: int) -> str:
+    """``engine exited with code -9 (SIGKILL)``: the signal named when the code is one."""
+    if code < 0:
+        try:
+            return f"engine exited with code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"engine exited with code {code}"
+
+
+class EngineWatch:
+    """``should_stop`` for one point: why the point must stop now, or None. Asked by the load generator
+    every 0.2 s, so each question is cheap: a ``waitpid`` without blocking, an attribute read (the
+    health prober's verdict, kept up to date by its own thread) and a clock read."""
+
+    def __init__(self, server: ServerProcess, prober: HealthProber | None, point_timeout_s: float | None
+                 ) -> None:
+        self.server, self.prober, self.point_timeout_s = server, prober, point_timeout_s
+        self.started = time.monotonic()
+        self.reason: str | None = None  # the first reason given: the load generator stops on it
+        self.timed_out = False
+
+    def engine_problem(self) -> str | None:
+        """The engine's process has exited, or it no longer answers ``/health``."""
+        assert self.server.proc is not None
+        code = self.server.proc.poll()
+        if code is not None:
+            return exit_reason(code)
+        verdict = self.prober.verdict if self.prober is not None else None
+        return f"engine not answering /health: {verdict}" if verdict else None
+
+    def __call__(self) -> str | None:
+        if self.reason is None:
+            self.reason = self.engine_problem()
+        limit = self.point_timeout_s
+        if self.reason is None and limit is not None and time.monotonic() - self.started > limit:
+            self.timed_out = True
+            self.reason = f"point timed out after {limit:g} s (workload.point_timeout_s)"
+        return self.reason
+
+
+def failure_message(point: str, result: PointResult, reason: str, timed_out: bool, log_path: Path) -> str:
+    """First line: what happened, in which point, how far it got; then the engine's log tail, and the
+    first line once more at the end, where the end-of-sweep summary looks for a failed trial's reason
+    (it takes the last line: for a start failure, the log's last line usually says why)."""
+    measured = [r for r in result.records if not r.warmup]
+    answered = sum(1 for r in measured if r.error is None)
+    unanswered = sum(1 for r in result.records if r.error_kind == "aborted")
+    total = result.point.num_requests
+    if timed_out:
+        first = (f"point {point} {reason.removeprefix('point ')}; {unanswered} "
+                 f"request{'' if unanswered == 1 else 's'} unanswered")
+    else:
+        of = f" of {total}" if total is not None else ""
+        first = f"{reason} during point {point} after {answered}{of} requests"
+    return f"{first}\nengine log tail ({log_path}):\n{log_tail(log_path)}\n{first}"
 
 
 class LiveSession:
@@ -70,6 +139,7 @@ class LiveSession:
         self.timings: dict[str, float] = {}
         self._server: ServerProcess | None = None
         self._scraper: MetricsScraper | None = None
+        self._prober: HealthProber | None = None
         self._pids: set[int] = set()
 
     @property
@@ -81,6 +151,8 @@ class LiveSession:
         cfg = self.plan.cfg
         self.plan.engine.prepare(cfg, self.plan.identity.trial_dir)
         self.paths.server_log.parent.mkdir(parents=True, exist_ok=True)
+        if self.plan.engine_name == "sglang":
+            self._check_gpus_free()
         self.timings["engine_launch"] = time.time()
         try:
             self._server = self._start()
@@ -94,10 +166,22 @@ class LiveSession:
             self.gpu = start_gpu_telemetry(self.plan.engine_name, self.env.get("CUDA_VISIBLE_DEVICES"),
                                            self.plan.world_size, self.url, self.paths.gpu_jsonl,
                                            cfg.telemetry.gpu_hz)
+            self._prober = HealthProber(self.url).start()
         except BaseException:
             self.__exit__()
             raise
         return self
+
+    def _check_gpus_free(self) -> None:
+        """A leftover on the trial's GPUs (an earlier trial's engine still letting go, a stray process)
+        would change what this trial measures: wait for it a bounded time, else fail the trial. Without
+        a CUDA_VISIBLE_DEVICES mask the engine takes the first world-size GPUs (NVML's index order,
+        which is CUDA's on a node of identical GPUs); only those are checked."""
+        cvd = self.env.get("CUDA_VISIBLE_DEVICES")
+        if cvd is None:
+            cvd = ",".join(str(i) for i in range(self.plan.world_size))
+        for warning in ensure_gpus_free(cvd, on_wait=log.warning):
+            log.warning("%s", warning)
 
     def _start(self) -> ServerProcess:
         """A ready server. A free port can be taken by another trial between our probe and the engine's
@@ -124,16 +208,44 @@ class LiveSession:
 
     def run_point(self, point: LoadPoint, spec: RequestSpec, records: Path,
                   on_progress: ProgressFn) -> PointResult:
+        """One point, watched: raises :class:`EngineFailure` (carrying the point cut short) when the
+        engine exits or stops answering during it, or it outlives ``workload.point_timeout_s``."""
         from workloads import run_point
 
+        assert self._server is not None, "the session has not started"
+        workload = self.plan.cfg.workload
+        watch = EngineWatch(self._server, self._prober, workload.point_timeout_s)
         start = time.time()
-        result = run_point(self.url, point, spec, records_path=records, on_progress=on_progress)
+        result = run_point(self.url, point, spec, records_path=records, on_progress=on_progress,
+                           sock_read_timeout=workload.stall_timeout_s,
+                           read_timeout_setting="workload.stall_timeout_s", should_stop=watch)
         result.start, result.end = start, time.time()
+        reason = watch.reason
+        if reason is None:
+            # an engine that died as the point ended: its last requests can fail (refused) faster
+            # than the 0.2 s between two polls, so the point ran to its end against a dead engine
+            reason = watch.engine_problem()
+            if reason is not None:
+                result.invalid_reasons.insert(0, ENGINE_FAILED + reason)
+                result.metrics["valid"] = 0.0
+        if reason is not None:
+            message = failure_message(point.label, result, reason, watch.timed_out, self.paths.server_log)
+            # Stop the failed engine now, before the telemetry readers are stopped: against a frozen
+            # engine each would wait out its read timeout first; against a killed one they fail fast.
+            if self._prober is not None:
+                self._prober.stop()
+                self._prober = None
+            self._server.stop()
+            self._server = None
+            raise EngineFailure(message, result)
         return result
 
     def __exit__(self, *exc: object) -> None:
         """Always: stop the scraper and the whole process group; give an SGLang trial's GPUs back."""
         try:
+            if self._prober is not None:  # first: it would see the stop below as the engine failing
+                self._prober.stop()
+                self._prober = None
             self.gpu.stop()
             if self._scraper is not None:
                 self._scraper.stop()
