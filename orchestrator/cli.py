@@ -101,7 +101,11 @@ def one_line_error(exc: BaseException) -> tuple[str, int]:
             return (f"{m.group(1)}={m.group(2)}: unknown {m.group(1)}; valid: "
                     f"{', '.join(group_options(m.group(1)))}", 2)
         return str(exc).splitlines()[0], 2
-    if isinstance(exc, OverrideParseException | HydraException):
+    if isinstance(exc, OverrideParseException):
+        why = re.sub(r"\s*See https?://\S+ for details\.?", "", str(exc.message)).strip()
+        return (f"{exc.override}: cannot be parsed ({why}); valid: key=value, key=a,b,c to sweep "
+                "(with -m), key=[1,8,32] for a list, quoted values for spaces", 2)
+    if isinstance(exc, HydraException):
         text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         return text, 2
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 1

@@ -32,6 +32,8 @@ CASES = [
     (["+server.extra_args.no_such_flag=1"], ["server.extra_args", "--no-such-flag", "simulated engine"]),
     (["model.path=/"], ["model.path=/", "no config.json", "HF config.json"]),
     (["tp.size=-1"], ["tp.size=-1", "an integer >= 1"]),
+    (["workload.output_len=0"], ["workload.output_len=0", "an integer >= 1"]),
+    (["pp.async_depth=[1,"], ["pp.async_depth=[1,", "cannot be parsed", "key=value"]),
     # an output directory that cannot be created (under /proc nothing can, even for root)
     (["hydra.run.dir=/proc/parasweep-nope"],
      ["/proc/parasweep-nope", "cannot be written", "writable directory"]),
