@@ -8,12 +8,16 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from orchestrator.process.guardian import start_guardian
 from orchestrator.redact import redact_argv
+from orchestrator.stale import close_stale_runs, driver_tags
+from orchestrator.sync import sync_pending
 from orchestrator.tracking import Tracker, check_store, tracking_uri
 from vocab.status import RunKind, Tag, TrialStatus
 
@@ -52,19 +56,31 @@ def ensure_started() -> str | None:
         return None
     if state.run_id is None:
         check_store(state.uri)
+        # writes spooled while the tracking server was away (orchestrator/spool.py) land first, so a
+        # killed driver's runs are judged below on everything they wrote
+        for line in sync_pending(state.uri):
+            print(f"parasweep: spool: {line}", flush=True)
         tracker = Tracker(state.uri, state.experiment)
-        argv = redact_argv(sys.argv[1:])
-        args = " ".join(argv)
-        # the name says what is swept (the rest is in the command tag), so runs tables stay readable
-        swept = [a for a in argv if "=" in a and "," in a.split("=", 1)[1]] or [a for a in argv if "=" in a]
-        state.run_id = tracker.start_run(
-            f"{'prediction' if state.mode == 'prediction' else 'sweep'} {' '.join(swept) or 'defaults'}",
-            tags={Tag.KIND: RunKind.SWEEP.value, Tag.MODE: state.mode, Tag.STATUS: TrialStatus.RUNNING.value,
-                  Tag.STARTED: time.strftime("%Y-%m-%d %H:%M:%S"),
-                  Tag.COMMAND: f"python run.py {args}".strip(),
-                  Tag.SWEEP_DIR: state.sweep_dir})
+        close_stale_runs(tracker)  # what a driver killed outright left "running" (orchestrator/stale.py)
+        state.run_id = _start_sweep_run(tracker, state)
         state.experiment_id = tracker.experiment_id
+        # from here on engines and Ray may start: if this driver is killed outright, its guardian
+        # stops what it leaves running (orchestrator/process/guardian.py)
+        start_guardian(Path(state.sweep_dir))
     return state.run_id
+
+
+def _start_sweep_run(tracker: Tracker, state: SweepState) -> str:
+    argv = redact_argv(sys.argv[1:])
+    args = " ".join(argv)
+    # the name says what is swept (the rest is in the command tag), so runs tables stay readable
+    swept = [a for a in argv if "=" in a and "," in a.split("=", 1)[1]] or [a for a in argv if "=" in a]
+    return tracker.start_run(
+        f"{'prediction' if state.mode == 'prediction' else 'sweep'} {' '.join(swept) or 'defaults'}",
+        tags={Tag.KIND: RunKind.SWEEP.value, Tag.MODE: state.mode, Tag.STATUS: TrialStatus.RUNNING.value,
+              Tag.STARTED: time.strftime("%Y-%m-%d %H:%M:%S"),
+              Tag.COMMAND: f"python run.py {args}".strip(),
+              Tag.SWEEP_DIR: state.sweep_dir, **driver_tags()})
 
 
 class SweepCallback(Callback):

@@ -25,6 +25,10 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 # Kimi K2 PP8 on the PCIe box, one request per micro-batch: 8 micro-batches fill the ring, so the
 # composition of each micro-batch does not depend on how the client's requests interleave in time.
+# At the default cap it does (the first request of a burst rides alone, the rest together, unless
+# the burst reaches the engine spread out): which grouping a live run lands on depends on the
+# machine's load, so that comparison is a benchmark (benchmarks/demo_live_vs_predicted.py), not a test;
+# the prediction's side of it is test_first_request_of_a_burst_rides_alone.
 ARGV = [
     "--model-path",
     str(REPO / "models" / "kimi-k2"),
@@ -39,14 +43,6 @@ ARGV = [
 ]
 POINT = LoadPoint(num_requests=16, concurrency=8)
 SPEC = RequestSpec(api="generate", input_len=32, output_len=128)
-# The demo's trial (default micro-batch cap, 256 in / 32 out): here membership depends on arrival
-# timing. The live client's first sends leave ~20 µs apart, so stage 0's first turn takes one request
-# and the next turn the other seven; the prediction sends the same way (simulator/predict.py,
-# CLIENT_SEND_SPACING_S). The grouping holds for gaps up to ~400 µs of simulated time at C = 8, so the
-# live server runs at scale 2 (a client gap of up to ~200 µs of wall time gives the same grouping).
-DEMO_ARGV = [*ARGV[:4], "--sim-hardware", "rtx-pro-6000-pcie-x8", "--random-seed", "1"]
-DEMO_SPEC = RequestSpec(api="generate", input_len=256, output_len=32)
-CASES = {"one request per micro-batch": (ARGV, SPEC, "4"), "demo, default cap": (DEMO_ARGV, DEMO_SPEC, "2")}
 
 
 def _histogram_mean(text: str, name: str) -> float:
@@ -59,13 +55,11 @@ def _histogram_mean(text: str, name: str) -> float:
     return total["sum"] / total["count"]
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_live_server_and_prediction_agree_within_5_percent(case: str, tmp_path: Path) -> None:
-    argv, spec, scale = CASES[case]
-    pred = predict_point(argv, POINT, spec)
-    server = Server([*argv, "--sim-time-scale", scale, "--enable-metrics"], tmp_path)
+def test_live_server_and_prediction_agree_within_5_percent(tmp_path: Path) -> None:
+    pred = predict_point(ARGV, POINT, SPEC)
+    server = Server([*ARGV, "--sim-time-scale", "4", "--enable-metrics"], tmp_path)
     try:
-        live = run_point(server.url, POINT, spec)
+        live = run_point(server.url, POINT, SPEC)
         metrics = server.get("/metrics")[1].decode()
         info = json.loads(server.get("/server_info")[1])
     finally:
@@ -79,7 +73,7 @@ def test_live_server_and_prediction_agree_within_5_percent(case: str, tmp_path: 
     assert live_itl_ms == pytest.approx(pm["itl_mean_ms"], rel=0.05), (live_itl_ms, pm["itl_mean_ms"])
     assert live_e2e_ms == pytest.approx(pm["e2e_mean_ms"], rel=0.05), (live_e2e_ms, pm["e2e_mean_ms"])
     # the same resolved configuration on both sides
-    predicted = resolved_server_info(argv)
+    predicted = resolved_server_info(ARGV)
     keys = ("max_running_requests", "pp_max_micro_batch_size", "max_total_num_tokens", "sim_stage_layers")
     for key in keys:
         assert info[key] == predicted[key]

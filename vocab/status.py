@@ -52,5 +52,12 @@ class Tag:
     REPRODUCE_DIFF = "parasweep.reproduce_diff"  # one line: largest metric changes, environment differences
     GPU_TELEMETRY = "parasweep.gpu_telemetry"  # nvml | simulated | none: where GPU numbers come from
     GPU_TELEMETRY_NOTE = "parasweep.gpu_telemetry_note"  # what was sampled, or why nothing was
+    # the process that started the run: a run left "running" whose driver is gone was killed outright
+    # (same host, and that pid no longer runs or now runs a process started at another time)
+    DRIVER_HOST = "parasweep.driver_host"
+    DRIVER_PID_NAMESPACE = "parasweep.driver_pid_namespace"  # containers may share a host name
+    DRIVER_PID = "parasweep.driver_pid"
+    DRIVER_STARTED = "parasweep.driver_started"  # the driver process's start, epoch seconds
+    STALE_CLOSED = "parasweep.stale_closed"  # why a later run closed this one: its driver was gone
     NOTE = "mlflow.note.content"  # the run description the MLflow UI shows
     PARENT = "mlflow.parentRunId"
