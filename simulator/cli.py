@@ -6,6 +6,7 @@ import argparse
 import math
 import re
 import sys
+from collections.abc import Callable
 
 _HRI = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]i?)?\s*$")
 _HRI_MULT = {"k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
@@ -22,37 +23,30 @@ def human_readable_int(text: str) -> int:
     return int(value)
 
 
-def fraction(text: str) -> float:
-    """A share of requests: a number in [0, 1]."""
+def _checked(text: str, parse: type[int] | type[float], ok: Callable[[float], bool], what: str) -> float:
+    """``text`` parsed, or argparse's error naming what was expected (an unparseable value fails too)."""
     try:
-        value = float(text)
+        value = parse(text)
     except ValueError:
         value = math.nan
-    if not 0.0 <= value <= 1.0:  # NaN fails too
-        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {text!r}")
+    if not ok(value):  # NaN fails every comparison
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
     return value
+
+
+def fraction(text: str) -> float:
+    """A share of requests: a number in [0, 1]."""
+    return _checked(text, float, lambda v: 0.0 <= v <= 1.0, "a fraction in [0, 1]")
 
 
 def count(text: str) -> int:
     """A request number: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
+    return int(_checked(text, int, lambda v: v >= 1, "an integer >= 1"))
 
 
 def seconds(text: str) -> float:
     """A duration: a finite number of seconds >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
-    return value
+    return _checked(text, float, lambda v: math.isfinite(v) and v >= 0, "a number of seconds >= 0")
 
 
 def _add_fault_flags(p: argparse.ArgumentParser) -> None:

@@ -59,13 +59,19 @@ def _git(repo: Path, *args: str) -> str:
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_git_state_sees_the_commit_and_a_dirty_tree(tmp_path: Path) -> None:
+def _repo_with_one_commit(tmp_path: Path) -> Path:
+    """A git repository holding a.py (x = 1) in one commit."""
     repo = tmp_path / "repo"
     repo.mkdir()
     _git(repo, "init", "-q")
     (repo / "a.py").write_text("x = 1\n")
     _git(repo, "add", "a.py")
     _git(repo, "commit", "-q", "-m", "one")
+    return repo
+
+
+def test_git_state_sees_the_commit_and_a_dirty_tree(tmp_path: Path) -> None:
+    repo = _repo_with_one_commit(tmp_path)
     assert git_state(repo) == {"git_commit": _git(repo, "rev-parse", "HEAD"), "git_dirty": False}
     (repo / "a.py").write_text("x = 2\n")  # an edit
     assert git_state(repo)["git_dirty"] is True
@@ -82,12 +88,7 @@ def test_git_state_sees_the_commit_and_a_dirty_tree(tmp_path: Path) -> None:
 def test_git_state_never_writes_the_index(tmp_path: Path) -> None:
     # trials side by side read the same checkout: a status that refreshed .git/index would take
     # index.lock, and the others would then report "unknown"
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    (repo / "a.py").write_text("x = 1\n")
-    _git(repo, "add", "a.py")
-    _git(repo, "commit", "-q", "-m", "one")
+    repo = _repo_with_one_commit(tmp_path)
     index = repo / ".git" / "index"
     old = index.stat().st_mtime - 60
     os.utime(index, (old, old))
