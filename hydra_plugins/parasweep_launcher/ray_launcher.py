@@ -215,7 +215,8 @@ class ParasweepRayLauncher(Launcher):
 
     def _run_on_ray(self, ray_jobs: list[Any], jobs: list[Any], sweep: Any, sweep_dir: Path) -> list[Any]:
         from orchestrator.errors import UserError
-        from orchestrator.launcher.ray_runner import RayTrialRunner, cluster_gpus, init_ray
+        from orchestrator.launcher.ray_cluster import init_ray
+        from orchestrator.launcher.ray_runner import RayTrialRunner
 
         num_gpus = sweep.ray_num_gpus
         if num_gpus is None and all(j.engine == "sim" for j in jobs):
@@ -225,10 +226,10 @@ class ParasweepRayLauncher(Launcher):
             # let GPUs decide how many trials fit side by side, not this machine's core count
             per_trial = max(j.cfg.ray.cpus_per_trial for j in jobs)
             num_cpus = max(os.cpu_count() or 1, int(num_gpus * per_trial))
-        init_ray(sweep.ray_address, num_gpus, num_cpus)
-        _, _, nodes = cluster_gpus()
+        cluster = init_ray(sweep.ray_address, num_gpus, num_cpus)
+        print(f"[parasweep] {cluster.describe()}", flush=True)
         uri = sweep.tracking_uri
-        if nodes > 1 and uri.startswith("sqlite"):
+        if cluster.nodes > 1 and uri.startswith("sqlite"):
             raise UserError(
                 f"tracking.uri={uri}: trials on other Ray nodes cannot write this machine's sqlite file; "
                 "valid: an MLflow tracking server, e.g. run `mlflow server --host <an address the other "

@@ -79,6 +79,16 @@ def _positive(key: str, value: Any, allow_none: bool = False) -> None:
         raise ConfigError(key, value, "an integer >= 1" + (" or null" if allow_none else ""))
 
 
+def _validate_ray(cfg: ParasweepConf) -> None:
+    """A joined cluster's resources are its own: declaring GPUs or CPUs is for a local Ray only."""
+    if not cfg.ray.address:
+        return
+    for key, value in (("ray.num_gpus", cfg.ray.num_gpus), ("ray.num_cpus", cfg.ray.num_cpus)):
+        if value is not None:
+            raise ConfigError(key, value, f"null with ray.address={cfg.ray.address}",
+                              why="a cluster that is joined keeps the resources its nodes declared")
+
+
 def validate(cfg: ParasweepConf) -> str:
     """Check one trial's config; return the engine it will run on (``sim`` or ``sglang``)."""
     if cfg.engine.name not in ENGINES:
@@ -135,6 +145,7 @@ def validate(cfg: ParasweepConf) -> str:
 
     _validate_workload(cfg)
     _validate_calibration(cfg)
+    _validate_ray(cfg)
     if not 0 <= cfg.telemetry.gpu_hz <= MAX_GPU_HZ:
         raise ConfigError("telemetry.gpu_hz", cfg.telemetry.gpu_hz,
                           f"0 (off) to {MAX_GPU_HZ:g} samples per second")

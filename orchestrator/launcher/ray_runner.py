@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +17,7 @@ from typing import Any
 
 from orchestrator.errors import UserError
 from orchestrator.launcher.queue import QueuedTrial, pick_startable, plan_order
+from orchestrator.launcher.ray_cluster import cluster_gpus
 from orchestrator.launcher.warmup import max_parallel_trials, warm_workers
 from orchestrator.progress import ProgressView, TrialSlot
 
@@ -39,44 +37,6 @@ class TrialJob:
     submitted: float = 0.0
     finished: float = 0.0
     slot: TrialSlot | None = field(default=None, repr=False)
-
-
-def init_ray(address: str | None, num_gpus: int | None, num_cpus: int | None) -> None:
-    """Join a cluster (address) or start a local Ray without dashboard."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
-    if address:
-        # Ray >= 2.59 turns token auth on for clusters started on this host; a client given an explicit
-        # address must then say so itself (docs/platform-notes.md, Ray)
-        token = Path.home() / ".ray" / "auth_token"
-        if address != "auto" and token.exists() and "RAY_AUTH_MODE" not in os.environ:
-            os.environ["RAY_AUTH_MODE"] = "token"
-        kwargs["address"] = address
-    else:
-        # keep warmed, idle workers alive between trials (Ray reaps idle workers above this limit)
-        kwargs["_system_config"] = {"num_workers_soft_limit": 64}
-        if num_gpus is not None:
-            kwargs["num_gpus"] = int(num_gpus)
-        if num_cpus is not None:
-            kwargs["num_cpus"] = int(num_cpus)
-    handler = signal.getsignal(signal.SIGTERM)
-    ray.init(**kwargs)
-    # Ray's core installs a crash handler for SIGTERM that aborts the driver (exit -6) before any
-    # trial can stop its engine; put back ours (run.py turns SIGTERM into a Ctrl-C)
-    if callable(handler) and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
-
-
-def cluster_gpus() -> tuple[int, int, int]:
-    """(total GPUs, GPUs of the largest node, alive nodes)."""
-    import ray
-
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    per_node = [int(n.get("Resources", {}).get("GPU", 0)) for n in nodes]
-    return sum(per_node), max(per_node, default=0), len(nodes)
 
 
 def _dict_or_none(result: Any) -> dict[str, Any] | None:

@@ -1,0 +1,162 @@
+"""Which Ray a sweep runs on. ``ray.address`` unset: a fresh local instance of the sweep's own, listening
+on loopback only, whatever other cluster runs on the machine (even one named by ``RAY_ADDRESS``) and
+after one was killed without ``ray stop`` (its ``ray_current_cluster`` file left behind).
+``ray.address=auto`` or ``host:port``: that cluster joined as it is, said at the start. An address that
+nothing answers on: one line, exit 2."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator.errors import ConfigError, UserError
+from orchestrator.launcher.ray_cluster import init_ray
+from orchestrator.process.server import free_port
+from tests.conftest import ROOT, run_cli
+
+ONE_TRIAL = ["-m", "model=tiny-test", "parallelism=pp2", "workload=tiny", "pp.async_depth=0"]
+LOCAL = [*ONE_TRIAL, "ray.num_cpus=2"]
+CURRENT_CLUSTER = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+
+
+# ---- without a cluster (fast) -----------------------------------------------------------------------
+
+def test_an_address_nothing_answers_on_is_one_line_before_ray_starts() -> None:
+    port = free_port()
+    with pytest.raises(UserError) as err:
+        init_ray(f"127.0.0.1:{port}", None, None)
+    message = str(err.value)
+    assert f"ray.address=127.0.0.1:{port}: no Ray cluster answers there" in message
+    assert "\n" not in message and "valid: " in message
+    with pytest.raises(UserError, match=r"ray\.address=nonsense: not an address; valid: null"):
+        init_ray("nonsense", None, None)
+
+
+def test_declared_resources_are_refused_with_a_joined_cluster() -> None:
+    from orchestrator.config.schema import ParasweepConf
+    from orchestrator.config.validate import _validate_ray
+
+    cfg = ParasweepConf()
+    cfg.ray.address, cfg.ray.num_gpus = "auto", 8
+    with pytest.raises(ConfigError) as err:
+        _validate_ray(cfg)
+    assert str(err.value).startswith("ray.num_gpus=8: invalid (a cluster that is joined keeps the resources")
+    cfg.ray.address = None
+    _validate_ray(cfg)  # a local Ray takes them
+
+
+# ---- against a real `ray start` cluster on this machine (slow) ----------------------------------------
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _run_watching_sockets(args: list[str], workdir: Path, env: dict[str, str]
+                          ) -> tuple[subprocess.CompletedProcess[str], dict[str, set[str]]]:
+    """``python run.py ARGS``; meanwhile every listening TCP socket of its process tree (driver, Ray's
+    GCS, raylet, agents, workers, engines), by process name."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=workdir, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env})
+    listening: dict[str, set[str]] = {}
+    try:
+        while proc.poll() is None:
+            for p in _descendants(proc.pid):
+                with contextlib.suppress(psutil.Error):
+                    for c in p.net_connections(kind="tcp"):
+                        if c.status == psutil.CONN_LISTEN:
+                            listening.setdefault(p.name(), set()).add(c.laddr.ip)
+            time.sleep(0.2)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), listening
+
+
+def _is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip)
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return (mapped or addr).is_loopback
+
+
+@contextlib.contextmanager
+def ray_cluster() -> Iterator[str]:
+    """A cluster started the way a user starts one (``ray start --head``, 8 declared GPUs); yields its
+    address. The caller may kill it outright; whatever is left is killed at the end."""
+    port = free_port()
+    ray_cli = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+    subprocess.run([*ray_cli, "start", "--head", f"--port={port}", "--num-gpus=8", "--num-cpus=2",
+                    "--include-dashboard=false", "--disable-usage-stats"],
+                   check=True, capture_output=True, text=True, timeout=120)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        kill_cluster(port)
+
+
+def kill_cluster(port: int) -> None:
+    """SIGKILL every process of the cluster on ``port`` (no ``ray stop``: its files stay behind)."""
+    for p in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(p.info["cmdline"] or [])
+        if f"gcs_server_port={port}" in cmdline or f":{port} " in cmdline + " ":
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_local_sweeps_ignore_other_clusters_and_auto_joins_one(tmp_path: Path) -> None:
+    for name in ("local", "auto", "refused", "after", "gone"):
+        (tmp_path / name).mkdir()
+    with ray_cluster() as address:
+        port = int(address.rsplit(":", 1)[1])
+        assert f":{port}" in CURRENT_CLUSTER.read_text()  # what Ray's own ray.init() would follow
+
+        # a cluster runs and RAY_ADDRESS names it: a local sweep still starts its own, on loopback
+        result, listening = _run_watching_sockets(LOCAL, tmp_path / "local", {"RAY_ADDRESS": address})
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "Ray: a local instance of this sweep's own at 127.0.0.1:" in result.stdout
+        assert "1 trial(s), status ok" in result.stdout
+        assert "Token authentication" not in result.stdout + result.stderr
+        assert {"gcs_server", "raylet"} <= set(listening), listening
+        exposed = {name: ips for name, ips in listening.items() if not all(map(_is_loopback, ips))}
+        assert exposed == {}
+
+        # auto: that cluster, with its resources as they are
+        joined = run_cli([*ONE_TRIAL, "ray.address=auto"], tmp_path / "auto", timeout=300)
+        assert joined.returncode == 0, joined.stdout + joined.stderr
+        assert "(ray.address=auto): 1 node(s), 8 GPU(s)" in joined.stdout
+        assert "1 trial(s), status ok" in joined.stdout
+        # resources are the cluster's: declaring some is refused in one line
+        refused = run_cli([*ONE_TRIAL, "ray.address=auto", "ray.num_gpus=4"], tmp_path / "refused")
+        assert refused.returncode == 2
+        assert refused.stderr.strip().splitlines()[-1].startswith("parasweep: ray.num_gpus=4: invalid")
+
+        kill_cluster(port)  # killed outright: ray_current_cluster now names a cluster that is gone
+        time.sleep(1.0)
+        assert f":{port}" in CURRENT_CLUSTER.read_text()
+        after = run_cli(LOCAL, tmp_path / "after", timeout=300)
+        assert after.returncode == 0, after.stdout + after.stderr
+        assert "Ray: a local instance of this sweep's own" in after.stdout
+        # and a gone cluster named outright is one line, exit 2
+        gone = run_cli([*ONE_TRIAL, f"ray.address={address}"], tmp_path / "gone")
+        assert gone.returncode == 2
+        last = gone.stderr.strip().splitlines()[-1]
+        assert f"ray.address={address}: no Ray cluster answers there" in last
+    if CURRENT_CLUSTER.exists() and f":{port}" in CURRENT_CLUSTER.read_text():
+        CURRENT_CLUSTER.unlink()  # leave the machine as it was before the test
