@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.process.server import ServerProcess, free_port
+from tests.conftest import sqlite_store
 
 HOST = "127.0.0.1"
 
@@ -24,7 +25,7 @@ class MlflowServer:
         self.pgids: list[int] = []  # every process group it ran as, to check none is left
 
     def start(self, timeout_s: float = 180.0) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        sqlite_store(self.root / "mlflow.db")  # an empty store on the first start: no migrations to wait for
         argv = [sys.executable, "-m", "mlflow", "server", "--host", HOST, "--port", str(self.port),
                 "--workers", "1", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
                 "--artifacts-destination", str(self.root / "artifacts")]

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from analysis.store import StoreError, checked_store, client, default_tracking_uri, masked
+from tests.conftest import sqlite_store
 
 
 def _mlflow_db(path: Path) -> Path:
     from mlflow.tracking import MlflowClient
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # creates the tables
+    sqlite_store(path)
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # a real, readable store
     return path
 
 

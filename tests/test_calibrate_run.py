@@ -14,6 +14,7 @@ from orchestrator.tracking import Tracker
 from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
 from orchestrator.trial.run import TrialRunSettings, execute_trial
 from simulator.calibration import load_calibration
+from tests.conftest import sqlite_store
 from vocab.hardware import load_hardware
 from vocab.status import RunKind, Tag
 
@@ -32,7 +33,7 @@ def trial_cfg(tmp_path: Path, pp: int, calibrated: bool) -> ParasweepConf:
     cfg.workload.concurrency = [1, 8]
     cfg.workload.input_len, cfg.workload.output_len = 128, 32
     cfg.workload.requests_per_concurrency, cfg.workload.warmup_requests = 2, 1
-    cfg.tracking.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg.tracking.uri = sqlite_store(tmp_path / "mlflow.db")
     if calibrated:
         cfg.calibration.name, cfg.calibration.hardware = "perturbed", "h100-sxm-x8"
         cfg.calibration.params = {k: {"value": v, "source": "test"} for k, v in TRUE.items()}
@@ -40,7 +41,7 @@ def trial_cfg(tmp_path: Path, pp: int, calibrated: bool) -> ParasweepConf:
 
 
 def make_sweep(tmp_path: Path, calibrated: bool = True) -> tuple[str, str]:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     tracker = Tracker(uri, "calibrate")
     sweep = tracker.start_run("sweep", {Tag.KIND: RunKind.SWEEP.value})
     for num, pp in enumerate((1, 2)):
@@ -91,7 +92,7 @@ def test_the_command_writes_a_profile_and_says_what_it_fitted(tmp_path: Path,
 
 
 def test_input_it_cannot_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     tracker = Tracker(uri, "calibrate")
     empty = tracker.start_run("sweep", {Tag.KIND: RunKind.SWEEP.value})  # no trials, no metrics
     assert main(["--run", empty, "--tracking-uri", uri]) == 2

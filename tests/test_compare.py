@@ -236,7 +236,7 @@ SWEEPS = {
 def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str], list]:
     workdir = tmp_path_factory.mktemp("compare")
     for args in SWEEPS.values():
-        result = run_cli(args, workdir, timeout=600)
+        result = run_cli(args, workdir, timeout=600, store=True)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     from mlflow.tracking import MlflowClient
 

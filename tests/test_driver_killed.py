@@ -22,7 +22,7 @@ import pytest
 from orchestrator.process.server import group_alive
 from orchestrator.stale import close_stale_runs, driver_tags
 from orchestrator.tracking import Tracker
-from tests.conftest import run_cli
+from tests.conftest import run_cli, sqlite_store
 from tests.test_interrupt import (
     RUN,
     artifacts,
@@ -134,7 +134,7 @@ def _members(pgid: int) -> list[int]:
 
 
 def test_the_next_run_closes_stale_runs_and_stops_their_engines(tmp_path: Path) -> None:
-    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", EXPERIMENT)
+    tracker = Tracker(sqlite_store(tmp_path / "mlflow.db"), EXPERIMENT)
     dead = _dead_driver()
 
     def run(name: str, tags: dict[str, str], parent: str | None = None, kind: RunKind = RunKind.TRIAL) -> str:

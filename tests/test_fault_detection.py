@@ -33,7 +33,7 @@ from orchestrator.process.health import HealthProber
 from orchestrator.tracking import Tracker
 from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
 from orchestrator.trial.run import TrialOutcome, TrialRunSettings, execute_trial
-from tests.conftest import run_cli
+from tests.conftest import run_cli, sqlite_store
 from vocab.hardware import load_hardware
 from vocab.records import read_records
 from vocab.status import RunKind, Tag, TrialStatus
@@ -156,7 +156,7 @@ def _long_trial_cfg(tmp_path: Path) -> ParasweepConf:
     cfg.workload.concurrency = [4]
     cfg.workload.input_len, cfg.workload.output_len = 16, 400
     cfg.workload.requests_per_concurrency, cfg.workload.warmup_requests = 10, 0
-    cfg.tracking.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg.tracking.uri = sqlite_store(tmp_path / "mlflow.db")
     return cfg
 
 
@@ -197,7 +197,7 @@ def _assert_failed_cleanly(tmp_path: Path, outcome: TrialOutcome, first_line: st
     findings = json.loads((trial_dir / "diagnosis.json").read_text())
     assert findings[0]["id"] == "trial_failed" and first_line in findings[0]["evidence"]
     assert (trial_dir / "records" / "requests.parquet").exists()
-    run = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "faults").client.get_run(outcome.run_id)
+    run = Tracker(sqlite_store(tmp_path / "mlflow.db"), "faults").client.get_run(outcome.run_id)
     assert run.info.status == "FAILED" and run.data.tags[Tag.STATUS] == "failed"
     # the tag keeps the message's end (the recorder's limit): the line repeated there
     assert run.data.tags[Tag.ERROR].splitlines()[-1] == first_line
@@ -273,7 +273,7 @@ def _fault_of(label: str) -> str:
 def fault_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     workdir = tmp_path_factory.mktemp("faults")
     started = time.monotonic()
-    result = run_cli(["-m", *SWEEP], workdir, timeout=900)
+    result = run_cli(["-m", *SWEEP], workdir, timeout=900, store=True)
     took = time.monotonic() - started
     store = Tracker(f"sqlite:///{workdir / 'runs' / 'mlflow.db'}", "parasweep").client
     exp = store.get_experiment_by_name("parasweep")

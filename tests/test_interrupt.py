@@ -20,7 +20,7 @@ import pytest
 
 from analysis.store import client
 from orchestrator.process.server import group_alive
-from tests.conftest import ROOT
+from tests.conftest import ROOT, sqlite_store
 from vocab.status import RunKind, Tag, TrialStatus
 
 pytestmark = pytest.mark.slow  # engines, Ray and signals to real processes
@@ -37,7 +37,9 @@ GONE_WITHIN_S = 20  # the run's processes after the driver's exit (Ray's agents 
 
 def start_driver(args: list[str], workdir: Path, prefix: str = "") -> subprocess.Popen[str]:
     """``python run.py ARGS`` in its own session (its pid is the session id every Ray process of the
-    run inherits), through ``bash -c 'PREFIX exec ...'`` so the shell can set what it inherits."""
+    run inherits), through ``bash -c 'PREFIX exec ...'`` so the shell can set what it inherits.
+    The run finds an empty store at runs/mlflow.db, as after an earlier run."""
+    sqlite_store(workdir / "runs" / "mlflow.db")
     argv = ["bash", "-c", prefix + 'exec "$0" "$@"', sys.executable, str(ROOT / "run.py"), *args]
     return subprocess.Popen(argv, cwd=workdir, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)

@@ -138,7 +138,7 @@ def test_local_sweeps_ignore_other_clusters_and_auto_joins_one(tmp_path: Path) -
         assert exposed == {}
 
         # auto: that cluster, with its resources as they are
-        joined = run_cli([*ONE_TRIAL, "ray.address=auto"], tmp_path / "auto", timeout=300)
+        joined = run_cli([*ONE_TRIAL, "ray.address=auto"], tmp_path / "auto", timeout=300, store=True)
         assert joined.returncode == 0, joined.stdout + joined.stderr
         assert "(ray.address=auto): 1 node(s), 8 GPU(s)" in joined.stdout
         assert "1 trial(s), status ok" in joined.stdout
@@ -150,7 +150,7 @@ def test_local_sweeps_ignore_other_clusters_and_auto_joins_one(tmp_path: Path) -
         kill_cluster(port)  # killed outright: ray_current_cluster now names a cluster that is gone
         time.sleep(1.0)
         assert f":{port}" in CURRENT_CLUSTER.read_text()
-        after = run_cli(LOCAL, tmp_path / "after", timeout=300)
+        after = run_cli(LOCAL, tmp_path / "after", timeout=300, store=True)
         assert after.returncode == 0, after.stdout + after.stderr
         assert "Ray: a local instance of this sweep's own" in after.stdout
         # and a gone cluster named outright is one line, exit 2

@@ -38,7 +38,7 @@ def test_trials_run_side_by_side_on_disjoint_gpus(tmp_path: Path) -> None:
     result = run_cli(["-m", "model=llama-3.1-8b", "parallelism=tp1,tp2,tp4", "ray.num_gpus=8",
                       "workload.concurrency=[1]", "workload.requests_per_point=4",
                       "workload.warmup_requests=0", "workload.input_len=32", "workload.output_len=200"],
-                     tmp_path, timeout=300)
+                     tmp_path, timeout=300, store=True)
     assert result.returncode == 0, result.stdout + result.stderr
     runs = _trials(tmp_path)
     assert len(runs) == 3
@@ -58,7 +58,7 @@ def crash_then_resume(tmp_path_factory: pytest.TempPathFactory):
     workdir = tmp_path_factory.mktemp("resume")
     base = ["-m", "model=tiny-test", "parallelism=pp2", "workload=tiny", "ray.num_cpus=4"]
     # trial 1 models a GPU with almost no memory: the engine refuses to start
-    first = run_cli([*base, "hardware.memory_gb=102.6,0.001"], workdir, timeout=300)
+    first = run_cli([*base, "hardware.memory_gb=102.6,0.001"], workdir, timeout=300, store=True)
     second = run_cli([*base, "hardware.memory_gb=102.6,0.001"], workdir, timeout=300)
     third = run_cli([*base, "hardware.memory_gb=102.6", "resume=false"], workdir, timeout=300)
     return workdir, first, second, third

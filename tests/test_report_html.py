@@ -20,7 +20,7 @@ import pytest
 
 from analysis.report_html import build_report, main
 from analysis.store import default_tracking_uri
-from tests.conftest import run_cli
+from tests.conftest import run_cli, sqlite_store
 
 IMG = "data:image/png;base64,"
 # any src= or href= that would make a browser fetch from the network
@@ -31,9 +31,9 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stab
 def _store(path: Path) -> tuple[str, object]:
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{path / 'mlflow.db'}"
+    uri = sqlite_store(path / "mlflow.db")
     client = MlflowClient(tracking_uri=uri)
-    client.search_experiments()  # creates the tables: an empty but real store
+    client.search_experiments()  # an empty but real store
     return uri, client
 
 
@@ -193,7 +193,7 @@ def sweeps(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     workdir = tmp_path_factory.mktemp("report")
     for args in (LIVE, PREDICT):
-        result = run_cli(args, workdir, timeout=600)
+        result = run_cli(args, workdir, timeout=600, store=True)
         assert result.returncode == 0, result.stdout + result.stderr
     uri = default_tracking_uri(workdir)
     client = MlflowClient(tracking_uri=uri)

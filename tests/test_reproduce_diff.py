@@ -24,7 +24,7 @@ from orchestrator.errors import UserError
 from orchestrator.reproduce import WIDTH, expand_reproduce, reproduction_report
 from orchestrator.tracking import Tracker
 from orchestrator.trial.run import TrialRunSettings, execute_trial
-from tests.conftest import run_cli
+from tests.conftest import run_cli, sqlite_store
 from tests.test_trial_stages import plan_for, tiny_cfg
 from vocab.metric_keys import point_metrics
 from vocab.status import RunKind, Tag, TrialStatus
@@ -128,7 +128,7 @@ def _trial(tmp: Path, name: str, uri: str, reproduces: str | None = None, parent
 def original(tmp_path_factory: pytest.TempPathFactory) -> Original:
     """One predicted trial, the child of a sweep run, in a fresh store."""
     tmp = tmp_path_factory.mktemp("original")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = sqlite_store(tmp / "mlflow.db")
     tracker = Tracker(uri, EXPERIMENT)
     sweep_id = tracker.start_run("sweep", {Tag.KIND: RunKind.SWEEP.value})
     run_id, trial_dir = _trial(tmp, "first", uri, parent=sweep_id)
@@ -271,7 +271,8 @@ def test_reproduce_from_the_command_line(tmp_path: Path) -> None:
     shared), from a trial directory and from a config/ folder; a bad path is one line, exit 2."""
     from mlflow.tracking import MlflowClient
 
-    first = run_cli(["predict=true", "model=tiny-test", "parallelism=pp2", "workload=tiny"], tmp_path)
+    first = run_cli(["predict=true", "model=tiny-test", "parallelism=pp2", "workload=tiny"], tmp_path,
+                    store=True)
     assert first.returncode == 0, first.stdout + first.stderr
     uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)

@@ -14,6 +14,7 @@ import pytest
 from orchestrator import cli, sweep
 from orchestrator.cli import finish
 from orchestrator.tracking import Tracker
+from tests.conftest import sqlite_store
 from vocab.status import RunKind, Tag
 
 EXPERIMENT = "finish"
@@ -26,7 +27,7 @@ def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store with its tables and experiment made once (MLflow's migrations take most of a second);
     each test works on its own copy."""
     path = tmp_path_factory.mktemp("store") / "mlflow.db"
-    Tracker(f"sqlite:///{path}", EXPERIMENT)
+    Tracker(sqlite_store(path), EXPERIMENT)
     return path
 
 

@@ -25,7 +25,7 @@ from orchestrator.gpus import local_gpu_count
 from orchestrator.tracking import Tracker
 from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
 from orchestrator.trial.run import TrialRunSettings, execute_trial
-from tests.conftest import run_cli
+from tests.conftest import run_cli, sqlite_store
 from vocab.hardware import load_hardware
 from vocab.metric_keys import point_metrics
 from vocab.status import RunKind, Tag
@@ -43,7 +43,7 @@ def _cfg(tmp_path: Path, async_depth: int) -> ParasweepConf:
     cfg.workload.concurrency = [1, 4]
     cfg.workload.input_len, cfg.workload.output_len = 32, 8
     cfg.workload.requests_per_concurrency, cfg.workload.warmup_requests = 2, 1
-    cfg.tracking.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg.tracking.uri = sqlite_store(tmp_path / "mlflow.db")
     return cfg
 
 
@@ -158,7 +158,7 @@ def test_merging_rules() -> None:
 def test_measured_trials_show_measured_energy_and_failures_within_the_width(tmp_path: Path) -> None:
     """Trials as an SGLang sweep with NVML telemetry records them: J/token plain, the lowest marked;
     a failed trial's reason on its own line; a long label folds inside its column."""
-    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", EXPERIMENT)
+    tracker = Tracker(sqlite_store(tmp_path / "mlflow.db"), EXPERIMENT)
     parent = tracker.start_run("sweep", {Tag.KIND: RunKind.SWEEP.value})
     long_label = "parallelism=tp2pp4 server.max_running_requests=512 workload.concurrency=[8,32,128]"
     trials = [(100.0, 2.5, "ok"), (140.0, 1.9, "ok"), (0.0, 0.0, "failed")]
@@ -238,7 +238,8 @@ def test_help_opens_with_parasweep_and_lists_the_groups(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_real_sweep_ends_within_100_columns(tmp_path: Path) -> None:
     result = run_cli(["-m", "model=tiny-test", "parallelism=pp2", "workload=tiny", "ray.num_cpus=2",
-                      "pp.async_depth=0,2"], tmp_path, timeout=600, env={"COLUMNS": "100"})
+                      "pp.async_depth=0,2"], tmp_path, timeout=600, env={"COLUMNS": "100"},
+                     store=True)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     _assert_fits(out)

@@ -19,6 +19,7 @@ from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan, tr
 from orchestrator.trial.recorder import TrialPaths, TrialRecorder
 from orchestrator.trial.run import TrialRunSettings, execute_trial
 from orchestrator.trial.session import VirtualSession
+from tests.conftest import sqlite_store
 from vocab.findings import Finding
 from vocab.hardware import load_hardware
 from vocab.load import LoadPoint
@@ -35,7 +36,7 @@ def tiny_cfg(tmp_path: Path, **pp: int) -> ParasweepConf:
     cfg.workload.concurrency = [1, 4]
     cfg.workload.input_len, cfg.workload.output_len = 32, 8
     cfg.workload.requests_per_concurrency, cfg.workload.warmup_requests = 2, 1
-    cfg.tracking.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg.tracking.uri = sqlite_store(tmp_path / "mlflow.db")
     return cfg
 
 
@@ -113,7 +114,7 @@ def test_recorder_logs_metric_families_and_redacts_once_at_the_door(tmp_path: Pa
     secret = "sk-very-secret-123"
     config = {"server": {"extra_args": {"api_key": secret}}, "pp": {"async_depth": 4}}
     paths = TrialPaths(tmp_path / "trial")
-    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "stages")
+    tracker = Tracker(sqlite_store(tmp_path / "mlflow.db"), "stages")
     rec = TrialRecorder(tracker, paths, config)
     tags = {Tag.OVERRIDES: f"+server.extra_args.api_key={secret}"}
     run_id = rec.open(f"#0 key={secret}", RunKind.TRIAL, tags, config, parent_run_id=None)

@@ -15,6 +15,7 @@ from orchestrator.config.schema import ParasweepConf
 from orchestrator.tracking import Tracker
 from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
 from orchestrator.trial.run import TrialRunSettings, execute_trial
+from tests.conftest import sqlite_store
 from vocab.hardware import load_hardware
 from vocab.metric_keys import point_metrics
 from vocab.records import read_records
@@ -35,7 +36,7 @@ def live_cfg(tmp_path: Path) -> ParasweepConf:
     cfg.workload.input_len, cfg.workload.output_len = 64, 48
     cfg.workload.requests_per_concurrency, cfg.workload.warmup_requests = 2, 1
     cfg.telemetry.gpu_hz = 20.0
-    cfg.tracking.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg.tracking.uri = sqlite_store(tmp_path / "mlflow.db")
     return cfg
 
 
