@@ -65,6 +65,7 @@ from vocab.telemetry import (
     GpuSource,
     per_stage,
 )
+from vocab.values import float_or_none, int_or_none
 
 INTERCONNECTS = ("pcie", "nvlink")
 COST_MODEL = "cost model estimate"
@@ -113,25 +114,10 @@ class TrialFacts:
 
 # ---- helpers -------------------------------------------------------------------------------------
 
-def _int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _float(value: Any) -> float | None:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
-
-
 def _busiest(f: TrialFacts, key: str | None = None) -> str | None:
     """The highest valid closed-loop load point (that has ``key`` in its metrics, when given)."""
     labels = [label for label in f.concurrency if label in f.points
-              and (key is None or _float(f.points[label].get(key)) is not None)
+              and (key is None or float_or_none(f.points[label].get(key)) is not None)
               and f.points[label].get("valid", 1) != 0]
     return max(labels, key=lambda k: f.concurrency[k]) if labels else None
 
@@ -240,7 +226,7 @@ def client_bound(f: TrialFacts) -> list[Finding]:
 
 def too_few_microbatches(f: TrialFacts) -> list[Finding]:
     """PP decode is a closed ring: with m micro-batches in flight a stage is busy at most m/p."""
-    cap = _int(f.resolved.get("pp_max_micro_batch_size"))
+    cap = int_or_none(f.resolved.get("pp_max_micro_batch_size"))
     if f.pp_size <= 1 or not cap:
         return []
     slots = f.pp_size + f.async_depth
@@ -269,7 +255,7 @@ def too_few_microbatches(f: TrialFacts) -> list[Finding]:
 
 
 def admission_cap(f: TrialFacts) -> list[Finding]:
-    mrr = _int(f.resolved.get("max_running_requests"))
+    mrr = int_or_none(f.resolved.get("max_running_requests"))
     if not mrr:
         return []
     over = {label: _per_replica(f, c) for label, c in f.concurrency.items() if _per_replica(f, c) > mrr}
@@ -300,7 +286,7 @@ def pp_bubble(f: TrialFacts) -> list[Finding]:
     if activity >= 0.6:
         return []
     c = f.concurrency[label]
-    cap = _int(f.resolved.get("pp_max_micro_batch_size"))
+    cap = int_or_none(f.resolved.get("pp_max_micro_batch_size"))
     if cap and _micro_batches(f, c, cap) < f.pp_size:
         change: dict[str, Any] = {"pp.micro_batch_size": max(1, math.ceil(_per_replica(f, c) / f.pp_size))}
         why = f"Fill all {f.pp_size} stages with micro-batches."
@@ -350,7 +336,7 @@ def pp_stage_imbalance(f: TrialFacts) -> list[Finding]:
     if label is None:
         return []
     m = f.points[label]
-    activity = [_float(m.get(per_stage(s, "activity_mean"))) for s in range(f.pp_size)]
+    activity = [float_or_none(m.get(per_stage(s, "activity_mean"))) for s in range(f.pp_size)]
     known = [a for a in activity if a is not None]
     if len(known) < 2:
         return []
@@ -390,15 +376,16 @@ def cuda_graph_off(f: TrialFacts) -> list[Finding]:
                         _suggest("Use CUDA graphs unless debugging: small decode batches are launch-bound.",
                                  change),
                         point=label, change=change)]
-    name = next((n for n in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs") if _int(f.resolved.get(n))), "")
-    max_bs = _int(f.resolved.get(name))
+    name = next((n for n in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs")
+                 if int_or_none(f.resolved.get(n))), "")
+    max_bs = int_or_none(f.resolved.get(name))
     if not max_bs or not label:
         return []
     step = f.steps.get(label)
     if step is not None and step.batch > 0:
         batch, where = step.batch, f"{COST_MODEL} of the micro-batch"
     else:
-        cap = _int(f.resolved.get("pp_max_micro_batch_size"))
+        cap = int_or_none(f.resolved.get("pp_max_micro_batch_size"))
         per = _per_replica(f, f.concurrency[label])
         batch, where = (min(per, cap) if cap else per), "concurrency and the resolved micro-batch cap"
     if batch <= max_bs:
@@ -455,14 +442,15 @@ def kv_capacity(f: TrialFacts) -> list[Finding]:
     twice the TP size (weights spread thinner leave more room for KV). The first that applies is the
     change.
     """
-    mrr = _int(f.resolved.get("max_running_requests"))
-    cap = _int(f.resolved.get("pp_max_micro_batch_size"))
+    mrr = int_or_none(f.resolved.get("max_running_requests"))
+    cap = int_or_none(f.resolved.get("pp_max_micro_batch_size"))
     slots = f.pp_size + f.async_depth if f.pp_size > 1 else 1
     fired: dict[str, tuple[list[str], int | None, bool]] = {}
     for label, m in f.points.items():
-        usage, retracted = _float(m.get(KV_USAGE_MAX)), _float(m.get(RETRACTED))
-        growth, running = _float(m.get(QUEUE_GROWTH)), _float(m.get(RUNNING_MEAN))
-        queues = [q for s in range(f.pp_size) if (q := _float(m.get(per_stage(s, "queue_mean")))) is not None]
+        usage, retracted = float_or_none(m.get(KV_USAGE_MAX)), float_or_none(m.get(RETRACTED))
+        growth, running = float_or_none(m.get(QUEUE_GROWTH)), float_or_none(m.get(RUNNING_MEAN))
+        queues = [q for s in range(f.pp_size)
+                  if (q := float_or_none(m.get(per_stage(s, "queue_mean")))) is not None]
         total = running * slots if running is not None else None
         reasons = []
         if usage is not None and usage >= 0.95:
@@ -487,7 +475,7 @@ def kv_capacity(f: TrialFacts) -> list[Finding]:
         return []
     label = _by_load(f, list(fired))[0]
     reasons, fits, retracting = fired[label]
-    mfs = _float(f.resolved.get("mem_fraction_static"))
+    mfs = float_or_none(f.resolved.get("mem_fraction_static"))
     raise_mfs = ({"server.mem_fraction_static": round(min(mfs + 0.05, 0.95), 3)}
                  if mfs is not None and mfs < 0.9 else None)
     lower_mrr = ({"server.max_running_requests": fits} if fits is not None and (mrr is None or fits < mrr)
@@ -511,7 +499,7 @@ def _comm_bound_point(f: TrialFacts, steps: Mapping[str, StepEstimate], order: S
         return order[0], ""
     for label in order:
         s = steps[label]
-        itl = _float(f.points[label].get("itl_p50_ms"))
+        itl = float_or_none(f.points[label].get("itl_p50_ms"))
         if (itl is not None and s.memory_bound_s > 0 and itl / 1e3 > 2 * s.memory_bound_s
                 and s.comm_s / s.step_s >= 0.15):
             return label, (f"; measured ITL p50 {itl:.2f} ms (load generator) is "

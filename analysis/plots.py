@@ -10,6 +10,7 @@ looking.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -87,8 +88,17 @@ def plot_sweep(trials: Mapping[str, Points], title: str, out_dir: Path,
     full = _marked(title, simulated)
     fig.suptitle(full)
     fig.legend(handles, names, loc="lower center", ncol=min(4, len(names)), fontsize="small")
-    fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(names) - 1) // 4), 1, 1))  # room for the legend below
+    tight_layout(fig, rect=(0, 0.06 + 0.04 * ((len(names) - 1) // 4), 1, 1))  # room for the legend below
     return [_save(fig, out_dir / "sweep.png", layout=False, title=full)]
+
+
+def tight_layout(fig: plt.Figure, **kwargs: object) -> None:
+    """matplotlib's tight layout. Where it cannot fit (long labels in a small figure) matplotlib warns
+    "Tight layout not applied" and keeps the layout it had: the figure is still drawn, and the warning
+    would only reach the user's terminal."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Tight layout not applied", category=UserWarning)
+        fig.tight_layout(**kwargs)  # type: ignore[arg-type]
 
 
 def _concurrency_axis(ax: plt.Axes, xs: list[int]) -> None:
@@ -104,7 +114,7 @@ def _short(title: str, limit: int = 48) -> str:
 
 def _save(fig: plt.Figure, path: Path, layout: bool = True, title: str = "") -> Path:
     if layout:
-        fig.tight_layout()
+        tight_layout(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
     # newlines would not survive every PNG reader's Title chunk
     fig.savefig(path, dpi=100, metadata={"Title": title.replace("\n", " ")} if title else None)

@@ -451,8 +451,10 @@ def _results(trials: Sequence[Trial]) -> str:
 def _fig_uri(fig: Any) -> str:
     import matplotlib.pyplot as plt
 
+    from analysis.plots import tight_layout
+
     buf = io.BytesIO()
-    fig.tight_layout()
+    tight_layout(fig)
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")

@@ -38,7 +38,6 @@ from vocab.status import RunKind, Tag
 from vocab.telemetry import J_PER_TOKEN
 
 OVERRIDES_FILE = "overrides.yaml"
-REPORT_FILE = "reproduction.txt"  # the side-by-side, in the trial directory and as a run artifact
 # The metrics put side by side at each load point; J_PER_TOKEN only where both runs have it (GPU
 # energy needs NVML or the simulated engine's model).
 REPORT_METRICS = ("output_tok_s", "ttft_p99_ms", "itl_p99_ms")

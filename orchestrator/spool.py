@@ -32,9 +32,6 @@ from typing import Any
 
 SPOOL_DIR_ENV = "PARASWEEP_SPOOL_DIR"
 PLACEHOLDER_PREFIX = "spool-"
-# every run parasweep creates carries the id it had before the server answered: a sync interrupted
-# after creating a run (or a creation whose answer was lost) finds that run again instead of a twin
-SPOOL_ID_TAG = "parasweep.spool_id"
 FORMAT = 1
 STATE_FILE = "sync-state.json"
 SYNCED_DIR = "synced"

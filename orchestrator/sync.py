@@ -1,4 +1,4 @@
-"""``python -m orchestrator sync [--uri URI]``: replay the spool (``orchestrator/spool.py``) into
+"""``python -m orchestrator sync [--tracking-uri URI]``: replay the spool (``orchestrator/spool.py``) into
 the MLflow server once it is back; ``run.py`` does the same for its own server when it starts
 (:func:`sync_pending`) and again when a sweep ends.
 
@@ -26,7 +26,6 @@ from typing import Any
 
 from orchestrator.redact import redact_url
 from orchestrator.spool import (
-    SPOOL_ID_TAG,
     SpoolFile,
     SyncState,
     is_placeholder,
@@ -130,13 +129,13 @@ class _Replayer:
         from mlflow.entities import ViewType
 
         runs = self.client.search_runs([self.experiment_id(experiment)],
-                                       filter_string=f"tags.`{SPOOL_ID_TAG}` = '{placeholder}'",
+                                       filter_string=f"tags.`{Tag.SPOOL_ID}` = '{placeholder}'",
                                        run_view_type=ViewType.ALL, max_results=2)
         return runs[0].info.run_id if runs else None
 
     def mapped(self, tags: dict[str, str], file: _FileRun) -> dict[str, str]:
         """Tag values that are placeholders (``mlflow.parentRunId`` of a spooled sweep) -> real ids."""
-        return {k: (self.real_id(v, file) if k != SPOOL_ID_TAG and is_placeholder(v) else v)
+        return {k: (self.real_id(v, file) if k != Tag.SPOOL_ID and is_placeholder(v) else v)
                 for k, v in tags.items()}
 
     def apply(self, op: dict[str, Any], file: _FileRun) -> None:
@@ -179,7 +178,7 @@ class _Replayer:
             file.found += 1
             self.state.ids[placeholder] = found
             return
-        tags = {**self.mapped(op["tags"], file), SPOOL_ID_TAG: placeholder}
+        tags = {**self.mapped(op["tags"], file), Tag.SPOOL_ID: placeholder}
         run = self.client.create_run(experiment, start_time=int(op["time"]), run_name=op["name"], tags=tags)
         file.created += 1
         self.state.ids[placeholder] = run.info.run_id
@@ -351,14 +350,15 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog=SYNC_COMMAND, description="Replay the writes spooled while the MLflow tracking server was "
         "unreachable (runs/spool/) into the server, then move each file to runs/spool/synced/.")
-    parser.add_argument("--uri", help="replay into this tracking server instead of the one each spool "
-                        "file names (e.g. the server moved, or its URI needs credentials)")
+    # --tracking-uri, as in `analysis report|compare` and `orchestrator calibrate`
+    parser.add_argument("--tracking-uri", help="replay into this tracking server instead of the one each "
+                        "spool file names (e.g. the server moved, or its URI needs credentials)")
     args = parser.parse_args(argv)
-    if args.uri is not None and not is_http(args.uri):
-        print(f"sync: --uri={redact_url(args.uri)}: invalid; valid: the http(s) URL of an MLflow tracking "
-              "server", file=sys.stderr)
+    if args.tracking_uri is not None and not is_http(args.tracking_uri):
+        print(f"sync: --tracking-uri={redact_url(args.tracking_uri)}: invalid; valid: the http(s) URL of "
+              "an MLflow tracking server", file=sys.stderr)
         return 2
-    report = sync_spool(target=args.uri)
+    report = sync_spool(target=args.tracking_uri)
     for line in report.lines:
         print(f"sync: {line}")
     if report.unreachable:

@@ -27,8 +27,8 @@ from analysis.store import StoreError, checked_store
 from orchestrator.errors import ConfigError
 from orchestrator.paths import default_tracking_uri
 from orchestrator.redact import MASK, redact_url
-from orchestrator.spool import SPOOL_ID_TAG, SpoolWriter, is_placeholder, new_placeholder, spool_root
-from vocab.status import Tag, TrialStatus
+from orchestrator.spool import SpoolWriter, is_placeholder, new_placeholder, spool_root
+from vocab.status import EXPERIMENT_KIND, Tag, TrialStatus
 
 log = logging.getLogger("parasweep")
 T = TypeVar("T")
@@ -122,6 +122,9 @@ def mlflow_client(uri: str) -> Any:  # imported lazily: `import mlflow` costs ~1
         logging.getLogger("urllib3.connectionpool").addFilter(_QUIET_RETRIES)
     from mlflow.tracking import MlflowClient
 
+    # MLflow announces a new sqlite store's schema set-up ("Creating initial MLflow database tables...",
+    # "Updating database tables") at INFO on the user's terminal: routine, not the user's concern
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     return MlflowClient(tracking_uri=uri)
 
 
@@ -290,6 +293,8 @@ def ensure_experiment(uri: str, name: str) -> str:
     client = mlflow_client(uri)
     exp = client.get_experiment_by_name(name)
     if exp is not None:
+        if exp.tags.get(Tag.EXPERIMENT_KIND) != EXPERIMENT_KIND:  # made by an older parasweep, or by hand
+            client.set_experiment_tag(exp.experiment_id, Tag.EXPERIMENT_KIND, EXPERIMENT_KIND)
         return exp.experiment_id
     location = None
     if uri.startswith("sqlite:"):
@@ -297,7 +302,8 @@ def ensure_experiment(uri: str, name: str) -> str:
         db.parent.mkdir(parents=True, exist_ok=True)
         location = (db.parent / "artifacts").resolve().as_uri()
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location,
+                                        tags={Tag.EXPERIMENT_KIND: EXPERIMENT_KIND})
     except Exception:  # another process created it first
         exp = client.get_experiment_by_name(name)
         if exp is None:
@@ -367,7 +373,7 @@ class Tracker:
         """The new run's id: the server's, or a placeholder (``spool-<hex>``) when spooled, which the
         other methods accept like any id."""
         spool_id = new_placeholder()
-        all_tags = {"mlflow.source.name": "run.py", "mlflow.user": _user(), **tags, SPOOL_ID_TAG: spool_id}
+        all_tags = {"mlflow.source.name": "run.py", "mlflow.user": _user(), **tags, Tag.SPOOL_ID: spool_id}
         if parent_run_id:
             all_tags[Tag.PARENT] = parent_run_id
         started = _now_ms()

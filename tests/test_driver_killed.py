@@ -246,6 +246,9 @@ def test_sigkill_of_a_single_run_leaves_nothing_and_the_next_run_closes_it(tmp_p
 
     again = run_cli(["model=tiny-test", "parallelism=tp1", "workload=tiny"], tmp_path, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
+    # a single run's one trial has a short label (its overrides are in config/overrides.yaml)
+    assert "#0 single run" in again.stdout and "#0 model=tiny-test" not in again.stdout
+    assert "Tight layout" not in again.stderr and "Creating initial MLflow" not in again.stderr
     closed = [line for line in again.stdout.splitlines() if line.startswith("parasweep: closed ")]
     assert len(closed) == 2, again.stdout
     assert closed[0].startswith("parasweep: closed trial run #0") and f"pid {proc.pid}" in closed[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import time
@@ -316,8 +317,10 @@ def test_gpu_check_without_a_gpu_says_why_in_one_line_and_exits_2(tmp_path: Path
 def test_gpu_check_script_passes_the_exit_code_through(tmp_path: Path) -> None:
     if local_gpu_count() > 0:
         pytest.skip("this machine has a GPU: the check would run for real")
+    # the interpreter running the tests (the script would otherwise take the checkout's .venv, or python3)
     out = subprocess.run([str(ROOT / "scripts" / "gpu_telemetry_check.sh"), "--out", str(tmp_path / "out")],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+                         env={**os.environ, "PARASWEEP_PYTHON": sys.executable})
     assert out.returncode == 2, out
     assert out.stdout.strip().splitlines() == [out.stdout.strip()] and "gpu_check: " in out.stdout
 

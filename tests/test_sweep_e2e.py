@@ -56,6 +56,7 @@ def test_mlflow_layout(sweep) -> None:
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'runs' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("parasweep")
     assert exp is not None
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI's training view
     assert exp.artifact_location.startswith("file://") and "runs/artifacts" in exp.artifact_location
     runs = client.search_runs([exp.experiment_id])
     sweeps = [r for r in runs if r.data.tags.get("parasweep.kind") == "sweep"]
@@ -78,6 +79,8 @@ def test_mlflow_layout(sweep) -> None:
         assert "| c4 |" in tags["mlflow.note.content"]
         assert tags["parasweep.status"] == "ok" and run.info.status == "FINISHED"
         assert tags["parasweep.engine"] == "sim"
+        # why, as the sweep's driver decided it and passed it to the trial
+        assert tags["parasweep.engine_reason"].startswith("engine=auto: ")
         assert tags["parasweep.engine_version"] and tags["parasweep.engine_version"] != "unknown"
         assert len(tags["parasweep.config_hash"]) == 16
         depths.add(params["pp.async_depth"])

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from orchestrator.process.server import group_alive
-from orchestrator.spool import SPOOL_ID_TAG, STATE_FILE, SYNCED_DIR, is_placeholder, spool_files
+from orchestrator.spool import STATE_FILE, SYNCED_DIR, is_placeholder, spool_files
 from orchestrator.sync import sync_pending, sync_spool
 from orchestrator.tracking import Tracker, close_spools, unreachable
 from tests.conftest import ROOT, run_cli
@@ -273,7 +273,7 @@ def test_spool_replay_is_complete_and_crash_safe(tmp_path: Path, server: MlflowS
     assert early["id"] == ids["early"] and early["metrics"]["output_tok_s"] == [(1, 10.0), (4, 40.0)]
     assert early["tags"]["note"] == "after the outage" and early["artifacts"] == {"diagnosis.json"}
     assert (early["status"], early["tags"][Tag.STATUS]) == ("FINISHED", "ok")
-    assert late["tags"][SPOOL_ID_TAG] == ids["late"] and late["tags"][Tag.PARENT] == ids["sweep"]
+    assert late["tags"][Tag.SPOOL_ID] == ids["late"] and late["tags"][Tag.PARENT] == ids["sweep"]
     assert late["params"] == {"seed": "1"} and late["metrics"]["c1/ttft_p99_ms"] == [(0, "nan")]
     assert late["artifacts"] == {"plots/plot.png", "extra/findings.json"}
     assert (late["status"], late["tags"][Tag.STATUS]) == ("FAILED", "failed")
@@ -411,8 +411,9 @@ def test_sync_command_bad_uri_and_empty_spool(tmp_path: Path, monkeypatch: pytes
     from orchestrator.__main__ import main
 
     monkeypatch.setenv("PARASWEEP_SPOOL_DIR", str(tmp_path / "spool"))
-    assert main(["sync", "--uri", "ftp://user:pw@host/x"]) == 2
+    assert main(["sync", "--tracking-uri", "ftp://user:pw@host/x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--uri=ftp://user:***@host/x" in err[0] and "valid: the http(s) URL" in err[0]
+    assert len(err) == 1 and "--tracking-uri=ftp://user:***@host/x" in err[0]
+    assert "valid: the http(s) URL" in err[0]
     assert main(["sync"]) == 0
     assert "nothing to replay" in capsys.readouterr().out

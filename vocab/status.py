@@ -27,6 +27,11 @@ class TrialStatus(StrEnum):
         return self in (TrialStatus.OK, TrialStatus.SKIPPED)
 
 
+# the value of Tag.EXPERIMENT_KIND for parasweep's experiments: the UI's model-training view (runs,
+# params, metrics, charts); MLflow's UI also knows "genai_development" and "finetuning"
+EXPERIMENT_KIND = "custom_model_development"
+
+
 class Tag:
     """Tag names (``parasweep.*``) of sweep and trial runs."""
 
@@ -59,5 +64,12 @@ class Tag:
     DRIVER_PID = "parasweep.driver_pid"
     DRIVER_STARTED = "parasweep.driver_started"  # the driver process's start, epoch seconds
     STALE_CLOSED = "parasweep.stale_closed"  # why a later run closed this one: its driver was gone
+    # every run parasweep creates carries the id it had before the tracking server answered: a sync
+    # interrupted after creating a run (or a creation whose answer was lost) finds that run again
+    # instead of creating a twin
+    SPOOL_ID = "parasweep.spool_id"
     NOTE = "mlflow.note.content"  # the run description the MLflow UI shows
+    # experiment tag: which view the MLflow UI opens an experiment (or a link to one of its runs) in.
+    # Without it MLflow 3 guesses, and a run link opened directly landed in "GenAI / Evaluations".
+    EXPERIMENT_KIND = "mlflow.experimentKind"
     PARENT = "mlflow.parentRunId"

@@ -135,10 +135,10 @@ class TelemetryConf:
 class TrackingConf:
     uri: str | None = None  # null: sqlite file runs/mlflow.db under the working directory
     experiment: str = "parasweep"
-    # set by parasweep itself: the sweep's parent run, and a short run name (what varies), per trial
     # set by the launcher for each trial of a sweep (not for users):
     parent_run_id: str | None = None  # the sweep's run
     label: str | None = None  # the trial's overrides that vary between the sweep's trials
+    engine_reason: str | None = None  # why the trial runs on its engine (engine=auto's choice, ...)
 
 
 @dataclass

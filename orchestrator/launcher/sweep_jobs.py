@@ -23,6 +23,7 @@ class CheckedJob:
     overrides: tuple[str, ...]
     label: str = ""  # what varies between the sweep's trials
     config_hash: str = ""
+    engine_reason: str = ""  # why that engine (the driver decides engine=auto on its node)
 
 
 def _value(cfg: ParasweepConf, key: str) -> Any:

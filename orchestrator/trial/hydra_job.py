@@ -16,10 +16,17 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from orchestrator.config.validate import typed_config
+from orchestrator.config.validate import resolve_engine_reason, typed_config
 from orchestrator.progress import DRIVER_RENDERS_PROGRESS_ENV
 from orchestrator.redact import redact_argv
-from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan, plan_lines, trial_label
+from orchestrator.trial.plan import (
+    SINGLE_RUN_LABEL,
+    TrialIdentity,
+    checked_engine,
+    make_plan,
+    plan_lines,
+    trial_label,
+)
 from orchestrator.trial.run import TrialRunSettings, execute_trial
 from vocab.status import TrialStatus
 
@@ -30,11 +37,17 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
     task_start = time.time()
     cfg = typed_config(raw_cfg)
     hc = HydraConfig.get()
-    engine_name = checked_engine(cfg) if hc.mode == RunMode.RUN else cfg.engine.name
+    if hc.mode == RunMode.RUN:  # a single run: this process validates and says why this engine
+        cfg.tracking.engine_reason = resolve_engine_reason(cfg)[1]
+        engine_name = checked_engine(cfg)
+    else:  # a sweep's job: the launcher did both on the driver
+        engine_name = cfg.engine.name
     overrides = tuple(hc.overrides.task)
     num = int(hc.job.num) if hc.job.get("num") is not None else 0
-    identity = TrialIdentity(num, cfg.tracking.label or trial_label(overrides),
-                             Path(hc.runtime.output_dir).resolve(), overrides)
+    # a sweep's launcher labels each trial with what varies between them; a single run has nothing to
+    # tell apart (its overrides are in config/overrides.yaml and the sweep run's name)
+    label = cfg.tracking.label or (SINGLE_RUN_LABEL if hc.mode == RunMode.RUN else trial_label(overrides))
+    identity = TrialIdentity(num, label, Path(hc.runtime.output_dir).resolve(), overrides)
     plan = make_plan(cfg, engine_name, identity)
     if cfg.dry_run:
         from orchestrator.process.server import free_port

@@ -24,6 +24,7 @@ from orchestrator.config.validate import typed_config, validate
 from orchestrator.engines.sim import SimEngine
 from orchestrator.load_plan import load_points, request_spec
 from vocab.load import LoadPoint
+from vocab.values import int_or_none
 
 
 def apply_change(cfg: ParasweepConf, change: Mapping[str, Any]) -> tuple[ParasweepConf, dict[str, str]]:
@@ -87,7 +88,7 @@ def modelled_steps(cfg: ParasweepConf, concurrency: Mapping[str, int], resolved:
     sim_cfg = apply_change(cfg, {})[0]
     with tempfile.TemporaryDirectory(prefix="parasweep-estimate-") as tmp:
         model = load_config(_sim_argv(sim_cfg, Path(tmp)))
-    cap = _int(resolved.get("pp_max_micro_batch_size")) or model.pp_max_micro_batch_size
+    cap = int_or_none(resolved.get("pp_max_micro_batch_size")) or model.pp_max_micro_batch_size
     context = cfg.workload.input_len + cfg.workload.output_len // 2
     slots = cfg.pp.size + cfg.pp.async_depth
     steps = {}
@@ -99,8 +100,3 @@ def modelled_steps(cfg: ParasweepConf, concurrency: Mapping[str, int], resolved:
     return steps, tuple(model.cost.stage_layers)
 
 
-def _int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None

@@ -19,6 +19,8 @@ from orchestrator.engines.registry import get_engine
 from orchestrator.load_plan import load_points, request_spec
 from vocab.load import LoadPoint, RequestSpec
 
+SINGLE_RUN_LABEL = "single run"  # the label of the one trial of `python run.py key=value ...` (no -m)
+
 
 def is_sweep_wide(override: str) -> bool:
     """A sweep-wide key, or Hydra's own settings: not part of what distinguishes a trial."""

@@ -56,6 +56,11 @@ class TrialPaths:
         return self.root / "telemetry" / "gpu.jsonl"
 
     @property
+    def reproduction(self) -> Path:
+        """The side-by-side of a reproduced trial and its original (``reproduce=``)."""
+        return self.root / "reproduction.txt"
+
+    @property
     def point_windows(self) -> Path:
         """Each load point's measured window on the records' clock (for pictures of the series)."""
         return self.root / "telemetry" / "point_windows.json"
@@ -201,6 +206,12 @@ class TrialRecorder:
             self.set_tags({Tag.ERROR: text[-2000:]})
             (self.paths.root / "error.txt").write_text(text)
             self.tracker.log_artifact(self.run_id, self.paths.root / "error.txt")
+
+    def save_reproduction(self, lines: list[str]) -> None:
+        """The original and this run side by side: kept, uploaded, its first line in a tag."""
+        self.paths.reproduction.write_text(self._text("\n".join(lines) + "\n"))
+        self.tracker.log_artifact(self.run_id, self.paths.reproduction)
+        self.set_tags({Tag.REPRODUCE_DIFF: lines[0]})
 
     def describe(self, lines: list[str]) -> None:
         """The run's description in the MLflow UI (Markdown)."""

@@ -11,7 +11,6 @@ diagnosed and logged, and the run is closed with the trial's status.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import time
@@ -65,7 +64,9 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
     virtual = cfg.predict
     recorder = TrialRecorder(Tracker(settings.tracking_uri, settings.experiment), paths, plan.resolved_cfg)
     tags = {Tag.ENGINE: "sim-predict" if virtual else plan.engine_name,
-            Tag.ENGINE_REASON: _engine_reason(plan), Tag.CONFIG_HASH: plan.config_hash,
+            Tag.ENGINE_REASON: "predict=true" if virtual else (cfg.tracking.engine_reason
+                                                               or f"engine={plan.engine_name}"),
+            Tag.CONFIG_HASH: plan.config_hash,
             Tag.TRIAL_NUM: str(ident.num), Tag.OVERRIDES: ident.label}
     run_id = recorder.open(ident.run_name + (" (predicted)" if virtual else ""),
                            RunKind.PREDICTION if virtual else RunKind.TRIAL, tags,
@@ -112,24 +113,6 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
         progress.update(status=status.value, message=error.splitlines()[0] if error else "", force=True)
         _finish(plan, recorder, session, results, status, error, timings, settings.reproduces)
     return TrialOutcome(status, run_id, timings, error)
-
-
-def _engine_reason(plan: TrialPlan) -> str:
-    """Why this trial runs on its engine (the end-of-sweep header quotes it, so a simulated number is
-    never read as a measurement)."""
-    from orchestrator.config.validate import resolve_engine_reason
-
-    if plan.cfg.predict:
-        return "predict=true"
-    # what the user asked for: the sweep's launcher writes what "auto" became into engine.name, so
-    # the trial's own overrides say whether an engine was named (the config's default is auto)
-    named = [o.split("=", 1)[1] for o in plan.identity.overrides
-             if o.lstrip("+").split("=", 1)[0] in ("engine", "engine.name") and "=" in o]
-    asked = dataclasses.replace(plan.cfg.engine, name=named[-1] if named else "auto")
-    engine, reason = resolve_engine_reason(dataclasses.replace(plan.cfg, engine=asked))
-    if engine != plan.engine_name:  # the driver chose on its node; this worker may see other GPUs
-        return f"engine={plan.engine_name}, chosen by the sweep's driver"
-    return reason
 
 
 def _check_reproduction(recorder: TrialRecorder, original: str, new_hash: str) -> None:
@@ -206,17 +189,14 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
                                       os.environ.get("CUDA_VISIBLE_DEVICES")))
 
     def reproduction() -> None:
-        """The original and this run side by side (reproduce=): printed, kept, summarised in a tag."""
-        from orchestrator.redact import redact_text
-        from orchestrator.reproduce import REPORT_FILE, reproduction_report
+        """The original and this run side by side (reproduce=): printed and recorded."""
+        from orchestrator.reproduce import reproduction_report
 
         if not reproduces:
             return
         lines = reproduction_report(recorder.tracker, reproduces, recorder.run_id)
         print("\n".join(lines), flush=True)
-        (paths.root / REPORT_FILE).write_text(redact_text("\n".join(lines) + "\n", recorder.secrets))
-        recorder.tracker.log_artifact(recorder.run_id, paths.root / REPORT_FILE)
-        recorder.set_tags({Tag.REPRODUCE_DIFF: lines[0]})
+        recorder.save_reproduction(lines)
 
     saved: list[dict[str, Any]] = []
     steps = [("records", recorder.save_records), ("telemetry", telemetry),
