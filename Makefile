@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.parasweep-installed
+SOURCES := analysis orchestrator simulator vocab workloads hydra_plugins run.py
 
 .PHONY: setup demo test test-fast lint clean-runs
 
@@ -18,12 +19,18 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) run.py -m pp.async_depth=0,4,8,16
 
+# Tests run in parallel (pytest-xdist): most of the suite's time is spent waiting on real processes
+# (engines, Ray, MLflow), so four workers fit two cores. --dist loadgroup keeps the tests that share a
+# module-scoped fixture on one worker (tests/conftest.py). The project's modules are compiled first:
+# where PYTHONDONTWRITEBYTECODE is set, every process the suite starts would compile them again.
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m compileall -q -j 0 $(SOURCES)
+	$(PY) -m pytest -n 4 --dist loadgroup
 
 # The fast tier: unit and contract tests, no Ray, no engine or server processes (run after every change).
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m compileall -q -j 0 $(SOURCES)
+	$(PY) -m pytest -m "not slow" -q -n 2 --dist loadgroup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -57,3 +57,48 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 120, env: dict[str, str
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+# ---- parallel runs (pytest-xdist, `make test`) -------------------------------------------------------
+# The longest units of the suite, longest first, measured serially on a 2-core machine (docs/testing.md).
+# Handing these out first keeps a long test from starting last and running alone at the end.
+LONGEST_FIRST = (
+    "tests/test_sweep_load.py",
+    "tests/test_fault_detection.py",
+    "tests/test_ray_scheduling.py",
+    "tests/test_compare.py",
+    "tests/test_ray_cluster_choice.py::test_local_sweeps_ignore_other_clusters_and_auto_joins_one",
+    "tests/test_driver_killed.py::test_sigkill_of_a_sweep_then_the_same_sweep_resumes",
+    "tests/test_tracking_outage.py::test_sweep_survives_outage_and_sync_restores_everything",
+    "tests/test_report_html.py",
+    "tests/test_tracking_outage.py::test_spool_replay_is_complete_and_crash_safe",
+    "tests/test_predict.py::test_reproduce_a_trial_and_a_sweep",
+    "tests/test_reproduce_diff.py",
+    "tests/test_interrupt.py::test_a_signal_stops_the_run_and_leaves_nothing[sweep-",
+    "tests/test_sweep_summary.py",
+    "tests/test_workloads_live.py",
+    "tests/test_sweep_e2e.py",
+)
+
+
+def _module_scoped(item: pytest.Item) -> bool:
+    """Whether the test uses a module-scoped fixture of its own module (made once per module)."""
+    info = getattr(item, "_fixtureinfo", None)
+    module = item.nodeid.split("::", 1)[0]
+    return info is not None and any(
+        d.scope == "module" and d.baseid == module for defs in info.name2fixturedefs.values() for d in defs)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup``, the tests of a module that shares a module-scoped fixture stay on one
+    worker (the fixture is made once); every other test goes wherever a worker is free. The longest
+    units go first. The order is the same in every worker, as xdist requires."""
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)),
+                    len(LONGEST_FIRST))
+
+    for item in items:
+        if _module_scoped(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    items.sort(key=rank)  # stable: within a unit, the module's own order
