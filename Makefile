@@ -20,12 +20,12 @@ demo: $(STAMP)
 	$(PY) run.py -m pp.async_depth=0,4,8,16
 
 # Tests run in parallel (pytest-xdist): most of the suite's time is spent waiting on real processes
-# (engines, Ray, MLflow), so four workers fit two cores. --dist loadgroup keeps the tests that share a
+# (engines, Ray, MLflow), so three workers fit two cores. --dist loadgroup keeps the tests that share a
 # module-scoped fixture on one worker (tests/conftest.py). The project's modules are compiled first:
 # where PYTHONDONTWRITEBYTECODE is set, every process the suite starts would compile them again.
 test: $(STAMP)
 	$(PY) -m compileall -q -j 0 $(SOURCES)
-	$(PY) -m pytest -n 4 --dist loadgroup
+	$(PY) -m pytest -n 3 --dist loadgroup
 
 # The fast tier: unit and contract tests, no Ray, no engine or server processes (run after every change).
 test-fast: $(STAMP)

@@ -60,24 +60,12 @@ def workdir(tmp_path: Path) -> Path:
 
 
 # ---- parallel runs (pytest-xdist, `make test`) -------------------------------------------------------
-# The longest units of the suite, longest first, measured serially on a 2-core machine (docs/testing.md).
-# Handing these out first keeps a long test from starting last and running alone at the end.
+# The longest units of the suite, measured serially on a 2-core machine (docs/testing.md), handed out
+# first so that none starts last and runs alone at the end. Only these two: the suite is CPU-bound on
+# two cores, and starting every long (CPU-heavy) test at once made each slower than the sum it saved.
 LONGEST_FIRST = (
-    "tests/test_sweep_load.py",
-    "tests/test_fault_detection.py",
-    "tests/test_ray_scheduling.py",
-    "tests/test_compare.py",
-    "tests/test_ray_cluster_choice.py::test_local_sweeps_ignore_other_clusters_and_auto_joins_one",
-    "tests/test_driver_killed.py::test_sigkill_of_a_sweep_then_the_same_sweep_resumes",
-    "tests/test_tracking_outage.py::test_sweep_survives_outage_and_sync_restores_everything",
-    "tests/test_report_html.py",
-    "tests/test_tracking_outage.py::test_spool_replay_is_complete_and_crash_safe",
-    "tests/test_predict.py::test_reproduce_a_trial_and_a_sweep",
-    "tests/test_reproduce_diff.py",
-    "tests/test_interrupt.py::test_a_signal_stops_the_run_and_leaves_nothing[sweep-",
-    "tests/test_sweep_summary.py",
-    "tests/test_workloads_live.py",
-    "tests/test_sweep_e2e.py",
+    "tests/test_sweep_load.py",  # 50 trials
+    "tests/test_fault_detection.py",  # a sweep of faulty trials shared by the module's tests
 )
 
 

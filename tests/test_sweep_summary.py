@@ -233,22 +233,3 @@ def test_help_opens_with_parasweep_and_lists_the_groups(tmp_path: Path) -> None:
         assert f"\n{group} " in groups, group
     assert "pp:\n  size:" in out  # the config keys follow
     _assert_fits(out[:out.index("== Config keys")])
-
-
-@pytest.mark.slow
-def test_a_real_sweep_ends_within_100_columns(tmp_path: Path) -> None:
-    result = run_cli(["-m", "model=tiny-test", "parallelism=pp2", "workload=tiny", "ray.num_cpus=2",
-                      "pp.async_depth=0,2"], tmp_path, timeout=600, env={"COLUMNS": "100"},
-                     store=True)
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
-    _assert_fits(out)
-    assert re.search(r"^Simulated engine \(engine=auto: [^)]*\): the simulator's numbers, not measured$",
-                     out, re.M), out
-    assert "tok/s (pred)" in out and "*" in out
-    # the micro-batch finding, once for both trials, then the change and what it is predicted to do
-    found = re.search(r"^(CRITICAL|warning): all 2 trials: .*micro-batch.*\n(  → .*\n(    .*\n)?)", out, re.M)
-    assert found, out
-    body = " ".join(found.group(2).split())
-    assert re.search(r"set \S+=\S+: predicted \d+ → \d+ tok/s \(\+\d+%\)", body), out
-    assert "mlflow ui --backend-store-uri sqlite:///runs/mlflow.db" in out

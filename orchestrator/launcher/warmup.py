@@ -34,12 +34,12 @@ def max_parallel_trials(trials: list[QueuedTrial], total_gpus: int) -> int:
 
 
 def _preload(hold_until: float, tracking_uri: str | None, experiment: str | None) -> int:
-    # the imports a trial makes on its critical path (each module caches itself for later trials)
+    # the imports a trial makes on its critical path (each module caches itself for later trials); not
+    # matplotlib: plots are drawn by the driver at the end of the sweep, never in a trial's worker
     import mlflow.tracking  # noqa: F401
     import pandas  # noqa: F401
     import pyarrow.parquet  # noqa: F401
 
-    import analysis.plots  # noqa: F401
     import orchestrator.trial.hydra_job  # noqa: F401
     import workloads  # noqa: F401
     from orchestrator.tracking import Tracker
