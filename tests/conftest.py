@@ -60,13 +60,10 @@ def workdir(tmp_path: Path) -> Path:
 
 
 # ---- parallel runs (pytest-xdist, `make test`) -------------------------------------------------------
-# The longest units of the suite, measured serially on a 2-core machine (docs/testing.md), handed out
-# first so that none starts last and runs alone at the end. Only these two: the suite is CPU-bound on
-# two cores, and starting every long (CPU-heavy) test at once made each slower than the sum it saved.
-LONGEST_FIRST = (
-    "tests/test_sweep_load.py",  # 50 trials
-    "tests/test_fault_detection.py",  # a sweep of faulty trials shared by the module's tests
-)
+# The longest unit of the suite, measured serially on a 2-core machine (docs/testing.md), handed out first
+# so that it does not start last and run alone at the end. Only this one: the suite is CPU-bound on two
+# cores, and starting every long (CPU-heavy) test at once made each slower than the sum it saved.
+LONGEST_FIRST = ("tests/test_sweep_load.py",)  # 50 trials
 
 
 def _module_scoped(item: pytest.Item) -> bool:

@@ -239,8 +239,10 @@ def test_frozen_engine_is_noticed_by_its_health(tmp_path: Path) -> None:
 
 
 # -- the simulated engine's faults in one sweep ----------------------------------------------------
-# Each trial's fault is one engine.sim_faults value; the timeouts are sweep-wide (short, but long
-# enough for the healthy trials' tiny points).
+# Each trial's fault is one engine.sim_faults value; the timeouts are sweep-wide: long enough for a
+# healthy engine to start and serve its tiny points with up to eight trials (and other tests) starting
+# at once on two cores, so that only the faults decide which trials fail; the point timeout (20 s) below
+# the health prober's 30 s, so a hung engine is always caught by the former.
 FAULTS = {
     "none": "{}",
     "crash": "{crash_after_requests:5}",
@@ -255,7 +257,7 @@ FAULTS = {
 }
 SWEEP = ["model=tiny-test", "workload=tiny", "parallelism=tp1", "ray.num_cpus=2",
          "workload.requests_per_concurrency=5", "workload.output_len=32",
-         "workload.stall_timeout_s=3", "workload.point_timeout_s=15", "engine.startup_timeout_s=10",
+         "workload.stall_timeout_s=5", "workload.point_timeout_s=20", "engine.startup_timeout_s=60",
          "engine.stop_grace_s=2", "engine.sim_faults=" + ",".join(FAULTS.values())]
 
 
@@ -316,10 +318,10 @@ def test_crash_and_hang_fail_their_trial_with_one_clear_line(fault_sweep: dict[s
     assert sum(1 for r in records if r.error is None) >= 3  # what ran before the crash is kept
     hang = trials["hang"].data.tags[Tag.ERROR].splitlines()[-1]  # type: ignore[index]
     # c1 keeps one request in flight: the one the timeout cut short; the hung ones before it stalled
-    assert hang == "point c1 timed out after 15 s (workload.point_timeout_s); 1 request unanswered"
+    assert hang == "point c1 timed out after 20 s (workload.point_timeout_s); 1 request unanswered"
     hung = Counter(r.error for r in _records(fault_sweep, "hang") if r.error)
-    assert hung["aborted: point timed out after 15 s (workload.point_timeout_s)"] == 1
-    assert hung["stalled: no data for 3 s (workload.stall_timeout_s)"] >= 1
+    assert hung["aborted: point timed out after 20 s (workload.point_timeout_s)"] == 1
+    assert hung["stalled: no data for 5 s (workload.stall_timeout_s)"] >= 1
     for fault in ("crash", "hang"):
         trial_dir = _trial_dir(fault_sweep, fault)
         assert (trial_dir / "error.txt").exists() and (trial_dir / "records" / "requests.parquet").exists()
@@ -330,7 +332,7 @@ def test_crash_and_hang_fail_their_trial_with_one_clear_line(fault_sweep: dict[s
 def test_start_up_faults(fault_sweep: dict[str, object]) -> None:
     trials = fault_sweep["trials"]
     never = (_trial_dir(fault_sweep, "hang_before_ready") / "error.txt").read_text()
-    assert never.startswith("engine not ready after 10 s (engine.startup_timeout_s)")
+    assert never.startswith("engine not ready after 60 s (engine.startup_timeout_s)")
     assert never.rstrip().endswith("this server never becomes ready")  # the engine's log says why
     oom = (_trial_dir(fault_sweep, "oom") / "error.txt").read_text()
     assert oom.startswith("engine exited with code 1 before it was ready")
@@ -354,6 +356,6 @@ def test_stream_faults_are_counted_per_point_and_the_trial_stays_ok(fault_sweep:
         counted = Counter(r.error_kind for r in _records(fault_sweep, fault) if r.error and not r.warmup)
         assert counted == {kind: errors}, fault
     stalled = [r for r in _records(fault_sweep, "stall") if r.error_kind == "timeout"]
-    assert all(r.error == "stalled: no data for 3 s (workload.stall_timeout_s)" for r in stalled)
+    assert all(r.error == "stalled: no data for 5 s (workload.stall_timeout_s)" for r in stalled)
     healthy = trials["none"].data.metrics  # type: ignore[index]
     assert healthy["c1/errors"] == healthy["c4/errors"] == 0
