@@ -19,18 +19,20 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) run.py -m pp.async_depth=0,4,8,16
 
-# Tests run in parallel (pytest-xdist): most of the suite's time is spent waiting on real processes
-# (engines, Ray, MLflow), so three workers fit two cores. --dist loadgroup keeps the tests that share a
-# module-scoped fixture on one worker (tests/conftest.py). The project's modules are compiled first:
+# Tests run in parallel (pytest-xdist): much of the suite waits on real processes (engines, Ray, MLflow),
+# so three workers fit two cores. The full suite goes module by module (--dist loadscope: two CPU-heavy
+# tests of one module never overlap, a module's fixtures are made once); the fast tier test by test,
+# keeping modules with a shared fixture together (loadgroup, tests/conftest.py). docs/testing.md.
+# The project's modules are compiled first:
 # where PYTHONDONTWRITEBYTECODE is set, every process the suite starts would compile them again.
 test: $(STAMP)
 	$(PY) -m compileall -q -j 0 $(SOURCES)
-	$(PY) -m pytest -n 3 --dist loadgroup
+	$(PY) -m pytest -n 3 --dist loadscope --no-loadscope-reorder
 
 # The fast tier: unit and contract tests, no Ray, no engine or server processes (run after every change).
 test-fast: $(STAMP)
 	$(PY) -m compileall -q -j 0 $(SOURCES)
-	$(PY) -m pytest -m "not slow" -q -n 2 --dist loadgroup
+	$(PY) -m pytest -m "not slow" -q -n 2 --dist loadgroup --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -76,9 +76,10 @@ def _module_scoped(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup``, the tests of a module that shares a module-scoped fixture stay on one
-    worker (the fixture is made once); every other test goes wherever a worker is free. The longest
-    units go first. The order is the same in every worker, as xdist requires."""
+    """Under ``--dist loadgroup`` (the fast tier), the tests of a module that shares a module-scoped
+    fixture stay on one worker (the fixture is made once); every other test goes wherever a worker is
+    free. Under ``--dist loadscope`` (the full suite) every module is one unit anyway. The longest unit
+    goes first. The order is the same in every worker, as xdist requires."""
     def rank(item: pytest.Item) -> int:
         return next((i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)),
                     len(LONGEST_FIRST))
