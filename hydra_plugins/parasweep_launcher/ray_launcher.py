@@ -92,10 +92,10 @@ class ParasweepRayLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from orchestrator.config.validate import resolve_engine_reason, typed_config
+        from orchestrator.config.validate import typed_config
         from orchestrator.launcher.sweep_jobs import CheckedJob, SweepSettings
         from orchestrator.sweep import ensure_started
-        from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
+        from orchestrator.trial.plan import TrialIdentity, checked_engine_with_reason, make_plan
 
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
@@ -108,8 +108,9 @@ class ParasweepRayLauncher(Launcher):
             # compose, validate and preflight every job before starting any
             sc = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             cfg = typed_config(sc)
-            jobs.append(CheckedJob(initial_job_idx + i, sc, cfg, checked_engine(cfg), tuple(overrides), name,
-                                   engine_reason=resolve_engine_reason(cfg)[1]))
+            engine, reason = checked_engine_with_reason(cfg)
+            jobs.append(CheckedJob(initial_job_idx + i, sc, cfg, engine, tuple(overrides), name,
+                                   engine_reason=reason))
         sweep = SweepSettings.of([j.cfg for j in jobs])
         parent_run_id = None if sweep.dry_run else ensure_started()
         for job in jobs:

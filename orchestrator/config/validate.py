@@ -81,7 +81,7 @@ def _positive(key: str, value: Any, allow_none: bool = False) -> None:
 
 def _validate_ray(cfg: ParasweepConf) -> None:
     """A joined cluster's resources are its own: declaring GPUs or CPUs is for a local Ray only."""
-    if not cfg.ray.address:
+    if cfg.ray.address in (None, "", "local"):
         return
     for key, value in (("ray.num_gpus", cfg.ray.num_gpus), ("ray.num_cpus", cfg.ray.num_cpus)):
         if value is not None:
@@ -91,6 +91,11 @@ def _validate_ray(cfg: ParasweepConf) -> None:
 
 def validate(cfg: ParasweepConf) -> str:
     """Check one trial's config; return the engine it will run on (``sim`` or ``sglang``)."""
+    return validate_with_reason(cfg)[0]
+
+
+def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
+    """Check one trial's config; the engine it will run on and why (``resolve_engine_reason``)."""
     if cfg.engine.name not in ENGINES:
         raise ConfigError("engine.name", cfg.engine.name, ", ".join(ENGINES))
     engine, reason = resolve_engine_reason(cfg)
@@ -164,7 +169,7 @@ def validate(cfg: ParasweepConf) -> str:
         raise ConfigError("tracking.uri", cfg.tracking.uri, "an MLflow tracking server URL (http://...)",
                           why="trials on a remote Ray cluster cannot write a local sqlite file; start "
                               "one with: mlflow server --host <address the nodes reach> --port 5000")
-    return engine
+    return engine, reason
 
 
 # engine.sim_faults fields that are shares of requests; the rest are request counts, switches and seconds

@@ -111,6 +111,8 @@ def _local_kwargs(num_gpus: int | None, num_cpus: int | None) -> dict[str, Any]:
 
 def init_ray(address: str | None, num_gpus: int | None, num_cpus: int | None) -> ClusterInfo:
     """Start the sweep's own local Ray (address None) or join a cluster; what it runs on."""
+    if address in ("", "local"):  # said explicitly: the sweep's own local instance, as with null
+        address = None
     # the environment first: Ray reads its single-machine switch when it is imported
     kwargs = _join_kwargs(address) if address else _local_kwargs(num_gpus, num_cpus)
     import ray

@@ -16,13 +16,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from orchestrator.config.validate import resolve_engine_reason, typed_config
+from orchestrator.config.validate import typed_config
 from orchestrator.progress import DRIVER_RENDERS_PROGRESS_ENV
 from orchestrator.redact import redact_argv
 from orchestrator.trial.plan import (
     SINGLE_RUN_LABEL,
     TrialIdentity,
-    checked_engine,
+    checked_engine_with_reason,
     make_plan,
     plan_lines,
     trial_label,
@@ -38,8 +38,7 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
     cfg = typed_config(raw_cfg)
     hc = HydraConfig.get()
     if hc.mode == RunMode.RUN:  # a single run: this process validates and says why this engine
-        cfg.tracking.engine_reason = resolve_engine_reason(cfg)[1]
-        engine_name = checked_engine(cfg)
+        engine_name, cfg.tracking.engine_reason = checked_engine_with_reason(cfg)
     else:  # a sweep's job: the launcher did both on the driver
         engine_name = cfg.engine.name
     overrides = tuple(hc.overrides.task)

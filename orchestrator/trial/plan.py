@@ -40,11 +40,16 @@ def trial_label(overrides: tuple[str, ...] | list[str], common: frozenset[str] =
 def checked_engine(cfg: ParasweepConf) -> str:
     """Validate a job and preflight its engine (a flag the installed engine would refuse stops here):
     the concrete engine name. Raises a one-line ConfigError/UserError."""
-    from orchestrator.config.validate import validate
+    return checked_engine_with_reason(cfg)[0]
 
-    engine_name = validate(cfg)
+
+def checked_engine_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
+    """``checked_engine``, and why that engine (``engine=auto: no NVIDIA GPU on this node``, ...)."""
+    from orchestrator.config.validate import validate_with_reason
+
+    engine_name, reason = validate_with_reason(cfg)
     get_engine(engine_name).preflight(cfg)
-    return engine_name
+    return engine_name, reason
 
 
 @dataclass(frozen=True)
