@@ -32,7 +32,7 @@ test: $(STAMP)
 # The fast tier: unit and contract tests, no Ray, no engine or server processes (run after every change).
 test-fast: $(STAMP)
 	$(PY) -m compileall -q -j 0 $(SOURCES)
-	$(PY) -m pytest -m "not slow" -q -n 2 --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -m "not slow" -q -n 3 --dist loadgroup --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

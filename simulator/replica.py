@@ -195,14 +195,8 @@ class ReplicaModel:
 
     # -- results -----------------------------------------------------------------------------------------
 
-    def _token(self, req: Request) -> int:
-        # Deterministic per (seed, request, position); never an EOS id, so lengths are exactly max_new_tokens.
-        tok = (req.token_seed * 2654435761 + len(req.output_ids) * 40503 + 12345) % self._vocab
-        while tok in self._eos:
-            tok = (tok + 1) % self._vocab
-        return tok
-
     def _emit(self, batch: Batch) -> None:
+        # the hottest loop of every prediction (once per request and token): kept to locals
         now = self.sim.now
         obs = self.observer
         if batch.decode:
@@ -214,22 +208,30 @@ class ReplicaModel:
             reqs = [it.req for it in batch.items if it.last_chunk]
             self.prefill_steps += 1
             self.tokens_prefill_total += batch.shape.tokens
+        vocab, eos = self._vocab, self._eos
         for req in reqs:
             if req.finished:
                 continue
-            req.output_ids.append(self._token(req))
+            out = req.output_ids
+            # deterministic per (seed, request, position); never an EOS id, so lengths are exactly
+            # max_new_tokens
+            tok = (req.token_seed * 2654435761 + len(out) * 40503 + 12345) % vocab
+            while tok in eos:
+                tok = (tok + 1) % vocab
+            out.append(tok)
+            report = obs is not None and req.log_metrics
             if req.first_token_time < 0:
                 req.first_token_time = now
-                if obs is not None and req.log_metrics:
+                if report:
                     obs.on_first_token(req, now)
-            elif obs is not None and req.log_metrics:
+            elif report:
                 obs.on_token(req, now - req.last_token_time)
             req.last_token_time = now
-            if len(req.output_ids) >= req.max_new_tokens:
+            if len(out) >= req.max_new_tokens:
                 req.finished = True
                 req.finish_time = now
                 req.finish_reason = {"type": "length", "length": req.max_new_tokens}
-                if obs is not None and req.log_metrics:
+                if report:
                     obs.on_finish(req, now)
             if req.notify is not None:
                 req.notify()

@@ -3,34 +3,45 @@ tests real MLflow sqlite stores without paying MLflow's schema migrations for ea
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# An empty MLflow store, created once per test process (MLflow's ~40 schema migrations take about 2 s
+# An empty MLflow store, created once per test session (MLflow's ~40 schema migrations take about 2 s
 # of CPU for each new sqlite file) and copied wherever a test needs a store: the copy is the same real
-# store MLflow would have created, opened without migrating (docs/testing.md). It lives in a folder of
-# this process's own, removed when the process ends: nothing depends on an earlier run.
-_TEMPLATE_DIR: list[Path] = []
+# store MLflow would have created, opened without migrating (docs/testing.md). It lives in pytest's own
+# temporary directory of this session, shared by the xdist workers (the first makes it, under a lock),
+# so nothing depends on an earlier run. Its folder is passed in the environment: pytest loads this file
+# as ``conftest`` while test modules import it as ``tests.conftest``, two modules with their own globals.
+_TEMPLATE_HOME = "PARASWEEP_TEST_STORE_TEMPLATE_DIR"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_temp(tmp_path_factory: pytest.TempPathFactory) -> None:
+    base = tmp_path_factory.getbasetemp()
+    # an xdist worker's base is popen-gwN inside the session's; the session's is shared by all workers
+    os.environ[_TEMPLATE_HOME] = str(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
 
 
 def _template() -> Path:
-    if not _TEMPLATE_DIR:
-        folder = Path(tempfile.mkdtemp(prefix="parasweep-mlflow-template-"))
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        from mlflow.tracking import MlflowClient
+    from filelock import FileLock
 
-        MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}").search_experiments()  # the tables
-        _TEMPLATE_DIR.append(folder)
-    return _TEMPLATE_DIR[0] / "mlflow.db"
+    folder = Path(os.environ[_TEMPLATE_HOME])
+    template = folder / "mlflow-template.db"
+    with FileLock(f"{template}.lock"):
+        if not template.exists():
+            from mlflow.tracking import MlflowClient
+
+            scratch = folder / f"mlflow-template-{os.getpid()}.db"
+            MlflowClient(tracking_uri=f"sqlite:///{scratch}").search_experiments()  # the tables
+            scratch.rename(template)  # whole or not at all, for the other workers
+    return template
 
 
 def sqlite_store(path: Path) -> str:

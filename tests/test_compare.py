@@ -177,6 +177,7 @@ def test_table_fits_100_columns_with_long_labels() -> None:
         assert len(text.splitlines()) == 1 + 2 + 1 + 2  # title, 2-line header, rule, a line per row
 
 
+@pytest.mark.slow  # draws the comparison's plots: about two seconds
 def test_plots_mark_simulated_numbers(tmp_path: Path) -> None:
     series = (("a", "measured", "sglang", 1.0), ("a", "predicted", "sim-predict", 1.2))
     df = frame([{"label": lab, "kind": kind, "engine": eng, "concurrency": c, "output_tok_s": 100.0 * c * k,

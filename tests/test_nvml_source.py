@@ -303,6 +303,7 @@ def test_sampler_with_nvml_reader_writes_readable_samples(tmp_path: Path) -> Non
 
 # -- the GPU check (python -m orchestrator.telemetry.gpu_check) --------------------------------------
 
+@pytest.mark.slow  # starts a process
 def test_gpu_check_without_a_gpu_says_why_in_one_line_and_exits_2(tmp_path: Path) -> None:
     if local_gpu_count() > 0:
         pytest.skip("this machine has a GPU: the check would run for real")
@@ -314,6 +315,7 @@ def test_gpu_check_without_a_gpu_says_why_in_one_line_and_exits_2(tmp_path: Path
     assert not (tmp_path / "gpu.parquet").exists()
 
 
+@pytest.mark.slow  # starts a process
 def test_gpu_check_script_passes_the_exit_code_through(tmp_path: Path) -> None:
     if local_gpu_count() > 0:
         pytest.skip("this machine has a GPU: the check would run for real")

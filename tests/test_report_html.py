@@ -118,6 +118,7 @@ def _finding(point: str, idle: int) -> dict:
             "predicted_effect": effect}
 
 
+@pytest.mark.slow  # draws a whole report's plots: about two seconds
 def test_failed_trials_are_tolerated(tmp_path: Path) -> None:
     uri, client = _store(tmp_path)
     exp = client.create_experiment("parasweep", artifact_location=(tmp_path / "artifacts").as_uri())

@@ -17,6 +17,9 @@ from orchestrator.tracking import Tracker
 from tests.conftest import sqlite_store
 from vocab.status import RunKind, Tag
 
+# finish() draws every plot of the sweep and its HTML report (matplotlib): a second or two a test
+pytestmark = pytest.mark.slow
+
 EXPERIMENT = "finish"
 CURVE = [("c1/output_tok_s", 10.0, 1), ("c1/tpot_p50_ms", 5.0, 1),
          ("c4/output_tok_s", 30.0, 4), ("c4/tpot_p50_ms", 8.0, 4)]

@@ -195,6 +195,7 @@ def test_engine_reason_says_why(tmp_path: Path) -> None:
         assert "GPU(s)" in reason
 
 
+@pytest.mark.slow  # finish(): every plot and the report
 def test_finish_prints_where_things_are_and_keeps_the_report(predicted_sweep, monkeypatch, capsys) -> None:
     tracker, sweep_id, tmp = predicted_sweep
     sweep_dir = tmp / "sweep"

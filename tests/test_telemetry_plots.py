@@ -80,6 +80,7 @@ def test_energy_per_token(tmp_path: Path) -> None:
     assert plot_energy_per_token({"pp=2": {1: float("nan")}}, "nvml", "sweep", tmp_path / "e2.png") is None
 
 
+@pytest.mark.slow  # draws every load plot
 def test_the_load_plots_still_draw(tmp_path: Path) -> None:
     points = {1: {"output_tok_s": 50.0, "ttft_p99_ms": 30.0, "itl_p99_ms": 20.0, "tpot_p50_ms": 18.0},
               8: {"output_tok_s": 300.0, "ttft_p99_ms": 60.0, "itl_p99_ms": 25.0, "tpot_p50_ms": 22.0}}

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from analysis.diagnose import ENV_PREFIX, StepEstimate
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.config.validate import typed_config, validate
+from orchestrator.config.validate import validate
 from orchestrator.engines.sim import SimEngine
 from orchestrator.load_plan import load_points, request_spec
 from vocab.load import LoadPoint
@@ -31,14 +31,16 @@ def apply_change(cfg: ParasweepConf, change: Mapping[str, Any]) -> tuple[Paraswe
     """The config with ``change`` applied (config keys) and the engine environment it adds; raises
     ``UserError`` (via validation) when the changed config is not possible, e.g. a layout that needs
     more GPUs than the node has."""
-    conf = OmegaConf.structured(cfg)
+    conf = OmegaConf.structured(cfg)  # typed: a value of the wrong type fails here, naming the key
     env: dict[str, str] = {}
     for key, value in change.items():
         if key.startswith(ENV_PREFIX):
             env[key.removeprefix(ENV_PREFIX)] = str(value)
         else:
             OmegaConf.update(conf, key, value, merge=False)
-    changed = typed_config(conf)
+    # already typed and free of interpolations: straight back to dataclasses (a merge into a fresh
+    # schema, as for a Hydra config, would triple the cost, and advice predicts many changes per trial)
+    changed: ParasweepConf = OmegaConf.to_object(conf)  # type: ignore[assignment]
     changed.engine.name = "sim"  # predicted on the simulated engine, whatever the trial ran on
     changed.engine.time_scale = 1.0
     validate(changed)
