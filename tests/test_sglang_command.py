@@ -257,7 +257,7 @@ def _stub_python(tmp_path: Path, version: str, flags: list[str]) -> str:
 def test_preflight_reads_installed_version_and_caches_its_flags(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARASWEEP_CACHE_DIR", str(tmp_path / "cache"))
-    python = _stub_python(tmp_path, "0.5.6", [*_COMMON, "--pp-max-micro-batch-size"])
+    python = _stub_python(tmp_path, "0.5.9", [*_COMMON, "--pp-max-micro-batch-size"])
     cfg = conf(pp=2)
     cfg.engine.python = python
     cfg.pp.micro_batch_size = 4
@@ -265,13 +265,26 @@ def test_preflight_reads_installed_version_and_caches_its_flags(tmp_path: Path,
     argv = engine.argv(cfg, PORT, tmp_path)
     assert argv[:3] == [python, "-m", "sglang.launch_server"]
     assert "--pp-async-batch-depth" not in argv and "--pp-max-micro-batch-size" in argv
-    assert engine.plan_notes(cfg) == [f"sglang 0.5.6 ({python}); flags checked against its parser"]
-    cached = json.loads((tmp_path / "cache" / "sglang-flags-0.5.6.json").read_text())
-    assert cached["sglang_version"] == "0.5.6"
-    cfg.pp.async_depth = 8
+    assert engine.plan_notes(cfg) == [f"sglang 0.5.9 ({python}); flags checked against its parser"]
+    cached = json.loads((tmp_path / "cache" / "sglang-flags-0.5.9.json").read_text())
+    assert cached["sglang_version"] == "0.5.9"
+    cfg.pp.async_depth = 8  # the stub's parser lacks the flag: refused by the installed flag set
     with pytest.raises(ConfigError, match=r"^pp\.async_depth=8: invalid .*0\.5\.7"):
         engine.preflight(cfg)
     detect._TARGETS.pop(python)
+
+
+def test_a_release_older_than_the_supported_range_is_refused(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARASWEEP_CACHE_DIR", str(tmp_path / "cache"))
+    python = _stub_python(tmp_path, "0.5.3", _COMMON)
+    cfg = conf()
+    cfg.engine.python = python
+    with pytest.raises(UserError) as err:
+        get_engine("sglang").preflight(cfg)
+    message = str(err.value)
+    assert "\n" not in message and "SGLang 0.5.3" in message and "sglang>=0.5.9" in message
+    assert not (tmp_path / "cache").exists()  # nothing probed or cached for a release never launched
 
 
 def test_preflight_without_sglang_falls_back_to_recorded_flags(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from vocab.telemetry import STAGE_COLUMNS
 _LOG_FIELDS = {"running_req": "running", "queue_req": "queue", "token_usage": "token_usage",
                "gen_throughput": "gen_throughput"}
 # /metrics gauge -> stage column
-_GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queue",
+GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queue",
            "sglang:token_usage": "token_usage", "sglang:gen_throughput": "gen_throughput",
            "sglang:num_retracted_requests_total": "retracted_total"}
 _RANK_LABELS = {"dp": "dp_rank", "pp": "pp_rank", "tp": "tp_rank"}
@@ -46,11 +46,11 @@ def _from_log(log: pd.DataFrame | None) -> pd.DataFrame:
 def _from_metrics(metrics: pd.DataFrame | None) -> pd.DataFrame:
     if metrics is None or metrics.empty:
         return pd.DataFrame(columns=list(STAGE_COLUMNS))
-    rows = metrics[metrics["name"].isin(list(_GAUGES))]
+    rows = metrics[metrics["name"].isin(list(GAUGES))]
     if rows.empty:
         return pd.DataFrame(columns=list(STAGE_COLUMNS))
     labels = rows["labels"].map(json.loads)
-    frame = pd.DataFrame({"ts": rows["ts"].to_numpy(), "column": rows["name"].map(_GAUGES).to_numpy(),
+    frame = pd.DataFrame({"ts": rows["ts"].to_numpy(), "column": rows["name"].map(GAUGES).to_numpy(),
                           "value": rows["value"].to_numpy()})
     for rank, label in _RANK_LABELS.items():
         frame[rank] = [int(x.get(label, 0) or 0) for x in labels]

@@ -94,6 +94,36 @@ def _attn_dp_old_style(args: list[Arg], key: str, size: Any, cfg: ParasweepConf,
     args.append(Arg("--enable-dp-attention", [], key, size))
 
 
+def refuse_what_sglang_refuses(cfg: ParasweepConf) -> None:
+    """SGLang's own checks on values parasweep passes, made before launch so a layout SGLang would
+    refuse on the GPU node is refused here in one line. Each mirrors an assertion or error of SGLang's
+    server-argument code (recorded per release under "checks" in releases/sglang-<version>.json):
+    ':' in served_model_name (0.5.9 and 0.5.23), and attention DP's size: positive, a divisor of
+    tp_size, and never together with dp_size > 1 (0.5.23's parallel_hook.py; before 0.5.20 the same
+    holds for the --dp-size that --enable-dp-attention reinterprets)."""
+    name = cfg.model.name
+    if ":" in name:
+        raise ConfigError("model.name", name, "a name without ':'",
+                          "SGLang refuses ':' in --served-model-name (it is reserved for 'model:adapter')")
+    key, size = next(((f"server.extra_args.{k}", v) for k, v in (cfg.server.extra_args or {}).items()
+                      if canonical_name(k) == "attn_dp_size"), ("", None))
+    if size is None or size is False:
+        return
+    try:
+        groups = int(str(size))
+    except ValueError:
+        raise ConfigError(key, size, "a positive integer (attention-DP groups)") from None
+    if groups < 1:
+        raise ConfigError(key, size, "a positive integer (attention-DP groups)")
+    if groups > 1 and cfg.dp.size > 1:
+        raise ConfigError(key, size, f"1 with dp.size={cfg.dp.size}, or dp.size=1",
+                          "SGLang refuses data-parallel replicas combined with attention data parallelism")
+    if cfg.tp.size % groups:
+        raise ConfigError(key, size, f"a divisor of tp.size={cfg.tp.size}",
+                          "SGLang splits each TP group into attention-DP groups "
+                          "(tp_size % attn_dp_size == 0)")
+
+
 def _extra(args: list[Arg], cfg: ParasweepConf, version: str, flags: FlagSet | None) -> None:
     for name, value in (cfg.server.extra_args or {}).items():
         key = f"server.extra_args.{name}"
@@ -163,6 +193,7 @@ def build_args(cfg: ParasweepConf, port: int, version: str = NEWEST_KNOWN,
         Arg("--host", [HOST], "server.extra_args.host", HOST),
         Arg("--port", [str(port)], "(chosen by parasweep)", port),
     ]
+    refuse_what_sglang_refuses(cfg)
     _extra(args, cfg, version, flags)
     return _dedupe_host(args)
 

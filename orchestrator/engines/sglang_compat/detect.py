@@ -15,7 +15,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.engines.sglang_compat.versions import NEWEST_KNOWN, FlagSet, recorded_flag_set
+from orchestrator.engines.sglang_compat.versions import (
+    NEWEST_KNOWN,
+    OLDEST_SUPPORTED,
+    FlagSet,
+    recorded_flag_set,
+    supported,
+)
 from orchestrator.errors import ConfigError, UserError
 
 PROBE_TIMEOUT_S = 180.0  # importing sglang (and torch) on a cold node file system can take a while
@@ -156,6 +162,10 @@ def resolve_target(python: str) -> SGLangTarget:
         version = installed_version(python)
         if version is None:
             _TARGETS[python] = SGLangTarget(NEWEST_KNOWN, recorded_flag_set(NEWEST_KNOWN), False, python)
+        elif not supported(version):
+            raise UserError(f"engine.python={python} has SGLang {version}; parasweep launches SGLang "
+                            f"{OLDEST_SUPPORTED} to {NEWEST_KNOWN} (older releases serve no /server_info "
+                            f"and label metrics without pipeline stages): install sglang>={OLDEST_SUPPORTED}")
         else:
             _TARGETS[python] = SGLangTarget(version, flag_set(python, version), True, python)
     return _TARGETS[python]

@@ -1,8 +1,10 @@
-"""What differs between SGLang versions on the command line: flag spellings, and the flag set itself.
+"""What differs between SGLang versions: flag spellings, the flag set itself, and the facts of each
+recorded release (routes, metrics, environment variables) the adapter relies on.
 
-The facts, read from SGLang's own argument parsers, are summarised in docs/sglang-adapter.md. Where the
-exact release of a change is unknown (a gap between two versions that were checked), the installed
-flag set decides; the version thresholds are only the fallback when no flag set is at hand.
+The facts were read from SGLang's released wheels by ``scripts/sglang_facts.py`` and are committed in
+``releases/sglang-<version>.json``; docs/sglang-adapter.md summarises them. Where the exact release of
+a change is unknown (a gap between two versions that were checked), the installed flag set decides;
+the version thresholds are only the fallback when no flag set is at hand.
 """
 
 from __future__ import annotations
@@ -14,7 +16,13 @@ from importlib import resources
 
 Version = tuple[int, ...]
 
-NEWEST_KNOWN = "0.5.23"  # the newest SGLang whose flag set is recorded in this package
+NEWEST_KNOWN = "0.5.23"  # the newest SGLang whose facts are recorded in this package
+# The oldest release parasweep launches. Older ones differ where a trial cannot work around it: 0.5.3
+# and 0.4.6.post5 serve no /server_info (only /get_server_info), stamp their logs to the second (no
+# SGLANG_LOG_MS), and 0.4.6.post5 answers /health before warm-up and labels its scheduler metrics
+# without pp_rank, so every PP stage would collapse into one series.
+OLDEST_SUPPORTED = "0.5.9"
+RECORDED = ("0.5.9", "0.5.23")  # releases/sglang-<v>.json of the supported range (older ones: evidence)
 
 
 def parse_version(text: str) -> Version:
@@ -101,10 +109,42 @@ class FlagSet:
         return cls(str(data["sglang_version"]), options, takes, source or str(data.get("how", "")))
 
 
+@dataclass(frozen=True)
+class ReleaseFacts:
+    """What one SGLang release offers, as read from its wheel (``scripts/sglang_facts.py``)."""
+
+    version: str
+    flags: FlagSet
+    routes: dict[str, list[str]]  # path -> methods
+    metrics: dict[str, dict[str, object]]  # exposed name -> {"type", "labelnames"}
+    scheduler_labels: list[str]  # the labels on every scheduler metric
+    env: list[str]  # SGLANG_* variables the release reads
+
+    @classmethod
+    def load(cls, version: str) -> ReleaseFacts:
+        path = resources.files(__package__).joinpath(f"releases/sglang-{version}.json")
+        data = json.loads(path.read_text())
+        flags = FlagSet.from_json({"sglang_version": data["sglang_version"], "actions": data["flags"]},
+                                  source=f"recorded flag set of SGLang {version} (read from {data['wheel']})")
+        return cls(version, flags, data["routes"], data["metrics"]["series"],
+                   data["metrics"]["scheduler_labels"], data["env"])
+
+
+def release_facts(version: str) -> ReleaseFacts:
+    """The recorded release that stands for ``version``: the newest recorded one at or below it (a
+    release between two recorded ones behaves like the older of them until it is recorded itself)."""
+    v = parse_version(version)
+    eligible = [r for r in RECORDED if parse_version(r) <= v]
+    return ReleaseFacts.load(eligible[-1] if eligible else RECORDED[0])
+
+
 def recorded_flag_set(version: str = NEWEST_KNOWN) -> FlagSet:
-    """A flag set recorded in this package (only NEWEST_KNOWN is): the fallback where SGLang is absent."""
-    text = resources.files(__package__).joinpath(f"flags-{version}.json").read_text()
-    return FlagSet.from_json(json.loads(text), source=f"recorded flag set of SGLang {version}")
+    """The recorded flag set of a release in ``RECORDED``: the fallback where SGLang is absent."""
+    return ReleaseFacts.load(version).flags
+
+
+def supported(version: str) -> bool:
+    return parse_version(version) >= parse_version(OLDEST_SUPPORTED)
 
 
 def spelling(canonical: str, version: str, flags: FlagSet | None) -> str | None:

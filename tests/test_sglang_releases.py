@@ -1,0 +1,163 @@
+"""The SGLang adapter against what the releases themselves offer.
+
+``orchestrator/engines/sglang_compat/releases/sglang-<version>.json`` were read from SGLang's released
+wheels by ``scripts/sglang_facts.py`` (flags, HTTP routes, Prometheus metrics and labels, SGLANG_*
+variables, server-argument checks; each file names its wheel and SHA-256). These tests check every
+route, flag, metric and variable the adapter uses against each supported release, and that the layouts
+SGLang refuses are refused before launch, in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.engines.sglang_compat import args_to_argv, build_args, check_args
+from orchestrator.engines.sglang_compat.versions import (
+    OLDEST_SUPPORTED,
+    RECORDED,
+    ReleaseFacts,
+    release_facts,
+    supported,
+)
+from orchestrator.errors import ConfigError
+from orchestrator.telemetry.stage_series import GAUGES
+from vocab.hardware import load_hardware
+from vocab.load import ENDPOINTS
+
+ROOT = Path(__file__).resolve().parents[1]
+RELEASES = ROOT / "orchestrator" / "engines" / "sglang_compat" / "releases"
+SUPPORTED = [release_facts(v) for v in RECORDED]
+# the routes a trial asks the engine for: readiness and liveness (process/server.py, process/health.py),
+# the resolved configuration (trial/session.py), the metrics scrape, the model list (workloads/backend.py)
+# and the three load endpoints
+ROUTES_USED = {"/health": "GET", "/server_info": "GET", "/metrics": "GET", "/v1/models": "GET",
+               **{path: "POST" for path in ENDPOINTS.values()}}
+# what the adapter sets in the engine's environment or reads from it
+ENV_USED = ("SGLANG_LOG_MS", "SGLANG_PP_LAYER_PARTITION", "SGLANG_LOG_FORWARD_ITERS",
+            "SGLANG_HEALTH_CHECK_TIMEOUT", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION")
+
+
+def _ids(facts: list[ReleaseFacts]) -> list[str]:
+    return [f.version for f in facts]
+
+
+def test_the_static_reading_matches_the_parser_the_release_builds() -> None:
+    # tests/data/sglang/flags-0.5.23-imported.json: SGLang 0.5.23 installed (no deps) and its own
+    # ServerArgs.add_cli_args run on an argparse parser; the static reading must give the same set
+    imported = json.loads((ROOT / "tests" / "data" / "sglang" / "flags-0.5.23-imported.json").read_text())
+    static = json.loads((RELEASES / "sglang-0.5.23.json").read_text())["flags"]
+    as_set = {(tuple(a["options"]), a["dest"], a["takes_value"]) for a in imported["actions"]}
+    assert {(tuple(a["options"]), a["dest"], a["takes_value"]) for a in static} == as_set
+    assert len(as_set) == 532
+
+
+def test_every_record_names_its_wheel_and_the_supported_range_is_recorded() -> None:
+    for path in sorted(RELEASES.glob("sglang-*.json")):
+        data = json.loads(path.read_text())
+        assert path.name == f"sglang-{data['sglang_version']}.json"
+        assert data["wheel"].startswith(f"sglang-{data['sglang_version']}-")
+        assert len(data["wheel_sha256"]) == 64
+    assert RECORDED[0] == OLDEST_SUPPORTED and all(supported(v) for v in RECORDED)
+    assert release_facts("0.5.15").version == "0.5.9"  # between two records: the older one stands in
+    assert release_facts("0.6.0").version == RECORDED[-1]
+
+
+@pytest.mark.parametrize("facts", SUPPORTED, ids=_ids(SUPPORTED))
+def test_every_route_the_adapter_uses_is_served(facts: ReleaseFacts) -> None:
+    missing = {p: m for p, m in ROUTES_USED.items() if m not in facts.routes.get(p, [])}
+    assert not missing, f"SGLang {facts.version} does not serve {missing}"
+
+
+def test_the_releases_below_the_range_lack_what_a_trial_needs() -> None:
+    # why they are refused: no /server_info (every trial would fail right after the start), and 0.4.6's
+    # scheduler metrics carry no pp_rank (every PP stage would collapse into one series)
+    for version in ("0.5.3", "0.4.6.post5"):
+        facts = ReleaseFacts.load(version)
+        assert not supported(version)
+        assert "/server_info" not in facts.routes and "/get_server_info" in facts.routes
+        assert "SGLANG_LOG_MS" not in facts.env
+    assert "pp_rank" not in ReleaseFacts.load("0.4.6.post5").scheduler_labels
+
+
+@pytest.mark.parametrize("facts", SUPPORTED, ids=_ids(SUPPORTED))
+def test_every_metric_the_stage_series_reads_exists_with_a_stage_label(facts: ReleaseFacts) -> None:
+    missing = [name for name in GAUGES if name not in facts.metrics]
+    assert not missing, f"SGLang {facts.version} exports none of {missing}"
+    assert {"pp_rank", "tp_rank", "model_name"} <= set(facts.scheduler_labels)
+    assert facts.metrics["sglang:num_retracted_requests_total"]["type"] == "counter"
+
+
+@pytest.mark.parametrize("facts", SUPPORTED, ids=_ids(SUPPORTED))
+def test_every_variable_the_adapter_sets_is_read_by_the_release(facts: ReleaseFacts) -> None:
+    assert [v for v in ENV_USED if v not in facts.env] == []
+
+
+def _conf(model: str, hardware: str, tp: int = 1, pp: int = 1, ep: int = 1, dp: int = 1,
+          **extra: object) -> ParasweepConf:
+    cfg = ParasweepConf()
+    cfg.engine.name = "sglang"
+    cfg.model.name, cfg.model.path = model, f"models/{model}"
+    cfg.hardware = load_hardware(hardware)
+    cfg.tp.size, cfg.pp.size, cfg.ep.size, cfg.dp.size = tp, pp, ep, dp
+    cfg.server.extra_args = dict(extra)
+    return cfg
+
+
+LAYOUTS = {
+    "TP8": _conf("llama-3.1-70b", "h100-sxm-x8", tp=8),
+    "PP8": _conf("kimi-k2", "rtx-pro-6000-pcie-x8", pp=8),
+    "EP8": _conf("kimi-k2", "h200-nvlink-x8", tp=8, ep=8),
+    "DP2xTP4": _conf("llama-3.1-70b", "h100-sxm-x8", tp=4, dp=2),
+    "attention DP": _conf("kimi-k2", "h200-nvlink-x8", tp=8, attn_dp_size=8),
+}
+
+
+@pytest.mark.parametrize("facts", SUPPORTED, ids=_ids(SUPPORTED))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layouts_build_argv_every_supported_release_accepts(facts: ReleaseFacts, layout: str) -> None:
+    args = check_args(build_args(LAYOUTS[layout], 30000, facts.version, facts.flags), facts.flags,
+                      facts.version)
+    argv = args_to_argv(args)
+    assert all(facts.flags.dest(a) for a in argv if a.startswith("--"))  # exact flags of that release
+    if layout == "attention DP":  # spelt per release: --attn-dp-size from 0.5.20, before as DP groups
+        expected = ["--attn-dp-size", "8"] if "--attn-dp-size" in facts.flags else ["--dp-size", "8"]
+        assert argv[argv.index(expected[0]):argv.index(expected[0]) + 2] == expected
+        assert ("--enable-dp-attention" in argv) == ("--attn-dp-size" not in facts.flags)
+
+
+@pytest.mark.parametrize(("cfg", "key", "why"), [
+    # SGLang 0.5.23 parallel_hook.py: "data-parallel replicas combined with attention data parallelism
+    # are not supported"
+    (_conf("kimi-k2", "h200-nvlink-x8", tp=4, dp=2, attn_dp_size=2), "server.extra_args.attn_dp_size",
+     "replicas combined with attention data parallelism"),
+    # assert cfg.tp_size % cfg.attn_dp_size == 0
+    (_conf("kimi-k2", "h200-nvlink-x8", tp=8, attn_dp_size=3), "server.extra_args.attn_dp_size",
+     "tp_size % attn_dp_size"),
+    (_conf("kimi-k2", "h200-nvlink-x8", tp=8, attn_dp_size=0), "server.extra_args.attn_dp_size", "positive"),
+    # validation_hook.py / server_args.py: served_model_name cannot contain a colon
+    (_conf("llama-3.1-8b", "h100-sxm-x8"), "model.name", "':'"),
+])
+def test_layouts_sglang_refuses_are_refused_in_one_line(cfg: ParasweepConf, key: str, why: str) -> None:
+    if key == "model.name":
+        cfg.model.name = "llama:8b"
+    for facts in SUPPORTED:
+        with pytest.raises(ConfigError) as err:
+            build_args(cfg, 30000, facts.version, facts.flags)
+        message = str(err.value)
+        assert message.startswith(f"{key}=") and "\n" not in message and why in message, message
+
+
+def test_the_checks_mirrored_are_the_releases_own() -> None:
+    # the refusals above stand for these lines of SGLang's source (recorded under "checks")
+    checks = {v: " ".join(c["source"] for c in
+                          json.loads((RELEASES / f"sglang-{v}.json").read_text())["checks"])
+              for v in RECORDED}
+    assert "assert cfg.tp_size % cfg.attn_dp_size == 0" in checks["0.5.23"]
+    assert "if cfg.attn_dp_size > 1 and cfg.dp_size > 1: raise ValueError(" in checks["0.5.23"]
+    assert 'assert ":" not in cfg.served_model_name' in checks["0.5.23"]
+    assert 'assert ":" not in self.served_model_name' in checks["0.5.9"]
+    assert "assert self.tp_size % self.dp_size == 0" in checks["0.5.9"]
