@@ -50,6 +50,14 @@ def process_group_pids(pgid: int) -> set[int]:
     return pids
 
 
+def _nvml_errors(nvml: Any) -> tuple[type[BaseException], ...]:
+    """What pynvml raises for a failed call: its ``NVMLError`` family, and ``NVMLLibraryMismatchError``
+    (not an ``NVMLError``), which the process listings raise where the driver lacks their versioned
+    symbol. A check that cannot look must warn, never end the trial or hide its real error."""
+    mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
+    return (nvml.NVMLError, mismatch) if isinstance(mismatch, type) else (nvml.NVMLError,)
+
+
 def _handles(nvml: Any, cuda_visible_devices: str | None, warnings: list[str]) -> list[tuple[str, Any]]:
     """(label, NVML handle) for every device the trial could see; the others become warnings."""
     out = []
@@ -104,11 +112,11 @@ def _wait_free(cuda_visible_devices: str | None, timeout_s: float, pids: set[int
                 on_busy(busy)
                 on_busy = None
             sleep(poll_s)
-    except nvml.NVMLError as exc:
+    except _nvml_errors(nvml) as exc:
         warnings.append(f"NVML failed while checking the GPUs' processes: {exc}")
         return {}
     finally:
-        with contextlib.suppress(nvml.NVMLError):
+        with contextlib.suppress(*_nvml_errors(nvml)):
             nvml.nvmlShutdown()
 
 

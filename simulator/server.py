@@ -114,7 +114,7 @@ class SimServer:
         for state, rep in zip(info["internal_states"], self.replicas, strict=True):
             state["last_gen_throughput"] = rep.last_gen_throughput
             state["effective_max_running_requests_per_dp"] = rep.admission.pool_size
-        info["pp_max_micro_batch_size"] = self.replicas[0].admission.cap
+            state["pp_max_micro_batch_size"] = rep.admission.cap  # /set_internal_state may change it
         # Wall-clock epoch of simulated t = 0: wall = sim_wall_origin + t / sim_time_scale. With
         # meta_info.sim_token_time a client can compare each chunk's arrival to the model's schedule.
         info["sim_wall_origin"] = self.driver.wall(0.0)

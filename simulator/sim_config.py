@@ -82,7 +82,9 @@ class SimConfig:
             "dp_size": self.dp,
             "moe_a2a_backend": a.moe_a2a_backend,
             "pp_async_batch_depth": self.depth,
-            "pp_max_micro_batch_size": self.pp_max_micro_batch_size,
+            # as SGLang 0.5.23 reports them: the raw inputs at the top level (null unless set), the
+            # values resolved at start-up in internal_states and cuda_graph_config
+            "pp_max_micro_batch_size": a.pp_max_micro_batch_size,
             "max_running_requests": self.max_running_requests,
             "max_queued_requests": a.max_queued_requests,
             "max_total_tokens": a.max_total_tokens,
@@ -94,7 +96,8 @@ class SimConfig:
             "page_size": a.page_size or 1,
             "disable_radix_cache": a.disable_radix_cache,
             "disable_cuda_graph": self.disable_cuda_graph,
-            "cuda_graph_max_bs_decode": self.cuda_graph_max_bs_decode,
+            "cuda_graph_max_bs_decode": a.cuda_graph_max_bs_decode,
+            "cuda_graph_config": {"decode": {"max_bs": self.cuda_graph_max_bs_decode}},
             "attention_backend": self.attention_backend,
             "host": a.host,
             "port": a.port,
@@ -122,6 +125,7 @@ class SimConfig:
         info["internal_states"] = [
             {
                 "effective_max_running_requests_per_dp": self.max_running_requests,
+                "pp_max_micro_batch_size": self.pp_max_micro_batch_size,
                 "last_gen_throughput": 0.0,
                 "memory_usage": {
                     "weight": round(s0.weight_bytes / GIB, 2),

@@ -14,6 +14,8 @@ so tests can see what was (not) retried.
 
 from __future__ import annotations
 
+import inspect
+import re
 import types
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,7 +37,12 @@ NAMES: tuple[str, ...] = (
     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetClockInfo", "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
     "nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetComputeRunningProcesses", "NVMLLibraryMismatchError",
 )
+# The calls real pynvml wraps in throwOnVersionMismatch: where the driver lacks the versioned symbol
+# (NVML_ERROR_FUNCTION_NOT_FOUND) they raise NVMLLibraryMismatchError, which is not an NVMLError.
+# Read from the installed module's own source, so the stand-in follows the release in use.
+VERSION_CHECKED = frozenset(re.findall(r"@throwOnVersionMismatch\s*\ndef (\w+)", inspect.getsource(pynvml)))
 
 POWER, ENERGY = pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
 PCIE_TX, PCIE_RX = pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
@@ -64,6 +71,7 @@ class FakeGpu:
     mem_total: int = 80 << 30
     temp_c: int = 40
     reasons: int = 0
+    pids: list[int] = field(default_factory=list)  # compute processes on the GPU
     # pynvml function names that raise NVMLError_NotSupported, and field ids answered NOT_SUPPORTED
     unsupported: set[str | int] = field(default_factory=set)
     # pynvml function name -> the NVML return code it fails with (GPU_IS_LOST, say), until removed
@@ -91,7 +99,11 @@ class FakeNvml:
         if gpu is not None and name in gpu.unsupported:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if gpu is not None and name in gpu.failing:
-            raise nvml_error(gpu.failing[name])
+            code = gpu.failing[name]
+            if code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND and name in VERSION_CHECKED:
+                raise pynvml.NVMLLibraryMismatchError(f"{name}: unversioned function called and the "
+                                                      "pyNVML version does not match the NVML lib version")
+            raise nvml_error(code)
 
     # -- library ----------------------------------------------------------------------------------
 
@@ -185,6 +197,10 @@ class FakeNvml:
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, gpu: FakeGpu) -> int:
         self._enter("nvmlDeviceGetCurrentClocksThrottleReasons", gpu)
         return gpu.reasons
+
+    def nvmlDeviceGetComputeRunningProcesses(self, gpu: FakeGpu) -> list[Any]:
+        self._enter("nvmlDeviceGetComputeRunningProcesses", gpu)
+        return [types.SimpleNamespace(pid=p, usedGpuMemory=1 << 30) for p in gpu.pids]
 
     def nvmlDeviceGetTemperatureV(self, gpu: FakeGpu, sensor: int) -> int:
         self._enter("nvmlDeviceGetTemperatureV", gpu)

@@ -17,7 +17,17 @@ from orchestrator.telemetry import gpu_check
 from orchestrator.telemetry.gpu_sampler import GpuSampler, read_gpu_samples
 from orchestrator.telemetry.nvml_source import DeviceMatch, NvmlReader, NvmlUnavailable, visible_devices
 from tests.conftest import ROOT
-from tests.fake_nvml import ENERGY, NAMES, PCIE_RX, PCIE_TX, POWER, FakeGpu, FakeNvml, nvml_error
+from tests.fake_nvml import (
+    ENERGY,
+    NAMES,
+    PCIE_RX,
+    PCIE_TX,
+    POWER,
+    VERSION_CHECKED,
+    FakeGpu,
+    FakeNvml,
+    nvml_error,
+)
 from vocab.telemetry import GPU_COLUMNS, GpuSource
 from workloads.clock import now
 
@@ -352,3 +362,24 @@ def test_gpu_check_phases_follow_a_load_seen_through_the_sampler(tmp_path: Path)
     assert len(flat) == 2 and "power did not rise" in flat[0] and "utilisation did not rise" in flat[1]
     stuck = gpu_check.Phase("load", 2.0, 20, 600.0, 100.0, 0.0)
     assert gpu_check.failures(idle, stuck) == ["the energy counter did not grow under load (0.0 J)"]
+
+
+# -- the GPU check before a launch (orchestrator/gpu_release.py) against the strict stand-in -----------
+
+def test_a_driver_without_the_versioned_process_call_only_warns() -> None:
+    # real pynvml wraps nvmlDeviceGetComputeRunningProcesses in throwOnVersionMismatch: on a driver
+    # without its _v3 symbol it raises NVMLLibraryMismatchError, which is not an NVMLError
+    from orchestrator.errors import EngineStartError
+    from orchestrator.gpu_release import ensure_gpus_free
+
+    assert "nvmlDeviceGetComputeRunningProcesses" in VERSION_CHECKED
+    gpus = [FakeGpu(UUIDS[0], pids=[4242]), FakeGpu(UUIDS[1])]
+    fake = FakeNvml(gpus)
+    with pytest.raises(EngineStartError, match="pids 4242"):  # the call works: a busy GPU is refused
+        ensure_gpus_free("0,1", 0.0, nvml=fake.module())
+    gpus[0].failing["nvmlDeviceGetComputeRunningProcesses"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    with pytest.raises(pynvml.NVMLLibraryMismatchError):  # what the stand-in raises, as the module does
+        fake.module().nvmlDeviceGetComputeRunningProcesses(gpus[0])
+    warnings = ensure_gpus_free("0,1", 0.0, nvml=fake.module())
+    assert len(warnings) == 1 and "pyNVML version does not match" in warnings[0], warnings
+    assert fake.calls["nvmlShutdown"] == 2  # shut down on both paths

@@ -102,14 +102,27 @@ def test_startup_log_0_5_9() -> None:
 
 def test_merge_resolved_prefers_server_info_and_internal_states() -> None:
     startup = resolved_from_startup_log((DATA / "startup-0.5.23.log").read_text())
+    # the shape of 0.5.23's /server_info: inputs left unset read null at the top level; the
+    # scheduler's copy of the arguments (internal_states) carries what it set at start-up, and the
+    # resolved CUDA-graph size is nested in cuda_graph_config
     info = {"max_running_requests": None, "pp_size": 2, "attention_backend": "fa3", "tp_size": 2,
             "chunked_prefill_size": 8192, "pp_max_micro_batch_size": None, "version": "0.5.23",
-            "internal_states": [{"effective_max_running_requests_per_dp": 60}]}
+            "cuda_graph_max_bs_decode": None, "cuda_graph_config": {"decode": {"max_bs": 64}},
+            "internal_states": [{"effective_max_running_requests_per_dp": 60, "pp_max_micro_batch_size": 30}]}
     r = merge_resolved(info, startup)
     assert r["max_running_requests"] == 60  # the scheduler's enforced value wins
-    assert r["pp_max_micro_batch_size"] == 30  # max_running_requests // pp_size, as SGLang sets it
+    assert r["pp_max_micro_batch_size"] == 30
+    assert r["cuda_graph_max_bs_decode"] == 64
     assert r["version"] == "0.5.23" and r["tp_size"] == 2
     assert r["cuda_graph_bs_decode"][-1] == 64  # from the log: /server_info has no capture list
+    # 0.5.9: internal_states is vars(server_args) after the scheduler's start-up (scheduler.py,
+    # get_internal_state) and the resolved decode size is the top-level cuda_graph_max_bs
+    old = merge_resolved({"cuda_graph_max_bs": 48, "pp_max_micro_batch_size": None,
+                          "internal_states": [{"pp_max_micro_batch_size": 12}]}, {})
+    assert old == {"cuda_graph_max_bs_decode": 48, "pp_max_micro_batch_size": 12}
+    # a size the user set stays as set
+    assert merge_resolved({"cuda_graph_max_bs_decode": 16, "cuda_graph_config": {"decode": {"max_bs": 16}}},
+                          {})["cuda_graph_max_bs_decode"] == 16
     params = resolved_params(r)
     assert params["resolved.cuda_graph_bs_decode"] == "1,2,4,8,12,16,24,32,40,48,56,64"
     assert params["resolved.available_gpu_mem_gb_by_stage"] == "PP0=18.9;PP1=17.4"

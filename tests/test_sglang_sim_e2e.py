@@ -52,10 +52,14 @@ def test_sim_engine_readiness_resolved_config_and_log_series(tmp_path: Path) -> 
         "effective_max_running_requests_per_dp"] == 16
     assert resolved["pp_size"] == 2 and resolved["tp_size"] == 2 and resolved["pp_async_batch_depth"] == 1
     assert resolved["max_total_num_tokens"] == info["max_total_num_tokens"]
-    assert resolved["cuda_graph_bs_decode"][-1] == info["cuda_graph_max_bs_decode"]
+    # as 0.5.23 reports it: the raw input (unset) at the top level, the resolved size nested
+    assert info["cuda_graph_max_bs_decode"] is None
+    assert resolved["cuda_graph_bs_decode"][-1] == info["cuda_graph_config"]["decode"]["max_bs"]
+    assert resolved["cuda_graph_max_bs_decode"] == info["cuda_graph_config"]["decode"]["max_bs"]
     assert resolved["attention_backend"] == info["attention_backend"]
     assert resolved["decode_log_interval"] == 3
-    assert resolved["pp_max_micro_batch_size"] == info["pp_max_micro_batch_size"]
+    assert info["pp_max_micro_batch_size"] is None  # unset input; the scheduler's copy has the value
+    assert resolved["pp_max_micro_batch_size"] == info["internal_states"][0]["pp_max_micro_batch_size"] == 8
     assert resolved["version"] == "0.5.23"
     assert all(k.startswith("resolved.") and isinstance(v, str) for k, v in resolved_params(resolved).items())
 

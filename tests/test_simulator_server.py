@@ -199,8 +199,9 @@ def test_server_info_resolves_sglang_auto_defaults(kimi_pp8: Server) -> None:
     # is below its floor of 2048 (and 2048 is under half the pool); the per-slot cap is 2048 // 8.
     assert 4096 < cap_tokens < 4 * ctx
     assert info["max_running_requests"] == 2048
-    assert info["pp_max_micro_batch_size"] == 256
     state = info["internal_states"][0]
+    # SGLang 0.5.23's places: the unset input null at the top level, the scheduler's value in its state
+    assert info["pp_max_micro_batch_size"] is None and state["pp_max_micro_batch_size"] == 256
     assert state["effective_max_running_requests_per_dp"] == 2048
     assert state["memory_usage"]["token_capacity"] == cap_tokens
     assert set(state["memory_usage"]) == {"weight", "kvcache", "token_capacity", "graph"}

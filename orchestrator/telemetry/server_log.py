@@ -209,20 +209,32 @@ RESOLVED_KEYS = ("max_running_requests", "pp_max_micro_batch_size", "chunked_pre
 def merge_resolved(server_info: Mapping[str, Any], startup: Mapping[str, Any],
                    keys: Iterable[str] = RESOLVED_KEYS) -> dict[str, Any]:
     """One ``resolved`` dict: the startup log's values, overridden by ``/server_info`` where it has a
-    non-null value, and the scheduler's enforced request cap from ``internal_states`` above both."""
+    non-null value, then the values the engine resolved after its arguments were published, which
+    ``/server_info`` reports elsewhere than at the top level (docs/sglang-adapter.md, "/server_info"):
+
+    - ``internal_states[0]``: the PP-rank-0 scheduler's own copy of the arguments, with what it set at
+      start-up (``pp_max_micro_batch_size``; the top-level copy stays null unless the user set it) and
+      the request cap it enforces per DP worker (``effective_max_running_requests_per_dp``);
+    - the decode CUDA-graph batch size: ``cuda_graph_config.decode.max_bs`` in 0.5.23 (the top-level
+      ``cuda_graph_max_bs_decode`` is the raw input, null unless set), ``cuda_graph_max_bs`` in 0.5.9.
+    """
     resolved: dict[str, Any] = dict(startup)
     for key in keys:
         if server_info.get(key) is not None:
             resolved[key] = server_info[key]
     states = server_info.get("internal_states") or [{}]
-    effective = states[0].get("effective_max_running_requests_per_dp") if states else None
+    state = states[0] if states and isinstance(states[0], Mapping) else {}
+    if state.get("pp_max_micro_batch_size") is not None:
+        resolved["pp_max_micro_batch_size"] = state["pp_max_micro_batch_size"]
+    effective = state.get("effective_max_running_requests_per_dp")
     if effective is not None:  # the value the scheduler actually enforces (per DP worker)
         resolved["max_running_requests"] = effective
-    mrr, pp = resolved.get("max_running_requests"), resolved.get("pp_size") or 1
-    if resolved.get("pp_max_micro_batch_size") is None and isinstance(mrr, int):
-        # set at scheduler init, after /server_info's copy of the args was taken
-        # (docs/sglang-adapter.md, "Auto-defaults")
-        resolved["pp_max_micro_batch_size"] = max(mrr // int(pp), 1)
+    graph = server_info.get("cuda_graph_config")
+    nested = graph.get("decode", {}).get("max_bs") if isinstance(graph, Mapping) else None
+    for value in (nested, server_info.get("cuda_graph_max_bs")):
+        if value is not None and server_info.get("cuda_graph_max_bs_decode") is None:
+            resolved["cuda_graph_max_bs_decode"] = value
+            break
     return resolved
 
 
