@@ -47,7 +47,10 @@ LOG_KEYWORDS = ("Decode batch", "Prefill batch", "KV Cache is allocated", "KV Ca
                 "max_running_requests", "max_total_num_tokens", "Capture cuda graph", "CUDA graph end",
                 "cuda graph", "musa graph", "expert parallel size", "Attention backend not specified",
                 "incompatible with overlap schedule", "breakable prefill", "fired up and ready to roll",
-                "Load weight end", "token usage", "mamba usage")
+                "Load weight end", "token usage", "mamba usage",
+                # lines assembled from placeholders ("{cache_name} {'...' if ... else 'is allocated'}.
+                # dtype: ..., #tokens: ...", "Capture {name} {graph} end. bs=..."): their fixed parts
+                "#tokens:", "end. bs=", "graph bs", " begin. backend=")
 # server-argument checks that constrain what the adapter sets: kept when their source mentions one
 CHECK_WORDS = ("attn_dp_size", "dp_size", "tp_size", "pp_size", "ep_size", "moe_dp_size",
                "enable_dp_attention", "served_model_name", "pp_max_micro_batch_size", "pp_async_batch_depth")
@@ -328,20 +331,25 @@ def _scheduler_labels(files: dict[str, str]) -> dict[str, list[str]]:
 
 # ---- log format strings ------------------------------------------------------------------------------
 
+def _skeleton(node: ast.AST) -> str:
+    """A format string's fixed text, each placeholder as ``{}`` (implicitly joined pieces are one)."""
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
+
+
 def log_formats(files: dict[str, str]) -> list[dict[str, str]]:
     found = set()
     for path, text in files.items():
-        if not path.startswith("sglang/srt/") or not any(k in text for k in LOG_KEYWORDS):
+        if not path.startswith("sglang/srt/"):
             continue
         tree = _tree(path, text)
         if tree is None:
             continue
         for node in ast.walk(tree):
-            text_node = isinstance(node, ast.Constant) and isinstance(node.value, str)
-            if isinstance(node, ast.JoinedStr) or text_node:
-                segment = _segment(text, node)
-                if any(k in segment for k in LOG_KEYWORDS) and len(segment) < 2000:
-                    found.add((path, " ".join(segment.split())))
+            skeleton = _skeleton(node)
+            if skeleton and len(skeleton) < 2000 and any(k in skeleton for k in LOG_KEYWORDS):
+                found.add((path, " ".join(_segment(text, node).split())))
     return [{"file": f, "source": s} for f, s in sorted(found)]
 
 

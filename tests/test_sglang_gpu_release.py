@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -152,3 +153,26 @@ def test_launch_check_on_free_gpus_and_without_nvml() -> None:
     start = time.monotonic()
     assert ensure_gpus_free("0", 60) == []  # the real pynvml: no driver on this machine
     assert time.monotonic() - start < 5
+
+
+_SLOW_HEALTH = """
+import http.server, sys, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(2.5)  # longer than a 2 s client timeout, well within SGLang's own 20 s check
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_readiness_waits_for_a_health_answer_as_slow_as_sglangs_own_check(tmp_path: Path) -> None:
+    from orchestrator.process.server import ServerProcess, free_port
+
+    port = free_port("127.0.0.1")
+    with ServerProcess([sys.executable, "-c", _SLOW_HEALTH, str(port)], tmp_path / "server.log", "127.0.0.1",
+                       port, stop_grace_s=2.0) as server:
+        server.wait_ready(20)  # every answer takes 2.5 s: a client that gave up at 2 s never saw one
+        assert server.proc is not None and server.proc.poll() is None

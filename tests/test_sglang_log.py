@@ -18,6 +18,7 @@ from orchestrator.telemetry.server_log import (
     server_log_frame,
     stage_series,
 )
+from tests.sglang_render import format_strings, render
 
 DATA = Path(__file__).parent / "data" / "sglang"
 CASES = yaml.safe_load((DATA / "batch-lines.yaml").read_text())
@@ -91,13 +92,85 @@ def test_startup_log_0_5_23_pp2() -> None:
     assert r["ready_logged"] is True
 
 
-def test_startup_log_0_5_9() -> None:
-    r = resolved_from_startup_log((DATA / "startup-0.5.9.log").read_text())
+# ---- start-up lines rendered from each release's own format strings (tests/sglang_render.py)
+
+STAMP = "[2026-12-01 10:00:00.123 TP0] "  # SGLang's prefix with SGLANG_LOG_MS=1 (0.5.9 and 0.5.23)
+# placeholders whose expression is long, by the release's own source text
+MEM_KIND = "'available_cpu_mem' if self.device == 'cpu' else 'available_gpu_mem'"
+KV_PHASE = "'VA upper bound' if self.post_capture_active else 'is allocated'"
+GRAPH_KIND = "graph_backend[model_runner.device]"
+
+
+def _line(version: str, anchor: str, values: dict[str, object] | None = None,
+          percent: tuple[object, ...] = (), file: str = "") -> str:
+    found = format_strings(version, anchor, file)
+    assert found, f"SGLang {version} has no log line with {anchor!r}"
+    return STAMP + render(found[0], values, percent)
+
+
+def test_startup_facts_from_0_5_9s_own_format_strings() -> None:
+    v = "0.5.9"
+    lines = [
+        _line(v, "backend by default", {"self.attention_backend": "flashinfer"}),
+        _line(v, "Load weight end", {"time.perf_counter() - tic_total": 3.2, "type(self.model).__name__":
+                                     "LlamaForCausalLM", "self.dtype": "torch.bfloat16",
+                                     "after_avail_memory": 60.1, "self.weight_load_mem_usage": 15.02}),
+        _line(v, "#tokens: {}, K size", {"num_tokens": 350000, "k_size_GB": 20.0, "v_size_GB": 20.0}),
+        _line(v, "Capture cuda graph bs", {"self.capture_bs": [1, 2, 4, 8, 12, 16, 24, 32]}),
+        _line(v, "The expert parallel size is adjusted", {"self.tp_size": 8}, file="server_args.py"),
+        _line(v, "max_prefill_tokens=", {"self.max_total_num_tokens": 350000,
+                                         "self.server_args.chunked_prefill_size": 8192,
+                                         "self.max_prefill_tokens": 16384, "self.max_running_requests": 2048,
+                                         "self.model_config.context_len": 131072,
+                                         MEM_KIND: "available_gpu_mem", "avail_mem": 18.5},
+              file="scheduler.py"),
+        _line(v, "fired up and ready to roll"),
+    ]
+    r = resolved_from_startup_log("\n".join(lines))
+    assert r["attention_backend"] == "flashinfer" and r["weight_mem_gb_max"] == pytest.approx(15.02)
+    assert r["kv_cache_tokens"] == 350000 and "kv_cache_dtype" not in r  # 0.5.9 does not log the dtype
     assert r["cuda_graph_bs_decode"] == [1, 2, 4, 8, 12, 16, 24, 32]
-    assert r["max_running_requests"] == 2048 and r["max_running_requests_requested"] == 4096
-    assert r["attention_backend"] == "flashinfer"
-    assert r["kv_cache_tokens"] == 350000 and "kv_cache_dtype" not in r
-    assert "disable_overlap_schedule" not in r
+    assert r["ep_size"] == 8 and "ep_size_requested" not in r  # 0.5.9 does not say what was asked for
+    assert r["max_running_requests"] == 2048 and r["max_total_num_tokens"] == 350000
+    assert r["available_gpu_mem_gb"] == pytest.approx(18.5) and r["ready_logged"] is True
+    # 0.5.9 never says that it lowered max_running_requests: only /server_info's internal state can
+    assert format_strings(v, "max_running_requests was reduced") == []
+
+
+def test_startup_facts_from_0_5_23s_own_format_strings() -> None:
+    v = "0.5.23"
+    lines = [
+        _line(v, "backend by default", {"backend": "fa3"}),
+        _line(v, "#tokens: {}, K size", {"cache_name": "KV Cache", "self.dtype": "torch.bfloat16",
+                                         KV_PHASE: "is allocated", "num_tokens": 812345, "k_size_GB": 9.5,
+                                         "v_size_GB": 9.5}),
+        _line(v, "end. bs=", {"capture_name": "target decode", GRAPH_KIND: "CUDA graph",
+                              "runner.capture_bs": [1, 2, 4, 8, 16, 32, 64], "capture_time": 14.0,
+                              "memory_usage_gb": 1.2, "after_mem": 18.9}),
+        _line(v, "is adjusted from", {"view.moe_a2a_backend": "deepep", "view.ep_size": 1,
+                                      "view.tp_size": 8}),
+        _line(v, "reduced from the requested", percent=(4096, 2048), file="kv_cache_configurator.py"),
+        _line(v, "incompatible with overlap schedule"),
+        _line(v, "breakable prefill CUDA graph by default"),
+    ]
+    r = resolved_from_startup_log("\n".join(lines))
+    assert r["attention_backend"] == "fa3" and r["disable_overlap_schedule"] is True
+    assert r["kv_cache_tokens"] == 812345 and r["kv_cache_dtype"] == "torch.bfloat16"
+    assert r["cuda_graph_bs_decode"] == [1, 2, 4, 8, 16, 32, 64]
+    assert r["cuda_graph_max_bs_decode_captured"] == 64
+    assert (r["ep_size_requested"], r["ep_size"]) == (1, 8)
+    assert r["max_running_requests_requested"] == 4096
+    assert r["cuda_graph_backend_prefill"] == "disabled"
+    # with KV sized after CUDA-graph capture, the pool line reads "VA upper bound" (address space
+    # reserved, not the pool) and the pool's size follows in its own line
+    upper = _line(v, "#tokens: {}, K size", {"cache_name": "KV Cache", "self.dtype": "torch.bfloat16",
+                                             KV_PHASE: "VA upper bound", "num_tokens": 900000,
+                                             "k_size_GB": 9.9, "v_size_GB": 9.9})
+    assert "kv_cache_tokens" not in resolved_from_startup_log(upper)
+    sized = _line(v, "Post-capture KV sizing: KV cache allocated",
+                  percent=("torch.bfloat16", 700000, 15.2, 3.1))
+    r = resolved_from_startup_log("\n".join([upper, sized]))
+    assert r["kv_cache_tokens"] == 700000 and r["kv_cache_dtype"] == "torch.bfloat16"
 
 
 def test_merge_resolved_prefers_server_info_and_internal_states() -> None:

@@ -94,3 +94,22 @@ def test_point_summaries_of_the_joined_frame(frame: pd.DataFrame) -> None:
     # the log does not report retractions: the gauges' counter does (0 -> 3 over the window)
     assert out["retracted_reqs"] == pytest.approx(3)
     assert json.dumps(out)  # plain floats, loggable as MLflow metrics
+
+
+def test_the_retraction_counter_reads_zero_until_its_first_retraction() -> None:
+    # prometheus_client exports a labelled counter only once it has a child: SGLang's
+    # sglang:num_retracted_requests_total (labels incl. pp_rank) appears at the first retraction
+    t0 = 1_000.0
+    rows = []
+    for i, retracted in enumerate([None, None, 4, 6]):
+        text = metrics_text(2, 2, 1, retracted or 0)
+        if retracted is None:  # not exported yet
+            text = "\n".join(ln for ln in text.splitlines() if "retracted" not in ln) + "\n"
+        rows += parse_samples(text, t0 + i)
+    frame = stage_frame(None, pd.DataFrame(rows, columns=["ts", "name", "labels", "value"]))
+    assert frame is not None
+    stage0 = frame[frame["pp"] == 0]
+    assert stage0["retracted_total"].tolist() == [0, 0, 4, 6]
+    # a point from before the first retraction to after it counts every retraction, not 6 - 4
+    summary = point_telemetry(None, frame, t0 + 0.5, t0 + 3.5, 100, 0.0, [])
+    assert summary["retracted_reqs"] == 6

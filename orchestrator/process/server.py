@@ -42,6 +42,12 @@ def http_get_json(url: str, timeout: float = 5.0) -> Any:
         return json.loads(resp.read())
 
 
+# SGLang's /health runs a one-token generation and polls for its output every second, for up to
+# SGLANG_HEALTH_CHECK_TIMEOUT (20 s) before it answers 503. A client that gives up sooner (2 s, say)
+# abandons every probe of an engine whose first generation takes longer, and so never sees it ready.
+READY_PROBE_TIMEOUT_S = 25.0
+
+
 class ServerProcess:
     """One engine server. Use as a context manager so it is stopped on success, error and Ctrl-C."""
 
@@ -78,8 +84,9 @@ class ServerProcess:
                 raise EngineStartError(
                     f"engine exited with code {code} before it was ready; log tail "
                     f"({self.log_path}):\n{log_tail(self.log_path)}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2.0) as resp:
+            try:  # a probe may take as long as SGLang's own health check (see READY_PROBE_TIMEOUT_S)
+                wait = min(READY_PROBE_TIMEOUT_S, max(0.5, deadline - time.monotonic()))
+                with urllib.request.urlopen(self.url + "/health", timeout=wait) as resp:
                     if resp.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):

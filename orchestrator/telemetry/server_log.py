@@ -133,13 +133,21 @@ _FACTS: list[tuple[re.Pattern[str], Any]] = [
      lambda m: {"attention_backend": m.group(1)}),
     (re.compile(r"Pipeline parallelism is incompatible with overlap schedule"),
      lambda m: {"disable_overlap_schedule": True}),
-    (re.compile(r"KV Cache is allocated\.(?: dtype: ([^,]+),)? #tokens: (\d+)"),
+    # the pool: "KV Cache is allocated." (0.5.9: no dtype), or, where 0.5.23 sizes it after CUDA-graph
+    # capture, "Post-capture KV sizing: KV cache allocated." (its earlier "KV Cache VA upper bound." line
+    # is only reserved address space)
+    (re.compile(r"(?:KV Cache is allocated|Post-capture KV sizing: KV cache allocated)\.(?: dtype: ([^,]+),)?"
+                r" #tokens: (\d+)"),
      lambda m: {"kv_cache_tokens": int(m.group(2)),
                 **({"kv_cache_dtype": m.group(1).strip()} if m.group(1) else {})}),
     (re.compile(r"max_running_requests was reduced from the requested (\d+) to (\d+)"),
      lambda m: {"max_running_requests_requested": int(m.group(1))}),
-    (re.compile(r"expert parallel size is adjusted from (\d+) to the tensor parallel size \[?(\d+)"),
-     lambda m: {"ep_size_requested": int(m.group(1)), "ep_size": int(m.group(2))}),
+    # 0.5.23: "... adjusted from 1 to the tensor parallel size [8]"; 0.5.9 (and some 0.5.23 backends):
+    # "... adjusted to be the same as the tensor parallel size[8]" (the size asked for is not said)
+    (re.compile(r"expert parallel size is adjusted (?:from (\d+) )?to (?:be the same as )?"
+                r"the tensor parallel size ?\[?(\d+)"),
+     lambda m: {**({"ep_size_requested": int(m.group(1))} if m.group(1) else {}),
+                "ep_size": int(m.group(2))}),
     (re.compile(r"Disabling breakable prefill CUDA graph by default for pipeline parallelism"),
      lambda m: {"cuda_graph_backend_prefill": "disabled"}),
     (re.compile(r"The server is fired up and ready to roll"), lambda m: {"ready_logged": True}),

@@ -54,9 +54,13 @@ def _from_metrics(metrics: pd.DataFrame | None) -> pd.DataFrame:
                           "value": rows["value"].to_numpy()})
     for rank, label in _RANK_LABELS.items():
         frame[rank] = [int(x.get(label, 0) or 0) for x in labels]
-    # one row per scrape and stage; the retraction counter carries no pp_rank (it is the scheduler's)
+    # one row per scrape and stage
     wide = frame.pivot_table(index=["ts", "dp", "pp", "tp"], columns="column", values="value",
                              aggfunc="max").reset_index()
+    # prometheus_client exports a labelled counter only from its first increment, so SGLang's
+    # retraction counter is absent (not 0) in every scrape before the first retraction; every
+    # supported release has it, so absent means none yet
+    wide["retracted_total"] = wide["retracted_total"].fillna(0.0) if "retracted_total" in wide else 0.0
     wide["source"], wide["kind"] = "metrics", "gauge"
     for column in STAGE_COLUMNS:
         if column not in wide.columns:
