@@ -37,13 +37,15 @@ NAMES: tuple[str, ...] = (
     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetClockInfo", "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
     "nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature",
-    "nvmlDeviceGetComputeRunningProcesses", "NVMLLibraryMismatchError",
+    "nvmlDeviceGetComputeRunningProcesses", "NVMLLibraryMismatchError", "nvmlMemory_v2",
 )
 # The calls real pynvml wraps in throwOnVersionMismatch: where the driver lacks the versioned symbol
 # (NVML_ERROR_FUNCTION_NOT_FOUND) they raise NVMLLibraryMismatchError, which is not an NVMLError.
 # Read from the installed module's own source, so the stand-in follows the release in use.
 VERSION_CHECKED = frozenset(re.findall(r"@throwOnVersionMismatch\s*\ndef (\w+)", inspect.getsource(pynvml)))
 
+PCIE_MEMBER = {pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+               pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal"}
 POWER, ENERGY = pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
 PCIE_TX, PCIE_RX = pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
 
@@ -64,11 +66,15 @@ class FakeGpu:
     pcie_rx_bytes: int = 0
     pcie_tx_step: int = 0          # added to the PCIe counters at every field read
     pcie_rx_step: int = 0
+    # the PCIe counters' value type: 64-bit on current drivers; a 32-bit counter wraps at 2**32, as the
+    # ctypes field the driver fills does
+    pcie_value_type: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
     util_gpu: int = 0
     util_mem: int = 0
     sm_clock_mhz: int = 1980
     mem_used: int = 1 << 30
     mem_total: int = 80 << 30
+    mem_reserved: int = 0  # held by the driver: "used" to the v1 call, apart in v2
     temp_c: int = 40
     reasons: int = 0
     pids: list[int] = field(default_factory=list)  # compute processes on the GPU
@@ -91,7 +97,7 @@ class FakeNvml:
         for name in NAMES:
             if name in omit:
                 continue
-            ns[name] = getattr(self, name) if name.startswith("nvml") else getattr(pynvml, name)
+            ns[name] = getattr(self, name) if hasattr(self, name) else getattr(pynvml, name)
         return types.SimpleNamespace(**ns)
 
     def _enter(self, name: str, gpu: FakeGpu | None = None) -> None:
@@ -120,16 +126,20 @@ class FakeNvml:
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
-        self._enter("nvmlDeviceGetHandleByIndex")
+        # nvmlDeviceGetCount counts devices NVML may not be able to talk to: a GPU that fell off the
+        # bus (GPU_IS_LOST) or one this process may not use (NO_PERMISSION) fails here, by index
         if not 0 <= index < len(self.gpus):
+            self._enter("nvmlDeviceGetHandleByIndex")
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._enter("nvmlDeviceGetHandleByIndex", self.gpus[index])
         return self.gpus[index]
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeGpu:
-        self._enter("nvmlDeviceGetHandleByUUID")
         for gpu in self.gpus:
             if gpu.uuid == uuid:
+                self._enter("nvmlDeviceGetHandleByUUID", gpu)
                 return gpu
+        self._enter("nvmlDeviceGetHandleByUUID")
         raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetUUID(self, gpu: FakeGpu) -> str:
@@ -151,8 +161,8 @@ class FakeNvml:
         known = {  # field id -> (valueType, union member, value), as the driver reports them
             POWER: (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", round(gpu.power_w * 1000)),
             ENERGY: (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", gpu.energy_mj),
-            PCIE_TX: (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", gpu.pcie_tx_bytes),
-            PCIE_RX: (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", gpu.pcie_rx_bytes),
+            PCIE_TX: (gpu.pcie_value_type, PCIE_MEMBER[gpu.pcie_value_type], gpu.pcie_tx_bytes),
+            PCIE_RX: (gpu.pcie_value_type, PCIE_MEMBER[gpu.pcie_value_type], gpu.pcie_rx_bytes),
         }
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
         for v, fid in zip(values, field_ids, strict=True):
@@ -185,10 +195,14 @@ class FakeNvml:
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return gpu.sm_clock_mhz
 
-    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu) -> Any:
-        self._enter("nvmlDeviceGetMemoryInfo", gpu)
-        free = gpu.mem_total - gpu.mem_used
-        return pynvml.c_nvmlMemory_t(total=gpu.mem_total, free=free, used=gpu.mem_used)
+    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu, version: int | None = None) -> Any:
+        # as pynvml: no version calls the v1 symbol, a version the _v2 one (which a driver may lack)
+        self._enter("nvmlDeviceGetMemoryInfo_v2" if version else "nvmlDeviceGetMemoryInfo", gpu)
+        free = gpu.mem_total - gpu.mem_used - gpu.mem_reserved
+        if version:
+            return pynvml.c_nvmlMemory_v2_t(version=version, total=gpu.mem_total, reserved=gpu.mem_reserved,
+                                            free=free, used=gpu.mem_used)
+        return pynvml.c_nvmlMemory_t(total=gpu.mem_total, free=free, used=gpu.mem_used + gpu.mem_reserved)
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, gpu: FakeGpu) -> int:
         self._enter("nvmlDeviceGetCurrentClocksEventReasons", gpu)

@@ -221,6 +221,27 @@ def test_pcie_rate_uses_the_host_clock_without_driver_timestamps() -> None:
     assert rate > 1_000_000  # 1 MB over far less than a second of host time
 
 
+def test_a_32_bit_pcie_counter_that_wraps_still_counts_its_bytes() -> None:
+    gpu = FakeGpu(UUIDS[0], pcie_tx_bytes=2**32 - 4_000_000, pcie_tx_step=3_000_000,
+                  pcie_value_type=pynvml.NVML_VALUE_TYPE_UNSIGNED_INT)
+    fake = FakeNvml([gpu])
+    reader = opened(fake)
+    fake.now_us = 10_000_000
+    reader.read()  # 2**32 - 1,000,000
+    fake.now_us += 250_000  # then 3,000,000 more: past the top, so the counter reads 2,000,000
+    assert reader.read()[0]["pcie_tx_bytes_s"] == pytest.approx(12_000_000)  # not NaN, not negative
+
+
+def test_a_pcie_rate_never_mixes_the_drivers_clock_with_the_hosts() -> None:
+    fake = FakeNvml([FakeGpu(UUIDS[0], pcie_tx_step=1_000_000)])
+    reader = opened(fake)
+    reader.read()  # no driver timestamp: the host's monotonic clock ...
+    fake.now_us = 1_700_000_000_000_000  # ... then the driver's (epoch µs), another origin altogether
+    assert math.isnan(reader.read()[0]["pcie_tx_bytes_s"])
+    fake.now_us += 500_000
+    assert reader.read()[0]["pcie_tx_bytes_s"] == pytest.approx(2_000_000)  # two driver readings
+
+
 def test_throttle_bits_that_are_not_throttling_are_cleared() -> None:
     gpu = FakeGpu(UUIDS[0], reasons=0x1 | 0x2 | 0x100)  # idle, app clocks, display clocks
     reader = opened(FakeNvml([gpu]))
@@ -277,10 +298,10 @@ def test_other_nvml_errors_fail_the_read_and_are_retried() -> None:
     gpu = FakeGpu(UUIDS[0], mem_used=5 << 30)
     fake = FakeNvml([gpu])
     reader = opened(fake)
-    gpu.failing["nvmlDeviceGetMemoryInfo"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    gpu.failing["nvmlDeviceGetMemoryInfo_v2"] = pynvml.NVML_ERROR_GPU_IS_LOST  # the call the reader makes
     with pytest.raises(pynvml.NVMLError_GpuIsLost):
         reader.read()
-    del gpu.failing["nvmlDeviceGetMemoryInfo"]
+    del gpu.failing["nvmlDeviceGetMemoryInfo_v2"]
     assert reader.read()[0]["mem_used_bytes"] == float(5 << 30)
 
 
@@ -383,3 +404,28 @@ def test_a_driver_without_the_versioned_process_call_only_warns() -> None:
     warnings = ensure_gpus_free("0,1", 0.0, nvml=fake.module())
     assert len(warnings) == 1 and "pyNVML version does not match" in warnings[0], warnings
     assert fake.calls["nvmlShutdown"] == 2  # shut down on both paths
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_NO_PERMISSION])
+@pytest.mark.parametrize("visible", [None, "0,1", f"{UUIDS[0]},{UUIDS[1]}", "GPU-00000000,GPU-00000001"])
+def test_a_gpu_the_trial_does_not_use_cannot_turn_its_telemetry_off(code: int, visible: str | None) -> None:
+    # four GPUs, the last one lost (or forbidden to this process): a trial on GPUs 0 and 1 still reads
+    gpus = [FakeGpu(u) for u in UUIDS]
+    for call in ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetUUID"):
+        gpus[3].failing[call] = code
+    fake = FakeNvml(gpus)
+    reader = NvmlReader.open(visible, 2, nvml=fake.module())
+    assert reader.uuids == UUIDS[:2]
+    assert len(reader.read()) == 2
+    reader.close()
+    # the trial's own GPU lost: said in one line
+    with pytest.raises(NvmlUnavailable, match="GPU 3"):
+        NvmlReader.open("3", 1, nvml=fake.module())
+
+
+def test_memory_in_use_leaves_out_what_the_driver_reserves() -> None:
+    gpu = FakeGpu(UUIDS[0], mem_used=10 << 30, mem_reserved=1 << 30)
+    assert opened(FakeNvml([gpu])).read()[0]["mem_used_bytes"] == 10 << 30  # v2: reserved apart
+    # a driver without nvmlDeviceGetMemoryInfo_v2: v1, which counts the reserved memory as used
+    gpu.failing["nvmlDeviceGetMemoryInfo_v2"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    assert opened(FakeNvml([gpu])).read()[0]["mem_used_bytes"] == 11 << 30

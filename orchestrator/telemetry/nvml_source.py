@@ -53,6 +53,8 @@ _CALL_GIVE_UP = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLEr
 
 # nvmlFieldValue_t.valueType -> the member of its value union
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+# the width of each unsigned value type: a cumulative counter of that type wraps at 2**bits
+_UNSIGNED_BITS = {1: 32, 2: 64, 3: 64, 6: 16}
 
 # Why nvmlInit failed, in words a person can act on (first match wins).
 _INIT_REASONS = (
@@ -72,6 +74,18 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+@dataclass(frozen=True)
+class Reading:
+    """One field value: the value, when it was taken and on which clock (the driver's timestamp, or
+    the host's monotonic clock where the driver gave none), and the width of its type (0: signed or
+    floating, does not wrap)."""
+
+    value: float
+    when: float
+    clock: str  # "driver" | "host"
+    bits: int = 0
+
+
 @dataclass
 class _Gpu:
     """One of the trial's GPUs and what is known about reading it."""
@@ -82,7 +96,7 @@ class _Gpu:
     power_limit_w: float
     field_ids: dict[str, int]                      # metric -> NVML field id, still asked for
     calls: dict[str, list[Callable[[Any], Any]]]   # metric -> candidate calls, still usable
-    pcie_prev: dict[str, tuple[float, float]] = field(default_factory=dict)  # counter -> (bytes, s)
+    pcie_prev: dict[str, Reading] = field(default_factory=dict)  # counter -> its previous reading
 
 
 class NvmlReader:
@@ -144,10 +158,10 @@ class NvmlReader:
 
     def _read_gpu(self, g: _Gpu) -> dict[str, Any]:
         fields = self._fields(g)
-        power_mw = fields.get("power", (NAN, 0.0))[0]
+        power_mw = fields["power"].value if "power" in fields else NAN
         if "power" not in g.field_ids and math.isnan(power_mw):
             power_mw = self._call(g, "power")  # the field is unsupported: nvmlDeviceGetPowerUsage
-        energy_mj = fields.get("energy", (NAN, 0.0))[0]
+        energy_mj = fields["energy"].value if "energy" in fields else NAN
         if "energy" not in g.field_ids and math.isnan(energy_mj):
             energy_mj = self._call(g, "energy")
         util = self._call(g, "util", raw=True)
@@ -170,8 +184,8 @@ class NvmlReader:
             "energy_j": energy_mj / 1000.0,
         }
 
-    def _fields(self, g: _Gpu) -> dict[str, tuple[float, float]]:
-        """metric -> (value, when in seconds) for every field this GPU answered this time."""
+    def _fields(self, g: _Gpu) -> dict[str, Reading]:
+        """metric -> reading, for every field this GPU answered this time."""
         if not g.field_ids:
             return {}
         metric_of = {fid: name for name, fid in g.field_ids.items()}
@@ -181,7 +195,7 @@ class NvmlReader:
             g.field_ids.clear()
             return {}
         host_s = time.monotonic()
-        out: dict[str, tuple[float, float]] = {}
+        out: dict[str, Reading] = {}
         for v in values:
             name = metric_of.get(int(v.fieldId))
             if name is None:
@@ -190,8 +204,10 @@ class NvmlReader:
                 member = _VALUE_MEMBER.get(int(v.valueType))
                 if member is not None:
                     # the driver's own timestamp (µs) when it gives one: PCIe rates are exact then
-                    when = v.timestamp / 1e6 if v.timestamp else host_s
-                    out[name] = (float(getattr(v.value, member)), when)
+                    kind = int(v.valueType)
+                    out[name] = Reading(float(getattr(v.value, member)),
+                                        v.timestamp / 1e6 if v.timestamp else host_s,
+                                        "driver" if v.timestamp else "host", _UNSIGNED_BITS.get(kind, 0))
             elif v.nvmlReturn in self._give_up_codes:
                 del g.field_ids[name]
         return out
@@ -210,17 +226,25 @@ class NvmlReader:
         return None if raw else NAN
 
 
-def _rate(g: _Gpu, counter: str, now: tuple[float, float] | None) -> float:
-    """Bytes/s of a cumulative byte counter since this GPU's previous read (NaN the first time, after
-    a missing value, or when the counter went backwards: a reset)."""
+def _rate(g: _Gpu, counter: str, now: Reading | None) -> float:
+    """Bytes/s of a cumulative byte counter since this GPU's previous read. NaN the first time, after a
+    missing value, when the two readings are on different clocks (a driver that gave a timestamp once
+    and not the next time), or when the counter went back by more than a wrap explains (a reset). A
+    counter that passed its type's maximum once since the last read wrapped: the bytes still count."""
     if now is None:
         g.pcie_prev.pop(counter, None)
         return NAN
     prev = g.pcie_prev.get(counter)
     g.pcie_prev[counter] = now
-    if prev is None or now[1] <= prev[1] or now[0] < prev[0]:
+    if prev is None or prev.clock != now.clock or now.when <= prev.when:
         return NAN
-    return (now[0] - prev[0]) / (now[1] - prev[1])
+    delta = now.value - prev.value
+    if delta < 0:
+        span = 2.0 ** now.bits if now.bits else 0.0
+        if not span or -delta < span / 2:  # backwards by less than half the range: reset, not a wrap
+            return NAN
+        delta += span
+    return delta / (now.when - prev.when)
 
 
 def _init_reason(nvml: Any, exc: Exception) -> str:
@@ -241,22 +265,46 @@ class DeviceMatch:
     reason: str = ""
 
 
-def visible_devices(nvml: Any, visible: str | None) -> list[DeviceMatch]:
+def _by_index(nvml: Any, index: int) -> DeviceMatch:
+    """GPU ``index``, or why NVML cannot open it: ``nvmlDeviceGetCount`` counts devices NVML may not
+    talk to (a GPU fallen off the bus, one this process may not use), and only a trial that uses that
+    GPU should lose its telemetry over it."""
+    try:
+        return DeviceMatch(f"GPU {index}", nvml.nvmlDeviceGetHandleByIndex(index))
+    except nvml.NVMLError as exc:
+        return DeviceMatch(f"GPU {index}", None, f"GPU {index} cannot be opened through NVML ({exc})")
+
+
+def _uuid_of(nvml: Any, index: int) -> str | None:
+    """GPU ``index``'s UUID; None where NVML cannot open or read it."""
+    match = _by_index(nvml, index)
+    if match.handle is None:
+        return None
+    try:
+        return _text(nvml.nvmlDeviceGetUUID(match.handle))
+    except nvml.NVMLError:
+        return None
+
+
+def visible_devices(nvml: Any, visible: str | None, limit: int | None = None) -> list[DeviceMatch]:
     """Each entry of ``visible`` (a ``CUDA_VISIBLE_DEVICES`` value), in order, mapped to an NVML handle;
-    ``None`` (no mask) gives every device NVML lists. Blank entries are skipped, so a mask of only
-    blanks gives ``[]``: whether that means "no GPU" or "unset" is the caller's policy. NVML must be
-    initialised; an NVMLError from a lookup other than by UUID propagates."""
+    ``None`` (no mask) gives every device NVML lists (the first ``limit`` of them, where given). Blank
+    entries are skipped, so a mask of only blanks gives ``[]``: whether that means "no GPU" or "unset"
+    is the caller's policy. A device NVML cannot open is a match without a handle, with the reason:
+    GPUs the caller does not use never make it fail. NVML must be initialised."""
     n = int(nvml.nvmlDeviceGetCount())
     if visible is None:
-        return [DeviceMatch(f"GPU {i}", nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(n)]
-    uuids: list[str] | None = None  # the indexed GPUs' UUIDs, read once a UUID entry needs them
+        return [_by_index(nvml, i) for i in range(n if limit is None else min(n, limit))]
+    uuids: list[str | None] | None = None  # the indexed GPUs' UUIDs, read once a prefix needs them
     out: list[DeviceMatch] = []
     for entry in (e.strip() for e in visible.split(",")):
         if not entry:
             continue
+        if limit is not None and len(out) >= limit:
+            break
         if entry.isdigit():
             if int(entry) < n:
-                out.append(DeviceMatch(f"GPU {int(entry)}", nvml.nvmlDeviceGetHandleByIndex(int(entry))))
+                out.append(_by_index(nvml, int(entry)))
             else:
                 valid = f"valid: 0..{n - 1}" if n else "NVML sees no GPU"
                 out.append(DeviceMatch(entry, None, f"CUDA_VISIBLE_DEVICES entry {entry!r} is past NVML's "
@@ -266,10 +314,10 @@ def visible_devices(nvml: Any, visible: str | None) -> list[DeviceMatch]:
             out.append(DeviceMatch(entry, None, f"CUDA_VISIBLE_DEVICES entry {entry!r} is neither a GPU "
                                                 "index nor a GPU-/MIG- UUID"))
             continue
-        if uuids is None:
-            uuids = [_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(n)]
+        if uuids is None:  # a GPU NVML cannot open or read has no UUID here, and matches nothing
+            uuids = [_uuid_of(nvml, i) for i in range(n)]
         # a whole UUID is a prefix of itself (and of no other: NVML's UUIDs are all one length)
-        hits = [i for i, u in enumerate(uuids) if u.startswith(entry)]
+        hits = [i for i, u in enumerate(uuids) if u is not None and u.startswith(entry)]
         if len(hits) == 1:
             out.append(DeviceMatch(f"GPU {hits[0]} ({entry})", nvml.nvmlDeviceGetHandleByIndex(hits[0])))
         elif hits:
@@ -281,22 +329,26 @@ def visible_devices(nvml: Any, visible: str | None) -> list[DeviceMatch]:
             try:  # MIG instances are not among the indexed devices, but NVML finds them by UUID
                 out.append(DeviceMatch(entry, nvml.nvmlDeviceGetHandleByUUID(entry)))
             except nvml.NVMLError as exc:
+                unreadable = [f"GPU {i}" for i, u in enumerate(uuids) if u is None]
+                also = f"; NVML could not read {', '.join(unreadable)}" if unreadable else ""
                 out.append(DeviceMatch(entry, None, f"CUDA_VISIBLE_DEVICES entry {entry!r} matches no GPU "
-                                                    f"NVML knows ({exc}; valid: a UUID as `nvidia-smi -L` "
-                                                    "lists it or a unique prefix of one; MIG UUIDs exact)"))
+                                                    f"NVML knows ({exc}{also}; valid: a UUID as "
+                                                    "`nvidia-smi -L` lists it or a unique prefix of one; "
+                                                    "MIG UUIDs exact)"))
     return out
 
 
 def _handles(nvml: Any, visible: str | None, count: int) -> list[Any]:
-    """The handles of the engine's GPUs 0..count-1: the first ``count`` entries of the mask."""
+    """The handles of the engine's GPUs 0..count-1: the first ``count`` entries of the mask, and only
+    those (a lost GPU elsewhere on the node is not the trial's concern)."""
     n = int(nvml.nvmlDeviceGetCount())
     if n == 0:
         raise NvmlUnavailable("NVML sees no GPU on this node")
-    matches = visible_devices(nvml, visible) if visible is not None else []
+    matches = visible_devices(nvml, visible, limit=count) if visible is not None else []
     if not matches:  # no mask (or only blanks): the engine's GPUs are the first ones NVML lists
         if n < count:
             raise NvmlUnavailable(f"NVML sees {n} GPU(s) but the engine uses {count}")
-        matches = visible_devices(nvml, None)
+        matches = visible_devices(nvml, None, limit=count)
     elif len(matches) < count:
         raise NvmlUnavailable(f"CUDA_VISIBLE_DEVICES={visible!r} lists {len(matches)} GPU(s) "
                               f"but the engine uses {count}")
@@ -323,11 +375,16 @@ def _describe(nvml: Any, gpu: int, handle: Any) -> _Gpu:
         """The candidate pynvml functions this pynvml has, newest name first (None: absent)."""
         return [f for f in functions if f is not None]
 
+    memory = getattr(nvml, "nvmlDeviceGetMemoryInfo", None)
+    v2 = getattr(nvml, "nvmlMemory_v2", None)
+    memory_v2 = [lambda h: memory(h, version=v2)] if memory is not None and v2 is not None else []
     calls: dict[str, list[Callable[[Any], Any]]] = {
         "power": usable(getattr(nvml, "nvmlDeviceGetPowerUsage", None)),
         "energy": usable(getattr(nvml, "nvmlDeviceGetTotalEnergyConsumption", None)),
         "util": usable(getattr(nvml, "nvmlDeviceGetUtilizationRates", None)),
-        "memory": usable(getattr(nvml, "nvmlDeviceGetMemoryInfo", None)),
+        # v2 keeps the driver's reserved memory apart from what processes use (v1 counts it as used);
+        # a driver without the _v2 symbol answers FunctionNotFound and v1 stands in
+        "memory": [*memory_v2, *usable(getattr(nvml, "nvmlDeviceGetMemoryInfo", None))],
         # the ThrottleReasons name is deprecated (to go with CUDA 14) but older pynvml has only it
         "throttle": usable(getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None),
                            getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)),
