@@ -85,8 +85,12 @@ class FakeGpu:
 
 
 class FakeNvml:
-    def __init__(self, gpus: list[FakeGpu], init_error: Exception | None = None) -> None:
+    def __init__(self, gpus: list[FakeGpu], init_error: Exception | None = None,
+                 mig: list[FakeGpu] | None = None) -> None:
         self.gpus, self.init_error = gpus, init_error
+        self.shutdown_error: Exception | None = None
+        # MIG instances: not among the indexed devices; NVML finds them by their MIG- UUID only
+        self.mig = mig or []
         self.calls: Counter[str] = Counter()
         self.field_requests: list[list[int]] = []
         self.now_us = 0  # the field values' driver timestamp; 0: "none given" (the reader uses its clock)
@@ -120,6 +124,8 @@ class FakeNvml:
 
     def nvmlShutdown(self) -> None:
         self._enter("nvmlShutdown")
+        if self.shutdown_error is not None:  # e.g. UNINITIALIZED after another user shut NVML down
+            raise self.shutdown_error
 
     def nvmlDeviceGetCount(self) -> int:
         self._enter("nvmlDeviceGetCount")
@@ -135,7 +141,7 @@ class FakeNvml:
         return self.gpus[index]
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeGpu:
-        for gpu in self.gpus:
+        for gpu in [*self.gpus, *self.mig]:
             if gpu.uuid == uuid:
                 self._enter("nvmlDeviceGetHandleByUUID", gpu)
                 return gpu

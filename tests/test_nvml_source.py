@@ -429,3 +429,19 @@ def test_memory_in_use_leaves_out_what_the_driver_reserves() -> None:
     # a driver without nvmlDeviceGetMemoryInfo_v2: v1, which counts the reserved memory as used
     gpu.failing["nvmlDeviceGetMemoryInfo_v2"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
     assert opened(FakeNvml([gpu])).read()[0]["mem_used_bytes"] == 11 << 30
+
+
+def test_the_gpu_count_survives_an_nvml_shutdown_error() -> None:
+    from orchestrator.gpus import local_gpu_count
+
+    fake = four()
+    fake.shutdown_error = nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
+    assert local_gpu_count(fake.module()) == 4  # validation asks this: nothing escapes it
+
+
+def test_a_mig_instance_is_read_by_its_uuid() -> None:
+    mig = FakeGpu("MIG-5a2b1c3d-0000-1111-2222-333333333333", power_w=55.0)
+    fake = FakeNvml([FakeGpu(u) for u in UUIDS[:2]], mig=[mig])
+    reader = NvmlReader.open(mig.uuid, 1, nvml=fake.module())  # CUDA_VISIBLE_DEVICES=MIG-...
+    assert reader.uuids == [mig.uuid] and reader.read()[0]["power_w"] == pytest.approx(55.0)
+    reader.close()
