@@ -10,6 +10,9 @@ SGLang refuses are refused before launch, in one line.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,3 +164,18 @@ def test_the_checks_mirrored_are_the_releases_own() -> None:
     assert 'assert ":" not in cfg.served_model_name' in checks["0.5.23"]
     assert 'assert ":" not in self.served_model_name' in checks["0.5.9"]
     assert "assert self.tp_size % self.dp_size == 0" in checks["0.5.9"]
+
+
+@pytest.mark.slow  # starts the script
+def test_the_first_gpu_node_script_skips_in_one_line_without_a_gpu(tmp_path: Path) -> None:
+    from orchestrator.gpus import local_gpu_count
+
+    if local_gpu_count() > 0:
+        pytest.skip("this machine has a GPU: the script would run for real")
+    out = subprocess.run([str(ROOT / "scripts" / "gpu_first_node.sh")], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, check=False,
+                         env={**os.environ, "PARASWEEP_PYTHON": sys.executable,
+                              "OUT_DIR": str(tmp_path / "o")})
+    assert out.returncode == 0, out
+    assert out.stdout.strip().splitlines() == ["gpu_first_node: SKIP: no GPU visible to NVML on this machine"]
+    assert not (tmp_path / "o").exists()  # nothing run, nothing written

@@ -169,3 +169,30 @@ def test_records_and_diagnosis_content(sweep) -> None:
             assert (gpu["uuid"].str.startswith("sim-")).all()
             assert gpu["energy_j"].is_monotonic_increasing or gpu.groupby("gpu")["energy_j"].apply(
                 lambda s: s.is_monotonic_increasing).all()
+
+
+def test_the_simulated_engine_passes_the_first_gpu_node_check(sweep, tmp_path) -> None:
+    # the check scripts/gpu_first_node.sh runs on real SGLang: the stand-in must pass it, and a trial
+    # directory that lacks what the adapter reads must fail it, one line per difference
+    import json
+    import shutil
+
+    from orchestrator.engines.sglang_compat.trial_check import check_trial, main, trial_dirs
+
+    workdir, _ = sweep
+    trials = trial_dirs([workdir / "runs"])
+    assert len(trials) == 2
+    for trial in trials:
+        ok, differ = check_trial(trial)
+        assert differ == [] and len(ok) >= 15, differ
+    assert main([str(workdir / "runs")]) == 0
+    broken = shutil.copytree(trials[0], tmp_path / "trial")
+    info = json.loads((broken / "server" / "server_info.json").read_text())
+    del info["internal_states"][0]["pp_max_micro_batch_size"]
+    (broken / "server" / "server_info.json").write_text(json.dumps(info))
+    metrics = broken / "telemetry" / "server_metrics.jsonl"
+    metrics.write_text(metrics.read_text().replace('\\"pp_rank\\": \\"1\\"', '\\"pp_rank\\": \\"0\\"'))
+    _, differ = check_trial(broken)
+    assert any("internal_states[0] has no pp_max_micro_batch_size" in d for d in differ), differ
+    assert any("pp_rank [0] of 2" in d for d in differ), differ
+    assert main([str(tmp_path)]) == 1 and main([str(tmp_path / "nothing")]) == 2
