@@ -50,7 +50,10 @@ LOG_KEYWORDS = ("Decode batch", "Prefill batch", "KV Cache is allocated", "KV Ca
                 "Load weight end", "token usage", "mamba usage",
                 # lines assembled from placeholders ("{cache_name} {'...' if ... else 'is allocated'}.
                 # dtype: ..., #tokens: ...", "Capture {name} {graph} end. bs=..."): their fixed parts
-                "#tokens:", "end. bs=", "graph bs", " begin. backend=")
+                "#tokens:", "end. bs=", "graph bs", " begin. backend=",
+                # the pieces a batch line is assembled from (msg += ...)
+                "#running-req", "#queue-req", "#new-seq", "gen throughput", "input throughput", "#token:",
+                "mamba num", "#swa token", "#full token")
 # server-argument checks that constrain what the adapter sets: kept when their source mentions one
 CHECK_WORDS = ("attn_dp_size", "dp_size", "tp_size", "pp_size", "ep_size", "moe_dp_size",
                "enable_dp_attention", "served_model_name", "pp_max_micro_batch_size", "pp_async_batch_depth")
@@ -348,8 +351,12 @@ def log_formats(files: dict[str, str]) -> list[dict[str, str]]:
             continue
         for node in ast.walk(tree):
             skeleton = _skeleton(node)
-            if skeleton and len(skeleton) < 2000 and any(k in skeleton for k in LOG_KEYWORDS):
-                found.add((path, " ".join(_segment(text, node).split())))
+            if not skeleton or len(skeleton) >= 2000:
+                continue
+            source = " ".join(_segment(text, node).split())
+            # the device's graph label of a batch line ("cuda graph: True") is all placeholders
+            if any(k in skeleton for k in LOG_KEYWORDS) or "graph_backend" in source:
+                found.add((path, source))
     return [{"file": f, "source": s} for f, s in sorted(found)]
 
 

@@ -20,15 +20,21 @@ RELEASES = Path(__file__).resolve().parents[1] / "orchestrator" / "engines" / "s
 CONVERSIONS = {115: str, 114: repr, 97: ascii}
 
 
-def format_strings(version: str, anchor: str, file_suffix: str = "") -> list[str]:
-    """The release's recorded format strings (source text) whose fixed text contains ``anchor``."""
+def format_strings(version: str, anchor: str, file_suffix: str = "", starts: bool = False) -> list[str]:
+    """The release's recorded format strings (source text) whose fixed text contains ``anchor`` (begins
+    with it, with ``starts``), in files whose path ends with ``file_suffix``."""
     data = json.loads((RELEASES / f"sglang-{version}.json").read_text())
+    def fits(source: str) -> bool:
+        text = fixed_text(source)
+        return text.startswith(anchor) if starts else anchor in text
+
     found = [f["source"] for f in data["log_formats"]
-             if f["file"].endswith(file_suffix) and anchor in _fixed_text(f["source"])]
+             if f["file"].endswith(file_suffix) and fits(f["source"])]
     return sorted(set(found), key=len, reverse=True)  # the whole string before its pieces
 
 
-def _fixed_text(source: str) -> str:
+def fixed_text(source: str) -> str:
+    """A format string's fixed text, each placeholder as ``{}``."""
     node = _expr(source)
     if isinstance(node, ast.JoinedStr):
         return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)

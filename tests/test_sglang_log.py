@@ -18,7 +18,7 @@ from orchestrator.telemetry.server_log import (
     server_log_frame,
     stage_series,
 )
-from tests.sglang_render import format_strings, render
+from tests.sglang_render import fixed_text, format_strings, render
 
 DATA = Path(__file__).parent / "data" / "sglang"
 CASES = yaml.safe_load((DATA / "batch-lines.yaml").read_text())
@@ -200,3 +200,109 @@ def test_merge_resolved_prefers_server_info_and_internal_states() -> None:
     assert params["resolved.cuda_graph_bs_decode"] == "1,2,4,8,12,16,24,32,40,48,56,64"
     assert params["resolved.available_gpu_mem_gb_by_stage"] == "PP0=18.9;PP1=17.4"
     assert merge_resolved({}, {}) == {}
+
+
+# ---- batch lines assembled the way each release assembles them (msg = ...; msg += ...), every piece
+# rendered from that release's own format strings
+
+def _piece(version: str, starts: str, values: dict[str, object], file: str) -> str:
+    found = format_strings(version, starts, file, starts=True)
+    assert found, f"SGLang {version} has no format string starting {starts!r} in {file}"
+    return render(found[0], values)
+
+
+POOLS = {  # decode-line usage of each KV pool kind: what the parser must make of it
+    "plain": {"token": 5120, "token_usage": 0.31},
+    "swa": {"full_token": 5120, "full_token_usage": 0.31, "swa_token": 2048, "swa_token_usage": 0.62,
+            "token": 5120, "token_usage": 0.62},
+    "mamba": {"full_token": 5120, "full_token_usage": 0.31, "mamba_num": 12, "mamba_usage": 0.75,
+              "token": 5120, "token_usage": 0.31},
+}
+
+
+def _usage_0_5_23(pool: str, prefill: bool) -> str:
+    f = "pool_stats_observer.py"
+    full = {"self.full_num_used": 5120, "self.full_token_usage": 0.31}
+    parts = []
+    if pool == "plain":
+        parts = [_piece("0.5.23", "token usage: {}" if prefill else "#token: {}", full, f)]
+    else:
+        if not prefill:
+            parts.append(_piece("0.5.23", "#full token: {}", full, f))
+        parts.append(_piece("0.5.23", "full token usage: {}", full, f))
+        if pool == "swa":
+            if not prefill:
+                parts.append(_piece("0.5.23", "#swa token: {}", {"self.swa_num_used": 2048}, f))
+            parts.append(_piece("0.5.23", "swa token usage: {}", {"self.swa_token_usage": 0.62}, f))
+        else:
+            if not prefill:
+                parts.append(_piece("0.5.23", "mamba num: {}", {"self.mamba_num_used": 12}, f))
+            parts.append(_piece("0.5.23", "mamba usage: {}", {"self.mamba_usage": 0.75}, f))
+    return ", ".join(parts) + ", "  # as pool_stats_observer's callers join them
+
+
+def _usage_0_5_9(pool: str, prefill: bool) -> str:
+    f = "scheduler_metrics_mixin.py"
+    values = {"num_used": 5120, "token_usage": 0.31, "full_num_used": 5120, "full_token_usage": 0.31,
+              "swa_num_used": 2048, "swa_token_usage": 0.62, "mamba_used": 12, "mamba_usage": 0.75}
+    if pool == "plain":
+        return _piece("0.5.9", "token usage: {}" if prefill else "#token: {}", values, f)
+    second = "swa token usage" if pool == "swa" else "mamba usage"
+    first = "full token usage: {}" if prefill else "#full token: {}"
+    found = [s for s in format_strings("0.5.9", first, f, starts=True) if second in s]
+    return render(found[0], values)
+
+
+def _decode_line(version: str, pool: str) -> str:
+    new = version == "0.5.23"
+    f = "metrics_reporter.py" if new else "scheduler_metrics_mixin.py"
+    head = _piece(version, "Decode batch", {"iter_msg": "", "num_running_reqs": 16,
+                                            "token_usage_msg": (_usage_0_5_23 if new else _usage_0_5_9)(
+                                                pool, False)}, f)
+    graph = "self._graph_backend_label" if new else "graph_backend[self.device]"
+    queue = "len(self.scheduler.waiting_queue)" if new else "len(self.waiting_queue)"
+    tail = _piece(version, "{}: {}, gen throughput", {graph: "cuda graph", "can_run_cuda_graph": True,
+                                                       "self.last_gen_throughput": 901.77, queue: 4}, f)
+    return head + tail
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+@pytest.mark.parametrize("pool", list(POOLS))
+def test_decode_lines_rendered_from_each_release(version: str, pool: str) -> None:
+    row = parse_log_line("[2026-12-01 10:00:01.250 PP1 TP0] " + _decode_line(version, pool))
+    assert row is not None and row["kind"] == "decode" and (row["pp"], row["tp"]) == (1, 0)
+    expected = {"running_req": 16, "cuda_graph": True, "gen_throughput": 901.77, "queue_req": 4,
+                **POOLS[pool]}
+    assert {k: row.get(k) for k in expected} == expected
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_prefill_lines_rendered_from_each_release(version: str) -> None:
+    new = version == "0.5.23"
+    f = "metrics_reporter.py" if new else "scheduler_metrics_mixin.py"
+    stats = {"iter_msg": "", "prefill_stats.num_new_seqs": 2, "prefill_stats.log_input_tokens": 4096,
+             "prefill_stats.log_hit_tokens": 0,
+             "token_usage_msg": (_usage_0_5_23 if new else _usage_0_5_9)("plain", True),
+             "prefill_stats.num_running_reqs.total": 6, "prefill_stats.running_bs": 6,
+             "len(self.scheduler.waiting_queue)": 3, "len(self.waiting_queue)": 3,
+             "prefill_stats.num_pending_tokens": 0}
+    line = _piece(version, "Prefill batch", stats, f)
+    graph = {"self._graph_backend_label" if new else "graph_backend[self.device]": "cuda graph",
+             "can_run_cuda_graph": False}
+    throughput = _piece(version, "input throughput", {"self.last_input_throughput": 12345.6}, f)
+    # the graph label alone: "{label}: {bool}, " (0.5.23, before the throughput) or "{label}: {bool}"
+    # (0.5.9, last)
+    label = next(render(x, graph) for x in format_strings(version, "{}: {}", f, starts=True)
+                 if fixed_text(x) == ("{}: {}, " if new else "{}: {}"))
+    line += label + throughput if new else throughput + label
+    row = parse_log_line("[2026-12-01 10:00:02.500 PP0 TP0] " + line)
+    assert row is not None and row["kind"] == "prefill"
+    expected = {"new_seq": 2, "new_token": 4096, "cached_token": 0, "token_usage": 0.31, "running_req": 6,
+                "queue_req": 3, "cuda_graph": False, "input_throughput": 12345.6}
+    assert {k: row.get(k) for k in expected} == expected
+
+
+def test_a_musa_nodes_graph_label_reads_as_the_cuda_graph_column() -> None:
+    # 0.5.23 labels the column by device: "cuda graph", "musa graph", "npu graph", "cpu graph"
+    line = _decode_line("0.5.23", "plain").replace("cuda graph", "musa graph")
+    assert parse_log_line("[2026-12-01 10:00:01.250 TP0] " + line)["cuda_graph"] is True

@@ -33,10 +33,11 @@ BASE_COLUMNS = ["ts", "kind", "iter", *_RANKS]
 
 def _field_name(key: str) -> str:
     """``#running-req`` -> running_req, ``gen throughput (token/s)`` -> gen_throughput,
-    ``cpu graph``/``npu graph`` -> cuda_graph (the label names the device, the meaning is the same)."""
+    ``cpu graph``/``npu graph``/``musa graph`` -> cuda_graph (the label names the device, the meaning
+    is the same)."""
     name = re.sub(r"\([^)]*\)", "", key).strip().lower().lstrip("#")
     name = re.sub(r"[^a-z0-9]+", "_", name).strip("_")
-    return "cuda_graph" if name in ("cpu_graph", "npu_graph") else name
+    return "cuda_graph" if name in ("cpu_graph", "npu_graph", "musa_graph") else name
 
 
 def _value(text: str) -> Any:
@@ -80,6 +81,13 @@ def parse_log_line(line: str) -> dict[str, Any] | None:
         if sep and key.strip():
             row[_field_name(key)] = _value(value)
             fields += 1
+    # hybrid models report each pool apart (0.5.9 and 0.5.23: "#full token"/"full token usage" with
+    # "#swa token"/"swa token usage" for sliding-window layers, or "mamba num"/"mamba usage" for state
+    # space ones); the KV pool's fill is the fuller of the token pools, as SGLang's own gauge takes it
+    if "token_usage" not in row and "full_token_usage" in row:
+        row["token_usage"] = max(row["full_token_usage"], row.get("swa_token_usage", 0.0))
+    if "token" not in row and "full_token" in row:
+        row["token"] = max(row["full_token"], row.get("swa_token", 0))
     return row if fields else None  # "Decode batch, " alone is not a stats line
 
 
