@@ -12,6 +12,7 @@ without a value is an error, so a release that changed its wording fails the tes
 from __future__ import annotations
 
 import ast
+import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,7 +24,7 @@ CONVERSIONS = {115: str, 114: repr, 97: ascii}
 def format_strings(version: str, anchor: str, file_suffix: str = "", starts: bool = False) -> list[str]:
     """The release's recorded format strings (source text) whose fixed text contains ``anchor`` (begins
     with it, with ``starts``), in files whose path ends with ``file_suffix``."""
-    data = json.loads((RELEASES / f"sglang-{version}.json").read_text())
+    data = _record(version)
     def fits(source: str) -> bool:
         text = fixed_text(source)
         return text.startswith(anchor) if starts else anchor in text
@@ -33,6 +34,12 @@ def format_strings(version: str, anchor: str, file_suffix: str = "", starts: boo
     return sorted(set(found), key=len, reverse=True)  # the whole string before its pieces
 
 
+@functools.cache
+def _record(version: str) -> dict:
+    return json.loads((RELEASES / f"sglang-{version}.json").read_text())
+
+
+@functools.cache
 def fixed_text(source: str) -> str:
     """A format string's fixed text, each placeholder as ``{}``."""
     node = _expr(source)

@@ -9,6 +9,7 @@ the version thresholds are only the fallback when no flag set is at hand.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -121,6 +122,7 @@ class ReleaseFacts:
     env: list[str]  # SGLANG_* variables the release reads
 
     @classmethod
+    @functools.cache  # a handful of committed files, each read once per process
     def load(cls, version: str) -> ReleaseFacts:
         path = resources.files(__package__).joinpath(f"releases/sglang-{version}.json")
         data = json.loads(path.read_text())
