@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -78,3 +79,14 @@ def render(source: str, values: Mapping[str, object] | None = None, percent: tup
         spec = render(ast.unparse(part.format_spec), values) if part.format_spec is not None else ""
         out.append(format(value, spec))
     return "".join(out)
+
+
+def matches_a_format(version: str, message: str) -> bool:
+    """Whether a whole log message could have come from one of the release's recorded format strings
+    (each placeholder, or %-conversion, standing for any text)."""
+    for entry in _record(version)["log_formats"]:
+        parts = re.split(r"\{\}|%(?:\.\d+)?[dsf]", fixed_text(entry["source"]))
+        pattern = ".*?".join(re.escape(p) for p in parts)
+        if (len(parts) > 1 or parts[0]) and re.fullmatch(pattern, message, flags=re.S):
+            return True
+    return False

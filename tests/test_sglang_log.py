@@ -18,7 +18,7 @@ from orchestrator.telemetry.server_log import (
     server_log_frame,
     stage_series,
 )
-from tests.sglang_render import fixed_text, format_strings, render
+from tests.sglang_render import fixed_text, format_strings, matches_a_format, render
 
 DATA = Path(__file__).parent / "data" / "sglang"
 CASES = yaml.safe_load((DATA / "batch-lines.yaml").read_text())
@@ -306,3 +306,18 @@ def test_a_musa_nodes_graph_label_reads_as_the_cuda_graph_column() -> None:
     # 0.5.23 labels the column by device: "cuda graph", "musa graph", "npu graph", "cpu graph"
     line = _decode_line("0.5.23", "plain").replace("cuda graph", "musa graph")
     assert parse_log_line("[2026-12-01 10:00:01.250 TP0] " + line)["cuda_graph"] is True
+
+
+def test_the_documented_0_5_23_start_up_fixture_matches_the_releases_formats() -> None:
+    # startup-0.5.23.log was written from the documented formats before the release records existed:
+    # every line the parser draws a fact from must be one 0.5.23 can print
+    read = 0
+    for line in (DATA / "startup-0.5.23.log").read_text().splitlines():
+        if line.startswith("#") or not resolved_from_startup_log(line):
+            continue
+        message = line[line.index("] ") + 2:]
+        assert matches_a_format("0.5.23", message), message
+        read += 1
+    assert read >= 8
+    old_wording = "KV Cache is allocated. #tokens: 5, K size: 1.00 GB, V size: 1.00 GB"  # 0.5.9's: no dtype
+    assert not matches_a_format("0.5.23", old_wording) and matches_a_format("0.5.9", old_wording)
