@@ -8,23 +8,9 @@
 #        default the same), MODEL (default tiny-test), SMOKE_DIR (output; default a temp dir)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${PARASWEEP_PYTHON:-$ROOT/.venv/bin/python}"
-[ -x "$PY" ] || PY="$(command -v python3)"
-ENGINE_PY="${SGLANG_PYTHON:-$PY}"
-MODEL="${MODEL:-tiny-test}"
-
-skip() { echo "gpu_smoke: SKIP: $*"; exit 0; }
-
-# a GPU, as NVML sees it (the same check parasweep's engine=auto uses)
-GPUS="$(cd "$ROOT" && "$PY" -c 'from orchestrator.gpus import local_gpu_count; print(local_gpu_count())' \
-        2>/dev/null || echo 0)"
-[ "${GPUS:-0}" -gt 0 ] || skip "no GPU visible to NVML on this machine"
-# SGLang in the engine interpreter (a broken install is a failure, not a skip)
-if ! "$ENGINE_PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("sglang") is None)'; then
-    skip "SGLang is not installed for $ENGINE_PY (set SGLANG_PYTHON to an interpreter that has it)"
-fi
-VERSION="$("$ENGINE_PY" -c 'import sglang; print(sglang.__version__)' 2>/dev/null | tail -n 1)"
+# interpreters, model, GPU and SGLang (or a one-line skip): scripts/sglang_node.sh
+# shellcheck source=scripts/sglang_node.sh
+source "$(dirname "${BASH_SOURCE[0]}")/sglang_node.sh"
 echo "gpu_smoke: SGLang $VERSION ($ENGINE_PY), $GPUS GPU(s), model=$MODEL"
 
 WORK="${SMOKE_DIR:-$(mktemp -d -t parasweep-gpu-smoke.XXXXXX)}"
