@@ -303,7 +303,10 @@ def test_sweep_goes_on_past_its_faulty_trials(fault_sweep: dict[str, object]) ->
     assert set(trials) == set(FAULTS), result.stdout + result.stderr  # type: ignore[union-attr]
     status = {k: run.data.tags[Tag.STATUS] for k, run in trials.items()}  # type: ignore[union-attr]
     failed = {"crash", "hang", "hang_before_ready", "oom"}
-    assert status == {k: "failed" if k in failed else "ok" for k in FAULTS}
+    expected = {k: "failed" if k in failed else "ok" for k in FAULTS}
+    why = {k: trials[k].data.tags.get(Tag.ERROR, "").splitlines()[-1:]  # type: ignore[union-attr]
+           for k in FAULTS if status[k] != expected[k]}
+    assert status == expected, f"unexpected outcomes, with each trial's last error line: {why}"
     assert result.returncode == 1  # type: ignore[union-attr]
     assert "Traceback" not in result.stderr  # type: ignore[union-attr]
     assert fault_sweep["leftovers"] == []
