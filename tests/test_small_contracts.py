@@ -48,3 +48,18 @@ def test_a_layout_that_cannot_fit_is_drawn_without_a_warning(tmp_path: Path) -> 
     fig.savefig(tmp_path / "drawn.png")
     plt.close(fig)
     assert (tmp_path / "drawn.png").stat().st_size > 0
+
+
+def test_a_local_ray_address_means_the_same_everywhere() -> None:
+    # null, "" and "local" are the sweep's own local Ray: validation, GPU counting and the launcher
+    # all ask joins_cluster, so "local" is never taken for a cluster anywhere
+    from orchestrator.config.schema import ParasweepConf, joins_cluster
+    from orchestrator.config.validate import available_gpus
+
+    assert [joins_cluster(a) for a in (None, "", "local", "auto", "10.0.0.1:6379")] == [
+        False, False, False, True, True]
+    cfg = ParasweepConf()
+    cfg.ray.address = "local"
+    assert available_gpus(cfg, "sglang")[1] != "a Ray cluster decides"  # was: taken for a cluster
+    cfg.ray.address = "auto"
+    assert available_gpus(cfg, "sglang")[1] == "a Ray cluster decides"

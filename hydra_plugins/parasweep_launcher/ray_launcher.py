@@ -217,6 +217,7 @@ class ParasweepRayLauncher(Launcher):
         return reused
 
     def _run_on_ray(self, ray_jobs: list[Any], jobs: list[Any], sweep: Any, sweep_dir: Path) -> list[Any]:
+        from orchestrator.config.schema import joins_cluster
         from orchestrator.errors import UserError
         from orchestrator.launcher.ray_cluster import init_ray
         from orchestrator.launcher.ray_runner import RayTrialRunner
@@ -225,7 +226,7 @@ class ParasweepRayLauncher(Launcher):
         if num_gpus is None and all(j.engine == "sim" for j in jobs):
             num_gpus = jobs[0].cfg.hardware.num_gpus  # the simulated node's GPUs, for placement
         num_cpus = sweep.ray_num_cpus
-        if num_cpus is None and sweep.ray_address is None and num_gpus:
+        if num_cpus is None and not joins_cluster(sweep.ray_address) and num_gpus:
             # let GPUs decide how many trials fit side by side, not this machine's core count
             per_trial = max(j.cfg.ray.cpus_per_trial for j in jobs)
             num_cpus = max(os.cpu_count() or 1, int(num_gpus * per_trial))

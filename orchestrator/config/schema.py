@@ -141,6 +141,12 @@ class TrackingConf:
     engine_reason: str | None = None  # why the trial runs on its engine (engine=auto's choice, ...)
 
 
+def joins_cluster(address: str | None) -> bool:
+    """Whether ``ray.address`` names a cluster to join ("auto", host:port); null, "" and "local" all
+    mean the sweep's own local Ray instance."""
+    return address not in (None, "", "local")
+
+
 @dataclass
 class RayConf:
     address: str | None = None  # null: start a local Ray; "auto" or host:port joins a cluster

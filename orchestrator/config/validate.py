@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.model_info import model_info
-from orchestrator.config.schema import ParasweepConf, SimFaultConf
+from orchestrator.config.schema import ParasweepConf, SimFaultConf, joins_cluster
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import local_gpu_count, sglang_installed
 
@@ -58,7 +58,7 @@ def available_gpus(cfg: ParasweepConf, engine: str) -> tuple[int, str]:
         return cfg.hardware.num_gpus, f"hardware {cfg.hardware.name} has {cfg.hardware.num_gpus} GPUs"
     if cfg.ray.num_gpus is not None:
         return cfg.ray.num_gpus, f"ray.num_gpus declares {cfg.ray.num_gpus} GPUs"
-    if cfg.ray.address is not None:
+    if joins_cluster(cfg.ray.address):
         return 1 << 30, "a Ray cluster decides"  # placement is checked against the cluster itself
     n = local_gpu_count()
     return n, f"this node has {n} GPUs (NVML)"
@@ -81,7 +81,7 @@ def _positive(key: str, value: Any, allow_none: bool = False) -> None:
 
 def _validate_ray(cfg: ParasweepConf) -> None:
     """A joined cluster's resources are its own: declaring GPUs or CPUs is for a local Ray only."""
-    if cfg.ray.address in (None, "", "local"):
+    if not joins_cluster(cfg.ray.address):
         return
     for key, value in (("ray.num_gpus", cfg.ray.num_gpus), ("ray.num_cpus", cfg.ray.num_cpus)):
         if value is not None:
@@ -163,8 +163,8 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
                           why=f"model {cfg.model.name} has a {context}-token context")
     if cfg.ray.num_gpus is not None and cfg.ray.num_gpus < 0:
         raise ConfigError("ray.num_gpus", cfg.ray.num_gpus, "an integer >= 0 or null")
-    remote = cfg.ray.address not in (None, "auto", "local") and not str(cfg.ray.address).startswith(
-        ("127.", "localhost"))
+    remote = joins_cluster(cfg.ray.address) and cfg.ray.address != "auto" and not str(
+        cfg.ray.address).startswith(("127.", "localhost"))
     if remote and (cfg.tracking.uri or "sqlite").startswith("sqlite"):
         raise ConfigError("tracking.uri", cfg.tracking.uri, "an MLflow tracking server URL (http://...)",
                           why="trials on a remote Ray cluster cannot write a local sqlite file; start "

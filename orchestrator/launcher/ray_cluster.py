@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.schema import joins_cluster
 from orchestrator.errors import UserError
 
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
@@ -111,7 +112,7 @@ def _local_kwargs(num_gpus: int | None, num_cpus: int | None) -> dict[str, Any]:
 
 def init_ray(address: str | None, num_gpus: int | None, num_cpus: int | None) -> ClusterInfo:
     """Start the sweep's own local Ray (address None) or join a cluster; what it runs on."""
-    if address in ("", "local"):  # said explicitly: the sweep's own local instance, as with null
+    if not joins_cluster(address):  # null, "" or "local": the sweep's own local instance
         address = None
     # the environment first: Ray reads its single-machine switch when it is imported
     kwargs = _join_kwargs(address) if address else _local_kwargs(num_gpus, num_cpus)
