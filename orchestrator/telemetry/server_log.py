@@ -245,12 +245,12 @@ def merge_resolved(server_info: Mapping[str, Any], startup: Mapping[str, Any],
     effective = state.get("effective_max_running_requests_per_dp")
     if effective is not None:  # the value the scheduler actually enforces (per DP worker)
         resolved["max_running_requests"] = effective
-    graph = server_info.get("cuda_graph_config")
-    nested = graph.get("decode", {}).get("max_bs") if isinstance(graph, Mapping) else None
-    for value in (nested, server_info.get("cuda_graph_max_bs")):
-        if value is not None and server_info.get("cuda_graph_max_bs_decode") is None:
-            resolved["cuda_graph_max_bs_decode"] = value
-            break
+    if server_info.get("cuda_graph_max_bs_decode") is None:  # the input: null unless the user set it
+        graph = server_info.get("cuda_graph_config")
+        nested = graph.get("decode", {}).get("max_bs") if isinstance(graph, Mapping) else None
+        size = nested if nested is not None else server_info.get("cuda_graph_max_bs")
+        if size is not None:
+            resolved["cuda_graph_max_bs_decode"] = size
     return resolved
 
 

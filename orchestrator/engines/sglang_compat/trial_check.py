@@ -4,11 +4,11 @@ Written for the first run on a GPU node with real SGLang (``scripts/gpu_first_no
 against the simulated engine in the tests, which must pass it too (it stands in for SGLang). For each
 trial directory it checks, and says in one line per difference:
 
-- ``server/server_info.json``: a supported version; the places the adapter reads resolved values
-  from (``internal_states[0]``: ``effective_max_running_requests_per_dp``, ``pp_max_micro_batch_size``;
-  the decode CUDA-graph size, ``cuda_graph_config.decode.max_bs`` or 0.5.9's ``cuda_graph_max_bs``);
-- the resolved configuration (``/server_info`` plus the start-up log): every value the diagnosis
-  relies on is there;
+- ``server/server_info.json``: a supported version, and the scheduler's own state
+  (``internal_states[0]``: ``effective_max_running_requests_per_dp``, ``pp_max_micro_batch_size``);
+- the resolved configuration (``/server_info`` plus the start-up log, read as every trial reads them,
+  ``server_log.resolved_config``): every value the diagnosis relies on is there, the decode
+  CUDA-graph size included where graphs are on;
 - ``server/server.log``: millisecond stamps, every ``Decode batch``/``Prefill batch`` line parsed, and
   decode lines from every pipeline stage;
 - ``telemetry/server_metrics.jsonl``: every scheduler gauge the stage series reads, one series per
@@ -32,7 +32,6 @@ from pathlib import Path
 from orchestrator.engines.sglang_compat.versions import (
     NEWEST_KNOWN,
     OLDEST_SUPPORTED,
-    parse_version,
     release_facts,
     supported,
 )
@@ -75,7 +74,7 @@ def check_trial(trial: Path) -> tuple[list[str], list[str]]:
            f"version {version!r}: parasweep reads SGLang {OLDEST_SUPPORTED} to {NEWEST_KNOWN}")
     tp, pp = int(info.get("tp_size") or 1), int(info.get("pp_size") or 1)
     dp = int(info.get("dp_size") or 1)
-    _check_server_info(info, version if known else NEWEST_KNOWN, expect)
+    _check_internal_state(info, expect)
 
     log_path = trial / "server" / "server.log"
     log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
@@ -93,23 +92,12 @@ def check_trial(trial: Path) -> tuple[list[str], list[str]]:
     return ok, differ
 
 
-def _check_server_info(info: dict, version: str, expect: Expect) -> None:
+def _check_internal_state(info: dict, expect: Expect) -> None:
     states = info.get("internal_states")
     state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
     for key in ("effective_max_running_requests_per_dp", "pp_max_micro_batch_size"):
         expect(state.get(key) is not None, f"/server_info internal_states[0].{key} = {state.get(key)}",
                f"/server_info internal_states[0] has no {key} (keys: {', '.join(sorted(state)[:12])}...)")
-    if info.get("disable_cuda_graph"):
-        return
-    graph = info.get("cuda_graph_config")
-    nested = graph.get("decode", {}).get("max_bs") if isinstance(graph, dict) else None
-    if parse_version(version) >= (0, 5, 15):
-        expect(nested is not None, f"/server_info cuda_graph_config.decode.max_bs = {nested}",
-               "/server_info has no cuda_graph_config.decode.max_bs")
-    else:
-        expect(info.get("cuda_graph_max_bs") is not None,
-               f"/server_info cuda_graph_max_bs = {info.get('cuda_graph_max_bs')}",
-               "/server_info has no cuda_graph_max_bs")
 
 
 def _check_log(path: Path, text: str, pp: int, expect: Expect) -> None:
@@ -135,14 +123,14 @@ def _check_metrics(path: Path, version: str, pp: int, expect: Expect) -> None:
         expect(False, "", "no /metrics samples (telemetry/server_metrics.jsonl)")
         return
     facts = release_facts(version)
-    allowed = set(facts.scheduler_labels)
+    allowed = set(facts.scheduler_labels) | set(facts.scheduler_labels_conditional)
     names = set(samples["name"])
     # the retraction counter appears only once a request was retracted
     for name in (n for n in GAUGES if n != "sglang:num_retracted_requests_total"):
         rows = samples[samples["name"] == name]
         labels = [json.loads(x) for x in rows["labels"]]
         stages = {int(x.get("pp_rank", -1)) for x in labels}
-        extra = sorted({k for x in labels for k in x} - allowed - {"dp_rank", "priority"})
+        extra = sorted({k for x in labels for k in x} - allowed)
         expect(name in names and stages == set(range(pp)) and not extra,
                f"/metrics {name}: one series per stage",
                f"/metrics {name}: " + ("absent" if name not in names else

@@ -119,6 +119,7 @@ class ReleaseFacts:
     routes: dict[str, list[str]]  # path -> methods
     metrics: dict[str, dict[str, object]]  # exposed name -> {"type", "labelnames"}
     scheduler_labels: list[str]  # the labels on every scheduler metric
+    scheduler_labels_conditional: list[str]  # labels added where a setting asks (dp_rank, priority)
     env: list[str]  # SGLANG_* variables the release reads
 
     @classmethod
@@ -128,8 +129,9 @@ class ReleaseFacts:
         data = json.loads(path.read_text())
         flags = FlagSet.from_json({"sglang_version": data["sglang_version"], "actions": data["flags"]},
                                   source=f"recorded flag set of SGLang {version} (read from {data['wheel']})")
-        return cls(version, flags, data["routes"], data["metrics"]["series"],
-                   data["metrics"]["scheduler_labels"], data["env"])
+        metrics = data["metrics"]
+        return cls(version, flags, data["routes"], metrics["series"], metrics["scheduler_labels"],
+                   metrics["scheduler_labels_conditional"], data["env"])
 
 
 def release_facts(version: str) -> ReleaseFacts:
