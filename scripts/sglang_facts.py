@@ -80,17 +80,16 @@ def release_version(wheel: Path) -> str:
     return m.group(1)
 
 
-_PARSED: dict[tuple[str, int], ast.Module | None] = {}
+_PARSED: dict[str, ast.Module | None] = {}  # one wheel's files by path (cleared for each wheel)
 
 
 def _tree(name: str, text: str) -> ast.Module | None:
-    key = (name, hash(text))
-    if key not in _PARSED:
+    if name not in _PARSED:
         try:
-            _PARSED[key] = ast.parse(text)
+            _PARSED[name] = ast.parse(text)
         except SyntaxError:  # a file for another Python version: not ours to read
-            _PARSED[key] = None
-    return _PARSED[key]
+            _PARSED[name] = None
+    return _PARSED[name]
 
 
 def _trees(files: dict[str, str], pattern: str) -> Iterator[tuple[str, ast.Module]]:

@@ -275,15 +275,15 @@ def _by_index(nvml: Any, index: int) -> DeviceMatch:
         return DeviceMatch(f"GPU {index}", None, f"GPU {index} cannot be opened through NVML ({exc})")
 
 
-def _uuid_of(nvml: Any, index: int) -> str | None:
-    """GPU ``index``'s UUID; None where NVML cannot open or read it."""
+def _with_uuid(nvml: Any, index: int) -> tuple[DeviceMatch, str | None]:
+    """GPU ``index`` and its UUID; no UUID where NVML cannot open or read it."""
     match = _by_index(nvml, index)
     if match.handle is None:
-        return None
+        return match, None
     try:
-        return _text(nvml.nvmlDeviceGetUUID(match.handle))
+        return match, _text(nvml.nvmlDeviceGetUUID(match.handle))
     except nvml.NVMLError:
-        return None
+        return match, None
 
 
 def visible_devices(nvml: Any, visible: str | None, limit: int | None = None) -> list[DeviceMatch]:
@@ -295,7 +295,7 @@ def visible_devices(nvml: Any, visible: str | None, limit: int | None = None) ->
     n = int(nvml.nvmlDeviceGetCount())
     if visible is None:
         return [_by_index(nvml, i) for i in range(n if limit is None else min(n, limit))]
-    uuids: list[str | None] | None = None  # the indexed GPUs' UUIDs, read once a prefix needs them
+    indexed: list[tuple[DeviceMatch, str | None]] | None = None  # opened once a UUID entry needs them
     out: list[DeviceMatch] = []
     for entry in (e.strip() for e in visible.split(",")):
         if not entry:
@@ -314,12 +314,13 @@ def visible_devices(nvml: Any, visible: str | None, limit: int | None = None) ->
             out.append(DeviceMatch(entry, None, f"CUDA_VISIBLE_DEVICES entry {entry!r} is neither a GPU "
                                                 "index nor a GPU-/MIG- UUID"))
             continue
-        if uuids is None:  # a GPU NVML cannot open or read has no UUID here, and matches nothing
-            uuids = [_uuid_of(nvml, i) for i in range(n)]
+        if indexed is None:  # a GPU NVML cannot open or read has no UUID here, and matches nothing
+            indexed = [_with_uuid(nvml, i) for i in range(n)]
+        uuids = [u for _, u in indexed]
         # a whole UUID is a prefix of itself (and of no other: NVML's UUIDs are all one length)
         hits = [i for i, u in enumerate(uuids) if u is not None and u.startswith(entry)]
         if len(hits) == 1:
-            out.append(DeviceMatch(f"GPU {hits[0]} ({entry})", nvml.nvmlDeviceGetHandleByIndex(hits[0])))
+            out.append(DeviceMatch(f"GPU {hits[0]} ({entry})", indexed[hits[0]][0].handle))
         elif hits:
             gpus = ", ".join(f"GPU {i}" for i in hits)
             out.append(DeviceMatch(entry, None, f"CUDA_VISIBLE_DEVICES entry {entry!r} is a prefix of "
