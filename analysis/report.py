@@ -84,6 +84,9 @@ def engine_lines(runs: list[Any]) -> list[str]:
             text = f"Engine {engine} {', '.join(versions)}".rstrip() + why
             text += ": measured" if engine == "sglang" else ""
         lines.append(f"{who}{text}")
+    costs = sorted({r.data.tags.get(Tag.STEP_COSTS, "") for r in runs} - {""})
+    if costs:
+        lines.append(f"Step costs of the simulator's numbers and predictions: {'; '.join(costs)}")
     return lines
 
 

@@ -29,6 +29,7 @@ class SweepState:
     sweep_dir: str
     multirun: bool
     mode: str = "measure"  # or "prediction" (predict=true)
+    step_costs: str = ""  # what prices the simulator's steps for the sweep's base config
     run_id: str | None = None
     experiment_id: str | None = None
 
@@ -43,7 +44,20 @@ def note_sweep(config: DictConfig, multirun: bool) -> None:
     sweep_dir = str(config.hydra.sweep.dir if multirun else config.hydra.run.dir)
     ACTIVE = SweepState(tracking_uri(config.tracking.uri), config.tracking.experiment,
                         os.path.abspath(sweep_dir), multirun,
-                        mode="prediction" if config.get("predict") else "measure")
+                        mode="prediction" if config.get("predict") else "measure",
+                        step_costs=_step_costs(config))
+
+
+def _step_costs(config: DictConfig) -> str:
+    """The step-cost label of the base config ("" when it is invalid: validation says why later)."""
+    from simulator import SGLANG_COMPAT_VERSION
+    from simulator.step_costs import StepCostsError, describe_step_costs
+
+    try:
+        return describe_step_costs(str(config.simulator.step_costs), config.hardware.get("kernel_tables"),
+                                   SGLANG_COMPAT_VERSION).label()
+    except StepCostsError:
+        return ""
 
 
 def ensure_started() -> str | None:
@@ -80,7 +94,8 @@ def _start_sweep_run(tracker: Tracker, state: SweepState) -> str:
         tags={Tag.KIND: RunKind.SWEEP.value, Tag.MODE: state.mode, Tag.STATUS: TrialStatus.RUNNING.value,
               Tag.STARTED: time.strftime("%Y-%m-%d %H:%M:%S"),
               Tag.COMMAND: f"python run.py {args}".strip(),
-              Tag.SWEEP_DIR: state.sweep_dir, **driver_tags()})
+              Tag.SWEEP_DIR: state.sweep_dir, **driver_tags(),
+              **({Tag.STEP_COSTS: state.step_costs} if state.step_costs else {})})
 
 
 class SweepCallback(Callback):

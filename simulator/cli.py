@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="hardware profile: a name under conf/hardware/ or a path to a .yaml/.json file")
     a("--sim-calibration", default=None, metavar="PATH",
       help="calibration profile (YAML) with fitted cost-model constants (python -m orchestrator calibrate)")
+    a("--sim-step-costs", default="auto", choices=["auto", "roofline", "measured"],
+      help="what prices each step's kernels: measured kernel tables (aiconfigurator-core) for the hardware "
+           "profile's GPU, the roofline, or auto (measured where covered)")
     a("--sim-time-scale", type=float, default=1.0, metavar="F",
       help="simulated seconds per wall-clock second (2.0 runs twice as fast)")
     _add_fault_flags(p)

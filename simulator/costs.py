@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 from simulator.model_spec import BF16_BYTES, ModelSpec
 from vocab.hardware import HardwareConf
@@ -61,6 +62,13 @@ class CostParams:
     # PP: the output dict (sampled ids) goes back from the last stage to stage 0 through the CPU (gloo)
     # group as a pickle; the request list is relayed stage by stage the same way.
     pp_return_host_us: float = 150.0
+    # Measured step costs only (simulator/measured_costs.py): a calibration profile's scale on each
+    # operator family's measured time, for a deployment whose kernels run faster or slower than the GPU
+    # the tables were measured on (clocks, power cap, driver).
+    scale_gemm: float = 1.0
+    scale_attention: float = 1.0
+    scale_moe: float = 1.0
+    scale_comm: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,22 @@ def ep_imbalance(num_experts: int, ep: int, touched: float) -> float:
     return min(mean + sd * math.sqrt(2.0 * math.log(ep)), per_rank) / mean
 
 
+class StepCostSource(Protocol):
+    """Where the GPU side of a stage's forward gets its price. The roofline below is the default; the
+    measured source (``simulator/measured_costs.py``) prices each operator from measured kernel tables.
+    Host costs, hops, the scheduler and the pipeline's dynamics stay in :class:`CostModel` whichever
+    source prices the kernels."""
+
+    def gpu_time(self, stage: int, shape: BatchShape) -> float:
+        """Seconds of kernels of one forward of ``shape`` on ``stage``, collectives excluded."""
+        ...
+
+    def comm_time(self, stage: int, shape: BatchShape, graph: bool) -> float:
+        """Seconds of the stage's TP/EP collectives in that forward (``graph``: replayed from a CUDA
+        graph, else launched eagerly)."""
+        ...
+
+
 class CostModel:
     def __init__(
         self,
@@ -122,6 +146,8 @@ class CostModel:
         layer_partition: list[int] | None = None,
     ) -> None:
         self.spec = spec
+        # None: the roofline prices the kernels; set by ``use_source`` to a measured source
+        self.source: StepCostSource | None = None
         self.hw = hw
         self.par = par
         self.p = params or CostParams()
@@ -182,9 +208,18 @@ class CostModel:
     def uses_cuda_graph(self, shape: BatchShape) -> bool:
         return shape.decode and not self.disable_cuda_graph and shape.seqs <= self.cuda_graph_max_bs
 
+    def use_source(self, source: StepCostSource) -> None:
+        """Price kernels and collectives from ``source`` instead of the roofline."""
+        self.source = source
+
     def gpu_time(self, stage: int, shape: BatchShape) -> float:
-        """Seconds of GPU work of one forward of ``shape`` on ``stage``, without collectives: the roofline
-        max of memory, compute and the kernel floor."""
+        """Seconds of GPU work of one forward of ``shape`` on ``stage``, without collectives: from the
+        step-cost source when one is set, else the roofline max of memory, compute and the kernel floor."""
+        if self.source is not None:
+            return self.source.gpu_time(stage, shape)
+        return self.roofline_gpu_time(stage, shape)
+
+    def roofline_gpu_time(self, stage: int, shape: BatchShape) -> float:
         st = self.stages[stage]
         spec, tp, p = self.spec, self.par.tp, self.p
         n = shape.tokens
@@ -223,6 +258,11 @@ class CostModel:
                 "eager": float(eager), "total": total}
 
     def comm_time(self, stage: int, shape: BatchShape) -> float:
+        if self.source is not None:
+            return self.source.comm_time(stage, shape, self.uses_cuda_graph(shape))
+        return self.roofline_comm_time(stage, shape)
+
+    def roofline_comm_time(self, stage: int, shape: BatchShape) -> float:
         st, tp, ep = self.stages[stage], self.par.tp, self.par.ep
         if tp == 1:
             return 0.0

@@ -58,6 +58,11 @@ class ModelSpec:
     embed_bytes_per_param: float
     kv_bytes_per_elem: float
     quant_desc: str  # e.g. "compressed-tensors (int4, group 32) on routed experts"; "" when unquantized
+    # GEMM widths the measured step costs need (the parameter counts above fold them in)
+    q_lora_rank: int = 0  # MLA: width of the low-rank query projection (0: one q_proj)
+    dense_inter: int = 0  # a dense layer's MLP intermediate size
+    moe_inter: int = 0  # one routed expert's intermediate size
+    shared_inter: int = 0  # all shared experts of a MoE layer together
 
     @property
     def is_moe(self) -> bool:
@@ -194,6 +199,7 @@ def spec_from_config(
     mla = cfg.get("kv_lora_rank") is not None
     if mla:
         q_lora = cfg.get("q_lora_rank")
+        q_lora_rank = int(q_lora or 0)
         kv_lora = int(cfg["kv_lora_rank"])
         rope = int(cfg["qk_rope_head_dim"])
         nope = int(cfg["qk_nope_head_dim"])
@@ -210,7 +216,7 @@ def spec_from_config(
         attention = "mla"
         kv_heads = heads
     else:
-        kv_lora = rope = 0
+        kv_lora = rope = q_lora_rank = 0
         qk_dim = int(_get(cfg, "head_dim", default=hidden // heads))
         v_dim = qk_dim
         attn = hidden * heads * qk_dim + 2 * hidden * kv_heads * qk_dim + heads * qk_dim * hidden
@@ -235,7 +241,7 @@ def spec_from_config(
         if not 0 < top_k <= num_experts:
             raise ModelConfigError(f"num_experts_per_tok must be in [1, {num_experts}], got {top_k}")
     else:
-        expert = shared = router = 0
+        expert = shared = router = moe_inter = shared_inter = 0
         mask = (False,) * layers
     dense_mlp = 3 * hidden * inter
 
@@ -286,5 +292,9 @@ def spec_from_config(
         embed_bytes_per_param=base,
         kv_bytes_per_elem=BF16_BYTES,
         quant_desc=quant_desc,
+        q_lora_rank=q_lora_rank,
+        dense_inter=inter,
+        moe_inter=moe_inter,
+        shared_inter=shared_inter,
     )
 

@@ -10,10 +10,12 @@ import os
 import random
 from pathlib import Path
 
+from simulator import SGLANG_COMPAT_VERSION
 from simulator.calibration import CalibrationError, load_calibration
 from simulator.costs import CostModel, CostParams, Parallel
 from simulator.model_spec import ModelConfigError, ModelSpec, load_model_spec
 from simulator.sim_config import MIB, SimConfig, StageMemory
+from simulator.step_costs import StepCostsError, apply_step_costs
 from vocab.hardware import HardwareConf, HardwareError, load_hardware, resolve_hardware_path
 
 # SGLang's memory tiers by total GPU memory (MiB thresholds): chunked_prefill_size, decode graph max bs
@@ -227,6 +229,11 @@ def resolve(args: argparse.Namespace) -> SimConfig:
             )
         )
     backend = args.attention_backend or _default_attention_backend(spec, hw)
+    try:
+        step_costs = apply_step_costs(getattr(args, "sim_step_costs", "auto"), cost, spec, hw.kernel_tables,
+                                      SGLANG_COMPAT_VERSION, backend)
+    except StepCostsError as e:
+        raise FlagError(str(e)) from e
     seed = args.random_seed if args.random_seed is not None else random.randint(0, 1 << 30)
     return SimConfig(
         args=args,
@@ -257,4 +264,5 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         stages=stages,
         warnings=warnings,
         health_check_timeout_s=_health_check_timeout(),
+        step_costs=step_costs,
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from simulator import SGLANG_COMPAT_VERSION, __version__
 from simulator.costs import CostModel, Parallel
 from simulator.model_spec import ModelSpec
+from simulator.step_costs import StepCosts
 from vocab.hardware import HardwareConf
 
 MIB = 2**20
@@ -57,6 +58,8 @@ class SimConfig:
     warnings: list[str] = field(default_factory=list)
     # /health's wait for the probe's output (SGLang's SGLANG_HEALTH_CHECK_TIMEOUT, default 20 s)
     health_check_timeout_s: float = 20.0
+    # what priced the kernels of each step (roofline or measured tables), for the run's records
+    step_costs: StepCosts = field(default_factory=lambda: StepCosts("roofline", "roofline"))
     startup_time: float = field(default_factory=time.time)
 
     @property
@@ -121,6 +124,7 @@ class SimConfig:
             "sim_stage_layers": list(self.cost.stage_layers),
             "sim_stage_weight_gb": [round(s.weight_bytes / 1e9, 3) for s in self.stages],
             "sim_stage_token_capacity": [s.token_capacity for s in self.stages],
+            "sim_step_costs": self.step_costs.to_dict(),
         }
         info["internal_states"] = [
             {

@@ -24,6 +24,7 @@ def cfg(tmp_path: Path, **params: float) -> tuple[ParasweepConf, list[str]]:
     c.model.name, c.model.path = "llama-3.1-8b", "models/llama-3.1-8b"
     c.hardware = load_hardware("h100-sxm-x8")
     c.workload.concurrency = [1]
+    c.simulator.step_costs = "roofline"  # eta_mem is a roofline constant
     if params:
         c.calibration.name, c.calibration.hardware = "mine", "h100-sxm-x8"
         c.calibration.params = {k: {"value": v, "source": "test"} for k, v in params.items()}

@@ -25,7 +25,9 @@ from workloads import LoadPoint, RequestSpec
 REPO = Path(__file__).resolve().parent.parent
 KIMI = str(REPO / "models" / "kimi-k2")
 PCIE = "rtx-pro-6000-pcie-x8"
-TP8 = ["--model-path", KIMI, "--tp-size", "8", "--sim-hardware", PCIE, "--random-seed", "0"]
+# worked by hand from the roofline's constants, so the roofline prices the kernels here
+TP8 = ["--model-path", KIMI, "--tp-size", "8", "--sim-hardware", PCIE, "--random-seed", "0",
+       "--sim-step-costs", "roofline"]
 EAGER = ["--disable-cuda-graph"]
 SPEC = RequestSpec(api="generate", input_len=1000, output_len=48)
 

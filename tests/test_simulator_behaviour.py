@@ -26,7 +26,10 @@ REPO = Path(__file__).resolve().parent.parent
 KIMI = str(REPO / "models" / "kimi-k2")
 PCIE = "rtx-pro-6000-pcie-x8"
 NVLINK = "h200-nvlink-x8"
-KIMI_PP8 = ["--model-path", KIMI, "--pp-size", "8", "--sim-hardware", PCIE]
+# The numbers below are worked by hand from the roofline (docs/simulator.md, "Worked example"), so these
+# tests ask for it; the measured step costs have tests of their own (test_measured_costs.py).
+ROOFLINE = ["--sim-step-costs", "roofline"]
+KIMI_PP8 = ["--model-path", KIMI, "--pp-size", "8", "--sim-hardware", PCIE, *ROOFLINE]
 # Decode-dominated requests: a short prompt and a long answer, so throughput is decode throughput.
 DECODE = RequestSpec(api="generate", input_len=32, output_len=256)
 # A layer split that balances Kimi's LM-head stage (SGLANG_PP_LAYER_PARTITION: layers per PP stage).
@@ -166,7 +169,7 @@ def test_tp8_single_stream_is_allreduce_bound_on_pcie_but_not_on_nvlink() -> Non
     shape = decode_shape([1024])
     share = {}
     for hw in (PCIE, NVLINK):
-        argv = ["--model-path", KIMI, "--tp-size", "8", "--sim-hardware", hw]
+        argv = ["--model-path", KIMI, "--tp-size", "8", "--sim-hardware", hw, *ROOFLINE]
         cfg = load_config(argv)
         parts = cfg.cost.breakdown(0, shape)
         share[hw] = parts["comm"] / parts["total"]

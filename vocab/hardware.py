@@ -35,6 +35,8 @@ class HardwareConf:
     kernel_launch_us: float = 0.0  # host cost per kernel launched eagerly
     graph_launch_us: float = 0.0  # host cost to replay one captured CUDA graph (one step)
     source: str = ""  # where the numbers come from (datasheets, measurements), with URLs
+    # the measured kernel tables of this GPU (an aiconfigurator-core system, e.g. "h100_sxm"); null: none
+    kernel_tables: str | None = None
 
 
 class HardwareError(ValueError):

@@ -124,6 +124,17 @@ class CalibrationConf:
 
 
 @dataclass
+class SimulatorConf:
+    """The simulator's model, wherever it runs: the simulated engine, ``predict=true``, the ``pred/``
+    metrics and every suggestion's predicted effect."""
+
+    # what prices each step's kernels: "measured" (kernel tables of the hardware profile's GPU, from
+    # aiconfigurator-core), "roofline" (bandwidth and compute peaks with fitted efficiencies), or "auto"
+    # (measured where the profile names tables and the package is installed, else the roofline)
+    step_costs: str = "auto"
+
+
+@dataclass
 class TelemetryConf:
     # GPU samples per second during a trial (NVML on a GPU node, the simulated engine's model
     # otherwise); 0 turns GPU sampling off
@@ -168,6 +179,7 @@ class ParasweepConf:
     model: ModelConf = field(default_factory=ModelConf)
     hardware: HardwareConf = field(default_factory=HardwareConf)
     calibration: CalibrationConf = field(default_factory=CalibrationConf)
+    simulator: SimulatorConf = field(default_factory=SimulatorConf)
     tp: TPConf = field(default_factory=TPConf)
     pp: PPConf = field(default_factory=PPConf)
     ep: EPConf = field(default_factory=EPConf)

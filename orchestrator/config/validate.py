@@ -150,6 +150,7 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
 
     _validate_workload(cfg)
     _validate_calibration(cfg)
+    _validate_step_costs(cfg)
     _validate_ray(cfg)
     if not 0 <= cfg.telemetry.gpu_hz <= MAX_GPU_HZ:
         raise ConfigError("telemetry.gpu_hz", cfg.telemetry.gpu_hz,
@@ -197,6 +198,21 @@ def _validate_sim_faults(cfg: ParasweepConf, engine: str, reason: str) -> None:
     _positive("engine.sim_faults.hang_after_requests", faults.hang_after_requests, allow_none=True)
     if not (math.isfinite(faults.startup_delay_s) and faults.startup_delay_s >= 0):
         raise ConfigError("engine.sim_faults.startup_delay_s", faults.startup_delay_s, "seconds >= 0")
+
+
+def _validate_step_costs(cfg: ParasweepConf) -> None:
+    """``simulator.step_costs`` names a mode, and ``measured`` needs tables for the hardware's GPU."""
+    from simulator import SGLANG_COMPAT_VERSION
+    from simulator.step_costs import MODES, StepCostsError, describe_step_costs
+
+    mode = cfg.simulator.step_costs
+    if mode not in MODES:
+        raise ConfigError("simulator.step_costs", mode, ", ".join(MODES))
+    try:
+        describe_step_costs(mode, cfg.hardware.kernel_tables, SGLANG_COMPAT_VERSION)
+    except StepCostsError as exc:
+        raise ConfigError("simulator.step_costs", mode, "auto or roofline",
+                          why=str(exc).split(": ", 1)[1].split(";")[0]) from exc
 
 
 def _validate_calibration(cfg: ParasweepConf) -> None:

@@ -98,6 +98,7 @@ class SimEngine(Engine):
         if cfg.calibration.name:
             flags += ["--sim-calibration", str(self.calibration_file(trial_dir))]
         return [*flags, "--sim-hardware", str(self.hardware_file(trial_dir)),
+                "--sim-step-costs", cfg.simulator.step_costs,
                 "--sim-time-scale", f"{cfg.engine.time_scale:g}", *fault_flags(cfg.engine.sim_faults)]
 
     def prepare(self, cfg: ParasweepConf, trial_dir: Path) -> None:

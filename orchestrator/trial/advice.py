@@ -33,7 +33,7 @@ from analysis.diagnose import overrides_text
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.errors import UserError
 from orchestrator.load_plan import load_points
-from orchestrator.trial.modelled import apply_change, predict_at
+from orchestrator.trial.modelled import apply_change, predict_at, step_costs_label
 from vocab.findings import Finding
 from vocab.load import LoadPoint
 
@@ -53,6 +53,7 @@ class AdviceChecker:
         self.cfg = cfg
         self.points = {p.label: p for p in points}
         self.predictions = 0
+        self.source = f"{SOURCE}; step costs: {step_costs_label(cfg)}"
         self._cache: dict[str, dict[str, float] | str] = {}
 
     def predict(self, change: Mapping[str, Any], label: str) -> dict[str, float] | str:
@@ -89,7 +90,7 @@ class AdviceChecker:
             return finding
         baseline = self.predict({}, finding.point)
         if isinstance(baseline, str):
-            return dataclasses.replace(finding, predicted_effect={"verdict": baseline, "source": SOURCE})
+            return dataclasses.replace(finding, predicted_effect={"verdict": baseline, "source": self.source})
         first = self._effect(finding.change, finding.point, baseline)
         if first["verdict"] == "helps":
             return dataclasses.replace(
@@ -107,12 +108,12 @@ class AdviceChecker:
         return dataclasses.replace(
             finding, change={}, alternatives=[],
             suggestion=(f"No change tried is predicted to help at {finding.point}: {not_first}"
-                        + (f"; {others}" if others else "") + f" ({SOURCE})."),
-            predicted_effect={"verdict": "nothing tried helps", "tried": tried, "source": SOURCE})
+                        + (f"; {others}" if others else "") + f" ({self.source})."),
+            predicted_effect={"verdict": "nothing tried helps", "tried": tried, "source": self.source})
 
     def _effect(self, change: Mapping[str, Any], label: str, baseline: dict[str, float]) -> dict[str, Any]:
         predicted = self.predict(change, label)
-        effect: dict[str, Any] = {"change": dict(change), "point": label, "source": SOURCE}
+        effect: dict[str, Any] = {"change": dict(change), "point": label, "source": self.source}
         if isinstance(predicted, str):
             return {**effect, "verdict": predicted}
         pct = {k: 100.0 * (predicted[k] - baseline[k]) / baseline[k]
@@ -157,7 +158,7 @@ def _says(effect: Mapping[str, Any]) -> str:
     for key, name in (("ttft_p99_ms", "TTFT p99"), ("itl_p99_ms", "ITL p99")):
         if key in pct:
             parts.append(f"{name} {b[key]:.0f} → {p[key]:.0f} ms ({pct[key]:+.0f}%)")
-    return f"Predicted at {where}: {', '.join(parts)}; {SOURCE}."
+    return f"Predicted at {where}: {', '.join(parts)}; {effect['source']}."
 
 
 def check_findings(findings: list[Finding], cfg: ParasweepConf, points: list[LoadPoint]) -> list[Finding]:

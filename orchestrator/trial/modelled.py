@@ -27,6 +27,17 @@ from vocab.load import LoadPoint
 from vocab.values import int_or_none
 
 
+def step_costs_label(cfg: ParasweepConf) -> str:
+    """What prices the simulator's steps for ``cfg`` (``simulator.step_costs`` on its hardware), in one
+    line: "measured (aiconfigurator-core 0.12.0, h100_sxm, SGLang 0.5.14 kernel tables)" or "roofline
+    (why)". Every run, prediction and predicted effect carries it."""
+    from simulator import SGLANG_COMPAT_VERSION
+    from simulator.step_costs import describe_step_costs
+
+    return describe_step_costs(cfg.simulator.step_costs, cfg.hardware.kernel_tables,
+                               SGLANG_COMPAT_VERSION).label()
+
+
 def apply_change(cfg: ParasweepConf, change: Mapping[str, Any]) -> tuple[ParasweepConf, dict[str, str]]:
     """The config with ``change`` applied (config keys) and the engine environment it adds; raises
     ``UserError`` (via validation) when the changed config is not possible, e.g. a layout that needs

@@ -23,6 +23,7 @@ from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
 from orchestrator.tracking import Tracker
 from orchestrator.trial.load_driver import drive_load
+from orchestrator.trial.modelled import step_costs_label
 from orchestrator.trial.plan import TrialPlan
 from orchestrator.trial.recorder import TrialPaths, TrialRecorder, config_tags, run_steps
 from orchestrator.trial.session import EngineSession, LiveSession, VirtualSession
@@ -67,7 +68,8 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
             Tag.ENGINE_REASON: "predict=true" if virtual else (cfg.tracking.engine_reason
                                                                or f"engine={plan.engine_name}"),
             Tag.CONFIG_HASH: plan.config_hash,
-            Tag.TRIAL_NUM: str(ident.num), Tag.OVERRIDES: ident.label}
+            Tag.TRIAL_NUM: str(ident.num), Tag.OVERRIDES: ident.label,
+            Tag.STEP_COSTS: step_costs_label(cfg)}
     run_id = recorder.open(ident.run_name + (" (predicted)" if virtual else ""),
                            RunKind.PREDICTION if virtual else RunKind.TRIAL, tags,
                            config_tags(plan.resolved_cfg), settings.parent_run_id)

@@ -65,6 +65,7 @@ def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResu
                    extras: dict[str, dict[str, float]], findings: list[dict[str, Any]],
                    gpu_source: GpuSource, gpu_note: str) -> list[str]:
     """The run's description (Markdown): the layout, a table of the points, the findings."""
+    from orchestrator.trial.modelled import step_costs_label
     from vocab.telemetry import ENERGY_J, J_PER_TOKEN, POWER_FRAC_MEAN
 
     c = plan.cfg
@@ -73,7 +74,8 @@ def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResu
     lines = [f"**{status.value}**: {plan.identity.label}", "",
              f"{c.model.name} on {c.hardware.name}, tp={c.tp.size} pp={c.pp.size} ep={c.ep.size} "
              f"dp={c.dp.size}, async depth {c.pp.async_depth}, {source}", "",
-             f"GPU telemetry: {gpu_source.describe()} ({gpu_note})", ""]
+             f"GPU telemetry: {gpu_source.describe()} ({gpu_note})", "",
+             f"Step costs of the simulator's numbers and predictions: {step_costs_label(c)}", ""]
     if results:
         lines += ["| point | output tok/s | TTFT p99 ms | ITL p99 ms | power % of limit | J/token | valid |",
                   "|---|---|---|---|---|---|---|"]

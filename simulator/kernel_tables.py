@@ -1,0 +1,310 @@
+"""Measured kernel latencies, read as data from the tables ``aiconfigurator-core`` ships.
+
+NVIDIA's ``aiconfigurator-core`` (PyPI, Apache-2.0, Linux x86-64 wheels) carries Parquet tables of kernel
+latencies measured with SGLang's own kernels on real GPUs, under
+``aiconfigurator_core/systems/data/<system>/<family>/sglang/<version>/<table>.parquet``. This module only
+*reads* them: it finds the installed package's folder without importing it (its estimator is not used),
+picks for each operator family the recorded SGLang version nearest to the one launched, and answers
+latency queries by interpolating between measured points:
+
+- in token or batch counts and context lengths: linear in log(latency) against log(count), between the
+  two measured neighbours (kernel time grows as a power of the work in each regime);
+- in GEMM widths (``n``, ``k``): linear between the two measured neighbours (at a fixed token count a
+  GEMM's time is close to proportional to its weight size).
+
+A query outside the measured range returns ``None``; the caller prices that operator by the roofline
+and says so. Latencies are returned in seconds (the tables hold milliseconds). What each table's columns
+mean is written down in docs/simulator.md ("Measured step costs").
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import importlib.metadata
+import importlib.util
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+PACKAGE = "aiconfigurator-core"
+FRAMEWORK = "sglang"
+
+
+def systems_dir() -> Path | None:
+    """The installed ``aiconfigurator_core/systems`` folder, or None when the package is not installed.
+    ``find_spec`` locates a top-level package without running its ``__init__``."""
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "systems"
+    return folder if (folder / "data").is_dir() else None
+
+
+def package_version() -> str | None:
+    try:
+        return importlib.metadata.version(PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def table_sets() -> list[str]:
+    """The systems (GPU table sets) the installed package has data for."""
+    root = systems_dir()
+    return sorted(p.name for p in (root / "data").iterdir() if p.is_dir()) if root else []
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    """0.5.6.post2 -> (0, 5, 6, 2): enough order for SGLang's release names."""
+    parts = []
+    for piece in version.replace("post", ".").replace("rc", ".").split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def nearest_version(available: Sequence[str], launched: str) -> str:
+    """The newest recorded version not newer than ``launched``, else the oldest one: kernels change
+    release by release, and a newer release is more likely to run the kernels of the one before it than of
+    one after."""
+    ordered = sorted(available, key=_version_key)
+    older = [v for v in ordered if _version_key(v) <= _version_key(launched)]
+    return older[-1] if older else ordered[0]
+
+
+@dataclass(frozen=True)
+class TableFile:
+    family: str  # gemm, attention, mla, mla_bmm, moe, comm
+    name: str  # e.g. gemm_perf
+    version: str  # the SGLang version the table was measured with
+    path: Path
+
+
+@functools.cache
+def find_table(system: str, family: str, name: str, launched: str) -> TableFile | None:
+    """``<system>/<family>/sglang/<version>/<name>.parquet`` for the version nearest to ``launched``
+    among those that have this table."""
+    root = systems_dir()
+    if root is None:
+        return None
+    base = root / "data" / system / family / FRAMEWORK
+    if not base.is_dir():
+        return None
+    versions = [d.name for d in base.iterdir() if (d / f"{name}.parquet").is_file()]
+    if not versions:
+        return None
+    version = nearest_version(versions, launched)
+    return TableFile(family, name, version, base / version / f"{name}.parquet")
+
+
+@functools.cache
+def _read(path: Path, filters: tuple[tuple[str, str, object], ...], columns: tuple[str, ...]
+          ) -> list[dict[str, object]]:
+    """Rows of one table matching ``filters``, as dicts; cached per process (predictions build many
+    cost models from the same tables)."""
+    table = pq.read_table(path, columns=list(columns), filters=list(filters) or None)
+    return table.to_pylist()
+
+
+# -- interpolation ---------------------------------------------------------------------------------------
+
+def _bracket(xs: Sequence[float], x: float) -> tuple[int, int] | None:
+    """Indices of the measured neighbours of ``x`` in sorted ``xs`` (equal when ``x`` is measured); None
+    outside the range."""
+    if not xs or x < xs[0] or x > xs[-1]:
+        return None
+    i = bisect.bisect_left(xs, x)
+    if xs[i] == x:
+        return i, i
+    return i - 1, i
+
+
+def _loglog(x0: float, y0: float, x1: float, y1: float, x: float) -> float:
+    if x0 == x1:
+        return y0
+    f = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return math.exp(math.log(y0) + f * (math.log(y1) - math.log(y0)))
+
+
+def _linear(x0: float, y0: float, x1: float, y1: float, x: float) -> float:
+    if x0 == x1:
+        return y0
+    return y0 + (x - x0) / (x1 - x0) * (y1 - y0)
+
+
+class Curve:
+    """Latency against one count (tokens, batch or context), interpolated log-log."""
+
+    def __init__(self, points: dict[float, float]) -> None:
+        self.xs = sorted(points)
+        self.ys = [points[x] for x in self.xs]
+
+    def __call__(self, x: float) -> float | None:
+        b = _bracket(self.xs, x)
+        if b is None:
+            return None
+        i, j = b
+        return _loglog(self.xs[i], self.ys[i], self.xs[j], self.ys[j], x)
+
+
+class Surface:
+    """Latency against two counts (batch and context length), interpolated log-log in each."""
+
+    def __init__(self, points: dict[tuple[float, float], float]) -> None:
+        rows: dict[float, dict[float, float]] = {}
+        for (a, b), y in points.items():
+            rows.setdefault(a, {})[b] = y
+        self.xs = sorted(rows)
+        self.curves = [Curve(rows[a]) for a in self.xs]
+
+    def __call__(self, a: float, b: float) -> float | None:
+        br = _bracket(self.xs, a)
+        if br is None:
+            return None
+        i, j = br
+        yi, yj = self.curves[i](b), self.curves[j](b)
+        if yi is None or yj is None:
+            return None
+        return _loglog(self.xs[i], yi, self.xs[j], yj, a)
+
+
+class GemmTable:
+    """``latency(m, n, k)`` of one GEMM dtype: log-log in the token count ``m``, linear in ``n`` and ``k``
+    between the measured widths around them."""
+
+    def __init__(self, rows: list[dict[str, object]]) -> None:
+        by_nk: dict[tuple[int, int], dict[float, float]] = {}
+        for r in rows:
+            by_nk.setdefault((int(r["n"]), int(r["k"])), {})[float(r["m"])] = float(r["latency"]) * 1e-3
+        self.curves = {nk: Curve(pts) for nk, pts in by_nk.items()}
+        self.ns = sorted({n for n, _ in by_nk})
+        self.ks = sorted({k for _, k in by_nk})
+
+    def __call__(self, m: float, n: float, k: float) -> float | None:
+        bn, bk = _bracket(self.ns, n), _bracket(self.ks, k)
+        if bn is None or bk is None:
+            return None
+        corners: dict[tuple[int, int], float] = {}
+        for ni in {self.ns[bn[0]], self.ns[bn[1]]}:
+            for ki in {self.ks[bk[0]], self.ks[bk[1]]}:
+                curve = self.curves.get((ni, ki))
+                y = curve(m) if curve else None
+                if y is None:
+                    return None
+                corners[(ni, ki)] = y
+        n0, n1 = self.ns[bn[0]], self.ns[bn[1]]
+        k0, k1 = self.ks[bk[0]], self.ks[bk[1]]
+        at_k0 = _linear(n0, corners[(n0, k0)], n1, corners[(n1, k0)], n)
+        at_k1 = _linear(n0, corners[(n0, k1)], n1, corners[(n1, k1)], n)
+        return _linear(k0, at_k0, k1, at_k1, k)
+
+
+# -- the tables of one system, for one launched version -----------------------------------------------------
+
+@dataclass(frozen=True)
+class KernelTables:
+    """The measured tables of one GPU (``system``) for one launched SGLang version. Each ``*_table``
+    method returns an interpolator, or None with nothing measured for those keys."""
+
+    system: str
+    launched: str
+
+    def _file(self, family: str, name: str) -> TableFile | None:
+        return find_table(self.system, family, name, self.launched)
+
+    def versions(self) -> dict[str, str]:
+        """family/table -> the SGLang version its numbers were measured with (those present)."""
+        out = {}
+        for family, name in (("gemm", "gemm_perf"), ("attention", "context_attention_perf"),
+                             ("attention", "generation_attention_perf"), ("mla", "context_mla_perf"),
+                             ("mla", "generation_mla_perf"), ("mla_bmm", "mla_bmm_perf"),
+                             ("moe", "moe_perf"), ("comm", "custom_allreduce_perf")):
+            f = self._file(family, name)
+            if f is not None:
+                out[f"{family}/{name}"] = f.version
+        return out
+
+    def gemm(self, dtype: str) -> GemmTable | None:
+        f = self._file("gemm", "gemm_perf")
+        if f is None:
+            return None
+        rows = _read(f.path, (("gemm_dtype", "=", dtype),), ("m", "n", "k", "latency"))
+        return GemmTable(rows) if rows else None
+
+    def attention(self, phase: str, heads: int, kv_heads: int, head_dim: int, kv_dtype: str,
+                  backend: str) -> Surface | None:
+        """``phase``: "context" (batch, prompt length) or "generation" (batch, cached tokens)."""
+        f = self._file("attention", f"{phase}_attention_perf")
+        if f is None:
+            return None
+        keys = (("num_heads", "=", heads), ("num_key_value_heads", "=", kv_heads),
+                ("head_dim", "=", head_dim), ("kv_cache_dtype", "=", kv_dtype),
+                ("attn_dtype", "=", "bfloat16"), ("window_size", "=", 0))
+        rows = _read(f.path, keys, ("kernel_source", "batch_size", "isl", "step", "latency"))
+        rows = _one_source(rows, backend)
+        along = "isl" if phase == "context" else "step"
+        points = {(float(r["batch_size"]), float(r[along])): float(r["latency"]) * 1e-3 for r in rows}
+        return Surface(points) if points else None
+
+    def mla(self, phase: str, heads: int, kv_dtype: str) -> Surface | None:
+        """MLA attention, ``heads`` query heads per GPU; "context" (batch, prompt) or "generation"
+        (batch, cached tokens)."""
+        f = self._file("mla", f"{phase}_mla_perf")
+        if f is None:
+            return None
+        keys = (("num_heads", "=", heads), ("kv_cache_dtype", "=", kv_dtype), ("mla_dtype", "=", "bfloat16"))
+        rows = _read(f.path, keys, ("batch_size", "isl", "step", "latency"))
+        along = "isl" if phase == "context" else "step"
+        points = {(float(r["batch_size"]), float(r[along])): float(r["latency"]) * 1e-3 for r in rows}
+        return Surface(points) if points else None
+
+    def mla_bmm(self, op: str, heads: int) -> Curve | None:
+        """The absorbed-MLA batched GEMMs of a decode step (``mla_gen_pre``, ``mla_gen_post``) against
+        the token count."""
+        f = self._file("mla_bmm", "mla_bmm_perf")
+        if f is None:
+            return None
+        keys = (("op_name", "=", op), ("num_heads", "=", heads), ("bmm_dtype", "=", "bfloat16"))
+        rows = _read(f.path, keys, ("num_tokens", "latency"))
+        points = {float(r["num_tokens"]): float(r["latency"]) * 1e-3 for r in rows}
+        return Curve(points) if points else None
+
+    def moe(self, dtype: str, hidden: int, inter: int, topk: int, experts: int, moe_tp: int, moe_ep: int,
+            distribution: str) -> Curve | None:
+        """One fused-MoE layer on one GPU (routed experts only) against the batch's token count."""
+        f = self._file("moe", "moe_perf")
+        if f is None:
+            return None
+        keys = (("moe_dtype", "=", dtype), ("hidden_size", "=", hidden), ("inter_size", "=", inter),
+                ("topk", "=", topk), ("num_experts", "=", experts), ("moe_tp_size", "=", moe_tp),
+                ("moe_ep_size", "=", moe_ep), ("distribution", "=", distribution))
+        rows = _read(f.path, keys, ("kernel_source", "num_tokens", "latency"))
+        rows = _one_source(rows, "sglang_fused_moe_triton")
+        points = {float(r["num_tokens"]): float(r["latency"]) * 1e-3 for r in rows}
+        return Curve(points) if points else None
+
+    def allreduce(self, gpus: int, graph: bool) -> Curve | None:
+        """SGLang's tensor-parallel all-reduce (``tensor_model_parallel_all_reduce``: its custom all-reduce
+        where it applies, else NCCL) against the message size in bf16 elements, replayed from a CUDA graph
+        or eager."""
+        f = self._file("comm", "custom_allreduce_perf")
+        if f is None:
+            return None
+        keys = (("num_gpus", "=", gpus), ("backend", "=", "sglang_graph" if graph else "sglang_eager"),
+                ("allreduce_dtype", "=", "bfloat16"))
+        rows = _read(f.path, keys, ("message_size", "latency"))
+        points = {float(r["message_size"]): float(r["latency"]) * 1e-3 for r in rows}
+        return Curve(points) if points else None
+
+
+def _one_source(rows: list[dict[str, object]], preferred: str) -> list[dict[str, object]]:
+    """Rows of one kernel implementation: ``preferred`` when measured, else the first in name order (a
+    table may hold several implementations of one operator; mixing them would interpolate across kernels)."""
+    sources = sorted({str(r["kernel_source"]) for r in rows})
+    if not sources:
+        return rows
+    chosen = preferred if preferred in sources else sources[0]
+    return [r for r in rows if r["kernel_source"] == chosen]

@@ -1,0 +1,99 @@
+"""Which source prices a simulated step's kernels: the roofline or the measured tables.
+
+``--sim-step-costs`` (the orchestrator's ``simulator.step_costs``):
+
+- ``roofline``: the formula in ``costs.py`` (efficiencies of peak bandwidth and compute, a kernel floor);
+- ``measured``: ``measured_costs.py``, from the kernel tables of the GPU the hardware profile names in
+  ``kernel_tables`` (an ``aiconfigurator-core`` system); refused when the profile names none or the
+  package is not installed;
+- ``auto`` (default): measured where the profile names a table set and the package is installed, else
+  the roofline, with the reason.
+
+Whatever the choice, :class:`StepCosts` says what priced the run: it goes into ``/server_info``
+(``sim_step_costs``), and from there into every run's tags and description.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simulator.costs import CostModel
+from simulator.kernel_tables import KernelTables, package_version, systems_dir, table_sets
+from simulator.measured_costs import Coverage, MeasuredCosts
+from simulator.model_spec import ModelSpec
+
+MODES = ("auto", "roofline", "measured")
+
+
+class StepCostsError(ValueError):
+    """``--sim-step-costs`` cannot be honoured; the message is one line."""
+
+
+@dataclass
+class StepCosts:
+    """What priced a simulated run's kernels, for its records."""
+
+    mode: str  # as asked: auto | roofline | measured
+    source: str  # what priced it: roofline | measured
+    tables: str = ""  # "aiconfigurator-core 0.12.0, rtx_pro_6000_server, SGLang 0.5.14 tables" (measured)
+    why: str = ""  # why the roofline under auto
+    # measured: what priced each operator (the roofline ones, and queries outside the measured range,
+    # are added as the run meets them)
+    coverage: Coverage = field(default_factory=Coverage)
+
+    def fallbacks(self) -> list[str]:
+        """Operators the roofline priced in a measured run, and why."""
+        return self.coverage.fallbacks()
+
+    def label(self) -> str:
+        """One line: "measured (aiconfigurator-core 0.12.0, ...)" or "roofline (why)"."""
+        if self.source == "measured":
+            return f"measured ({self.tables})"
+        return f"roofline ({self.why})" if self.why else "roofline"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"mode": self.mode, "source": self.source, "tables": self.tables, "why": self.why,
+                "label": self.label(), "fallbacks": self.fallbacks()}
+
+
+def _unavailable(table_set: str | None) -> str:
+    """Why measured tables cannot price this run, or "" when they can."""
+    if not table_set:
+        return "the hardware profile names no kernel table set (hardware.kernel_tables)"
+    if systems_dir() is None:
+        return "aiconfigurator-core is not installed (Linux x86-64 only)"
+    if table_set not in table_sets():
+        return (f"aiconfigurator-core {package_version()} has no tables for {table_set!r}; it has "
+                f"{', '.join(table_sets())}")
+    return ""
+
+
+def describe_step_costs(mode: str, table_set: str | None, launched: str) -> StepCosts:
+    """What ``mode`` chooses for a hardware profile naming ``table_set``, without building a model:
+    the label every run, prediction and finding carries."""
+    if mode not in MODES:
+        raise StepCostsError(f"--sim-step-costs {mode!r}: valid: {', '.join(MODES)}")
+    if mode == "roofline":
+        return StepCosts(mode, "roofline", why="asked for")
+    why = _unavailable(table_set)
+    if why:
+        if mode == "measured":
+            raise StepCostsError(f"--sim-step-costs measured: {why}; valid here: auto or roofline")
+        return StepCosts(mode, "roofline", why=why)
+    assert table_set is not None
+    versions = sorted(set(KernelTables(table_set, launched).versions().values()))
+    return StepCosts(mode, "measured", tables=(f"aiconfigurator-core {package_version()}, {table_set}, "
+                                               f"SGLang {'/'.join(versions)} kernel tables"))
+
+
+def apply_step_costs(mode: str, cost: CostModel, spec: ModelSpec, table_set: str | None, launched: str,
+                     attention_backend: str) -> StepCosts:
+    """Set ``cost``'s step-cost source as ``mode`` asks and say what priced it."""
+    chosen = describe_step_costs(mode, table_set, launched)
+    if chosen.source == "measured":
+        assert table_set is not None
+        source = MeasuredCosts(spec, cost.hw, cost.par, cost.p, KernelTables(table_set, launched),
+                               cost.stage_layers, attention_backend)
+        cost.use_source(source)
+        chosen.coverage = source.coverage
+    return chosen
