@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.costs import decode_shape, distinct_experts, ep_imbalance
+from simulator.costs import decode_shape, distinct_experts, ep_imbalance, prefill_shape
 from simulator.sim_config import SimConfig
 
 
@@ -37,3 +37,10 @@ def decode_step(cfg: SimConfig, batch: int, context_len: int) -> DecodeStep:
         floor += nbytes / bandwidth
     overlap = par.pp == 1 and not cfg.disable_overlap_schedule
     return DecodeStep(batch, cost.ring_trip(shape, overlap), comm, floor)
+
+
+def static_prefill_s(cfg: SimConfig, batch: int, prompt_len: int) -> float:
+    """One forward that prefills ``batch`` prompts of ``prompt_len`` tokens at once, through every stage,
+    with nothing queued before it (a static batch: what offline estimators price as TTFT)."""
+    shape = prefill_shape([(max(1, prompt_len), 0)] * max(1, batch))
+    return cfg.cost.ring_trip(shape, cfg.par.pp == 1 and not cfg.disable_overlap_schedule)

@@ -10,9 +10,10 @@ latency queries by interpolating between measured points:
 - in token or batch counts and context lengths: linear in log(latency) against log(count), between the
   two measured neighbours (kernel time grows as a power of the work in each regime);
 - in GEMM widths (``n``, ``k``): linear between the two measured neighbours (at a fixed token count a
-  GEMM's time is close to proportional to its weight size).
+  GEMM's time is close to proportional to its weight size);
+- above the largest measured token count of a GEMM or fused MoE: in proportion to the token count.
 
-A query outside the measured range returns ``None``; the caller prices that operator by the roofline
+Any other query outside the measured range returns ``None``; the caller prices that operator by the roofline
 and says so. Latencies are returned in seconds (the tables hold milliseconds). What each table's columns
 mean is written down in docs/simulator.md ("Measured step costs").
 """
@@ -136,13 +137,23 @@ def _linear(x0: float, y0: float, x1: float, y1: float, x: float) -> float:
 
 
 class Curve:
-    """Latency against one count (tokens, batch or context), interpolated log-log."""
+    """Latency against one count (tokens, batch or context), interpolated log-log.
 
-    def __init__(self, points: dict[float, float]) -> None:
+    ``proportional_above``: a token count above the largest measured one is priced in proportion to it
+    (GEMMs and fused MoE are compute-bound there, their throughput saturated), not refused."""
+
+    def __init__(self, points: dict[float, float], proportional_above: bool = False) -> None:
         self.xs = sorted(points)
         self.ys = [points[x] for x in self.xs]
+        self.proportional_above = proportional_above
+
+    @property
+    def largest(self) -> float:
+        return self.xs[-1]
 
     def __call__(self, x: float) -> float | None:
+        if self.proportional_above and self.xs and x > self.xs[-1]:
+            return self.ys[-1] * x / self.xs[-1]
         b = _bracket(self.xs, x)
         if b is None:
             return None
@@ -179,7 +190,8 @@ class GemmTable:
         by_nk: dict[tuple[int, int], dict[float, float]] = {}
         for r in rows:
             by_nk.setdefault((int(r["n"]), int(r["k"])), {})[float(r["m"])] = float(r["latency"]) * 1e-3
-        self.curves = {nk: Curve(pts) for nk, pts in by_nk.items()}
+        self.curves = {nk: Curve(pts, proportional_above=True) for nk, pts in by_nk.items()}
+        self.largest_m = min(c.largest for c in self.curves.values())
         self.ns = sorted({n for n, _ in by_nk})
         self.ks = sorted({k for _, k in by_nk})
 
@@ -284,7 +296,7 @@ class KernelTables:
         rows = _read(f.path, keys, ("kernel_source", "num_tokens", "latency"))
         rows = _one_source(rows, "sglang_fused_moe_triton")
         points = {float(r["num_tokens"]): float(r["latency"]) * 1e-3 for r in rows}
-        return Curve(points) if points else None
+        return Curve(points, proportional_above=True) if points else None
 
     def allreduce(self, gpus: int, graph: bool) -> Curve | None:
         """SGLang's tensor-parallel all-reduce (``tensor_model_parallel_all_reduce``: its custom all-reduce

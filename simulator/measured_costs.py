@@ -39,14 +39,20 @@ from simulator.kernel_tables import GemmTable, KernelTables
 from simulator.model_spec import ModelSpec
 from vocab.hardware import HardwareConf
 
-# The routing the MoE tables are read at: every expert gets the same share of tokens. The roofline's
-# uniform random routing (distinct_experts) tends to it at the token counts where MoE time matters.
-MOE_DISTRIBUTION = "balanced"
+# The routing the MoE tables are read at. "balanced" spreads a batch's k x tokens expert slots over as
+# many distinct experts as possible (32 tokens x top-8 touch 256 of Kimi K2's 384 experts), more than
+# uniform random routing touches (188) and more than a trained router does, whose load is skewed toward
+# popular experts. The power-law rows (exponent 1.01) stand for that skew; AIConfigurator reads the same
+# rows for DeepSeek-style models.
+MOE_DISTRIBUTION = "power_law_1.01"
 # Kernels of one layer the tables do not cover: input and post-attention norms (fused with the residual
 # add), rotary embedding with the KV-cache store, the activation.
 ELEMENTWISE_KERNELS_PER_LAYER = 4
 ELEMENTWISE_KERNELS_PER_MOE_LAYER = 3  # top-k, token sort/align, combine
 ELEMENTWISE_KERNELS_HEAD = 4  # final norm, logits gather, sampling, embedding of the next step
+# SGLang runs a DeepSeek-style MoE layer's shared experts on a second CUDA stream, beside the routed
+# experts, in a captured decode graph of at most this many tokens (DUAL_STREAM_TOKEN_THRESHOLD).
+DUAL_STREAM_TOKENS = 1024
 
 
 def gemm_dtype(bytes_per_param: float) -> str | None:
@@ -97,8 +103,10 @@ class MeasuredCosts:
     """A :class:`simulator.costs.StepCostSource` reading measured kernel tables."""
 
     def __init__(self, spec: ModelSpec, hw: HardwareConf, par: Parallel, params: CostParams,
-                 tables: KernelTables, stage_layers: list[int], attention_backend: str) -> None:
+                 tables: KernelTables, stage_layers: list[int], attention_backend: str,
+                 uses_graph: Callable[[BatchShape], bool]) -> None:
         self.spec, self.hw, self.par, self.p, self.tables = spec, hw, par, params, tables
+        self._uses_graph = uses_graph
         self.coverage = Coverage()
         self._bw = hw.mem_bw_gbs * 1e9
         self._peak = hw.peak_tflops_bf16 * 1e12
@@ -165,7 +173,9 @@ class MeasuredCosts:
         self._head = gemm("lm_head", s.vocab // tp, s.hidden, s.lm_head_bytes_per_param, by_seqs=True)
         self._allreduce = {graph: self._allreduce_table(graph) for graph in (True, False)}
 
-        self._layer_cache: Callable[[int, int, bool], tuple[float, float, float, float]] = (
+        # the shared experts overlap the routed ones (a second stream) in DeepSeek-style models
+        self._dual_stream = s.attention == "mla" and bool(s.shared_inter)
+        self._layer_cache: Callable[[int, int, bool, bool], tuple[float, float, float, float]] = (
             functools.lru_cache(maxsize=4096)(self._token_costs))
 
     # -- construction helpers -------------------------------------------------------------------------------
@@ -227,6 +237,9 @@ class MeasuredCosts:
 
     def _gemm_time(self, op: _Gemm, m: int) -> float:
         t = op.table(m, op.n, op.k) if op.table is not None else None
+        if op.table is not None and m > op.table.largest_m and op.name not in self.coverage.out_of_range:
+            self.coverage.out_of_range[op.name] = (f"{m} rows above the largest measured "
+                                                   f"({op.table.largest_m:g}): in proportion")
         if t is None:
             if op.table is not None and op.name not in self.coverage.out_of_range:
                 self.coverage.out_of_range[op.name] = f"{m} rows outside the measured range (roofline)"
@@ -237,6 +250,10 @@ class MeasuredCosts:
     def _moe_time(self, tokens: int) -> float:
         s, tp = self.spec, self.par.tp
         t = self._moe_curve(tokens) if self._moe_curve is not None else None
+        if (self._moe_curve is not None and tokens > self._moe_curve.largest
+                and "moe.experts" not in self.coverage.out_of_range):
+            self.coverage.out_of_range["moe.experts"] = (f"{tokens} tokens above the largest measured "
+                                                         f"({self._moe_curve.largest:g}): in proportion")
         if t is None:
             if self._moe_curve is not None and "moe.experts" not in self.coverage.out_of_range:
                 self.coverage.out_of_range["moe.experts"] = f"{tokens} tokens outside the measured range"
@@ -283,7 +300,8 @@ class MeasuredCosts:
 
     # -- the source's interface --------------------------------------------------------------------------
 
-    def _token_costs(self, tokens: int, seqs: int, decode: bool) -> tuple[float, float, float, float]:
+    def _token_costs(self, tokens: int, seqs: int, decode: bool, graph: bool
+                     ) -> tuple[float, float, float, float]:
         """Per-layer seconds that depend only on the token count: (attention GEMMs + elementwise,
         dense MLP, MoE layer, LM head + head elementwise)."""
         attn = sum(self._gemm_time(g, tokens) for g in self._attn_gemms)
@@ -293,7 +311,12 @@ class MeasuredCosts:
         dense = sum(self._gemm_time(g, tokens) for g in self._dense_gemms)
         moe = 0.0
         if self.spec.is_moe:
-            moe = (sum(self._gemm_time(g, tokens) for g in self._moe_gemms) + self._moe_time(tokens)
+            router, *shared = self._moe_gemms
+            shared_t = sum(self._gemm_time(g, tokens) for g in shared)
+            routed_t = self._moe_time(tokens)
+            overlapped = self._dual_stream and graph and tokens <= DUAL_STREAM_TOKENS
+            moe = (self._gemm_time(router, tokens)
+                   + (max(shared_t, routed_t) if overlapped else shared_t + routed_t)
                    + self._elementwise_time(tokens, ELEMENTWISE_KERNELS_PER_MOE_LAYER))
         head = self._gemm_time(self._head, seqs) + self._elementwise_time(seqs, ELEMENTWISE_KERNELS_HEAD)
         return attn, dense, moe, head
@@ -302,7 +325,8 @@ class MeasuredCosts:
         """Seconds per operator family of one forward of ``shape`` on ``stage``: attention (projections,
         kernel, elementwise), dense MLP, MoE, LM head."""
         layers, n_moe, _first, last = self._stages[stage]
-        attn, dense, moe, head = self._layer_cache(shape.tokens, shape.seqs, shape.decode)
+        attn, dense, moe, head = self._layer_cache(shape.tokens, shape.seqs, shape.decode,
+                                                   self._uses_graph(shape))
         return {"attention": layers * (attn + self._attention_time(shape)),
                 "dense_mlp": (layers - n_moe) * dense, "moe": n_moe * moe,
                 "lm_head": head if last else 0.0}

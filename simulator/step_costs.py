@@ -93,7 +93,7 @@ def apply_step_costs(mode: str, cost: CostModel, spec: ModelSpec, table_set: str
     if chosen.source == "measured":
         assert table_set is not None
         source = MeasuredCosts(spec, cost.hw, cost.par, cost.p, KernelTables(table_set, launched),
-                               cost.stage_layers, attention_backend)
+                               cost.stage_layers, attention_backend, cost.uses_cuda_graph)
         cost.use_source(source)
         chosen.coverage = source.coverage
     return chosen

@@ -81,7 +81,12 @@ def test_dense_pp8_gets_no_micro_batch_suggestion(tmp_path: Path) -> None:
 
 
 def test_kimi_pp8_gets_the_micro_batch_suggestion(tmp_path: Path) -> None:
-    found = diagnosed(scenario("kimi-k2", "rtx-pro-6000-pcie-x8", pp=8, concurrency=32), tmp_path)
+    cfg = scenario("kimi-k2", "rtx-pro-6000-pcie-x8", pp=8, concurrency=32)
+    # The roofline's verdict. With the measured step costs the same change is predicted as a trade-off
+    # (+134 % tok/s, ITL p99 +139 %: Marlin's INT4 MoE time grows with every token of a micro-batch), so
+    # the check offers the next alternative instead (docs/simulator.md, "Measured step costs").
+    cfg.simulator.step_costs = "roofline"
+    found = diagnosed(cfg, tmp_path)
     micro = found["too_few_microbatches"]
     assert micro.change == {"pp.micro_batch_size": 4}
     assert micro.predicted_effect["change_pct"]["output_tok_s"] > 50

@@ -43,14 +43,19 @@ def neighbours(points: dict[float, float]) -> tuple[float, float, float, float]:
     return a, points[a] * 1e-3, b, points[b] * 1e-3
 
 
-def check_curve(query, points: dict[float, float]) -> None:  # type: ignore[no-untyped-def]
-    """A measured count comes back exactly; the geometric middle of two neighbours lies between them."""
+def check_curve(query, points: dict[float, float], proportional_above: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """A measured count comes back exactly; the geometric middle of two neighbours lies between them;
+    beyond the largest count: nothing (the caller's roofline), or a token count priced in proportion."""
     for x, ms in list(points.items())[:5]:
         assert query(x) == pytest.approx(ms * 1e-3, rel=1e-12)
     a, ya, b, yb = neighbours(points)
     mid = query(math.sqrt(a * b))
     assert min(ya, yb) <= mid <= max(ya, yb)
-    assert query(max(points) * 2) is None  # outside the measured range: the caller's roofline
+    top = max(points)
+    if proportional_above:
+        assert query(top * 2) == pytest.approx(2 * points[top] * 1e-3, rel=1e-12)
+    else:
+        assert query(top * 2) is None
 
 
 def test_gemm_measured_and_interpolated() -> None:
@@ -58,7 +63,7 @@ def test_gemm_measured_and_interpolated() -> None:
     assert table is not None
     measured = {float(r["m"]): r["latency"] for r in rows("gemm", "gemm_perf", gemm_dtype="bfloat16",
                                                            n=8192, k=8192)}
-    check_curve(lambda m: table(m, 8192, 8192), measured)
+    check_curve(lambda m: table(m, 8192, 8192), measured, proportional_above=True)
     # between two measured widths, at a measured row count: between the two
     at_n = {n: table(64, n, 8192) for n in (6144, 7168, 8192)}
     assert min(at_n[6144], at_n[8192]) <= at_n[7168] <= max(at_n[6144], at_n[8192])  # type: ignore[type-var]
@@ -92,7 +97,7 @@ def test_moe_measured_and_interpolated() -> None:
     data = rows("moe", "moe_perf", moe_dtype="bfloat16", hidden_size=2048, inter_size=768, topk=8,
                 num_experts=128, moe_tp_size=1, moe_ep_size=8, distribution="balanced",
                 kernel_source="sglang_fused_moe_triton")
-    check_curve(curve, {float(r["num_tokens"]): r["latency"] for r in data})
+    check_curve(curve, {float(r["num_tokens"]): r["latency"] for r in data}, proportional_above=True)
 
 
 @pytest.mark.parametrize("graph", [True, False])
@@ -155,7 +160,11 @@ def test_a_query_outside_the_measured_range_is_reported_when_met() -> None:
     cfg = _cfg("llama-3.1-70b", "h200-nvlink-x8", "--tp-size", "4")
     assert cfg.step_costs.fallbacks() == []
     cfg.cost.gpu_time(0, decode_shape([1024] * 4096))  # a decode batch larger than any measured
-    assert any("outside the measured range" in f for f in cfg.step_costs.fallbacks())
+    assert any(f.startswith("attention.generation: batch 4096 outside the measured range")
+               for f in cfg.step_costs.fallbacks())
+    cfg.cost.gpu_time(0, prefill_shape([(40_000, 0)]))  # more rows than any measured GEMM
+    expected = "mlp.down: 40000 rows above the largest measured (32768): in proportion"
+    assert expected in cfg.step_costs.fallbacks()
 
 
 def test_a_calibration_scale_multiplies_its_family(tmp_path: Path) -> None:
