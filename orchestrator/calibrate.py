@@ -31,9 +31,21 @@ from orchestrator.errors import UserError
 
 # The constants a run can tell apart. Where each lives (CostParams or the hardware profile) is the
 # calibration profile's own rule: simulator.calibration's field sets.
-FITTABLE = ("eta_mem", "eta_expert", "eta_compute", "kernel_floor_us", "sched_base_us", "sched_per_req_us",
-            "pp_return_host_us", "host_op_us", "allreduce_latency_us", "kernel_launch_us", "graph_launch_us",
-            "link_latency_us")
+# Each is fitted within physical bounds: an efficiency is a fraction of a peak; a host cost is some
+# microseconds of Python, never zero; a scale on measured kernel times stays within 5x of the tables.
+BOUNDS = {
+    "eta_mem": (0.05, 1.0), "eta_expert": (0.05, 1.0), "eta_compute": (0.05, 1.0),
+    "kernel_floor_us": (0.5, 20.0), "sched_base_us": (50.0, 20000.0), "sched_per_req_us": (0.5, 500.0),
+    "pp_return_host_us": (10.0, 5000.0), "host_op_us": (2.0, 200.0), "allreduce_latency_us": (1.0, 500.0),
+    "kernel_launch_us": (1.0, 50.0), "graph_launch_us": (2.0, 500.0), "link_latency_us": (1.0, 500.0),
+    "scale_gemm": (0.2, 5.0), "scale_attention": (0.2, 5.0), "scale_moe": (0.2, 5.0),
+    "scale_comm": (0.2, 5.0),
+}
+FITTABLE = tuple(BOUNDS)
+# A constant the points cannot tell apart: changing it by 10 % moves no fitted prediction by more than
+# this (relative), or moves them only as the constants already kept do (collinear columns).
+MIN_SENSITIVITY = 1e-3
+MIN_SINGULAR_RATIO = 1e-2
 
 
 def home(name: str) -> str:
@@ -70,6 +82,16 @@ class RunFit:
     fitted: dict[str, float]
     rows: list[dict[str, Any]] = field(default_factory=list)  # per trial, point, metric
     evaluations: int = 0
+    # constants asked for that the points cannot identify: kept at their start value, with why
+    unidentified: dict[str, str] = field(default_factory=dict)
+
+    def mape(self, key: str) -> float:
+        return _mape([r for r in self.rows if r["set"] == "fit"], key)
+
+    @property
+    def improved(self) -> bool:
+        """Whether the fit beats the start on the fitted points (else its profile is not written)."""
+        return self.mape("error_after_pct") < self.mape("error_before_pct")
 
 
 # -- reading a run --------------------------------------------------------------------------------------
@@ -152,16 +174,44 @@ def predict_trial_points(cfg: Any, labels: list[str]) -> dict[str, dict[str, flo
 
 
 def default_names(trials: list[TrialData]) -> list[str]:
-    """The constants the trials can tell apart: memory efficiency and per-step host time always; the
-    expert path for MoE models; the all-reduce latency where some trial used TP."""
+    """The constants worth trying: the weight-streaming side and per-step host time always; the expert
+    path for MoE models; the all-reduce where some trial used TP. Under the roofline these are its
+    efficiencies and latency; where measured kernel tables price the steps, a scale per operator family
+    (the efficiencies would only touch the few operators the tables miss). Whether the points can tell
+    each apart is checked before fitting (``fit_run``)."""
     from orchestrator.config.model_info import model_info
+    from orchestrator.trial.modelled import step_costs_label
 
-    names = ["eta_mem", "sched_base_us"]
+    measured = step_costs_label(trials[0].cfg).startswith("measured")
+    names = ["scale_gemm" if measured else "eta_mem", "sched_base_us"]
     if any(model_info(t.cfg.model.path).is_moe for t in trials):
-        names.append("eta_expert")
+        names.append("scale_moe" if measured else "eta_expert")
     if any(t.cfg.tp.size > 1 for t in trials):
-        names.append("allreduce_latency_us")
+        names.append("scale_comm" if measured else "allreduce_latency_us")
     return names
+
+
+def identifiable(jacobian: Any, names: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The constants the fitted points can tell apart, from the sensitivity of every fitted prediction
+    (columns of ``jacobian``: d log(predicted) / d log(constant)): a column near zero changes nothing; a
+    column the kept ones already span changes nothing they cannot. Most sensitive first."""
+    import numpy as np
+
+    norms = np.linalg.norm(jacobian, axis=0) / math.sqrt(max(jacobian.shape[0], 1))
+    kept: list[int] = []
+    why: dict[str, str] = {}
+    for i in sorted(range(len(names)), key=lambda j: -norms[j]):
+        if norms[i] < MIN_SENSITIVITY:
+            why[names[i]] = (f"a 10 % change moves the fitted predictions by {100 * 0.1 * norms[i]:.3f} % "
+                             "on average")
+            continue
+        s = np.linalg.svd(jacobian[:, [*kept, i]], compute_uv=False)
+        if s[-1] < MIN_SINGULAR_RATIO * s[0]:
+            why[names[i]] = ("its effect on the fitted predictions is that of "
+                             f"{', '.join(names[k] for k in kept)} (the points cannot tell them apart)")
+            continue
+        kept.append(i)
+    return [n for n in names if names.index(n) in kept], why
 
 
 def _current(trials: list[TrialData], name: str) -> float:
@@ -189,6 +239,9 @@ def fit_run(trials: list[TrialData], names: list[str], max_evaluations: int = 80
         raise CalibrationInputError(f"--params {','.join(unknown)}: not fittable; valid: "
                                     f"{', '.join(sorted(FITTABLE))}")
     start = {n: _current(trials, n) for n in names}
+    for n in names:
+        low, high = BOUNDS[n]
+        start[n] = min(max(start[n], low), high)
     fit = RunFit(names, start, dict(start))
 
     keys = [(t, label, metric) for t in trials for label in t.measured for metric in RUN_METRICS]
@@ -218,9 +271,31 @@ def fit_run(trials: list[TrialData], names: list[str], max_evaluations: int = 80
         raise CalibrationInputError(
             f"the recorded trials cannot be predicted: {str(exc).splitlines()[0] if str(exc) else exc!r}"
         ) from exc
-    result = least_squares(residuals, x0, diff_step=0.02, max_nfev=max_evaluations, x_scale=1.0)
-    fit.fitted = dict(zip(names, np.exp(result.x).tolist(), strict=True))
-    after = errors(result.x)
+    # which constants the fitted points can identify: the sensitivity of every prediction to a 10 %
+    # change of each (one round of predictions per constant)
+    step = math.log(1.1)
+    columns = []
+    for i in range(len(names)):
+        x = x0.copy()
+        x[i] += step
+        columns.append((errors(x) - before)[fitted_on] / step)
+    kept, fit.unidentified = identifiable(np.array(columns).T, names)
+    index = [names.index(n) for n in kept]
+    x_fit = x0.copy()
+    if index:
+        low = np.log([BOUNDS[n][0] for n in kept])
+        high = np.log([BOUNDS[n][1] for n in kept])
+
+        def kept_residuals(y: np.ndarray) -> np.ndarray:
+            x = x0.copy()
+            x[index] = y
+            return residuals(x)
+
+        result = least_squares(kept_residuals, x0[index], bounds=(low, high), diff_step=0.02,
+                               max_nfev=max_evaluations, x_scale=1.0)
+        x_fit[index] = result.x
+    fit.fitted = dict(zip(names, np.exp(x_fit).tolist(), strict=True))
+    after = errors(x_fit)
     for i, (t, label, metric) in enumerate(keys):
         fit.rows.append({"trial": t.label, "point": label, "metric": metric,
                          "set": "fit" if fitted_on[i] else "held-out", "measured": t.measured[label][metric],
@@ -250,7 +325,10 @@ def run_calibration(fit: RunFit, trials: list[TrialData], run_id: str, name: str
                            "heldout_mape_before_pct": _mape(held, "error_before_pct"),
                            "heldout_mape_after_pct": _mape(held, "error_after_pct"),
                            "evaluations": fit.evaluations, "rows": fit.rows})
+    cal.fit["not_identified"] = dict(fit.unidentified)
     for key, value in fit.fitted.items():
+        if key in fit.unidentified:
+            continue  # the points cannot tell it apart: it keeps the value it had
         getattr(cal, home(key))[key] = {
             "value": round(value, 6), "source": f"{source} (start {fit.start[key]:g})"}
     return cal
@@ -317,9 +395,17 @@ def main(argv: list[str]) -> int:
             print(residual_table(fit.rows))
             held = (f"; held out: {cal.fit['heldout_mape_before_pct']:.1f}% before, "
                     f"{cal.fit['heldout_mape_after_pct']:.1f}% after" if args.holdout else "")
+            for key, why in fit.unidentified.items():
+                print(f"calibrate: {key} not fitted, kept at {fit.start[key]:g}: {why}", flush=True)
             print(f"MAPE (fitted points) {cal.fit['mape_before_pct']:.1f}% before, "
                   f"{cal.fit['mape_after_pct']:.1f}% after{held}; "
-                  + ", ".join(f"{k} {fit.start[k]:g} -> {v:.4g}" for k, v in fit.fitted.items()))
+                  + ", ".join(f"{k} {fit.start[k]:g} -> {v:.4g}" for k, v in fit.fitted.items()
+                              if k not in fit.unidentified))
+            if not fit.improved:
+                print(f"calibrate: the fit is no better than the start on the fitted points (MAPE "
+                      f"{cal.fit['mape_before_pct']:.1f}% -> {cal.fit['mape_after_pct']:.1f}%): no profile "
+                      "written", file=sys.stderr, flush=True)
+                return 1
         else:
             if not args.hardware:
                 raise CalibrationInputError("--tables needs --hardware (the profile they were measured on)")
