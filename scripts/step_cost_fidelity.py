@@ -16,15 +16,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from simulator.costs import decode_shape, prefill_shape
+from simulator.estimates import decode_step, static_prefill_s
+from simulator.predict import load_config, predict_point
+from simulator.sim_config import SimConfig
+from vocab.load import LoadPoint, RequestSpec
+from vocab.telemetry import STAGE_ACTIVITY_MEAN
 
-from simulator.costs import decode_shape, prefill_shape  # noqa: E402
-from simulator.estimates import decode_step, static_prefill_s  # noqa: E402
-from simulator.predict import load_config, predict_point  # noqa: E402
-from simulator.sim_config import SimConfig  # noqa: E402
-from vocab.load import LoadPoint, RequestSpec  # noqa: E402
-from vocab.telemetry import STAGE_ACTIVITY_MEAN  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 FIXTURE = REPO / "tests" / "fixtures" / "aiconfigurator" / "static-0.12.0.json"
 # AIConfigurator's model and system -> parasweep's model folder and hardware profile

@@ -102,6 +102,12 @@ def find_table(system: str, family: str, name: str, launched: str) -> TableFile 
 
 
 @functools.cache
+def kernel_tables(system: str, launched: str) -> KernelTables:
+    """The one :class:`KernelTables` of this process for ``system`` and ``launched``."""
+    return KernelTables(system, launched)
+
+
+@functools.cache
 def _read(path: Path, filters: tuple[tuple[str, str, object], ...], columns: tuple[str, ...]
           ) -> list[dict[str, object]]:
     """Rows of one table matching ``filters``, as dicts; cached per process (predictions build many
@@ -216,13 +222,22 @@ class GemmTable:
 
 # -- the tables of one system, for one launched version -----------------------------------------------------
 
-@dataclass(frozen=True)
 class KernelTables:
-    """The measured tables of one GPU (``system``) for one launched SGLang version. Each ``*_table``
-    method returns an interpolator, or None with nothing measured for those keys."""
+    """The measured tables of one GPU (``system``) for one launched SGLang version. Each method returns
+    an interpolator, or None with nothing measured for those keys. Get one with :func:`kernel_tables`:
+    it is built once per process, and so is each interpolator (predictions build many cost models from
+    the same tables)."""
 
-    system: str
-    launched: str
+    def __init__(self, system: str, launched: str) -> None:
+        self.system, self.launched = system, launched
+        self._built: dict[tuple[object, ...], object] = {}
+
+    def _once(self, build, *args: object):  # type: ignore[no-untyped-def]
+        """``build(*args)``, built the first time it is asked for."""
+        key = (build.__name__, *args)
+        if key not in self._built:
+            self._built[key] = build(*args)
+        return self._built[key]
 
     def _file(self, family: str, name: str) -> TableFile | None:
         return find_table(self.system, family, name, self.launched)
@@ -240,6 +255,9 @@ class KernelTables:
         return out
 
     def gemm(self, dtype: str) -> GemmTable | None:
+        return self._once(self._build_gemm, dtype)
+
+    def _build_gemm(self, dtype: str) -> GemmTable | None:
         f = self._file("gemm", "gemm_perf")
         if f is None:
             return None
@@ -249,6 +267,10 @@ class KernelTables:
     def attention(self, phase: str, heads: int, kv_heads: int, head_dim: int, kv_dtype: str,
                   backend: str) -> Surface | None:
         """``phase``: "context" (batch, prompt length) or "generation" (batch, cached tokens)."""
+        return self._once(self._build_attention, phase, heads, kv_heads, head_dim, kv_dtype, backend)
+
+    def _build_attention(self, phase: str, heads: int, kv_heads: int, head_dim: int, kv_dtype: str,
+                         backend: str) -> Surface | None:
         f = self._file("attention", f"{phase}_attention_perf")
         if f is None:
             return None
@@ -264,6 +286,9 @@ class KernelTables:
     def mla(self, phase: str, heads: int, kv_dtype: str) -> Surface | None:
         """MLA attention, ``heads`` query heads per GPU; "context" (batch, prompt) or "generation"
         (batch, cached tokens)."""
+        return self._once(self._build_mla, phase, heads, kv_dtype)
+
+    def _build_mla(self, phase: str, heads: int, kv_dtype: str) -> Surface | None:
         f = self._file("mla", f"{phase}_mla_perf")
         if f is None:
             return None
@@ -276,6 +301,9 @@ class KernelTables:
     def mla_bmm(self, op: str, heads: int) -> Curve | None:
         """The absorbed-MLA batched GEMMs of a decode step (``mla_gen_pre``, ``mla_gen_post``) against
         the token count."""
+        return self._once(self._build_mla_bmm, op, heads)
+
+    def _build_mla_bmm(self, op: str, heads: int) -> Curve | None:
         f = self._file("mla_bmm", "mla_bmm_perf")
         if f is None:
             return None
@@ -287,6 +315,10 @@ class KernelTables:
     def moe(self, dtype: str, hidden: int, inter: int, topk: int, experts: int, moe_tp: int, moe_ep: int,
             distribution: str) -> Curve | None:
         """One fused-MoE layer on one GPU (routed experts only) against the batch's token count."""
+        return self._once(self._build_moe, dtype, hidden, inter, topk, experts, moe_tp, moe_ep, distribution)
+
+    def _build_moe(self, dtype: str, hidden: int, inter: int, topk: int, experts: int, moe_tp: int,
+                   moe_ep: int, distribution: str) -> Curve | None:
         f = self._file("moe", "moe_perf")
         if f is None:
             return None
@@ -302,6 +334,9 @@ class KernelTables:
         """SGLang's tensor-parallel all-reduce (``tensor_model_parallel_all_reduce``: its custom all-reduce
         where it applies, else NCCL) against the message size in bf16 elements, replayed from a CUDA graph
         or eager."""
+        return self._once(self._build_allreduce, gpus, graph)
+
+    def _build_allreduce(self, gpus: int, graph: bool) -> Curve | None:
         f = self._file("comm", "custom_allreduce_perf")
         if f is None:
             return None

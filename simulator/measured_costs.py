@@ -177,6 +177,9 @@ class MeasuredCosts:
         self._dual_stream = s.attention == "mla" and bool(s.shared_inter)
         self._layer_cache: Callable[[int, int, bool, bool], tuple[float, float, float, float]] = (
             functools.lru_cache(maxsize=4096)(self._token_costs))
+        # every stage prices the same shape in turn: one attention lookup per shape, not one per stage
+        self._attention_cached: Callable[[BatchShape], float] = functools.lru_cache(maxsize=256)(
+            self._attention_time)
 
     # -- construction helpers -------------------------------------------------------------------------------
 
@@ -327,7 +330,7 @@ class MeasuredCosts:
         layers, n_moe, _first, last = self._stages[stage]
         attn, dense, moe, head = self._layer_cache(shape.tokens, shape.seqs, shape.decode,
                                                    self._uses_graph(shape))
-        return {"attention": layers * (attn + self._attention_time(shape)),
+        return {"attention": layers * (attn + self._attention_cached(shape)),
                 "dense_mlp": (layers - n_moe) * dense, "moe": n_moe * moe,
                 "lm_head": head if last else 0.0}
 

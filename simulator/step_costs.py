@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from simulator.costs import CostModel
-from simulator.kernel_tables import KernelTables, package_version, systems_dir, table_sets
+from simulator.kernel_tables import kernel_tables, package_version, systems_dir, table_sets
 from simulator.measured_costs import Coverage, MeasuredCosts
 from simulator.model_spec import ModelSpec
 
@@ -81,7 +81,7 @@ def describe_step_costs(mode: str, table_set: str | None, launched: str) -> Step
             raise StepCostsError(f"--sim-step-costs measured: {why}; valid here: auto or roofline")
         return StepCosts(mode, "roofline", why=why)
     assert table_set is not None
-    versions = sorted(set(KernelTables(table_set, launched).versions().values()))
+    versions = sorted(set(kernel_tables(table_set, launched).versions().values()))
     return StepCosts(mode, "measured", tables=(f"aiconfigurator-core {package_version()}, {table_set}, "
                                                f"SGLang {'/'.join(versions)} kernel tables"))
 
@@ -92,7 +92,7 @@ def apply_step_costs(mode: str, cost: CostModel, spec: ModelSpec, table_set: str
     chosen = describe_step_costs(mode, table_set, launched)
     if chosen.source == "measured":
         assert table_set is not None
-        source = MeasuredCosts(spec, cost.hw, cost.par, cost.p, KernelTables(table_set, launched),
+        source = MeasuredCosts(spec, cost.hw, cost.par, cost.p, kernel_tables(table_set, launched),
                                cost.stage_layers, attention_backend, cost.uses_cuda_graph)
         cost.use_source(source)
         chosen.coverage = source.coverage
