@@ -85,8 +85,8 @@ def engine_lines(runs: list[Any]) -> list[str]:
             text += ": measured" if engine == "sglang" else ""
         lines.append(f"{who}{text}")
     costs = sorted({r.data.tags.get(Tag.STEP_COSTS, "") for r in runs} - {""})
-    if costs:
-        lines.append(f"Step costs of the simulator's numbers and predictions: {'; '.join(costs)}")
+    if costs:  # what priced the simulator's numbers and predictions
+        lines += textwrap.wrap(f"Step costs: {'; '.join(costs)}", MAX_WIDTH, subsequent_indent="    ")
     return lines
 
 

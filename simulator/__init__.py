@@ -9,7 +9,13 @@ Configuration (flags in, resolved numbers out)
                        ``FlagError`` for a configuration SGLang would refuse
     ``sim_config.py``  ``SimConfig``, the resolved configuration, and the ``/server_info`` dict
     ``model_spec.py``  a model's ``config.json`` -> parameters, bytes, KV size
-    ``costs.py``       roofline cost of one forward step per PP stage, hops, host time
+    ``costs.py``       cost of one forward step per PP stage (roofline, or a step-cost source), hops,
+                       host time
+    ``kernel_tables.py`` measured kernel latencies (aiconfigurator-core's SGLang tables) and their
+                       interpolation
+    ``measured_costs.py`` a stage's forward priced operator by operator from those tables, with
+                       per-operator roofline fallback
+    ``step_costs.py``  which source prices a run (``--sim-step-costs``) and what it says about it
     ``estimates.py``   analytic decode-step estimates for the diagnosis (communication share, the
                        memory-bound floor)
     ``calibration.py`` calibration profiles: fitted constants with their sources (``--sim-calibration``)

@@ -35,7 +35,7 @@ class StepCosts:
 
     mode: str  # as asked: auto | roofline | measured
     source: str  # what priced it: roofline | measured
-    tables: str = ""  # "aiconfigurator-core 0.12.0, rtx_pro_6000_server, SGLang 0.5.14 tables" (measured)
+    tables: str = ""  # "aiconfigurator-core 0.12.0: rtx_pro_6000_server, SGLang 0.5.14" (measured)
     why: str = ""  # why the roofline under auto
     # measured: what priced each operator (the roofline ones, and queries outside the measured range,
     # are added as the run meets them)
@@ -46,7 +46,7 @@ class StepCosts:
         return self.coverage.fallbacks()
 
     def label(self) -> str:
-        """One line: "measured (aiconfigurator-core 0.12.0, ...)" or "roofline (why)"."""
+        """One line: "measured (aiconfigurator-core 0.12.0: h100_sxm, SGLang 0.5.14)" or "roofline (why)"."""
         if self.source == "measured":
             return f"measured ({self.tables})"
         return f"roofline ({self.why})" if self.why else "roofline"
@@ -82,8 +82,8 @@ def describe_step_costs(mode: str, table_set: str | None, launched: str) -> Step
         return StepCosts(mode, "roofline", why=why)
     assert table_set is not None
     versions = sorted(set(kernel_tables(table_set, launched).versions().values()))
-    return StepCosts(mode, "measured", tables=(f"aiconfigurator-core {package_version()}, {table_set}, "
-                                               f"SGLang {'/'.join(versions)} kernel tables"))
+    return StepCosts(mode, "measured", tables=(f"aiconfigurator-core {package_version()}: {table_set}, "
+                                               f"SGLang {'/'.join(versions)}"))
 
 
 def apply_step_costs(mode: str, cost: CostModel, spec: ModelSpec, table_set: str | None, launched: str,

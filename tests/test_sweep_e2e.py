@@ -59,6 +59,10 @@ def test_summary_of_a_real_sweep_fits_100_columns_and_explains(sweep) -> None:
     assert not too_wide, f"lines over {MAX_WIDTH} columns: {too_wide}"
     assert re.search(r"^Simulated engine \(engine=auto: [^)]*\): the simulator's numbers, not measured$",
                      out, re.M), out
+    # what priced those numbers, in the header and in the summary
+    assert re.search(r"^\[parasweep\] step costs: (measured \(aiconfigurator-core [\d.]+: "
+                     r"rtx_pro_6000_server|roofline \()", out, re.M), out
+    assert re.search(r"^Step costs: (measured|roofline) \(", out, re.M), out
     # each cell is marked: "*" the best trial at a point, "!" a point whose client fell behind (the
     # load generator shares the machine with the engines; on a busy machine it can fall behind)
     assert "tok/s (pred)" in out and ("* best of the trials" in out or "!" in out)

@@ -56,7 +56,8 @@ class Tag:
     REPRODUCE_WARNING = "parasweep.reproduce_warning"
     REPRODUCE_DIFF = "parasweep.reproduce_diff"  # one line: largest metric changes, environment differences
     # what priced the simulator's steps (the simulated engine, predict=true, pred/ metrics, predicted
-    # effects): "measured (aiconfigurator-core ..., <gpu> ..., SGLang ... kernel tables)" or "roofline (why)"
+    # effects): "measured (aiconfigurator-core <version>: <gpu table set>, SGLang <version>)" or
+    # "roofline (why)"
     STEP_COSTS = "parasweep.step_costs"
     GPU_TELEMETRY = "parasweep.gpu_telemetry"  # nvml | simulated | none: where GPU numbers come from
     GPU_TELEMETRY_NOTE = "parasweep.gpu_telemetry_note"  # what was sampled, or why nothing was

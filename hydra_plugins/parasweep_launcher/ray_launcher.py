@@ -232,11 +232,12 @@ class ParasweepRayLauncher(Launcher):
             num_cpus = max(os.cpu_count() or 1, int(num_gpus * per_trial))
         cluster = init_ray(sweep.ray_address, num_gpus, num_cpus)
         print(f"[parasweep] {cluster.describe()}", flush=True)
+        import textwrap
+
         from orchestrator.trial.modelled import step_costs_label
 
-        costs = sorted({step_costs_label(j.cfg) for j in jobs})
-        print(f"[parasweep] step costs of the simulator's numbers and predictions: {'; '.join(costs)}",
-              flush=True)
+        costs = "; ".join(sorted({step_costs_label(j.cfg) for j in jobs}))
+        print(textwrap.fill(f"[parasweep] step costs: {costs}", 100, subsequent_indent="    "), flush=True)
         uri = sweep.tracking_uri
         if cluster.nodes > 1 and uri.startswith("sqlite"):
             raise UserError(

@@ -29,7 +29,7 @@ from vocab.values import int_or_none
 
 def step_costs_label(cfg: ParasweepConf) -> str:
     """What prices the simulator's steps for ``cfg`` (``simulator.step_costs`` on its hardware), in one
-    line: "measured (aiconfigurator-core 0.12.0, h100_sxm, SGLang 0.5.14 kernel tables)" or "roofline
+    line: "measured (aiconfigurator-core 0.12.0: h100_sxm, SGLang 0.5.14)" or "roofline
     (why)". Every run, prediction and predicted effect carries it."""
     from simulator import SGLANG_COMPAT_VERSION
     from simulator.step_costs import describe_step_costs
