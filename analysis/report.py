@@ -303,7 +303,10 @@ def advice_text(finding: dict[str, Any]) -> str:
         text = f"set {overrides_text(effect.get('change') or change)}: predicted {_effect_numbers(effect)}"
         instead = effect.get("instead_of")
         if instead:
-            text = f"{overrides_text(instead.get('change', {}))} would not help; instead {text}"
+            # "would not help" only when it would not: a trade-off says what it trades
+            first = (f"is a trade-off ({_effect_numbers(instead)})" if instead.get("verdict") == "trade-off"
+                     and "change_pct" in instead else "would not help")
+            text = f"{overrides_text(instead.get('change', {}))} {first}; instead {text}"
         return text
     verdict = str(effect.get("verdict", ""))
     if verdict == "nothing tried helps":

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from analysis.diagnose import diagnose
+from analysis.report import advice_text
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.trial.advice import check_findings
 from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
@@ -92,6 +93,20 @@ def test_kimi_pp8_gets_the_micro_batch_suggestion(tmp_path: Path) -> None:
     assert micro.predicted_effect["change_pct"]["output_tok_s"] > 50
     assert "Predicted at c32" in micro.suggestion
     assert "simulated GPU telemetry, not measured" in found["pp_bubble"].evidence
+
+
+def test_kimi_pp8_micro_batches_are_a_trade_off_with_measured_step_costs(tmp_path: Path) -> None:
+    cfg = scenario("kimi-k2", "rtx-pro-6000-pcie-x8", pp=8, concurrency=32)
+    cfg.simulator.step_costs = "measured"
+    found = diagnosed(cfg, tmp_path)
+    micro = found["too_few_microbatches"]
+    first = micro.predicted_effect["instead_of"]
+    assert first["change"] == {"pp.micro_batch_size": 4} and first["verdict"] == "trade-off"
+    assert first["change_pct"]["output_tok_s"] > 50 and first["change_pct"]["itl_p99_ms"] > 50
+    assert "step costs: measured (aiconfigurator-core" in micro.predicted_effect["source"]
+    # the summary says what the first change trades instead of calling it useless
+    line = advice_text(micro.to_dict())
+    assert line.startswith("pp.micro_batch_size=4 is a trade-off (") and "; instead set " in line
 
 
 def test_admission_cap(tmp_path: Path) -> None:
