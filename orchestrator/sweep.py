@@ -29,9 +29,9 @@ class SweepState:
     sweep_dir: str
     multirun: bool
     mode: str = "measure"  # or "prediction" (predict=true)
-    step_costs: str = ""  # what prices the simulator's steps for the sweep's base config
     run_id: str | None = None
     experiment_id: str | None = None
+    step_costs: str = ""  # what prices the simulator's steps for the sweep's base config
 
 
 ACTIVE: SweepState | None = None

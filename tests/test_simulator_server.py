@@ -398,14 +398,15 @@ def test_pp8_depth0_default_cap_is_one_microbatch_per_ring(kimi_pp8: Server, kim
     per_token = [(m["sim_e2e_latency"] - m["sim_first_token_latency"]) / (out - 1) for m in default]
     for t in per_token:
         assert t == pytest.approx(ring, rel=0.05)
-    # With one request per slot, 8 micro-batches share the ring: expert bytes per step shrink
-    # (D(1) = 8 vs D(8) = 59.5 experts per layer) so aggregate throughput is several times higher.
+    # With one request per slot, 8 micro-batches share the ring: expert work per step shrinks (the
+    # roofline: D(1) = 8 vs D(8) = 59.5 experts read per layer; the measured INT4 Marlin MoE: 0.18 ms for
+    # one token against 1.07 ms for eight) so aggregate throughput is about twice as high or more.
     # (Prefill is left out: eight 100-token prefills touch most experts either way.)
     mb1 = _batch_run(kimi_pp8_mb1, 8, prompt, out)
     decode_tput_default = sum(1 / _itl(m, out) for m in default)
     decode_tput_mb1 = sum(1 / _itl(m, out) for m in mb1)
     assert decode_tput_default == pytest.approx(8 / ring, rel=0.05)
-    assert decode_tput_mb1 > 2.0 * decode_tput_default
+    assert decode_tput_mb1 > 1.8 * decode_tput_default
     lines = kimi_pp8_mb1.log().splitlines()
     decode = [x for x in lines if "Decode batch, " in x]
     assert decode and all("#running-req: 1," in x for x in decode)
