@@ -50,12 +50,11 @@ def note_sweep(config: DictConfig, multirun: bool) -> None:
 
 def _step_costs(config: DictConfig) -> str:
     """The step-cost label of the base config ("" when it is invalid: validation says why later)."""
-    from simulator import SGLANG_COMPAT_VERSION
     from simulator.step_costs import StepCostsError, describe_step_costs
 
     try:
-        return describe_step_costs(str(config.simulator.step_costs), config.hardware.get("kernel_tables"),
-                                   SGLANG_COMPAT_VERSION).label()
+        return describe_step_costs(str(config.simulator.step_costs), config.hardware.get("kernel_tables")
+                                   ).label()
     except StepCostsError:
         return ""
 

@@ -263,25 +263,40 @@ class CostModel:
         return self.roofline_comm_time(stage, shape)
 
     def roofline_comm_time(self, stage: int, shape: BatchShape) -> float:
-        st, tp, ep = self.stages[stage], self.par.tp, self.par.ep
-        if tp == 1:
+        st = self.stages[stage]
+        if self.par.tp == 1:
             return 0.0
-        hw, hidden = self.hw, self.spec.hidden
-        act = shape.tokens * hidden * BF16_BYTES
-        alpha = hw.allreduce_latency_us * 1e-6
-        allreduce = alpha + 2.0 * (tp - 1) / tp * act / self._link
-        a2a_moe = ep > 1 and self.par.moe_a2a_backend != "none"
+        allreduce = self.allreduce_time(shape.tokens)
         # Attention output and MLP output are each all-reduced; with an all-to-all MoE backend the MoE
         # layer's all-reduce becomes a dispatch and a combine of the k routed copies of each token.
         t = st.layers * allreduce + (st.layers - st.moe_layers) * allreduce
-        if a2a_moe:
-            a2a = alpha + act * self.spec.top_k * (ep - 1) / ep / self._link
-            t += st.moe_layers * 2 * a2a
+        if self.par.ep > 1 and self.par.moe_a2a_backend != "none":
+            t += st.moe_layers * 2 * self.a2a_time(shape.tokens)
         else:
             t += st.moe_layers * allreduce
-        if st.last:  # vocab-parallel logits are gathered before sampling
-            t += alpha + (tp - 1) / tp * shape.seqs * self.spec.vocab * BF16_BYTES / self._link
+        if st.last:
+            t += self.logits_gather_time(shape.seqs)
         return t
+
+    # -- roofline collectives, one at a time (the measured source's fallback too) ------------------------
+
+    def allreduce_time(self, tokens: int) -> float:
+        """One TP all-reduce of ``tokens`` hidden states (ring, alpha-beta)."""
+        tp = self.par.tp
+        act = tokens * self.spec.hidden * BF16_BYTES
+        return self.hw.allreduce_latency_us * 1e-6 + 2.0 * (tp - 1) / tp * act / self._link
+
+    def a2a_time(self, tokens: int) -> float:
+        """One all-to-all MoE dispatch (or combine) of the k routed copies of ``tokens`` hidden states."""
+        ep = self.par.ep
+        act = tokens * self.spec.hidden * BF16_BYTES
+        return self.hw.allreduce_latency_us * 1e-6 + act * self.spec.top_k * (ep - 1) / ep / self._link
+
+    def logits_gather_time(self, seqs: int) -> float:
+        """The last stage's all-gather of vocab-parallel logits before sampling."""
+        tp = self.par.tp
+        return (self.hw.allreduce_latency_us * 1e-6
+                + (tp - 1) / tp * seqs * self.spec.vocab * BF16_BYTES / self._link)
 
     def host_time(self, stage: int, shape: BatchShape) -> float:
         """Host (CPU) seconds stage ``stage``'s scheduler process spends launching one forward: one

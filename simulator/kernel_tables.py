@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from packaging.version import Version
 
 PACKAGE = "aiconfigurator-core"
 FRAMEWORK = "sglang"
@@ -58,21 +59,12 @@ def table_sets() -> list[str]:
     return sorted(p.name for p in (root / "data").iterdir() if p.is_dir()) if root else []
 
 
-def _version_key(version: str) -> tuple[int, ...]:
-    """0.5.6.post2 -> (0, 5, 6, 2): enough order for SGLang's release names."""
-    parts = []
-    for piece in version.replace("post", ".").replace("rc", ".").split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
 def nearest_version(available: Sequence[str], launched: str) -> str:
     """The newest recorded version not newer than ``launched``, else the oldest one: kernels change
     release by release, and a newer release is more likely to run the kernels of the one before it than of
     one after."""
-    ordered = sorted(available, key=_version_key)
-    older = [v for v in ordered if _version_key(v) <= _version_key(launched)]
+    ordered = sorted(available, key=Version)
+    older = [v for v in ordered if Version(v) <= Version(launched)]
     return older[-1] if older else ordered[0]
 
 

@@ -27,17 +27,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from simulator.costs import (
-    BF16_BYTES,
-    BatchShape,
-    CostParams,
-    Parallel,
-    distinct_experts,
-    ep_imbalance,
-)
+from simulator.costs import BF16_BYTES, BatchShape, CostModel, distinct_experts, ep_imbalance
 from simulator.kernel_tables import GemmTable, KernelTables
-from simulator.model_spec import ModelSpec
-from vocab.hardware import HardwareConf
 
 # The routing the MoE tables are read at. "balanced" spreads a batch's k x tokens expert slots over as
 # many distinct experts as possible (32 tokens x top-8 touch 256 of Kimi K2's 384 experts), more than
@@ -66,24 +57,18 @@ def gemm_dtype(bytes_per_param: float) -> str | None:
 
 def moe_dtype(bytes_per_param: float) -> str | None:
     """The tables' fused-MoE dtype for routed experts stored at this many bytes per parameter."""
-    if bytes_per_param == 2.0:
-        return "bfloat16"
-    if 1.0 <= bytes_per_param < 1.01:
-        return "fp8_block"
     if 0.5 < bytes_per_param < 0.6:  # 4-bit integers with group scales: SGLang runs them with Marlin
         return "int4_wo"
-    return None
+    return gemm_dtype(bytes_per_param)
 
 
 @dataclass
 class _Gemm:
     name: str
-    family: str  # the calibration scale it takes: gemm (moe-layer GEMMs included)
     n: int
     k: int
     weight_bytes: float  # per parameter
     table: GemmTable | None
-    by_seqs: bool = False  # rows are sequences (LM head), not tokens
 
 
 @dataclass
@@ -93,6 +78,10 @@ class Coverage:
     priced: dict[str, str] = field(default_factory=dict)
     out_of_range: dict[str, str] = field(default_factory=dict)  # operator -> the first query outside
 
+    def note(self, op: str, why: str) -> None:
+        """The first query of ``op`` outside the measured range, and what priced it."""
+        self.out_of_range.setdefault(op, why)
+
     def fallbacks(self) -> list[str]:
         lines = [f"{op}: {why.removeprefix('roofline: ')}" for op, why in self.priced.items()
                  if why.startswith("roofline")]
@@ -100,38 +89,30 @@ class Coverage:
 
 
 class MeasuredCosts:
-    """A :class:`simulator.costs.StepCostSource` reading measured kernel tables."""
+    """A :class:`simulator.costs.StepCostSource` reading measured kernel tables, for the model, layout,
+    stages and constants of ``cost`` (whose roofline prices what the tables miss)."""
 
-    def __init__(self, spec: ModelSpec, hw: HardwareConf, par: Parallel, params: CostParams,
-                 tables: KernelTables, stage_layers: list[int], attention_backend: str,
-                 uses_graph: Callable[[BatchShape], bool]) -> None:
-        self.spec, self.hw, self.par, self.p, self.tables = spec, hw, par, params, tables
-        self._uses_graph = uses_graph
+    def __init__(self, cost: CostModel, tables: KernelTables, attention_backend: str) -> None:
+        self.roofline, self.tables = cost, tables
+        self.spec, self.hw, self.par, self.p = cost.spec, cost.hw, cost.par, cost.p
         self.coverage = Coverage()
-        self._bw = hw.mem_bw_gbs * 1e9
-        self._peak = hw.peak_tflops_bf16 * 1e12
-        self._floor = params.kernel_floor_us * 1e-6
-        tp, s = par.tp, spec
+        self._bw = self.hw.mem_bw_gbs * 1e9
+        self._peak = self.hw.peak_tflops_bf16 * 1e12
+        self._floor = self.p.kernel_floor_us * 1e-6
+        tp, s = self.par.tp, self.spec
         heads = s.num_heads // tp
         self._heads = heads
-        # stages: (layers, moe layers, first, last)
-        self._stages = []
-        start = 0
-        for i, n in enumerate(stage_layers):
-            n_moe = sum(s.moe_layer_mask[start:start + n])
-            self._stages.append((n, n_moe, i == 0, i == len(stage_layers) - 1))
-            start += n
 
         attn_dtype = gemm_dtype(s.attn_bytes_per_param)
         aw, mw, sw = s.attn_bytes_per_param, s.dense_mlp_bytes_per_param, s.shared_expert_bytes_per_param
         gemm_tables: dict[str, GemmTable | None] = {}
 
-        def gemm(name: str, n: int, k: int, wbytes: float, by_seqs: bool = False) -> _Gemm:
+        def gemm(name: str, n: int, k: int, wbytes: float) -> _Gemm:
             dtype = gemm_dtype(wbytes)
             if dtype is not None and dtype not in gemm_tables:
                 gemm_tables[dtype] = tables.gemm(dtype)
             table = gemm_tables.get(dtype) if dtype else None
-            op = _Gemm(name, "gemm", n, k, wbytes, table, by_seqs)
+            op = _Gemm(name, n, k, wbytes, table)
             if dtype is None:
                 self.coverage.priced[name] = f"roofline: {wbytes:g} bytes per weight has no GEMM table"
             elif table is None or table(1, n, k) is None:
@@ -170,7 +151,7 @@ class MeasuredCosts:
                     gemm("moe.shared_gate_up", 2 * s.shared_inter // tp, s.hidden, sw),
                     gemm("moe.shared_down", s.hidden, s.shared_inter // tp, sw)]
             self._moe_curve = self._moe_table()
-        self._head = gemm("lm_head", s.vocab // tp, s.hidden, s.lm_head_bytes_per_param, by_seqs=True)
+        self._head = gemm("lm_head", s.vocab // tp, s.hidden, s.lm_head_bytes_per_param)
         self._allreduce = {graph: self._allreduce_table(graph) for graph in (True, False)}
 
         # the shared experts overlap the routed ones (a second stream) in DeepSeek-style models
@@ -240,12 +221,12 @@ class MeasuredCosts:
 
     def _gemm_time(self, op: _Gemm, m: int) -> float:
         t = op.table(m, op.n, op.k) if op.table is not None else None
-        if op.table is not None and m > op.table.largest_m and op.name not in self.coverage.out_of_range:
-            self.coverage.out_of_range[op.name] = (f"{m} rows above the largest measured "
-                                                   f"({op.table.largest_m:g}): in proportion")
+        if op.table is not None and m > op.table.largest_m:
+            self.coverage.note(op.name, f"{m} rows above the largest measured ({op.table.largest_m:g}): "
+                                        "in proportion")
         if t is None:
-            if op.table is not None and op.name not in self.coverage.out_of_range:
-                self.coverage.out_of_range[op.name] = f"{m} rows outside the measured range (roofline)"
+            if op.table is not None:
+                self.coverage.note(op.name, f"{m} rows outside the measured range (roofline)")
             t = self._roofline(op.n * op.k * op.weight_bytes + (m * op.k + m * op.n) * BF16_BYTES,
                                2.0 * m * op.n * op.k)
         return t * self.p.scale_gemm
@@ -253,13 +234,12 @@ class MeasuredCosts:
     def _moe_time(self, tokens: int) -> float:
         s, tp = self.spec, self.par.tp
         t = self._moe_curve(tokens) if self._moe_curve is not None else None
-        if (self._moe_curve is not None and tokens > self._moe_curve.largest
-                and "moe.experts" not in self.coverage.out_of_range):
-            self.coverage.out_of_range["moe.experts"] = (f"{tokens} tokens above the largest measured "
-                                                         f"({self._moe_curve.largest:g}): in proportion")
+        if self._moe_curve is not None and tokens > self._moe_curve.largest:
+            self.coverage.note("moe.experts", f"{tokens} tokens above the largest measured "
+                                              f"({self._moe_curve.largest:g}): in proportion")
         if t is None:
-            if self._moe_curve is not None and "moe.experts" not in self.coverage.out_of_range:
-                self.coverage.out_of_range["moe.experts"] = f"{tokens} tokens outside the measured range"
+            if self._moe_curve is not None:
+                self.coverage.note("moe.experts", f"{tokens} tokens outside the measured range")
             touched = distinct_experts(s.num_experts, s.top_k, tokens)
             imb = ep_imbalance(s.num_experts, self.par.ep, touched)
             t = self._roofline(touched * s.expert_bytes * imb / tp,
@@ -273,7 +253,7 @@ class MeasuredCosts:
 
     def _attention_time(self, shape: BatchShape) -> float:
         """One layer's attention kernel(s) for ``shape``."""
-        s, tp = self.spec, self.par.tp
+        s = self.spec
         seqs = max(shape.seqs, 1)
         k = self._attn_kernels
         t: float | None
@@ -289,16 +269,13 @@ class MeasuredCosts:
             t = _call(k.get("context"), seqs, isl)
         phase = "generation" if shape.decode else "context"
         if t is None:
-            if k.get(phase) is not None and f"attention.{phase}" not in self.coverage.out_of_range:
-                self.coverage.out_of_range[f"attention.{phase}"] = (
-                    f"batch {seqs} outside the measured range (roofline)")
-            if s.attention == "mla":
-                per_tok = (s.kv_lora_rank + s.qk_rope_head_dim) * s.kv_bytes_per_elem
-                flops = 2.0 * s.num_heads * (2 * s.kv_lora_rank + s.qk_rope_head_dim) / tp
-            else:
-                per_tok = 2 * s.num_kv_heads * s.qk_head_dim * s.kv_bytes_per_elem / min(tp, s.num_kv_heads)
-                flops = 2.0 * s.num_heads * (s.qk_head_dim + s.v_head_dim) / tp
-            t = self._roofline(shape.kv_read_tokens * per_tok, shape.attn_ctx * flops)
+            if k.get(phase) is not None:
+                self.coverage.note(f"attention.{phase}",
+                                   f"batch {seqs} outside the measured range (roofline)")
+            # the roofline's per-layer KV read and attention FLOPs (every layer alike: stage 0's)
+            st = self.roofline.stages[0]
+            t = self._roofline(shape.kv_read_tokens * st.kv_bytes_per_token / st.layers,
+                               shape.attn_ctx * st.attn_flops_per_ctx / st.layers)
         return t * self.p.scale_attention
 
     # -- the source's interface --------------------------------------------------------------------------
@@ -327,40 +304,33 @@ class MeasuredCosts:
     def family_times(self, stage: int, shape: BatchShape) -> dict[str, float]:
         """Seconds per operator family of one forward of ``shape`` on ``stage``: attention (projections,
         kernel, elementwise), dense MLP, MoE, LM head."""
-        layers, n_moe, _first, last = self._stages[stage]
+        st = self.roofline.stages[stage]
         attn, dense, moe, head = self._layer_cache(shape.tokens, shape.seqs, shape.decode,
-                                                   self._uses_graph(shape))
-        return {"attention": layers * (attn + self._attention_cached(shape)),
-                "dense_mlp": (layers - n_moe) * dense, "moe": n_moe * moe,
-                "lm_head": head if last else 0.0}
+                                                   self.roofline.uses_cuda_graph(shape))
+        return {"attention": st.layers * (attn + self._attention_cached(shape)),
+                "dense_mlp": (st.layers - st.moe_layers) * dense, "moe": st.moe_layers * moe,
+                "lm_head": head if st.last else 0.0}
 
     def gpu_time(self, stage: int, shape: BatchShape) -> float:
         return sum(self.family_times(stage, shape).values())
 
     def comm_time(self, stage: int, shape: BatchShape, graph: bool) -> float:
-        tp = self.par.tp
-        if tp == 1:
+        if self.par.tp == 1:
             return 0.0
-        layers, n_moe, _first, last = self._stages[stage]
+        st, cost = self.roofline.stages[stage], self.roofline
         elems = shape.tokens * self.spec.hidden
         curve = self._allreduce[graph]
         one = curve(elems) if curve is not None else None
         if one is None:
-            if curve is not None and "allreduce" not in self.coverage.out_of_range:
-                self.coverage.out_of_range["allreduce"] = f"{elems} elements outside the measured range"
-            link = self.hw.link_bw_gbs * 1e9 * self.p.eta_link
-            one = self.hw.allreduce_latency_us * 1e-6 + 2.0 * (tp - 1) / tp * elems * BF16_BYTES / link
-        t = 2 * layers * one
+            if curve is not None:
+                self.coverage.note("allreduce", f"{elems} elements outside the measured range")
+            one = cost.allreduce_time(shape.tokens)
+        t = 2 * st.layers * one
         if self.par.ep > 1 and self.par.moe_a2a_backend != "none":
-            # the MoE layer's all-reduce becomes a dispatch and a combine (roofline, as CostModel)
-            link = self.hw.link_bw_gbs * 1e9 * self.p.eta_link
-            a2a = (self.hw.allreduce_latency_us * 1e-6
-                   + elems * BF16_BYTES * self.spec.top_k * (self.par.ep - 1) / self.par.ep / link)
-            t += n_moe * (2 * a2a - one)
-        if last:  # vocab-parallel logits gathered before sampling: no table, the roofline's ring
-            link = self.hw.link_bw_gbs * 1e9 * self.p.eta_link
-            t += (self.hw.allreduce_latency_us * 1e-6
-                  + (tp - 1) / tp * shape.seqs * self.spec.vocab * BF16_BYTES / link)
+            # the MoE layer's all-reduce becomes a dispatch and a combine (no table: the roofline's)
+            t += st.moe_layers * (2 * cost.a2a_time(shape.tokens) - one)
+        if st.last:  # vocab-parallel logits gathered before sampling: no table, the roofline's
+            t += cost.logits_gather_time(shape.seqs)
         return t * self.p.scale_comm
 
 

@@ -230,7 +230,7 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         )
     backend = args.attention_backend or _default_attention_backend(spec, hw)
     try:
-        step_costs = apply_step_costs(getattr(args, "sim_step_costs", "auto"), cost, spec, hw.kernel_tables,
+        step_costs = apply_step_costs(getattr(args, "sim_step_costs", "auto"), cost, hw.kernel_tables,
                                       SGLANG_COMPAT_VERSION, backend)
     except StepCostsError as e:
         raise FlagError(str(e)) from e

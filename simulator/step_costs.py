@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from simulator import SGLANG_COMPAT_VERSION
 from simulator.costs import CostModel
 from simulator.kernel_tables import kernel_tables, package_version, systems_dir, table_sets
 from simulator.measured_costs import Coverage, MeasuredCosts
-from simulator.model_spec import ModelSpec
 
 MODES = ("auto", "roofline", "measured")
 
@@ -56,7 +56,7 @@ class StepCosts:
                 "label": self.label(), "fallbacks": self.fallbacks()}
 
 
-def _unavailable(table_set: str | None) -> str:
+def unavailable(table_set: str | None) -> str:
     """Why measured tables cannot price this run, or "" when they can."""
     if not table_set:
         return "the hardware profile names no kernel table set (hardware.kernel_tables)"
@@ -68,14 +68,16 @@ def _unavailable(table_set: str | None) -> str:
     return ""
 
 
-def describe_step_costs(mode: str, table_set: str | None, launched: str) -> StepCosts:
-    """What ``mode`` chooses for a hardware profile naming ``table_set``, without building a model:
-    the label every run, prediction and finding carries."""
+def describe_step_costs(mode: str, table_set: str | None, launched: str = SGLANG_COMPAT_VERSION
+                        ) -> StepCosts:
+    """What ``mode`` chooses for a hardware profile naming ``table_set`` (tables for the SGLang version
+    ``launched``: by default the one the simulator follows), without building a model: the label every
+    run, prediction and finding carries."""
     if mode not in MODES:
         raise StepCostsError(f"--sim-step-costs {mode!r}: valid: {', '.join(MODES)}")
     if mode == "roofline":
         return StepCosts(mode, "roofline", why="asked for")
-    why = _unavailable(table_set)
+    why = unavailable(table_set)
     if why:
         if mode == "measured":
             raise StepCostsError(f"--sim-step-costs measured: {why}; valid here: auto or roofline")
@@ -86,14 +88,13 @@ def describe_step_costs(mode: str, table_set: str | None, launched: str) -> Step
                                                f"SGLang {'/'.join(versions)}"))
 
 
-def apply_step_costs(mode: str, cost: CostModel, spec: ModelSpec, table_set: str | None, launched: str,
+def apply_step_costs(mode: str, cost: CostModel, table_set: str | None, launched: str,
                      attention_backend: str) -> StepCosts:
     """Set ``cost``'s step-cost source as ``mode`` asks and say what priced it."""
     chosen = describe_step_costs(mode, table_set, launched)
     if chosen.source == "measured":
         assert table_set is not None
-        source = MeasuredCosts(spec, cost.hw, cost.par, cost.p, kernel_tables(table_set, launched),
-                               cost.stage_layers, attention_backend, cost.uses_cuda_graph)
+        source = MeasuredCosts(cost, kernel_tables(table_set, launched), attention_backend)
         cost.use_source(source)
         chosen.coverage = source.coverage
     return chosen

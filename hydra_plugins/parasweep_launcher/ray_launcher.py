@@ -11,6 +11,7 @@ in sys.modules, and dataclasses then cannot resolve string annotations.
 
 import logging
 import os
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,8 +233,6 @@ class ParasweepRayLauncher(Launcher):
             num_cpus = max(os.cpu_count() or 1, int(num_gpus * per_trial))
         cluster = init_ray(sweep.ray_address, num_gpus, num_cpus)
         print(f"[parasweep] {cluster.describe()}", flush=True)
-        import textwrap
-
         from orchestrator.trial.modelled import step_costs_label
 
         costs = "; ".join(sorted({step_costs_label(j.cfg) for j in jobs}))

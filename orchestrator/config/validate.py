@@ -202,17 +202,14 @@ def _validate_sim_faults(cfg: ParasweepConf, engine: str, reason: str) -> None:
 
 def _validate_step_costs(cfg: ParasweepConf) -> None:
     """``simulator.step_costs`` names a mode, and ``measured`` needs tables for the hardware's GPU."""
-    from simulator import SGLANG_COMPAT_VERSION
-    from simulator.step_costs import MODES, StepCostsError, describe_step_costs
+    from simulator.step_costs import MODES, unavailable
 
     mode = cfg.simulator.step_costs
     if mode not in MODES:
         raise ConfigError("simulator.step_costs", mode, ", ".join(MODES))
-    try:
-        describe_step_costs(mode, cfg.hardware.kernel_tables, SGLANG_COMPAT_VERSION)
-    except StepCostsError as exc:
-        raise ConfigError("simulator.step_costs", mode, "auto or roofline",
-                          why=str(exc).split(": ", 1)[1].split(";")[0]) from exc
+    why = unavailable(cfg.hardware.kernel_tables) if mode == "measured" else ""
+    if why:
+        raise ConfigError("simulator.step_costs", mode, "auto or roofline", why=why)
 
 
 def _validate_calibration(cfg: ParasweepConf) -> None:

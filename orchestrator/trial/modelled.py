@@ -31,11 +31,9 @@ def step_costs_label(cfg: ParasweepConf) -> str:
     """What prices the simulator's steps for ``cfg`` (``simulator.step_costs`` on its hardware), in one
     line: "measured (aiconfigurator-core 0.12.0: h100_sxm, SGLang 0.5.14)" or "roofline
     (why)". Every run, prediction and predicted effect carries it."""
-    from simulator import SGLANG_COMPAT_VERSION
     from simulator.step_costs import describe_step_costs
 
-    return describe_step_costs(cfg.simulator.step_costs, cfg.hardware.kernel_tables,
-                               SGLANG_COMPAT_VERSION).label()
+    return describe_step_costs(cfg.simulator.step_costs, cfg.hardware.kernel_tables).label()
 
 
 def apply_change(cfg: ParasweepConf, change: Mapping[str, Any]) -> tuple[ParasweepConf, dict[str, str]]:
