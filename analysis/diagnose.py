@@ -57,7 +57,10 @@ from vocab.records import ENGINE_FAILED, STOPPED_EARLY
 from vocab.telemetry import (
     KV_USAGE_MAX,
     POWER_FRAC_MEAN,
-    QUEUE_GROWTH,
+    PREFILL_TOKENS_MAX,
+    PREFILL_TOKENS_MEAN,
+    PREFILL_WITH_DECODES,
+    QUEUE_MEAN,
     RETRACTED,
     RUNNING_MEAN,
     STAGE_ACTIVITY_MAX,
@@ -102,6 +105,8 @@ class TrialFacts:
     engine: str = ""                            # the engine tag: "sim", "sim-predict", "sglang"
     steps: Mapping[str, StepEstimate] = field(default_factory=dict)   # label -> estimate
     stage_layers: Sequence[int] = ()            # layers per PP stage as the engine split them
+    input_len: float = 0.0                      # the workload's mean prompt length (tokens; 0: unknown)
+    output_len: float = 0.0                     # the workload's mean output length (tokens; 0: unknown)
 
     def __post_init__(self) -> None:
         if self.interconnect not in INTERCONNECTS:
@@ -422,46 +427,139 @@ def gpu_underused(f: TrialFacts) -> list[Finding]:
         point=label, change=change, alternatives=alternatives)]
 
 
+# SGLang clips the decode tokens it reserves per request at this (CLIP_MAX_NEW_TOKENS)
+CLIP_MAX_NEW_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class TtftSplit:
+    """Where a point's TTFT went: ``stat`` ("p99" or "mean") of TTFT, of which ``queue_ms`` was spent
+    waiting in the server's queue, read from ``source``."""
+
+    stat: str
+    ttft_ms: float
+    queue_ms: float
+    source: str
+
+    def text(self) -> str:
+        return (f"TTFT {self.stat} {_ms(self.ttft_ms)}, of which {_ms(self.queue_ms)} "
+                f"({self.queue_ms / self.ttft_ms:.0%}) queueing ({self.source})")
+
+
+def _ms(value: float) -> str:
+    return f"{value / 1e3:.1f} s" if value >= 1e3 else f"{value:.0f} ms"
+
+
+def ttft_split(f: TrialFacts, label: str) -> TtftSplit | None:
+    """The TTFT split at a point: from the server's own per-request queue time where it reported one
+    (the requests in the TTFT p99 tail), else the mean wait by Little's law from the engine's queue
+    reports (mean waiting requests / completed requests per second) against the mean TTFT."""
+    m = f.points[label]
+    ttft, queue = float_or_none(m.get("ttft_p99_ms")), float_or_none(m.get("ttft_p99_queue_ms"))
+    if ttft is not None and queue is not None and math.isfinite(ttft) and ttft > 0:
+        return TtftSplit("p99", ttft, queue, "the server's per-request queue time")
+    waiting, rate = float_or_none(m.get(QUEUE_MEAN)), float_or_none(m.get("request_s"))
+    mean = float_or_none(m.get("ttft_mean_ms"))
+    if waiting is None or not rate or mean is None or not math.isfinite(mean) or mean <= 0:
+        return None
+    source = _scheduler_evidence(f)[1:-1]
+    return TtftSplit("mean", mean, min(1e3 * waiting / rate, mean),
+                     f"Little's law: {waiting:.1f} waiting / {rate:.2f} req/s, {source}")
+
+
+def _running_total(f: TrialFacts, m: Mapping[str, float]) -> float | None:
+    """Requests one replica runs: the series' running count, times the micro-batches in flight under
+    PP (where the series reports one micro-batch)."""
+    running = float_or_none(m.get(RUNNING_MEAN))
+    slots = f.pp_size + f.async_depth if f.pp_size > 1 else 1
+    return running * slots if running is not None else None
+
+
+def _waiting(f: TrialFacts, m: Mapping[str, float]) -> float | None:
+    """Mean requests waiting at one replica."""
+    total = float_or_none(m.get(QUEUE_MEAN))
+    if total is not None:
+        return total / max(1, f.dp_size)
+    stages = [float_or_none(m.get(per_stage(s, "queue_mean"))) for s in range(f.pp_size)]
+    known = [q for q in stages if q is not None]
+    return max(known) if known else None
+
+
+def kv_pool_fit(f: TrialFacts) -> tuple[int, float, int] | None:
+    """(pool tokens, tokens one request takes, requests the pool holds) at the workload's mean lengths.
+    A request is admitted only with room for its prompt and every decode token it may still produce
+    (SGLang reserves them in full for a request that ignores EOS, as a benchmark's do, and clips the
+    reservation at 4,096), so a request takes prompt + output tokens of the pool from admission on."""
+    pool = int_or_none(f.resolved.get("max_total_num_tokens"))
+    if not pool or f.input_len <= 0 or f.output_len <= 0:
+        return None
+    need = f.input_len + min(f.output_len, CLIP_MAX_NEW_TOKENS)
+    return pool, need, int(pool // need)
+
+
+def _kv_bound(f: TrialFacts, label: str) -> str | None:
+    """Why admission at ``label`` was held back by the KV pool, or None: requests waited (mean queue
+    >= 1) while the running requests stayed below the concurrency and both admission caps, and the
+    pool, used plus reserved for their remaining decode tokens, had no room for one more request
+    (fewer than 1.5 requests' worth left at the mean lengths, so most of the time none)."""
+    fit = kv_pool_fit(f)
+    m = f.points[label]
+    waiting, total = _waiting(f, m), _running_total(f, m)
+    if fit is None or waiting is None or total is None or waiting < 1:
+        return None
+    pool, need, fits = fit
+    mrr = int_or_none(f.resolved.get("max_running_requests"))
+    cap = int_or_none(f.resolved.get("pp_max_micro_batch_size"))
+    running = float_or_none(m.get(RUNNING_MEAN))
+    c = f.concurrency.get(label)
+    offered = _per_replica(f, c) if c else None
+    if (mrr is not None and total >= 0.9 * mrr) or (offered is not None and total >= 0.9 * offered) or (
+            cap is not None and f.pp_size > 1 and running is not None and running >= 0.9 * cap):
+        return None
+    if pool / need - total >= 1.5:
+        return None
+    below = " and ".join(x for x in (f"the concurrency {offered}" if offered else "",
+                                  f"max_running_requests={mrr}" if mrr else "") if x)
+    return (f"{waiting:.1f} requests waited on average while about {total:.1f} ran"
+            + (f", below {below}" if below else "")
+            + f"; at {f.input_len:,.0f} + {min(f.output_len, CLIP_MAX_NEW_TOKENS):,.0f} tokens a request "
+              f"(prompt and every decode token, reserved at admission) the {pool:,}-token KV pool holds "
+              f"{fits} request{'s' if fits != 1 else ''}")
+
+
 def kv_capacity(f: TrialFacts) -> list[Finding]:
     """The KV pool, not a request cap, limits how many requests run. At a point it fires on any of:
 
     * the pool ran full: ``kv_token_usage_max >= 0.95``;
     * the engine retracted requests (``retracted_reqs > 0``): it admitted more than the pool holds;
-    * requests wait and the wait grows (``queue_growth_req_s > 0`` and a stage's mean queue >= 1
-      request) while the running requests sit below both admission caps, so neither cap holds them
-      back and only the KV budget (which also reserves room for each request's future tokens) can.
-      Under PP the series' ``running`` is one micro-batch, so the replica runs about running x
-      (pp + async depth) requests; "below" means under 90 % of ``max_running_requests`` and, when
-      known, a micro-batch under 90 % of ``pp_max_micro_batch_size``. Without a resolved
-      ``max_running_requests`` this third trigger cannot tell the caps apart and stays quiet.
+    * KV-bound admission, read the way SGLang's scheduler decides it (:func:`_kv_bound`): requests
+      wait while the running requests sit below the concurrency and both admission caps and the pool,
+      used plus reserved for the running requests' remaining decode tokens, has no room for another
+      (the used share alone stays below 0.95 then: the reservation is not in it). In closed and open
+      loops. Under PP the series' ``running`` is one micro-batch, so the replica runs about running x
+      (pp + async depth) requests.
 
-    The point reported is the busiest that fires. The change raises ``mem_fraction_static`` by 0.05 (at
-    most 0.95) while it is known and below 0.9; alternatives are a ``max_running_requests`` that keeps
-    the pool about 90 % full (when it ran full or retracted: the running requests x 0.9 / usage, usage 1
-    after a retraction) and
-    twice the TP size (weights spread thinner leave more room for KV). The first that applies is the
-    change.
+    The point reported is the busiest that fires; the evidence says how many requests the pool holds at
+    the workload's lengths and, where known, how much of the TTFT was queueing. The change raises
+    ``mem_fraction_static`` by 0.05 (at most 0.95) while it is known and below 0.9; the alternatives,
+    predicted when it does not help: a ``max_running_requests`` that keeps the pool about 90 % full
+    (when it ran full or retracted: the running requests x 0.9 / usage, usage 1 after a retraction), an
+    FP8 KV cache (half the bytes per token), twice the TP size (weights spread thinner leave more room
+    for KV) and twice the DP replicas (fewer concurrent requests per replica).
     """
     mrr = int_or_none(f.resolved.get("max_running_requests"))
-    cap = int_or_none(f.resolved.get("pp_max_micro_batch_size"))
-    slots = f.pp_size + f.async_depth if f.pp_size > 1 else 1
     fired: dict[str, tuple[list[str], int | None, bool]] = {}
     for label, m in f.points.items():
         usage, retracted = float_or_none(m.get(KV_USAGE_MAX)), float_or_none(m.get(RETRACTED))
-        growth, running = float_or_none(m.get(QUEUE_GROWTH)), float_or_none(m.get(RUNNING_MEAN))
-        queues = [q for s in range(f.pp_size)
-                  if (q := float_or_none(m.get(per_stage(s, "queue_mean")))) is not None]
-        total = running * slots if running is not None else None
+        total = _running_total(f, m)
         reasons = []
         if usage is not None and usage >= 0.95:
             reasons.append(f"KV pool usage reached {usage:.0%}")
         if retracted is not None and retracted > 0:
             reasons.append(f"{retracted:.0f} requests retracted (KV pool full)")
-        below_caps = (total is not None and running is not None and mrr is not None and total < 0.9 * mrr
-                      and (cap is None or f.pp_size <= 1 or running < 0.9 * cap))
-        if growth is not None and growth > 0 and queues and max(queues) >= 1 and below_caps:
-            reasons.append(f"the waiting queue (mean {max(queues):.1f}) grows {growth:.2f} req/s while about "
-                           f"{total:.0f} requests run, below max_running_requests={mrr}")
+        bound = _kv_bound(f, label)
+        if bound:
+            reasons.append(bound)
         retracting = retracted is not None and retracted > 0
         fits = None
         if total is not None and ((usage is not None and usage >= 0.95) or retracting):
@@ -480,14 +578,18 @@ def kv_capacity(f: TrialFacts) -> list[Finding]:
                  if mfs is not None and mfs < 0.9 else None)
     lower_mrr = ({"server.max_running_requests": fits} if fits is not None and (mrr is None or fits < mrr)
                  else None)
-    more_tp = {"tp.size": 2 * f.tp_size}
-    candidates = _some(raise_mfs, lower_mrr, more_tp)
+    fp8 = (None if str(f.resolved.get("kv_cache_dtype") or "auto").startswith(("fp8", "mxfp8"))
+           else {f"{EXTRA_ARGS_PREFIX}kv-cache-dtype": "fp8_e4m3"})
+    candidates = _some(raise_mfs, lower_mrr, fp8, {"tp.size": 2 * f.tp_size}, {"dp.size": 2 * f.dp_size})
     change, alternatives = candidates[0], candidates[1:]
+    split = ttft_split(f, label)
     return [Finding(
         "kv_capacity", "critical" if retracting else "warning",
         f"The KV cache limits the running requests at {label}",
-        f"{'; '.join(reasons)} at {label} {_scheduler_evidence(f)}",
-        _suggest("Give the KV pool more memory or admit only what it holds.", change),
+        f"{'; '.join(reasons)} at {label} {_scheduler_evidence(f)}"
+        + (f"; {split.text()}" if split and split.queue_ms > 0 else ""),
+        _suggest("Give the KV pool more memory, or store fewer bytes per token, or admit only what it "
+                 "holds.", change),
         point=label, change=change, alternatives=alternatives)]
 
 
@@ -535,9 +637,92 @@ def tp_comm_bound(f: TrialFacts) -> list[Finding]:
         point=label, change=change, alternatives=alternatives)]
 
 
+def _smaller_chunk(chunk: int, largest_batch: float) -> int:
+    """A chunked-prefill size about a quarter of the largest prefill batch seen (a power of two, at
+    least 256 and below the current size)."""
+    target = max(256.0, min(float(chunk), largest_batch) / 4)
+    return max(256, min(chunk // 2, 1 << int(math.log2(target))))
+
+
+def prefill_interference(f: TrialFacts) -> list[Finding]:
+    """Long prefills stall the decodes that run beside them. SGLang runs a prefill batch before any
+    decode (the running requests wait the whole prefill, and every chunk of a chunked prompt, one
+    after another), unless ``--enable-mixed-chunk`` puts their decode tokens into the prefill's forward;
+    a decode then waits one chunk, not one prompt. Fires at the busiest valid point where ITL p99 is at
+    least 3x ITL p50 and 10 ms above it (load generator) and the engine log shows prefill batches of at
+    least 256 prompt tokens on average, at least a quarter of them run while requests were decoding.
+
+    The change turns mixed chunks on (when off) with a chunk about a quarter of the largest prefill
+    batch; the alternatives, each alone. Its goal is ITL p99: it is predicted, and kept, for what it
+    does to ITL p99, and the TTFT it costs is said beside it."""
+    chunk = int_or_none(f.resolved.get("chunked_prefill_size"))
+    mixed_on = str(f.resolved.get("enable_mixed_chunk")).lower() == "true"
+    for label in _by_load(f, [x for x in f.points if f.points[x].get("valid", 1) != 0]):
+        values = [float_or_none(f.points[label].get(k)) for k in
+                  ("itl_p50_ms", "itl_p99_ms", PREFILL_TOKENS_MAX, PREFILL_TOKENS_MEAN, PREFILL_WITH_DECODES)]
+        known = [v for v in values if v is not None and math.isfinite(v)]
+        if len(known) < len(values):
+            continue
+        p50, p99, largest, mean, beside = known
+        if p50 <= 0 or p99 < 3 * p50 or p99 - p50 < 10 or mean < 256 or beside < 0.25:
+            continue
+        changes: list[dict[str, Any]] = []
+        mixed = {f"{EXTRA_ARGS_PREFIX}enable-mixed-chunk": True}
+        smaller = ({"server.chunked_prefill_size": _smaller_chunk(chunk, largest)}
+                   if chunk and chunk > 256 else None)
+        if not mixed_on and chunk and chunk > 0:
+            changes = _some({**mixed, **(smaller or {})}, mixed if smaller else None, smaller)
+        elif smaller:
+            changes = [smaller]
+        change, alternatives = (changes[0], changes[1:]) if changes else ({}, [])
+        why = ("Let the running requests decode inside the prefill's forward, in shorter chunks, so a "
+               "long prompt costs them one chunk's time instead of the whole prefill (a trade against "
+               "TTFT).") if changes else "Chunked prefill is off: turn it on to bound a prefill's stall."
+        return [Finding(
+            "prefill_interference", "warning", f"Prefills stall the running decodes at {label}",
+            f"ITL p99 {p99:.1f} ms is {p99 / p50:.1f}x ITL p50 {p50:.1f} ms at {label} (load generator); "
+            f"prefill batches of {mean:,.0f} prompt tokens on average (largest {largest:,.0f}), {beside:.0%} "
+            f"of them while requests were decoding, chunked_prefill_size={chunk}, mixed chunk "
+            f"{'on' if mixed_on else 'off'} ({_scheduler_evidence(f)[1:-1]}; sizes {RESOLVED})",
+            _suggest(why, change), point=label, change=change, alternatives=alternatives,
+            goal="itl_p99_ms")]
+    return []
+
+
+def ttft_queueing(f: TrialFacts) -> list[Finding]:
+    """TTFT is mostly waiting in the server's queue, and no cap explains it: at the busiest point where
+    the queueing part of the TTFT (:func:`ttft_split`) is at least half of it and at least 100 ms, so is
+    the median request's (when the server reported per-request times: a tail alone is a burst), and
+    neither the KV pool (:func:`_kv_bound`, and the ``kv_capacity`` finding) nor ``max_running_requests``
+    holds admission back there (those findings carry the split themselves). What remains is a server
+    that takes requests in slower than they come: the change doubles the DP replicas, the alternative
+    doubles TP; both are predicted for TTFT p99 (their goal)."""
+    mrr = int_or_none(f.resolved.get("max_running_requests"))
+    for label in _by_load(f, [x for x in f.points if f.points[x].get("valid", 1) != 0]):
+        split = ttft_split(f, label)
+        if split is None or split.queue_ms < 100 or split.queue_ms < 0.5 * split.ttft_ms:
+            continue
+        m = f.points[label]
+        p50_queue, p50_ttft = float_or_none(m.get("server_queue_p50_ms")), float_or_none(m.get("ttft_p50_ms"))
+        if p50_queue is not None and p50_ttft and p50_queue < 0.5 * p50_ttft:
+            continue  # only a burst queued (a closed loop's first requests all at once), not the typical one
+        c = f.concurrency.get(label)
+        if _kv_bound(f, label) or (mrr and c and _per_replica(f, c) > mrr):
+            return []
+        change = {"dp.size": 2 * f.dp_size}
+        return [Finding(
+            "ttft_queueing", "warning", f"Requests wait in the queue for most of their TTFT at {label}",
+            f"{split.text()} at {label}; no admission cap or KV limit holds them back: the server "
+            "admits requests as fast as it can prefill and run them",
+            _suggest("Add replicas (or a wider layout) to take requests in faster, or offer less load "
+                     "per replica.", change),
+            point=label, change=change, alternatives=[{"tp.size": 2 * f.tp_size}], goal="ttft_p99_ms")]
+    return []
+
+
 RULES: list[Callable[[TrialFacts], list[Finding]]] = [
     client_bound, too_few_microbatches, admission_cap, pp_bubble, pp_stage_imbalance, cuda_graph_off,
-    gpu_underused, kv_capacity, tp_comm_bound,
+    gpu_underused, kv_capacity, tp_comm_bound, prefill_interference, ttft_queueing,
 ]
 
 

@@ -35,7 +35,11 @@ from vocab.telemetry import (
     POWER_FRAC_MEAN,
     POWER_FRAC_MIN_GPU,
     POWER_FRAC_PEAK,
+    PREFILL_TOKENS_MAX,
+    PREFILL_TOKENS_MEAN,
+    PREFILL_WITH_DECODES,
     QUEUE_GROWTH,
+    QUEUE_MEAN,
     RETRACTED,
     RUNNING_MEAN,
     STAGE_ACTIVITY_MAX,
@@ -170,9 +174,10 @@ def _preferred(window: pd.DataFrame, column: str) -> pd.DataFrame:
 
 def _stage_summaries(stages: pd.DataFrame, start: float, end: float) -> dict[str, float]:
     df = pd.DataFrame({c: _col(stages, c) for c in ("ts", "dp", "pp", "tp", "running", "queue",
-                                                     "token_usage", "retracted_total")})
-    if "source" in stages:
-        df["source"] = stages["source"].astype(str)
+                                                     "token_usage", "retracted_total", "new_tokens")})
+    for text in ("source", "kind"):
+        if text in stages:
+            df[text] = stages[text].astype(str)
     df[["dp", "pp", "tp"]] = df[["dp", "pp", "tp"]].fillna(0)
     df = df[df["ts"].notna()].sort_values("ts", kind="stable")
     window = df[(df["ts"] >= start) & (df["ts"] <= end)]
@@ -187,15 +192,36 @@ def _stage_summaries(stages: pd.DataFrame, start: float, end: float) -> dict[str
     queue = _preferred(window, "queue")
     for s, v in queue.groupby("pp")["queue"].mean().items():
         out[per_stage(int(s), "queue_mean")] = v
+    if len(queue):  # a replica's stages report the same queue: read stage 0's, add the replicas up
+        first = queue[queue["pp"] == queue["pp"].min()]
+        out[QUEUE_MEAN] = float(first.groupby("dp")["queue"].mean().sum())
     slopes = [_slope(g["ts"].to_numpy(), g["queue"].to_numpy()) for _, g in queue.groupby("dp")]
     if any(s is not None for s in slopes):
         out[QUEUE_GROWTH] = sum(s for s in slopes if s is not None)  # replicas queue separately
     usage = _preferred(window, "token_usage")
     if len(usage):
         out[KV_USAGE_MAX] = usage["token_usage"].max()
+    out.update(_prefill_summaries(window))
     retracted = _retracted(df, start, end)
     if retracted is not None:
         out[RETRACTED] = retracted
+    return out
+
+
+def _prefill_summaries(window: pd.DataFrame) -> dict[str, float]:
+    """Prompt tokens per prefill batch, and the share of prefill batches that ran beside decoding
+    requests, from the engine log's prefill lines (stage 0's: every stage logs the same batch)."""
+    if "kind" not in window:
+        return {}
+    rows = window[(window["kind"] == "prefill") & window["new_tokens"].notna()]
+    rows = rows[rows["pp"] == rows["pp"].min()] if len(rows) else rows
+    if rows.empty:
+        return {}
+    out = {PREFILL_TOKENS_MAX: float(rows["new_tokens"].max()),
+           PREFILL_TOKENS_MEAN: float(rows["new_tokens"].mean())}
+    running = rows["running"].dropna()
+    if len(running):
+        out[PREFILL_WITH_DECODES] = float((running > 0).mean())
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from orchestrator.config.lengths import length_bounds
 from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import ParasweepConf
 
@@ -32,6 +33,8 @@ def request_spec(cfg: ParasweepConf) -> Any:
     from workloads import RequestSpec
 
     model = model_info(cfg.model.path)
-    return RequestSpec(api=cfg.workload.api, input_len=cfg.workload.input_len,
-                       output_len=cfg.workload.output_len, seed=cfg.workload.seed,
-                       vocab_size=model.vocab_size, model=cfg.model.name)
+    w = cfg.workload
+    input_max, output_max = length_bounds(cfg, model.max_context)
+    return RequestSpec(api=w.api, input_len=w.input_len, output_len=w.output_len, seed=w.seed,
+                       vocab_size=model.vocab_size, model=cfg.model.name, input_dist=w.input_dist,
+                       output_dist=w.output_dist, input_max_len=input_max, output_max_len=output_max)

@@ -47,13 +47,17 @@ class Admission:
             return True
         return False
 
-    def build_prefill(self, slot: Slot) -> Batch | None:
-        """The prefill batch of ``slot``'s turn: the chunked request's next chunk, then new requests
-        from the waiting queue while the slot cap, the request pool, the token budgets and the KV budget
-        allow. Requests whose prompt completes join ``slot``. None when nothing can be admitted."""
+    def build_prefill(self, slot: Slot, now: float, mixed_decodes: int = 0) -> Batch | None:
+        """The prefill batch of ``slot``'s turn at ``now``: the chunked request's next chunk, then new
+        requests from the waiting queue while the slot cap, the request pool, the token budgets and the
+        KV budget allow. Requests whose prompt completes join ``slot``. None when nothing can be
+        admitted. ``mixed_decodes`` running requests will decode in the same forward (mixed chunk):
+        their tokens come off the chunk and input budgets and off the KV budget, as in SGLang's
+        ``PrefillAdder``."""
         items: list[PrefillItem] = []
-        rem_chunk = self.chunk
-        rem_input = self.max_prefill_tokens
+        rem_chunk = self.chunk - mixed_decodes
+        rem_input = self.max_prefill_tokens - mixed_decodes
+        kv_capacity = self.kv_capacity - mixed_decodes
         cr = self.chunked_req
         if cr is not None and not cr.aborted:
             n = min(cr.input_len - cr.prefilled, rem_chunk)
@@ -73,11 +77,12 @@ class Admission:
         while waiting and rem_chunk > 0 and cap_left > 0 and self.pool_used < self.pool_size:
             req = waiting[0]
             reserve = min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS)
-            if self.kv_committed + req.input_len + reserve > self.kv_capacity:
+            if self.kv_committed + req.input_len + reserve > kv_capacity:
                 break  # KV budget: wait for running requests to finish
             if req.input_len > rem_input and items:
                 break  # max_prefill_tokens bounds one batch (a lone oversize request still goes)
             waiting.popleft()
+            req.forward_entry = now
             self.pool_used += 1
             if self.pool_used > self.peak_pool_used:
                 self.peak_pool_used = self.pool_used
@@ -100,11 +105,12 @@ class Admission:
                 break
         if not items:
             return None
-        shape = prefill_shape([(it.tokens, it.prefix) for it in items])
-        return Batch(decode=False, reqs=[it.req for it in items], items=items, shape=shape)
+        return Batch(decode=False, reqs=[it.req for it in items], items=items,
+                     shape=prefill_shape([(it.tokens, it.prefix) for it in items]))
 
     def store_kv(self, batch: Batch) -> None:
-        """A launched batch writes KV: one token per decoding request, every computed prompt token."""
+        """A launched batch writes KV: one token per decoding request (mixed ones too), every computed
+        prompt token."""
         if batch.decode:
             for r in batch.reqs:
                 r.kv_tokens += 1
@@ -112,7 +118,10 @@ class Admission:
         else:
             for it in batch.items:
                 it.req.kv_tokens += it.tokens
-            self.kv_used += batch.shape.tokens
+                self.kv_used += it.tokens
+            for r in batch.mixed:
+                r.kv_tokens += 1
+            self.kv_used += len(batch.mixed)
 
     def drop_finished(self, slot: Slot) -> None:
         keep = []

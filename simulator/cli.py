@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--mem-fraction-static", type=float, default=None)
     a("--page-size", type=int, default=None)
     a("--disable-radix-cache", action="store_true")
+    a("--enable-mixed-chunk", action="store_true")
     # CUDA graphs / kernels
     a("--disable-cuda-graph", action="store_true")
     a("--cuda-graph-max-bs-decode", type=int, default=None)

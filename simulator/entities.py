@@ -24,6 +24,7 @@ class Request:
         "finish_time",
         "finished",
         "first_token_time",
+        "forward_entry",
         "input_len",
         "kv_reserved",
         "kv_tokens",
@@ -50,6 +51,7 @@ class Request:
         self.prefilled = 0
         self.arrival = 0.0
         self.first_token_time = -1.0
+        self.forward_entry = -1.0  # when its first prefill batch was built: the end of its queueing
         self.last_token_time = -1.0
         self.finish_time = -1.0
         self.finished = False
@@ -81,6 +83,9 @@ class Batch:
     decode: bool
     reqs: list[Request]  # decode: the slot's requests
     items: list[PrefillItem] = field(default_factory=list)  # prefill: what is computed
+    # prefill with --enable-mixed-chunk: the slot's running requests, one decode token each, in the
+    # same forward
+    mixed: list[Request] = field(default_factory=list)
     shape: BatchShape | None = None
     cuda_graph: bool = False
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import orjson
 from aiohttp import web
@@ -41,9 +42,11 @@ def _sse(obj: object) -> bytes:
 
 
 class GenerationAPI:
-    def __init__(self, cfg: SimConfig, frontend: Frontend, faults: FaultInjector) -> None:
+    def __init__(self, cfg: SimConfig, frontend: Frontend, faults: FaultInjector,
+                 wall: Callable[[float], float]) -> None:
         self.cfg = cfg
         self.frontend = frontend
+        self.wall = wall  # simulated time -> epoch seconds of the wall clock that plays it back
         self.faults = faults  # counts arrivals; may crash or freeze the engine (--sim-fault-*)
 
     # -- /generate ----------------------------------------------------------------------------------------
@@ -60,7 +63,14 @@ class GenerationAPI:
             "e2e_latency": time.time() - received,
         }
         if self.cfg.args.enable_metrics:
+            # the scheduler's own timing of the request, as SGLang 0.5.23 reports it with metrics on:
+            # seconds in the waiting queue, and the epochs of its first forward and of its prefill's end
             meta["request_received_ts"] = received
+            if req.forward_entry >= 0:
+                meta["queue_time"] = (req.forward_entry - req.arrival) / self.cfg.time_scale
+                meta["forward_entry_time"] = self.wall(req.forward_entry)
+            if req.first_token_time >= 0:
+                meta["prefill_finished_time"] = self.wall(req.first_token_time)
         # The model's own clock (simulated seconds, immune to wall-clock jitter): for diagnosis and tests.
         if req.first_token_time >= 0:
             meta["sim_first_token_latency"] = req.first_token_time - req.arrival

@@ -135,7 +135,8 @@ def startup_lines(cfg: SimConfig, log: LogWriter) -> None:
                 else:
                     kv_desc = f"K size: {kv_gb / 2:.2f} GB, V size: {kv_gb / 2:.2f} GB"
                 log.info(
-                    f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {cfg.max_total_num_tokens}, "
+                    f"KV Cache is allocated. dtype: {_kv_torch_dtype(cfg.args.kv_cache_dtype)}, "
+                    f"#tokens: {cfg.max_total_num_tokens}, "
                     f"{kv_desc}", tag
                 )
                 avail = (st.available_bytes + st.graph_bytes) / GIB
@@ -159,6 +160,12 @@ def startup_lines(cfg: SimConfig, log: LogWriter) -> None:
                 f"available_gpu_mem={st.available_bytes / GIB:.2f} GB",
                 rank_tag(cfg, pp_rank, 0, dp_rank),
             )
+
+
+def _kv_torch_dtype(flag: str) -> str:
+    """The torch dtype SGLang names for a --kv-cache-dtype value ("auto": the model's, BF16 here)."""
+    return {"fp8_e4m3": "torch.float8_e4m3fn", "fp8_e5m2": "torch.float8_e5m2",
+            "mxfp8": "torch.float8_e4m3fn"}.get(flag, "torch.bfloat16")
 
 
 def _graph_sizes(max_bs: int) -> list[int]:

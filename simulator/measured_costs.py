@@ -166,7 +166,8 @@ class MeasuredCosts:
 
     def _attention_tables(self, attn_dtype: str | None, backend: str) -> dict[str, object]:
         s, t = self.spec, self.tables
-        kv_dtype = "bfloat16"  # the simulator caches KV in BF16 (kv_bytes_per_elem)
+        # the tables' KV dtypes: BF16, or FP8 (--kv-cache-dtype fp8_*: one byte per element)
+        kv_dtype = "fp8" if s.kv_bytes_per_elem == 1 else "bfloat16"
         found: dict[str, object] = {}
         if attn_dtype != "bfloat16":
             self.coverage.priced["attention"] = "roofline: attention tables are for BF16 models"

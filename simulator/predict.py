@@ -351,6 +351,7 @@ class _VirtualClient:
             now = sim.now
             if rec.first_token_time is None:
                 rec.first_token_time = now
+                rec.server_queue_s = req.forward_entry - req.arrival  # the model's queue wait
             rec.chunk_times.append(now)
             rec.chunk_tokens.append(n - rec.output_tokens)
             rec.output_tokens = n

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from simulator.admission import Admission
-from simulator.costs import decode_shape
+from simulator.costs import decode_shape, prefill_shape
 from simulator.entities import Batch, Request, Slot, StageBusy
 from simulator.sim_config import SimConfig
 from simulator.timebase import Simulation
@@ -148,13 +148,19 @@ class ReplicaModel:
         if any(r.finished for r in slot.reqs):  # aborted while the slot was idle
             adm.drop_finished(slot)
         if adm.has_work:
-            running_before = len(slot.reqs)
-            batch = adm.build_prefill(slot)
-            if batch is not None:  # prefill first: this slot's decode waits a turn
-                self.prefill_tokens_since_log += batch.shape.tokens
+            running = list(slot.reqs)
+            mixed = self.cfg.mixed_chunk and bool(running)
+            batch = adm.build_prefill(slot, self.sim.now, len(running) if mixed else 0)
+            if batch is not None:  # prefill first: this slot's decode waits a turn, unless mixed in
+                prompt_tokens = batch.shape.tokens
+                if mixed:
+                    batch.mixed = running
+                    batch.shape = prefill_shape([(it.tokens, it.prefix) for it in batch.items]
+                                                + [(1, r.context_len) for r in running])
+                self.prefill_tokens_since_log += prompt_tokens
                 if self.observer is not None:
-                    new_seqs = sum(1 for it in batch.items if it.prefix == 0)
-                    self.observer.on_prefill_batch(self, new_seqs, batch.shape.tokens, running_before)
+                    # SGLang's #new-seq counts every request the batch prefills, a continued chunk too
+                    self.observer.on_prefill_batch(self, len(batch.items), prompt_tokens, len(running))
                 return batch
         if slot.reqs:
             reqs = list(slot.reqs)
@@ -207,7 +213,11 @@ class ReplicaModel:
         else:
             reqs = [it.req for it in batch.items if it.last_chunk]
             self.prefill_steps += 1
-            self.tokens_prefill_total += batch.shape.tokens
+            self.tokens_prefill_total += sum(it.tokens for it in batch.items)
+            if batch.mixed:  # the running requests decoded in the same forward
+                reqs += batch.mixed
+                self.tokens_decode_total += len(batch.mixed)
+                self.gen_tokens_since_log += len(batch.mixed)
         vocab, eos = self._vocab, self._eos
         for req in reqs:
             if req.finished:

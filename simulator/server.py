@@ -52,7 +52,8 @@ class SimServer:
         self.frontend = Frontend(cfg, self.replicas, self.driver.now, loop)
         self.faults = FaultConf.from_args(cfg.args)
         self.generation = GenerationAPI(cfg, self.frontend,
-                                        FaultInjector(self.faults, cfg, log, self.freeze_engine))
+                                        FaultInjector(self.faults, cfg, log, self.freeze_engine),
+                                        self.driver.wall)
         self.ready = False
         self.app = self._make_app()
 

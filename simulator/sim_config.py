@@ -63,6 +63,12 @@ class SimConfig:
     startup_time: float = field(default_factory=time.time)
 
     @property
+    def mixed_chunk(self) -> bool:
+        """Prefill batches carry the running decodes (SGLang: ``--enable-mixed-chunk`` with chunked
+        prefill on)."""
+        return bool(self.args.enable_mixed_chunk) and self.chunked_prefill_size > 0
+
+    @property
     def max_req_input_len(self) -> int:
         return min(self.context_len - 1, self.max_total_num_tokens - 1)
 
@@ -79,6 +85,7 @@ class SimConfig:
             "context_length": a.context_length,
             "dtype": a.dtype,
             "kv_cache_dtype": a.kv_cache_dtype,
+            "enable_mixed_chunk": a.enable_mixed_chunk,
             "tp_size": self.tp,
             "pp_size": self.pp,
             "ep_size": self.ep,

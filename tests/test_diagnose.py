@@ -30,6 +30,7 @@ SOURCES = ("(NVML, measured)", "(simulated GPU telemetry, not measured)", "(cost
            "(engine log / metrics)", "(simulated engine's log / metrics, not measured)",
            "(resolved by the engine)", "resolved by the engine", "load generator")
 PP, TP = 4, 2
+FP8_KV = {"server.extra_args.kv-cache-dtype": "fp8_e4m3"}
 
 
 def stage_activity(*values: float) -> dict[str, float]:
@@ -211,32 +212,43 @@ def test_kv_capacity_when_the_pool_runs_full() -> None:
     assert x.point == "c32" and x.severity == "warning" and "(engine log / metrics)" in x.evidence
     assert x.change == {"server.mem_fraction_static": 0.9}
     # 8 per micro-batch x 4 micro-batches = 32 running at 97 %: 32 x 0.9 / 0.97 = 29 keep it at 90 %
-    assert x.alternatives == [{"server.max_running_requests": 29}, {"tp.size": 4}]
+    assert x.alternatives == [{"server.max_running_requests": 29}, FP8_KV, {"tp.size": 4},
+                              {"dp.size": 2}]
 
 
 def test_kv_capacity_on_retractions_without_room_to_raise_the_memory_fraction() -> None:
     x = found(facts(c32={RETRACTED: 3.0}, resolved={"mem_fraction_static": 0.92}))["kv_capacity"]
     assert x.severity == "critical" and "3 requests retracted" in x.evidence
     assert x.change == {"server.max_running_requests": 28}  # the pool was full: floor(32 x 0.9)
-    assert x.alternatives == [{"tp.size": 4}]
+    assert x.alternatives == [FP8_KV, {"tp.size": 4}, {"dp.size": 2}]
 
 
-def test_kv_capacity_on_a_growing_queue_below_the_caps_but_not_at_a_cap() -> None:
+def test_kv_bound_admission_below_the_caps_but_not_at_a_cap() -> None:
+    # 2,048 + 256 tokens a request: a 37,000-token pool holds 16 of them; 16 run (4 per micro-batch of
+    # a cap of 8, 4 micro-batches) of the 32 offered while 4 wait, below max_running_requests=256
     queue = {per_stage(s, "queue_mean"): 4.0 for s in range(PP)}
-    growing = {QUEUE_GROWTH: 0.5, RUNNING_MEAN: 4.0, **queue}  # 16 run of 256; 4 per micro-batch of 8
-    x = found(facts(c32=growing, gpu_source="simulated"))["kv_capacity"]
-    assert "grows 0.50 req/s" in x.evidence
+    bound = {RUNNING_MEAN: 4.0, **queue}
+    kv = {"resolved": {"max_total_num_tokens": 37_000}, "input_len": 2048.0, "output_len": 256.0}
+    x = found(facts(c32=bound, gpu_source="simulated", **kv))["kv_capacity"]
+    assert ("4.0 requests waited on average while about 16.0 ran, below the concurrency 32 and "
+            "max_running_requests=256") in x.evidence
+    assert "the 37,000-token KV pool holds 16 requests" in x.evidence
     assert "(simulated engine's log / metrics, not measured)" in x.evidence
-    assert x.change == {"server.mem_fraction_static": 0.9} and x.alternatives == [{"tp.size": 4}]
-    at_cap = {**growing, RUNNING_MEAN: 8.0}  # micro-batches full: the per-slot cap holds them back
-    assert "kv_capacity" not in found(facts(c32=at_cap))
+    assert x.change == {"server.mem_fraction_static": 0.9}
+    assert x.alternatives == [FP8_KV, {"tp.size": 4}, {"dp.size": 2}]
+    # the same queue with room in the pool for two more requests: not the KV cache
+    roomy = {**kv, "resolved": {"max_total_num_tokens": 42_000}}
+    assert "kv_capacity" not in found(facts(c32=bound, **roomy))
+    at_cap = {**bound, RUNNING_MEAN: 8.0}  # micro-batches full: the per-slot cap holds them back
+    assert "kv_capacity" not in found(facts(c32=at_cap, **kv))
+    nobody_waits = {**bound, **{per_stage(s, "queue_mean"): 0.5 for s in range(PP)}}
+    assert "kv_capacity" not in found(facts(c32=nobody_waits, **kv))
     # a live simulated trial without GPU sampling (telemetry.gpu_hz=0): the engine tag still says so
     for engine in ("sim", "sim-predict"):
-        y = found(facts(c32=growing, gpu_source="none", engine=engine))["kv_capacity"]
+        y = found(facts(c32=bound, gpu_source="none", engine=engine, **kv))["kv_capacity"]
         assert "(simulated engine's log / metrics, not measured)" in y.evidence
-    z = found(facts(c32=growing, gpu_source="none", engine="sglang"))["kv_capacity"]
+    z = found(facts(c32=bound, gpu_source="none", engine="sglang", **kv))["kv_capacity"]
     assert "(engine log / metrics)" in z.evidence and "simulated" not in z.evidence
-    assert "kv_capacity" not in found(facts(c32={**growing, QUEUE_GROWTH: -0.5}))
 
 
 def test_tp_comm_bound_over_pcie() -> None:

@@ -8,6 +8,10 @@ from typing import Any, Literal
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
+# what a finding's change is for, and so what its prediction is judged on: output tokens per second,
+# or one latency metric (p99 inter-token latency, p99 time to first token)
+Goal = Literal["throughput", "itl_p99_ms", "ttft_p99_ms"]
+GOALS: tuple[str, ...] = ("throughput", "itl_p99_ms", "ttft_p99_ms")
 
 
 @dataclass
@@ -19,7 +23,8 @@ class Finding:
     variable for the engine as ``{"env.NAME": value}``), empty when the advice is not a config change.
     ``alternatives`` are further changes worth predicting when ``change`` turns out not to help.
     ``point`` is the load point the finding is about; ``predicted_effect`` is filled in by the check
-    that predicts each suggestion before it is made (see ``orchestrator/trial/advice.py``).
+    that predicts each suggestion before it is made (see ``orchestrator/trial/advice.py``), which
+    judges it on ``goal``.
     """
 
     id: str
@@ -31,10 +36,13 @@ class Finding:
     change: dict[str, Any] = field(default_factory=dict)
     alternatives: list[dict[str, Any]] = field(default_factory=list)
     predicted_effect: dict[str, Any] | None = None
+    goal: Goal = "throughput"
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
             raise ValueError(f"severity must be one of {', '.join(SEVERITIES)}, got {self.severity!r}")
+        if self.goal not in GOALS:
+            raise ValueError(f"goal must be one of {', '.join(GOALS)}, got {self.goal!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -208,6 +208,19 @@ class LengthDist:
         """The nominal mean (before clipping)."""
         return float(self.n)
 
+    @property
+    def upper(self) -> int | None:
+        """The longest length a sample can take (None: unbounded)."""
+        if self.kind == "fixed":
+            bound: int | None = self.n
+        elif self.kind == "uniform":
+            bound = round(self.n * (1 + self.param))
+        else:
+            bound = None
+        if self.max_len is not None:
+            return self.max_len if bound is None else min(bound, self.max_len)
+        return bound
+
 
 
 @dataclass(frozen=True)
@@ -219,7 +232,8 @@ class RequestSpec:
     ``continuous_usage`` asks OpenAI servers for a running ``usage`` on every chunk, which
     gives exact per-chunk token counts when the server coalesces tokens.
     ``input_dist`` / ``output_dist`` draw each request's lengths around ``input_len`` /
-    ``output_len`` (see :class:`LengthDist`; ``fixed`` by default).
+    ``output_len`` (see :class:`LengthDist`; ``fixed`` by default), clipped at ``input_max_len`` /
+    ``output_max_len`` when set.
     ``prompt_file`` takes prompts from a JSONL file instead (row ``index % rows``, or a
     seeded shuffle with ``shuffle_prompts``); a row's ``output_len`` overrides ``output_len``.
     """
@@ -236,6 +250,8 @@ class RequestSpec:
     output_dist: str = "fixed"
     prompt_file: str | None = None
     shuffle_prompts: bool = False
+    input_max_len: int | None = None  # samples of input_dist / output_dist are clipped at these
+    output_max_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
@@ -256,7 +272,7 @@ class RequestSpec:
         return ENDPOINTS[self.api]
 
     def input_lengths(self) -> LengthDist:
-        return LengthDist.parse(self.input_dist, self.input_len)
+        return LengthDist.parse(self.input_dist, self.input_len, self.input_max_len)
 
     def output_lengths(self) -> LengthDist:
-        return LengthDist.parse(self.output_dist, self.output_len)
+        return LengthDist.parse(self.output_dist, self.output_len, self.output_max_len)

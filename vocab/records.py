@@ -53,6 +53,9 @@ class RequestRecord:
     not count). ``chunk_times[i]`` is the arrival of one network read that completed at least one
     SSE event and ``chunk_tokens[i]`` the output tokens those events carried (may be 0).
     ``scheduled_time`` is the intended send time in open loop (None in closed loop).
+    ``server_queue_s`` is the server's own report of the seconds the request waited in its queue
+    before its first forward (SGLang's ``/generate`` ``meta_info.queue_time``); None when the server
+    does not report it (other APIs, metrics off).
     """
 
     point: str
@@ -71,6 +74,7 @@ class RequestRecord:
     error: str | None = None
     error_kind: str | None = None
     http_status: int | None = None
+    server_queue_s: float | None = None
 
     @property
     def ok(self) -> bool:

@@ -60,6 +60,7 @@ STAGE_COLUMNS: tuple[str, ...] = (
     "token_usage",        # KV pool usage, 0..1
     "gen_throughput",     # the engine's own tokens/s estimate
     "retracted_total",    # requests retracted so far because the KV pool ran full (NaN: not reported)
+    "new_tokens",         # prompt tokens the batch prefilled (prefill lines only; NaN otherwise)
 )
 
 # Clocks-event-reason bits that are not throttling: GPU idle (1) and application-clock setting (2),
@@ -104,6 +105,12 @@ KV_USAGE_MAX = "kv_token_usage_max"            # KV pool usage (0..1), highest r
 RETRACTED = "retracted_reqs"                   # requests retracted (KV pool full) in the window
 QUEUE_GROWTH = "queue_growth_req_s"            # slope of the waiting queue over the window
 RUNNING_MEAN = "running_reqs_mean"             # mean over stages of each stage's mean running requests
+QUEUE_MEAN = "queue_reqs_mean"                 # mean waiting requests, each DP replica read once, summed
+PREFILL_TOKENS_MAX = "prefill_batch_tokens_max"    # most prompt tokens one logged prefill batch computed
+PREFILL_TOKENS_MEAN = "prefill_batch_tokens_mean"  # mean prompt tokens per logged prefill batch
+# share of logged prefill batches that ran while requests were decoding (#running-req > 0): their
+# decodes waited for the prefill, or rode along in it (mixed chunk)
+PREFILL_WITH_DECODES = "prefill_batches_with_decodes_frac"
 
 
 def per_gpu(gpu: int, name: str) -> str:

@@ -124,6 +124,7 @@ async def send_request(pool: Pool, req: PreparedRequest, api: str, rec: RequestR
         if state.prompt_tokens is not None:
             rec.input_tokens = state.prompt_tokens
         rec.finish_reason = state.finish_reason
+        rec.server_queue_s = state.server_queue_s
 
 
 def account_events(events: list[bytes], state: StreamState, t: float, rec: RequestRecord) -> bool:

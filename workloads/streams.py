@@ -58,6 +58,9 @@ class StreamState:
         self.total: int | None = None  # server-reported total, when the API gives one
         self.prompt_tokens: int | None = None
         self.finish_reason: str | None = None
+        # seconds the request waited in the server's queue, as the server reports it (SGLang's
+        # /generate meta_info.queue_time, sent when the server runs with --enable-metrics)
+        self.server_queue_s: float | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -70,12 +73,19 @@ class StreamState:
 class GenerateStream(StreamState):
     """SGLang native ``/generate``: cumulative ``meta_info.completion_tokens``."""
 
+    def _queue_time(self, value: Any) -> None:
+        # the latest report wins: a request the engine retracted queues again and the sum grows
+        if type(value) in (int, float) and value >= 0:
+            self.server_queue_s = float(value)
+
     def on_event(self, payload: bytes) -> int:
         # Fast path for a well-formed event; anything unusual takes the validating path below.
         try:
             obj = orjson.loads(payload)
             meta = obj["meta_info"]
             cumulative = meta["completion_tokens"]
+            if "queue_time" in meta:
+                self._queue_time(meta["queue_time"])
             if "error" not in obj and type(cumulative) is int and meta["finish_reason"] is None:
                 new = cumulative - self.counted
                 if new > 0:
@@ -99,6 +109,8 @@ class GenerateStream(StreamState):
         self.total = self.counted
         if isinstance(meta.get("prompt_tokens"), int):
             self.prompt_tokens = meta["prompt_tokens"]
+        if "queue_time" in meta:
+            self._queue_time(meta["queue_time"])
         finish = meta.get("finish_reason")
         if isinstance(finish, dict):
             self.finish_reason = str(finish.get("type"))

@@ -96,6 +96,10 @@ class WorkloadConf:
     arrival: str = "poisson"  # open loop: poisson | constant
     input_len: int = 256
     output_len: int = 64
+    # each request's lengths around input_len / output_len (their means): fixed | uniform:R |
+    # normal:CV | exponential | lognormal:SIGMA; samples are clipped to fit the model's context
+    input_dist: str = "fixed"
+    output_dist: str = "fixed"
     # null: each point sends max(8, requests_per_concurrency x C) requests (open loop: x rate)
     requests_per_point: int | None = None
     requests_per_concurrency: int = 4

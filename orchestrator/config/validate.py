@@ -11,10 +11,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.config.lengths import length_bounds
 from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import ParasweepConf, SimFaultConf, joins_cluster
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import local_gpu_count, sglang_installed
+from vocab.load import LengthDist
 
 ENGINES = ("auto", "sim", "sglang")
 APIS = ("generate", "completions", "chat")
@@ -162,6 +164,12 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
         raise ConfigError("workload.input_len+workload.output_len",
                           cfg.workload.input_len + cfg.workload.output_len, f"at most {context}",
                           why=f"model {cfg.model.name} has a {context}-token context")
+    input_max, output_max = length_bounds(cfg, context)
+    if input_max is not None and output_max is not None and input_max < cfg.workload.input_len:
+        raise ConfigError("workload.output_dist", cfg.workload.output_dist,
+                          f"outputs of at most {context - cfg.workload.input_len - 1} tokens",
+                          why=f"its longest output ({output_max}) leaves less than workload.input_len "
+                              f"in model {cfg.model.name}'s {context}-token context")
     if cfg.ray.num_gpus is not None and cfg.ray.num_gpus < 0:
         raise ConfigError("ray.num_gpus", cfg.ray.num_gpus, "an integer >= 0 or null")
     remote = joins_cluster(cfg.ray.address) and cfg.ray.address != "auto" and not str(
@@ -248,6 +256,13 @@ def _validate_workload(cfg: ParasweepConf) -> None:
             raise ConfigError("workload.rate", list(w.rate), "a list of request rates > 0 (req/s)")
     _positive("workload.input_len", w.input_len)
     _positive("workload.output_len", w.output_len)
+    for key, text, n in (("workload.input_dist", w.input_dist, w.input_len),
+                         ("workload.output_dist", w.output_dist, w.output_len)):
+        try:
+            LengthDist.parse(str(text), max(1, n))
+        except ValueError as exc:
+            raise ConfigError(key, text, "fixed, uniform:R (0..1), normal:CV, exponential or lognormal:SIGMA",
+                              why=str(exc)) from None
     _positive("workload.requests_per_point", w.requests_per_point, allow_none=True)
     _positive("workload.requests_per_concurrency", w.requests_per_concurrency)
     if w.warmup_requests < 0:

@@ -219,7 +219,8 @@ RESOLVED_KEYS = ("max_running_requests", "pp_max_micro_batch_size", "chunked_pre
                  "max_prefill_tokens", "max_total_num_tokens", "context_length", "cuda_graph_max_bs_decode",
                  "disable_cuda_graph", "mem_fraction_static", "attention_backend", "pp_async_batch_depth",
                  "decode_log_interval", "disable_overlap_schedule", "random_seed", "tp_size", "pp_size",
-                 "ep_size", "dp_size", "attn_dp_size", "load_format", "version")
+                 "ep_size", "dp_size", "attn_dp_size", "load_format", "version", "enable_mixed_chunk",
+                 "kv_cache_dtype")
 
 
 def merge_resolved(server_info: Mapping[str, Any], startup: Mapping[str, Any],

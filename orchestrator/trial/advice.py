@@ -6,14 +6,18 @@ Advice that costs a user a GPU-hour to disprove is worse than none. So for each 
 
 1. predict the trial's config as it is, and with the change, at the finding's load point (both on the
    simulated engine, so the comparison is model against model);
-2. if the change is predicted to help, keep the suggestion and add the effect. Every finding with a
-   change is about capacity (idle stages, idle GPUs, a full KV pool, slow links, eager steps, a
-   queue at the door), so *helps* means throughput up by ``MIN_GAIN`` or more, and by more than any
-   p99 latency (TTFT, ITL) gets worse. A gain bought with a larger latency loss is a *trade-off*; a
-   change that only moves latency (throughput within ``MIN_GAIN``, a p99 down by
-   ``MIN_LATENCY_GAIN`` or more) is *latency only*. Both are reported, neither is suggested as the
-   fix. A change of the load itself (more concurrency) is judged on throughput alone: more requests
-   in flight always wait longer, and the finding states that cost;
+2. if the change is predicted to help, keep the suggestion and add the effect. What *helps* means
+   follows the finding's ``goal``. Most findings are about capacity (idle stages, idle GPUs, a full
+   KV pool, slow links, eager steps, a queue at the door): *helps* means throughput up by
+   ``MIN_GAIN`` or more, and by more than any p99 latency (TTFT, ITL) gets worse. A gain bought with
+   a larger latency loss is a *trade-off*; a change that only moves latency (throughput within
+   ``MIN_GAIN``, a p99 down by ``MIN_LATENCY_GAIN`` or more) is *latency only*. Both are reported,
+   neither is suggested as the fix. A change of the load itself (more concurrency) is judged on
+   throughput alone: more requests in flight always wait longer, and the finding states that cost.
+   A finding about one latency (decodes stalled by prefills: ITL p99; requests queueing: TTFT p99)
+   is judged on that p99: *helps* when it falls by ``MIN_LATENCY_GAIN`` or more while throughput
+   does not fall by ``MIN_GAIN`` and the other p99 rises by less than the goal falls (in per cent);
+   a larger cost on either side is a *trade-off*;
 3. otherwise predict the finding's ``alternatives`` (more load, another layout, ...) and suggest the
    best that helps instead, saying that the first change would not; if none helps, say that, with
    every prediction tried, and suggest no change.
@@ -91,15 +95,16 @@ class AdviceChecker:
         baseline = self.predict({}, finding.point)
         if isinstance(baseline, str):
             return dataclasses.replace(finding, predicted_effect={"verdict": baseline, "source": self.source})
-        first = self._effect(finding.change, finding.point, baseline)
+        first = self._effect(finding.change, finding.point, baseline, finding.goal)
         if first["verdict"] == "helps":
             return dataclasses.replace(
                 finding, suggestion=f"{finding.suggestion} {_says(first)}", predicted_effect=first)
-        tried = [first] + [self._effect(alt, finding.point, baseline) for alt in finding.alternatives]
+        tried = [first] + [self._effect(alt, finding.point, baseline, finding.goal)
+                           for alt in finding.alternatives]
         helping = [e for e in tried[1:] if e["verdict"] == "helps"]
         not_first = f"{overrides_text(finding.change)} is predicted not to help ({_brief(first)})"
         if helping:
-            best = max(helping, key=lambda e: e["change_pct"].get("output_tok_s", 0.0))
+            best = max(helping, key=lambda e: _gain(e, finding.goal))
             return dataclasses.replace(
                 finding, change=best["change"], alternatives=[],
                 suggestion=f"{not_first}. Instead: {overrides_text(best['change'])}. {_says(best)}",
@@ -111,7 +116,8 @@ class AdviceChecker:
                         + (f"; {others}" if others else "") + f" ({self.source})."),
             predicted_effect={"verdict": "nothing tried helps", "tried": tried, "source": self.source})
 
-    def _effect(self, change: Mapping[str, Any], label: str, baseline: dict[str, float]) -> dict[str, Any]:
+    def _effect(self, change: Mapping[str, Any], label: str, baseline: dict[str, float],
+                goal: str = "throughput") -> dict[str, Any]:
         predicted = self.predict(change, label)
         effect: dict[str, Any] = {"change": dict(change), "point": label, "source": self.source}
         if isinstance(predicted, str):
@@ -121,12 +127,35 @@ class AdviceChecker:
         effect.update(baseline={k: baseline[k] for k in EFFECT_METRICS if k in baseline},
                       predicted={k: predicted[k] for k in EFFECT_METRICS if k in predicted},
                       predicted_at=predicted["point"], change_pct=pct,
-                      verdict=_verdict(pct, load_change="workload.concurrency" in change))
+                      verdict=_verdict(pct, load_change="workload.concurrency" in change, goal=goal))
+        if goal != "throughput":
+            effect["goal"] = goal
         return effect
 
 
-def _verdict(pct: Mapping[str, float], load_change: bool = False) -> str:
+def _gain(effect: Mapping[str, Any], goal: str) -> float:
+    """How much an effect does for the goal: the throughput change, or the fall of the goal's p99 (%)."""
+    pct = effect["change_pct"]
+    return pct.get("output_tok_s", 0.0) if goal == "throughput" else -pct.get(goal, 0.0)
+
+
+def _latency_verdict(pct: Mapping[str, float], goal: str) -> str:
+    """``helps`` | ``trade-off`` | ``negligible`` | ``worse`` for a latency goal (module docstring)."""
+    gain = -pct.get(goal, 0.0) / 100
+    tok = pct.get("output_tok_s", 0.0) / 100
+    other = "ttft_p99_ms" if goal == "itl_p99_ms" else "itl_p99_ms"
+    cost = pct.get(other, 0.0) / 100
+    if gain >= MIN_LATENCY_GAIN:
+        return "helps" if tok > -MIN_GAIN and cost < gain else "trade-off"
+    if gain <= -MIN_LATENCY_GAIN or tok <= -MIN_GAIN:
+        return "worse"
+    return "negligible"
+
+
+def _verdict(pct: Mapping[str, float], load_change: bool = False, goal: str = "throughput") -> str:
     """``helps`` | ``trade-off`` | ``latency only`` | ``negligible`` | ``worse`` (module docstring)."""
+    if goal != "throughput":
+        return _latency_verdict(pct, goal)
     tok = pct.get("output_tok_s", 0.0) / 100
     latencies = [] if load_change else [pct[k] / 100 for k in ("ttft_p99_ms", "itl_p99_ms") if k in pct]
     worst = max(latencies, default=0.0)

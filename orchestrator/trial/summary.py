@@ -46,7 +46,8 @@ def trial_facts(cfg: ParasweepConf, resolved: dict[str, Any], results: list[Poin
         concurrency=concurrency, idle_power_w=cfg.hardware.idle_power_w,
         power_limit_w=cfg.hardware.power_limit_w, tp_size=cfg.tp.size, dp_size=cfg.dp.size,
         interconnect=cfg.hardware.interconnect, gpu_source=gpu_source.value, engine=engine, steps=steps,
-        stage_layers=layers)
+        stage_layers=layers, input_len=float(cfg.workload.input_len),
+        output_len=float(cfg.workload.output_len))
 
 
 def trial_timings(t: dict[str, float]) -> dict[str, float]:
