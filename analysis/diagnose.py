@@ -455,16 +455,18 @@ def ttft_split(f: TrialFacts, label: str) -> TtftSplit | None:
     (the requests in the TTFT p99 tail), else the mean wait by Little's law from the engine's queue
     reports (mean waiting requests / completed requests per second) against the mean TTFT."""
     m = f.points[label]
+    simulated = _scheduler_evidence(f) != "(engine log / metrics)"
     ttft, queue = float_or_none(m.get("ttft_p99_ms")), float_or_none(m.get("ttft_p99_queue_ms"))
     if ttft is not None and queue is not None and math.isfinite(ttft) and ttft > 0:
-        return TtftSplit("p99", ttft, queue, "the server's per-request queue time")
+        reported = "simulated engine's report, not measured" if simulated else "reported by the engine"
+        return TtftSplit("p99", ttft, queue, f"each request's queue time, {reported}")
     waiting, rate = float_or_none(m.get(QUEUE_MEAN)), float_or_none(m.get("request_s"))
     mean = float_or_none(m.get("ttft_mean_ms"))
     if waiting is None or not rate or mean is None or not math.isfinite(mean) or mean <= 0:
         return None
-    source = _scheduler_evidence(f)[1:-1]
     return TtftSplit("mean", mean, min(1e3 * waiting / rate, mean),
-                     f"Little's law: {waiting:.1f} waiting / {rate:.2f} req/s, {source}")
+                     f"Little's law: {waiting:.1f} waiting / {rate:.2f} req/s, "
+                     f"{_scheduler_evidence(f)[1:-1]}")
 
 
 def _running_total(f: TrialFacts, m: Mapping[str, float]) -> float | None:
@@ -637,10 +639,11 @@ def tp_comm_bound(f: TrialFacts) -> list[Finding]:
         point=label, change=change, alternatives=alternatives)]
 
 
-def _smaller_chunk(chunk: int, largest_batch: float) -> int:
-    """A chunked-prefill size about a quarter of the largest prefill batch seen (a power of two, at
-    least 256 and below the current size)."""
-    target = max(256.0, min(float(chunk), largest_batch) / 4)
+def _smaller_chunk(chunk: int, mean_batch: float, itl_p50: float, itl_p99: float) -> int:
+    """A chunked-prefill size whose prefill stalls a decode about 3 ITL p50: the mean prefill batch,
+    whose stall the ITL p99 shows, scaled by 3 x p50 / p99 (prefill time grows about linearly with its
+    tokens), rounded down to a power of two, at least 256 and at most half the current size."""
+    target = max(256.0, mean_batch * 3 * itl_p50 / itl_p99)
     return max(256, min(chunk // 2, 1 << int(math.log2(target))))
 
 
@@ -652,9 +655,9 @@ def prefill_interference(f: TrialFacts) -> list[Finding]:
     least 3x ITL p50 and 10 ms above it (load generator) and the engine log shows prefill batches of at
     least 256 prompt tokens on average, at least a quarter of them run while requests were decoding.
 
-    The change turns mixed chunks on (when off) with a chunk about a quarter of the largest prefill
-    batch; the alternatives, each alone. Its goal is ITL p99: it is predicted, and kept, for what it
-    does to ITL p99, and the TTFT it costs is said beside it."""
+    The change turns mixed chunks on (when off) with a chunk whose prefill stalls a decode about 3 ITL
+    p50 (:func:`_smaller_chunk`); the alternatives, each alone. Its goal is ITL p99: it is predicted,
+    and kept, for what it does to ITL p99, and the TTFT it costs is said beside it."""
     chunk = int_or_none(f.resolved.get("chunked_prefill_size"))
     mixed_on = str(f.resolved.get("enable_mixed_chunk")).lower() == "true"
     for label in _by_load(f, [x for x in f.points if f.points[x].get("valid", 1) != 0]):
@@ -668,8 +671,8 @@ def prefill_interference(f: TrialFacts) -> list[Finding]:
             continue
         changes: list[dict[str, Any]] = []
         mixed = {f"{EXTRA_ARGS_PREFIX}enable-mixed-chunk": True}
-        smaller = ({"server.chunked_prefill_size": _smaller_chunk(chunk, largest)}
-                   if chunk and chunk > 256 else None)
+        smaller = ({"server.chunked_prefill_size": _smaller_chunk(chunk, mean, p50, p99)}
+                   if chunk and chunk > 512 else None)
         if not mixed_on and chunk and chunk > 0:
             changes = _some({**mixed, **(smaller or {})}, mixed if smaller else None, smaller)
         elif smaller:

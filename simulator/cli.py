@@ -8,6 +8,8 @@ import re
 import sys
 from collections.abc import Callable
 
+from simulator.model_spec import KV_CACHE_DTYPES
+
 _HRI = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]i?)?\s*$")
 _HRI_MULT = {"k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
 
@@ -100,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--trust-remote-code", action="store_true")
     a("--context-length", type=human_readable_int, default=None)
     a("--dtype", default="auto")
-    a("--kv-cache-dtype", default="auto")
+    a("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES))
     # parallelism
     a("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
     a("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1)

@@ -16,6 +16,11 @@ from vocab.model import ModelConfigError, language_config, read_config_json
 from vocab.model import context_length as config_context_length
 
 BF16_BYTES = 2.0
+# --kv-cache-dtype values the simulated engine models (of those SGLang 0.5.23 accepts, in
+# mem_cache/kv_cache_dtype.py) and the bytes one KV element takes; "auto" keeps the model's dtype (BF16
+# here). SGLang's FP4 pools (nvfp4, fp4_mx_block16) are not modelled.
+KV_CACHE_DTYPES = {"auto": BF16_BYTES, "bf16": BF16_BYTES, "bfloat16": BF16_BYTES, "fp8_e4m3": 1.0,
+                   "fp8_e5m2": 1.0, "mxfp8": 1.0}
 DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from simulator import SGLANG_COMPAT_VERSION
 from simulator.calibration import CalibrationError, load_calibration
 from simulator.costs import CostModel, CostParams, Parallel
-from simulator.model_spec import ModelConfigError, ModelSpec, load_model_spec
+from simulator.model_spec import KV_CACHE_DTYPES, ModelConfigError, ModelSpec, load_model_spec
 from simulator.sim_config import MIB, SimConfig, StageMemory
 from simulator.step_costs import StepCostsError, apply_step_costs
 from vocab.hardware import HardwareConf, HardwareError, load_hardware, resolve_hardware_path
@@ -88,21 +88,6 @@ def _health_check_timeout() -> float:
     return value
 
 
-# --kv-cache-dtype values SGLang 0.5.23 accepts (mem_cache/kv_cache_dtype.py) and the bytes one KV
-# element takes; "auto" keeps the model's dtype (BF16 here: the simulator models BF16 activations)
-KV_CACHE_DTYPES = {"auto": 2.0, "bf16": 2.0, "bfloat16": 2.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "mxfp8": 1.0}
-KV_CACHE_DTYPES_NOT_MODELLED = ("nvfp4", "fp4_mx_block16")
-
-
-def _kv_bytes_per_elem(dtype: str) -> float:
-    if dtype in KV_CACHE_DTYPES:
-        return KV_CACHE_DTYPES[dtype]
-    if dtype in KV_CACHE_DTYPES_NOT_MODELLED:
-        raise FlagError(f"--kv-cache-dtype {dtype} is not modelled by the simulated engine; "
-                        f"use one of {', '.join(KV_CACHE_DTYPES)}")
-    raise FlagError(f"Unsupported kv_cache_dtype: {dtype}.")
-
-
 def resolve(args: argparse.Namespace) -> SimConfig:
     warnings: list[str] = []
     try:
@@ -122,7 +107,7 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         spec = load_model_spec(args.model_path, args.context_length)
     except ModelConfigError as e:
         raise FlagError(str(e)) from e
-    spec = dataclasses.replace(spec, kv_bytes_per_elem=_kv_bytes_per_elem(args.kv_cache_dtype))
+    spec = dataclasses.replace(spec, kv_bytes_per_elem=KV_CACHE_DTYPES[args.kv_cache_dtype])
 
     tp, pp, ep, dp, depth = args.tp_size, args.pp_size, args.ep_size, args.dp_size, args.pp_async_batch_depth
     for name, v in (("tp_size", tp), ("pp_size", pp), ("ep_size", ep), ("dp_size", dp)):

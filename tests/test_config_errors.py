@@ -33,6 +33,10 @@ CASES = [
     (["model.path=/"], ["model.path=/", "no config.json", "HF config.json"]),
     (["tp.size=-1"], ["tp.size=-1", "an integer >= 1"]),
     (["workload.output_len=0"], ["workload.output_len=0", "an integer >= 1"]),
+    (["workload.input_dist=zipf"], ["workload.input_dist=zipf", "lognormal:SIGMA", "must be one of"]),
+    (["workload.output_dist=uniform:2"], ["workload.output_dist=uniform:2", "0 <= R <= 1"]),
+    (["+server.extra_args.kv-cache-dtype=nvfp4"],
+     ["server.extra_args", "invalid choice: 'nvfp4'", "fp8_e4m3"]),
     (["pp.async_depth=[1,"], ["pp.async_depth=[1,", "cannot be parsed", "key=value"]),
     # an output directory that cannot be created (under /proc nothing can, even for root)
     (["hydra.run.dir=/proc/parasweep-nope"],

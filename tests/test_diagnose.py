@@ -17,7 +17,11 @@ from vocab.records import ENGINE_FAILED, STOPPED_EARLY
 from vocab.telemetry import (
     KV_USAGE_MAX,
     POWER_FRAC_MEAN,
+    PREFILL_TOKENS_MAX,
+    PREFILL_TOKENS_MEAN,
+    PREFILL_WITH_DECODES,
     QUEUE_GROWTH,
+    QUEUE_MEAN,
     RETRACTED,
     RUNNING_MEAN,
     STAGE_ACTIVITY_MAX,
@@ -28,7 +32,8 @@ from vocab.telemetry import (
 
 SOURCES = ("(NVML, measured)", "(simulated GPU telemetry, not measured)", "(cost model estimate)",
            "(engine log / metrics)", "(simulated engine's log / metrics, not measured)",
-           "(resolved by the engine)", "resolved by the engine", "load generator")
+           "(resolved by the engine)", "resolved by the engine", "load generator",
+           "each request's queue time, reported by the engine", "engine log / metrics")
 PP, TP = 4, 2
 FP8_KV = {"server.extra_args.kv-cache-dtype": "fp8_e4m3"}
 
@@ -73,7 +78,8 @@ def found(f: TrialFacts) -> dict[str, Finding]:
         if x.change:
             assert f"Set {overrides_text(x.change)}." in x.suggestion, x.suggestion
         # alternatives are named only once the change is predicted not to help (the advice check)
-        assert all(overrides_text(alt) not in x.suggestion for alt in x.alternatives), x.suggestion
+        assert all(overrides_text(alt) not in x.suggestion for alt in x.alternatives
+                   if not alt.items() <= x.change.items()), x.suggestion  # (a part of the change is)
     return {x.id: x for x in findings}
 
 
@@ -326,3 +332,75 @@ def test_hand_made_facts_stay_short() -> None:
     f = TrialFacts(pp_size=1, async_depth=0, resolved={}, points={"c1": {"valid": 1.0}},
                    concurrency={"c1": 1})
     assert diagnose(f) == [] and f.gpu_source == "none" and dataclasses.asdict(f)["steps"] == {}
+
+
+# ---- long prompts: prefills beside decodes, where TTFT goes ---------------------------------------
+
+def stalled(**overrides: float) -> dict[str, float]:
+    """c32 where 2,048-token prefills ran beside decoding requests and the ITL tail shows it."""
+    return {"itl_p99_ms": 150.0, PREFILL_TOKENS_MAX: 8192.0, PREFILL_TOKENS_MEAN: 2048.0,
+            PREFILL_WITH_DECODES: 0.9, **overrides}
+
+
+def test_prefill_interference() -> None:
+    resolved = {"chunked_prefill_size": 8192, "enable_mixed_chunk": False}
+    x = found(facts(c32=stalled(), resolved=resolved))["prefill_interference"]
+    assert x.point == "c32" and x.goal == "itl_p99_ms"
+    assert "ITL p99 150.0 ms is 12.5x ITL p50 12.0 ms" in x.evidence and "(load generator)" in x.evidence
+    assert "prefill batches of 2,048 prompt tokens on average (largest 8,192), 90% of them" in x.evidence
+    # mixed chunks, in chunks whose prefill stalls a decode about 3 ITL p50: 2048 x 36 / 150 = 491 -> 256
+    mixed = {"server.extra_args.enable-mixed-chunk": True}
+    assert x.change == {**mixed, "server.chunked_prefill_size": 256}
+    assert x.alternatives == [mixed, {"server.chunked_prefill_size": 256}]
+    # mixed chunks already on: only the chunk size is left to change
+    on = found(facts(c32=stalled(), resolved={**resolved, "enable_mixed_chunk": True}))
+    assert on["prefill_interference"].change == {"server.chunked_prefill_size": 256}
+
+
+@pytest.mark.parametrize("quiet", [
+    {"itl_p99_ms": 30.0},                 # the tail is 2.5x the median: no stall worth the name
+    {PREFILL_TOKENS_MEAN: 128.0},         # short prompts: their prefill costs a decode step or so
+    {PREFILL_WITH_DECODES: 0.1},          # prefills ran while nothing decoded
+    {"valid": 0.0, "invalid_reason": "client fell behind"},  # the client's numbers, not the server's
+])
+def test_prefill_interference_stays_quiet(quiet: dict[str, Any]) -> None:
+    resolved = {"chunked_prefill_size": 8192, "enable_mixed_chunk": False}
+    assert "prefill_interference" not in found(facts(c32=stalled(**quiet), resolved=resolved))
+
+
+def queued(**overrides: float) -> dict[str, float]:
+    """c32 whose TTFT is mostly the wait in the server's queue (its per-request report)."""
+    return {"ttft_p50_ms": 900.0, "ttft_p99_ms": 2000.0, "server_queue_p50_ms": 700.0,
+            "ttft_p99_queue_ms": 1800.0, **overrides}
+
+
+def test_ttft_queueing() -> None:
+    x = found(facts(c32=queued()))["ttft_queueing"]
+    assert x.goal == "ttft_p99_ms" and x.point == "c32"
+    assert ("TTFT p99 2.0 s, of which 1.8 s (90%) queueing (each request's queue time, reported by "
+            "the engine)") in x.evidence
+    assert x.change == {"dp.size": 2} and x.alternatives == [{"tp.size": 4}]
+    # a burst: only the tail waited (the median request was admitted at once)
+    assert "ttft_queueing" not in found(facts(c32=queued(server_queue_p50_ms=20.0)))
+    # an admission cap holds them back: admission_cap says so, not this
+    capped = found(facts(c32=queued(), resolved={"max_running_requests": 16}))
+    assert "admission_cap" in capped and "ttft_queueing" not in capped
+
+
+def test_ttft_queueing_by_littles_law_without_per_request_times() -> None:
+    # an OpenAI API reports no queue time per request: the engine's mean queue over the completed
+    # request rate gives the mean wait (6 waiting / 4 req/s = 1.5 s of a 1.8 s mean TTFT)
+    point = {"ttft_mean_ms": 1800.0, "ttft_p99_ms": 2500.0, "request_s": 4.0, QUEUE_MEAN: 6.0}
+    x = found(facts(c32=point))["ttft_queueing"]
+    assert ("TTFT mean 1.8 s, of which 1.5 s (83%) queueing (Little's law: 6.0 waiting / 4.00 req/s, "
+            "engine log / metrics)") in x.evidence
+    assert "ttft_queueing" not in found(facts(c32={**point, QUEUE_MEAN: 0.5}))  # 125 ms of 1.8 s
+
+
+def test_kv_capacity_carries_the_ttft_split_and_silences_ttft_queueing() -> None:
+    queue = {per_stage(s, "queue_mean"): 4.0 for s in range(PP)}
+    bound = {RUNNING_MEAN: 4.0, **queue, **queued()}
+    f = found(facts(c32=bound, resolved={"max_total_num_tokens": 37_000}, input_len=2048.0,
+                    output_len=256.0))
+    assert "ttft_queueing" not in f
+    assert "TTFT p99 2.0 s, of which 1.8 s (90%) queueing" in f["kv_capacity"].evidence

@@ -74,6 +74,8 @@ def test_log_lines_and_gauges_share_one_frame_on_one_clock(frame: pd.DataFrame) 
     assert first["ts"].iloc[0] == pytest.approx(epoch("2026-05-02 09:00:01.250"))
     prefill = log[log["kind"] == "prefill"].iloc[0]
     assert (prefill["running"], prefill["queue"], prefill["token_usage"]) == (4, 2, 0.45)
+    assert prefill["new_tokens"] == 64  # the prompt tokens the batch prefilled (#new-token)
+    assert log[log["kind"] == "decode"]["new_tokens"].isna().all()
     gauges = frame[frame["source"] == "metrics"]
     assert len(gauges) == 6  # 3 scrapes x 2 stages
     assert gauges[gauges["pp"] == 0]["retracted_total"].tolist() == [0, 1, 3]
@@ -93,6 +95,11 @@ def test_point_summaries_of_the_joined_frame(frame: pd.DataFrame) -> None:
     assert out["kv_token_usage_max"] == pytest.approx(0.97)
     # the log does not report retractions: the gauges' counter does (0 -> 3 over the window)
     assert out["retracted_reqs"] == pytest.approx(3)
+    # the waiting queue of the replica, read once (stage 0's log lines: 0 then 2); the one prefill
+    # batch (stage 0's line) carried 64 prompt tokens beside 4 running requests
+    assert out["queue_reqs_mean"] == pytest.approx(1.0)
+    assert (out["prefill_batch_tokens_max"], out["prefill_batch_tokens_mean"]) == (64, 64)
+    assert out["prefill_batches_with_decodes_frac"] == 1.0
     assert json.dumps(out)  # plain floats, loggable as MLflow metrics
 
 

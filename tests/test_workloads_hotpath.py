@@ -250,3 +250,23 @@ def test_connections_ahead_per_mode_and_shard() -> None:
 
 def test_done_constant_is_what_the_parser_returns() -> None:
     assert SSEParser().feed(b"data: [DONE]\n\n") == [DONE]
+
+
+def test_generate_stream_keeps_the_servers_queue_time() -> None:
+    # the meta_info of SGLang 0.5.23's /generate with --enable-metrics: the scheduler's time stats
+    # (observability/req_time_stats.py, convert_to_output_meta_info) ride on every chunk
+    meta = {"id": "r1", "finish_reason": None, "prompt_tokens": 2048, "weight_version": "default",
+            "num_retractions": 0, "completion_tokens": 1, "cached_tokens": 0,
+            "forward_entry_time": 1764626400.25, "prefill_finished_time": 1764626400.5, "queue_time": 0.25}
+    s = GenerateStream()
+    assert s.server_queue_s is None
+    assert s.on_event(orjson.dumps({"text": "x", "meta_info": meta})) == 1
+    assert s.server_queue_s == 0.25
+    # a retracted request queues again: the server's sum grows and the latest report wins
+    later = {**meta, "completion_tokens": 2, "queue_time": 0.75, "finish_reason": {"type": "length"}}
+    assert s.on_event(orjson.dumps({"text": "xx", "meta_info": later})) == 1
+    assert s.server_queue_s == 0.75
+    # without metrics the field is absent, and so is the record's
+    plain = GenerateStream()
+    plain.on_event(_gen_event(1))
+    assert plain.server_queue_s is None

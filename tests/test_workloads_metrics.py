@@ -277,3 +277,20 @@ def test_a_held_back_open_loop_point_names_the_cap() -> None:
     assert valid == 0.0 and len(reasons) == 2
     assert reasons[0].startswith("achieved 5 req/s vs 10 scheduled (-50.0 %)")
     assert all("max_concurrency=1 was reached" in r for r in reasons)
+
+
+def test_the_ttft_split_from_the_servers_queue_times() -> None:
+    records = []
+    for i, (ttft, queue) in enumerate([(0.25, 0.0), (0.5, 0.25), (1.0, 0.75), (2.0, 1.75)]):
+        records.append(RequestRecord("c4", i, send_time=B, first_token_time=B + ttft, end_time=B + 3.0,
+                                     chunk_times=[B + ttft], chunk_tokens=[1], output_tokens=1,
+                                     server_queue_s=queue))
+    m = summarize(records, LoadPoint(concurrency=4, num_requests=4))
+    assert m["server_queue_mean_ms"] == 687.5 and m["server_queue_p50_ms"] == 500.0
+    # the TTFT p99 tail is the slowest request: 2 s, of which 1.75 s in the queue
+    assert m["ttft_p99_queue_ms"] == 1750.0
+    assert m["ttft_queue_share"] == 2750.0 / 3750.0
+    # a server that does not report queue times: no split at all (not zeros)
+    for r in records:
+        r.server_queue_s = None
+    assert "ttft_queue_share" not in summarize(records, LoadPoint(concurrency=4, num_requests=4))

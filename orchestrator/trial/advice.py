@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -122,12 +123,14 @@ class AdviceChecker:
         effect: dict[str, Any] = {"change": dict(change), "point": label, "source": self.source}
         if isinstance(predicted, str):
             return {**effect, "verdict": predicted}
-        pct = {k: 100.0 * (predicted[k] - baseline[k]) / baseline[k]
-               for k in EFFECT_METRICS if k in predicted and k in baseline and baseline[k]}
+        # a metric without samples (NaN: no ITL when every request has one output token) moves nothing
+        pct = {k: 100.0 * (predicted[k] - baseline[k]) / baseline[k] for k in EFFECT_METRICS
+               if k in predicted and k in baseline and baseline[k]
+               and math.isfinite(predicted[k] - baseline[k])}
         effect.update(baseline={k: baseline[k] for k in EFFECT_METRICS if k in baseline},
                       predicted={k: predicted[k] for k in EFFECT_METRICS if k in predicted},
                       predicted_at=predicted["point"], change_pct=pct,
-                      verdict=_verdict(pct, load_change="workload.concurrency" in change, goal=goal))
+                      verdict=verdict(pct, load_change="workload.concurrency" in change, goal=goal))
         if goal != "throughput":
             effect["goal"] = goal
         return effect
@@ -152,7 +155,7 @@ def _latency_verdict(pct: Mapping[str, float], goal: str) -> str:
     return "negligible"
 
 
-def _verdict(pct: Mapping[str, float], load_change: bool = False, goal: str = "throughput") -> str:
+def verdict(pct: Mapping[str, float], load_change: bool = False, goal: str = "throughput") -> str:
     """``helps`` | ``trade-off`` | ``latency only`` | ``negligible`` | ``worse`` (module docstring)."""
     if goal != "throughput":
         return _latency_verdict(pct, goal)
