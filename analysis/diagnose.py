@@ -31,14 +31,26 @@ cuda_graph_off       resolved ``disable_cuda_graph``,                       reso
 gpu_underused        ``gpu_power_frac_mean`` at the busiest point: below    GPU telemetry
                      idle + 0.25 x (1 - idle), as fractions of the power
                      limit
-kv_capacity          ``kv_token_usage_max`` >= 0.95, or ``retracted_reqs``  engine log / metrics
-                     > 0, or a growing queue while the running requests sit
-                     below both admission caps (see :func:`kv_capacity`)
+kv_capacity          ``kv_token_usage_max`` >= 0.95, or ``retracted_reqs``  engine log / metrics; TTFT
+                     > 0, or KV-bound admission: requests wait while the    split: the engine's per-request
+                     running ones sit below the concurrency and both caps   queue time, else Little's law
+                     and the pool (used + reserved, ``max_total_num_tokens``
+                     at the workload's lengths) has no room for another
+                     (see :func:`kv_capacity`)
 tp_comm_bound        cost model ``comm_s / step_s`` and ``memory_bound_s``, cost model estimate; ITL: load
                      measured ``itl_p50_ms``: tp > 1 and (PCIe and comm     generator
                      share >= 0.3 at the busiest point, or anywhere ITL p50
                      > 2 x the memory-bound step with share >= 0.15)
+prefill_interference ``itl_p99_ms`` >= 3 x ``itl_p50_ms`` (and +10 ms)      load generator; engine log
+                     where logged prefill batches average >= 256 prompt
+                     tokens, a quarter or more beside decoding requests
+ttft_queueing        the TTFT split: queueing >= half of the TTFT (and      the engine's per-request queue
+                     >= 100 ms), for the median request too, with no KV     time, else Little's law over
+                     limit or admission cap to explain it                   the engine log / metrics
 ==================== ====================================================== ==============================
+
+Findings carry a ``goal``: ``throughput`` for most, ``itl_p99_ms`` for prefill_interference and
+``ttft_p99_ms`` for ttft_queueing; the advice check judges each suggested change on it.
 
 Rules on GPU telemetry stay quiet when the trial had none (``gpu_source="none"``) or a summary is
 missing. "Busiest" is the highest-concurrency closed-loop point whose client check passed (an invalid
@@ -450,7 +462,7 @@ def _ms(value: float) -> str:
     return f"{value / 1e3:.1f} s" if value >= 1e3 else f"{value:.0f} ms"
 
 
-def ttft_split(f: TrialFacts, label: str) -> TtftSplit | None:
+def _ttft_split_at(f: TrialFacts, label: str) -> TtftSplit | None:
     """The TTFT split at a point: from the server's own per-request queue time where it reported one
     (the requests in the TTFT p99 tail), else the mean wait by Little's law from the engine's queue
     reports (mean waiting requests / completed requests per second) against the mean TTFT."""
@@ -487,7 +499,7 @@ def _waiting(f: TrialFacts, m: Mapping[str, float]) -> float | None:
     return max(known) if known else None
 
 
-def kv_pool_fit(f: TrialFacts) -> tuple[int, float, int] | None:
+def _kv_pool_fit(f: TrialFacts) -> tuple[int, float, int] | None:
     """(pool tokens, tokens one request takes, requests the pool holds) at the workload's mean lengths.
     A request is admitted only with room for its prompt and every decode token it may still produce
     (SGLang reserves them in full for a request that ignores EOS, as a benchmark's do, and clips the
@@ -504,7 +516,7 @@ def _kv_bound(f: TrialFacts, label: str) -> str | None:
     >= 1) while the running requests stayed below the concurrency and both admission caps, and the
     pool, used plus reserved for their remaining decode tokens, had no room for one more request
     (fewer than 1.5 requests' worth left at the mean lengths, so most of the time none)."""
-    fit = kv_pool_fit(f)
+    fit = _kv_pool_fit(f)
     m = f.points[label]
     waiting, total = _waiting(f, m), _running_total(f, m)
     if fit is None or waiting is None or total is None or waiting < 1:
@@ -584,7 +596,7 @@ def kv_capacity(f: TrialFacts) -> list[Finding]:
            else {f"{EXTRA_ARGS_PREFIX}kv-cache-dtype": "fp8_e4m3"})
     candidates = _some(raise_mfs, lower_mrr, fp8, {"tp.size": 2 * f.tp_size}, {"dp.size": 2 * f.dp_size})
     change, alternatives = candidates[0], candidates[1:]
-    split = ttft_split(f, label)
+    split = _ttft_split_at(f, label)
     return [Finding(
         "kv_capacity", "critical" if retracting else "warning",
         f"The KV cache limits the running requests at {label}",
@@ -669,18 +681,20 @@ def prefill_interference(f: TrialFacts) -> list[Finding]:
         p50, p99, largest, mean, beside = known
         if p50 <= 0 or p99 < 3 * p50 or p99 - p50 < 10 or mean < 256 or beside < 0.25:
             continue
-        changes: list[dict[str, Any]] = []
+        # chunked prefill off (-1): a prompt is one batch, as large as the largest seen
+        enabled = chunk is not None and chunk > 0
+        current = chunk if enabled else int(largest)
         mixed = {f"{EXTRA_ARGS_PREFIX}enable-mixed-chunk": True}
-        smaller = ({"server.chunked_prefill_size": _smaller_chunk(chunk, mean, p50, p99)}
-                   if chunk and chunk > 512 else None)
-        if not mixed_on and chunk and chunk > 0:
-            changes = _some({**mixed, **(smaller or {})}, mixed if smaller else None, smaller)
-        elif smaller:
-            changes = [smaller]
+        smaller = ({"server.chunked_prefill_size": _smaller_chunk(current, mean, p50, p99)}
+                   if current and current > 512 else None)
+        if mixed_on and enabled:
+            changes = _some(smaller)
+        else:  # mixed chunks need chunked prefill: alone they are an alternative only when it is on
+            changes = _some({**mixed, **(smaller or {})}, mixed if smaller and enabled else None, smaller)
         change, alternatives = (changes[0], changes[1:]) if changes else ({}, [])
         why = ("Let the running requests decode inside the prefill's forward, in shorter chunks, so a "
                "long prompt costs them one chunk's time instead of the whole prefill (a trade against "
-               "TTFT).") if changes else "Chunked prefill is off: turn it on to bound a prefill's stall."
+               "TTFT).")
         return [Finding(
             "prefill_interference", "warning", f"Prefills stall the running decodes at {label}",
             f"ITL p99 {p99:.1f} ms is {p99 / p50:.1f}x ITL p50 {p50:.1f} ms at {label} (load generator); "
@@ -694,7 +708,7 @@ def prefill_interference(f: TrialFacts) -> list[Finding]:
 
 def ttft_queueing(f: TrialFacts) -> list[Finding]:
     """TTFT is mostly waiting in the server's queue, and no cap explains it: at the busiest point where
-    the queueing part of the TTFT (:func:`ttft_split`) is at least half of it and at least 100 ms, so is
+    the queueing part of the TTFT (:func:`_ttft_split_at`) is at least half of it and at least 100 ms, so is
     the median request's (when the server reported per-request times: a tail alone is a burst), and
     neither the KV pool (:func:`_kv_bound`, and the ``kv_capacity`` finding) nor ``max_running_requests``
     holds admission back there (those findings carry the split themselves). What remains is a server
@@ -702,7 +716,7 @@ def ttft_queueing(f: TrialFacts) -> list[Finding]:
     doubles TP; both are predicted for TTFT p99 (their goal)."""
     mrr = int_or_none(f.resolved.get("max_running_requests"))
     for label in _by_load(f, [x for x in f.points if f.points[x].get("valid", 1) != 0]):
-        split = ttft_split(f, label)
+        split = _ttft_split_at(f, label)
         if split is None or split.queue_ms < 100 or split.queue_ms < 0.5 * split.ttft_ms:
             continue
         m = f.points[label]

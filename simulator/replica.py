@@ -173,7 +173,7 @@ class ReplicaModel:
         self.admission.store_kv(batch)
         shape = batch.shape
         batch.cuda_graph = cost.uses_cuda_graph(shape)
-        host = cost.sched_time(len(batch.reqs))
+        host = cost.sched_time(len(batch.reqs) + len(batch.mixed))
         # Stage 0's scheduler thread also dispatches stage 0's forward (one graph replay, or every kernel
         # when eager), so it is free for the next turn only after both.
         dispatch = cost.host_time(0, shape)

@@ -404,3 +404,10 @@ def test_kv_capacity_carries_the_ttft_split_and_silences_ttft_queueing() -> None
                     output_len=256.0))
     assert "ttft_queueing" not in f
     assert "TTFT p99 2.0 s, of which 1.8 s (90%) queueing" in f["kv_capacity"].evidence
+
+
+def test_prefill_interference_with_chunked_prefill_off() -> None:
+    # -1: every prompt is one batch; mixed chunks need chunked prefill, so they come with a chunk size
+    x = found(facts(c32=stalled(), resolved={"chunked_prefill_size": -1}))["prefill_interference"]
+    assert x.change == {"server.extra_args.enable-mixed-chunk": True, "server.chunked_prefill_size": 256}
+    assert x.alternatives == [{"server.chunked_prefill_size": 256}]

@@ -152,6 +152,8 @@ def test_records_and_diagnosis_content(sweep) -> None:
         # workload=tiny: max(8, 2 x C) requests at C=1 and C=4, plus one warm-up request per point
         assert len(measured) == 16
         assert (measured["output_tokens"] == 8).all()
+        # the engine's own queue time of each request (/generate's meta_info, metrics on)
+        assert measured["server_queue_s"].notna().all() and (measured["server_queue_s"] >= 0).all()
         # exactly one engine per trial, stopped before the trial ended (its group is gone)
         log = (d / "server" / "server.log").read_text()
         assert log.count("The server is fired up and ready to roll!") == 1
@@ -163,7 +165,7 @@ def test_records_and_diagnosis_content(sweep) -> None:
         assert "too_few_microbatches" in {f["id"] for f in findings}, findings
         for f in findings:
             assert set(f) == {"id", "severity", "title", "evidence", "suggestion", "point", "change",
-                              "alternatives", "predicted_effect"}
+                              "alternatives", "predicted_effect", "goal"}
             if f["change"]:  # every suggested change was predicted before it was made
                 assert f["predicted_effect"]["verdict"] == "helps", f
         # GPU telemetry of the simulated engine, named as such, on the load's clock

@@ -117,8 +117,9 @@ def ttft_split(records: Iterable[RequestRecord]) -> dict[str, float]:
     wait in its queue (``RequestRecord.server_queue_s``); {} when the server reported none.
 
     * ``server_queue_{mean,p50,p99}_ms``: the wait in the queue, before the request's first forward;
-    * ``ttft_p99_queue_ms``: the mean wait of the requests whose TTFT is at or above the TTFT p99 (the
-      tail the p99 describes), so "TTFT p99 5.8 s, of which 5.1 s queueing" reads off two metrics;
+    * ``ttft_p99_queue_ms``: the queueing part of the TTFT p99: the p99 times the share of queueing in
+      the TTFT of the requests at or above it (the tail the p99 describes), so "TTFT p99 5.8 s, of
+      which 5.1 s queueing" reads off two metrics;
     * ``ttft_queue_share``: total wait / total TTFT (the rest is prefill compute, chunk turns and
       transport).
     """
@@ -130,9 +131,11 @@ def ttft_split(records: Iterable[RequestRecord]) -> dict[str, float]:
     ttft = np.asarray([p[0] for p in pairs])
     queue = np.asarray([p[1] for p in pairs])
     p50, p99 = np.percentile(queue, [50, 99])
-    tail = ttft >= np.percentile(ttft, 99)
+    ttft_p99 = np.percentile(ttft, 99)
+    tail = ttft >= ttft_p99
+    tail_share = min(1.0, queue[tail].sum() / ttft[tail].sum()) if ttft[tail].sum() > 0 else NAN
     return {"server_queue_mean_ms": float(queue.mean()), "server_queue_p50_ms": float(p50),
-            "server_queue_p99_ms": float(p99), "ttft_p99_queue_ms": float(queue[tail].mean()),
+            "server_queue_p99_ms": float(p99), "ttft_p99_queue_ms": float(ttft_p99 * tail_share),
             "ttft_queue_share": float(queue.sum() / ttft.sum()) if ttft.sum() > 0 else NAN}
 
 
