@@ -50,3 +50,28 @@ def test_dry_run_sglang_engine_argv(workdir: Path) -> None:
     assert argv[argv.index("--max-running-requests") + 1] == "64"
     assert argv[argv.index("--schedule-policy") + 1] == "lpm"
     assert "--sim-hardware" not in argv
+
+
+def test_dry_run_of_the_long_context_experiment(workdir: Path) -> None:
+    result = run_cli(["dry_run=true", "-m", "experiment=long-context"], workdir)
+    assert result.returncode == 0, result.stderr
+    argvs = [json.loads(line[len("argv: "):]) for line in result.stdout.splitlines()
+             if line.startswith("argv: ")]
+    assert [a[a.index("--mem-fraction-static") + 1] for a in argvs] == ["0.42", "0.6"]
+    for argv in argvs:
+        assert argv[argv.index("--tp-size") + 1] == "4"
+        assert "llama-3.1-70b" in argv[argv.index("--model-path") + 1]
+
+
+def test_the_long_context_suggestions_are_sglang_flags(workdir: Path) -> None:
+    # what prefill_interference and kv_capacity suggest, as SGLang 0.5.23 would be launched with them
+    result = run_cli(["dry_run=true", "engine=sglang", "ray.num_gpus=8", "model=llama-3.1-70b",
+                      "hardware=h100-sxm-x8", "parallelism=tp4", "server.chunked_prefill_size=512",
+                      "+server.extra_args.enable-mixed-chunk=true",
+                      "+server.extra_args.kv-cache-dtype=fp8_e4m3"], workdir)
+    assert result.returncode == 0, result.stderr
+    argv = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("argv: "))[6:])
+    assert argv[argv.index("--chunked-prefill-size") + 1] == "512"
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    i = argv.index("--enable-mixed-chunk")
+    assert i == len(argv) - 1 or argv[i + 1].startswith("--")  # a flag without a value
