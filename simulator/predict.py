@@ -52,6 +52,9 @@ excluded, as in a measured trial and as ``output_tok_s`` counts); they are simul
   DP replicas per stage index; mean, least and most active stage;
 * ``kv_token_usage_max``: the highest KV pool use / pool size of any replica from the first measured
   send on;
+* ``queue_reqs_mean`` and ``running_reqs_mean``: the mean waiting queue (all replicas) and the mean
+  running requests per micro-batch slot, integrated from each request's model times (its wait before
+  its first prefill batch, then its run to its last token);
 
 plus two numbers only the simulator knows: ``sim_peak_running_reqs`` and
 ``sim_peak_microbatches_in_flight``.
@@ -82,6 +85,8 @@ from vocab.telemetry import (
     POWER_FRAC_MEAN,
     POWER_FRAC_MIN_GPU,
     POWER_FRAC_PEAK,
+    QUEUE_MEAN,
+    RUNNING_MEAN,
     STAGE_ACTIVITY_MAX,
     STAGE_ACTIVITY_MEAN,
     STAGE_ACTIVITY_MIN,
@@ -249,6 +254,7 @@ class VirtualTrial:
         out[KV_USAGE_MAX] = max(adm.peak_kv_used / adm.kv_capacity for adm in self._kv)
         if width <= 0:
             return out
+        out.update(self._queue_and_running(records, start, end))
         busy = {(r, s): rep.busy[s].busy_total(end) - self._window_busy[r, s]
                 for r, rep in enumerate(self.replicas) for s in range(cfg.pp)}
         # every TP rank of a stage has the stage's busy time
@@ -275,6 +281,23 @@ class VirtualTrial:
         out[STAGE_ACTIVITY_MIN] = min(activity)
         out[STAGE_ACTIVITY_MAX] = max(activity)
         return out
+
+
+    def _queue_and_running(self, records: list[RequestRecord], start: float, end: float) -> dict[str, float]:
+        """The scheduler's mean waiting queue (all replicas) and mean running requests per micro-batch
+        slot over the window, integrated exactly from each request's model times: it waits from its
+        arrival (its send: the virtual client has no lag) for ``server_queue_s``, then runs until its
+        last token. Warm-up requests count: they occupy the server all the same."""
+        waiting = running = 0.0
+        for r in records:
+            if r.send_time is None or r.end_time is None or r.server_queue_s is None:
+                continue
+            admitted = r.send_time + r.server_queue_s
+            waiting += max(0.0, min(admitted, end) - max(r.send_time, start))
+            running += max(0.0, min(r.end_time, end) - max(admitted, start))
+        width = end - start
+        slots = self.cfg.pp + (self.cfg.depth if self.cfg.pp > 1 else 0)
+        return {QUEUE_MEAN: waiting / width, RUNNING_MEAN: running / width / (self.cfg.dp * slots)}
 
 
 class _VirtualClient:

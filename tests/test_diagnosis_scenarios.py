@@ -153,3 +153,16 @@ def test_pp_stage_imbalance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     layers = [int(n) for n in partition.split(",")]
     assert sum(layers) == 32 and layers[-1] < 20
     assert imbalance.predicted_effect["change_pct"]["output_tok_s"] > 5
+
+
+def test_kv_bound_admission_in_virtual_time(tmp_path: Path) -> None:
+    # long prompts and a small static memory share: the pool holds 3 of the 16 requests; predict=true
+    # reads the queue and the running requests from the model's own per-request times
+    cfg = scenario("llama-3.1-70b", "h100-sxm-x8", tp=4, concurrency=16, input_len=2048, output_len=256,
+                   mem_fraction_static=0.42)
+    found = diagnosed(cfg, tmp_path)
+    kv = found["kv_capacity"]
+    assert "the 7,736-token KV pool holds 3 requests" in kv.evidence
+    assert "(simulated engine's log / metrics, not measured)" in kv.evidence
+    assert "queueing (each request's queue time, simulated engine's report, not measured)" in kv.evidence
+    assert "ttft_queueing" not in found and "prefill_interference" not in found
