@@ -636,6 +636,8 @@ def _effect(effect: Any) -> str:
     text = f"predicted effect of {_overrides(effect.get('change'))}"
     text += f" at {where}" if where else ""
     text += f": {verdict}" + (f" ({changes})" if changes else "")
+    if effect.get("goal") in names:  # a latency finding's change is judged on that latency
+        text += f", judged on {names[effect['goal']]}"
     instead = effect.get("instead_of")
     if isinstance(instead, Mapping):
         text += f"; chosen instead of {_overrides(instead.get('change'))} ({instead.get('verdict', '?')})"

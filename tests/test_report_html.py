@@ -147,7 +147,13 @@ def test_failed_trials_are_tolerated(tmp_path: Path) -> None:
             client.log_metric(rid, key, value)
         diag = tmp_path / f"d{num}" / "diagnosis.json"
         diag.parent.mkdir()
-        diag.write_text(json.dumps([_finding("c4", 90 + num)]))
+        stall = {"id": "prefill_interference", "severity": "warning", "title": "Prefills stall decodes",
+                 "evidence": "ITL p99 9.7x ITL p50", "suggestion": "mixed chunks", "point": "c4",
+                 "change": {"server.chunked_prefill_size": 512}, "alternatives": [], "goal": "itl_p99_ms",
+                 "predicted_effect": {**_finding("c4", 0)["predicted_effect"], "goal": "itl_p99_ms",
+                                      "change": {"server.chunked_prefill_size": 512}, "predicted_at": "c4",
+                                      "change_pct": {"ttft_p99_ms": 13.0, "itl_p99_ms": -74.0}}}
+        diag.write_text(json.dumps([_finding("c4", 90 + num), stall]))
         client.log_artifact(rid, str(diag))
     client.set_terminated(sid, "FAILED")
 
@@ -163,6 +169,8 @@ def test_failed_trials_are_tolerated(tmp_path: Path) -> None:
             in page)
     assert "stage activity 9% &lt;simulated&gt;" in page and "stage activity 8% &lt;simulated&gt;" in page
     assert "helps (tok/s +60%, ITL p99 +1%)" in page and "c4 → c8" in page
+    # a latency finding's change is judged on its latency, and the report says which
+    assert "helps (TTFT p99 +13%, ITL p99 -74%), judged on ITL p99" in page
     # the change as the terminal (analysis.diagnose.overrides_text) writes it
     assert "predicted effect of workload.concurrency=[8] at c4 → c8" in page
     assert "<b>x</b>" not in page  # escaped everywhere
