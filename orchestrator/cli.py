@@ -161,6 +161,7 @@ def _close_sweep(state: SweepState, code: int) -> tuple[list[Any] | None, str]:
     server that cannot be reached gives ``(None, the status the trial directories say)``, and the
     closing is left to the sync."""
     from orchestrator.spool import is_placeholder
+    from orchestrator.stale import upload_partial
     from orchestrator.tracking import Tracker, interrupted_status, sweep_status, unreachable
 
     runs: list[Any] | None = None
@@ -173,6 +174,12 @@ def _close_sweep(state: SweepState, code: int) -> tuple[list[Any] | None, str]:
         interrupted = interrupted_status(code)
         for run in runs:  # a trial whose worker was killed outright never closed its own run
             if run.data.tags.get(Tag.STATUS) == TrialStatus.RUNNING:
+                # nor saved its files (the signal reached its worker before the soft cancel did): the
+                # records and logs it wrote as it ran go up now, as for a stale run (Ray has stopped
+                # the workers by now, so nothing else writes them)
+                trial_dir = run.data.tags.get(Tag.TRIAL_DIR)
+                if trial_dir and Path(trial_dir).is_dir():
+                    upload_partial(tracker, run.info.run_id, Path(trial_dir))
                 tracker.finish(run.info.run_id, interrupted.value)
                 run.data.tags[Tag.STATUS] = interrupted.value
     except Exception as exc:

@@ -176,14 +176,14 @@ def close_run(tracker: Tracker, run: Any, reason: str) -> int:
         pgid_file = trial_dir / "server" / "server.pgid"  # written by orchestrator/process/server.py
         with contextlib.suppress(OSError, ValueError):
             stopped = len(stop_processes(engine_processes(int(pgid_file.read_text()), trial_dir)))
-        _upload_partial(tracker, run_id, trial_dir)
+        upload_partial(tracker, run_id, trial_dir)
     note = {Tag.NOTE: reason} if not tags.get(Tag.NOTE) else {}
     tracker.set_tags(run_id, {Tag.STALE_CLOSED: reason, Tag.ERROR: reason, **note})
     tracker.finish(run_id, TrialStatus.KILLED.value)
     return stopped
 
 
-def _upload_partial(tracker: Tracker, run_id: str, trial_dir: Path) -> None:
+def upload_partial(tracker: Tracker, run_id: str, trial_dir: Path) -> None:
     """What a trial keeps on disk as it runs, to the artifact paths its recorder would have used;
     each part on its own, so one that cannot be read does not keep the others."""
     from vocab.records import read_records, records_to_dataframe

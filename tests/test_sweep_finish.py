@@ -93,6 +93,28 @@ def test_interrupted_sweep_keeps_its_code_when_trials_are_broken(tmp_path: Path,
     assert tracker.client.get_run(left).data.tags[Tag.STATUS] == "killed"  # closed for its worker
 
 
+def test_a_trial_whose_worker_died_outright_keeps_its_records(tmp_path: Path, monkeypatch, capsys) -> None:
+    # the signal reached the trial's worker before Ray's soft cancel: it never saved its files, but the
+    # records it streamed as they finished are in its directory, and the sweep's end uploads them
+    from vocab.records import RecordWriter, RequestRecord
+
+    trial_dir = tmp_path / "trial"
+    (trial_dir / "records").mkdir(parents=True)
+    with RecordWriter(trial_dir / "records" / "requests.jsonl") as writer:
+        for i in range(3):
+            writer.write(RequestRecord("c4", i, send_time=1.0, end_time=2.0, output_tokens=8,
+                                       server_queue_s=0.1))
+    tracker, sweep_id = _sweep(tmp_path)
+    left = _trial(tracker, sweep_id, "x=1", {Tag.STATUS: "running", Tag.TRIAL_NUM: "0",
+                                             Tag.TRIAL_DIR: str(trial_dir)})
+    _activate(monkeypatch, tracker, sweep_id, tmp_path)
+    assert finish(130) == 130
+    _one_liners(capsys.readouterr().err)
+    assert tracker.client.get_run(left).data.tags[Tag.STATUS] == "killed"
+    assert (trial_dir / "records" / "requests.parquet").exists()
+    assert [a.path for a in tracker.client.list_artifacts(left, "records")] == ["records/requests.parquet"]
+
+
 @pytest.mark.parametrize(("code", "kept"), [(0, 1), (1, 1), (130, 130)])
 def test_a_store_that_cannot_be_read_is_one_line(tmp_path: Path, monkeypatch, capsys, code: int,
                                                  kept: int) -> None:
