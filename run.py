@@ -3,6 +3,7 @@
     python run.py                                   one trial with the default configuration
     python run.py -m pp.async_depth=0,4,8,16        a sweep: one trial per value, scheduled on Ray
     python run.py dry_run=true -m pp.async_depth=0,8   print each trial's server argv, launch nothing
+    python run.py search=llama-70b-h100             search layouts and knobs in prediction
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ USER_ERRORS: list[UserError] = []
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def trial(cfg: DictConfig) -> dict[str, Any] | None:
+    from orchestrator.search.runner import run_search_job
     from orchestrator.trial.hydra_job import run_trial
 
     try:
+        if cfg.search.name:  # search=<name>: candidates judged in prediction, no trial of its own
+            return run_search_job(cfg)
         return run_trial(cfg)
     except UserError as exc:  # re-raised by main(): Hydra would print its own "Error executing job"
         USER_ERRORS.append(exc)

@@ -170,6 +170,8 @@ def _value(v: Any) -> str:
     """A value as a Hydra override writes it."""
     if isinstance(v, bool):
         return str(v).lower()
+    if v is None:
+        return "null"
     if isinstance(v, list | tuple):
         return "[" + ",".join(_value(x) for x in v) + "]"
     if isinstance(v, str) and "," in v:

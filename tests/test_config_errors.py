@@ -11,6 +11,7 @@ from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow  # each test runs the real entry point in a subprocess
 
+TINY = ["model=tiny-test", "hardware=h200-nvlink-x8", "parallelism=tp1"]
 CASES = [
     # (overrides, fragments the one-line message must contain)
     (["model=gpt-9"], ["model=gpt-9", "unknown model", "kimi-k2", "tiny-test"]),
@@ -38,6 +39,15 @@ CASES = [
     (["+server.extra_args.kv-cache-dtype=nvfp4"],
      ["server.extra_args", "invalid choice: 'nvfp4'", "fp8_e4m3"]),
     (["pp.async_depth=[1,"], ["pp.async_depth=[1,", "cannot be parsed", "key=value"]),
+    ([*TINY, "-m", "search=tiny"], ["search=tiny", "drop -m"]),
+    ([*TINY, "search=tiny", "search.objective=speed"],
+     ["search.objective=speed", "output_tok_s_per_gpu, goodput_req_s_per_gpu"]),
+    ([*TINY, "search=tiny", "+search.slo.ttft_p42_ms=9"],
+     ["search.slo.ttft_p42_ms=9", "unknown metric", "ttft_p99_ms"]),
+    ([*TINY, "search=tiny", "search.space=[]"],
+     ["search.space=[]", "the space is empty"]),
+    ([*TINY, "search=tiny", "search.slo.itl_p99_ms=0.5"],
+     ["search.slo: no candidate meets itl_p99_ms <= 0.5; closest: server.cuda_graph=true tp.size=1"]),
     # an output directory that cannot be created (under /proc nothing can, even for root)
     (["hydra.run.dir=/proc/parasweep-nope"],
      ["/proc/parasweep-nope", "cannot be written", "writable directory"]),

@@ -94,6 +94,7 @@ class ParasweepRayLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from orchestrator.config.validate import typed_config
+        from orchestrator.errors import ConfigError
         from orchestrator.launcher.sweep_jobs import CheckedJob, SweepSettings
         from orchestrator.sweep import ensure_started
         from orchestrator.trial.plan import TrialIdentity, checked_engine_with_reason, make_plan
@@ -109,6 +110,9 @@ class ParasweepRayLauncher(Launcher):
             # compose, validate and preflight every job before starting any
             sc = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             cfg = typed_config(sc)
+            if cfg.search.name:  # a search spans its own candidates, in one process
+                raise ConfigError("search", cfg.search.name, "a single run (python run.py search=NAME)",
+                                  why="a search spans its own candidates: drop -m")
             engine, reason = checked_engine_with_reason(cfg)
             jobs.append(CheckedJob(initial_job_idx + i, sc, cfg, engine, tuple(overrides), name,
                                    engine_reason=reason))

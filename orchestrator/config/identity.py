@@ -11,8 +11,8 @@ from typing import Any
 from orchestrator.config.schema import ParasweepConf
 
 # top-level groups, or dotted keys, that do not change the measurement
-HASH_EXCLUDE = ("tracking", "ray", "dry_run", "predict", "resume", "reproduce", "engine.startup_timeout_s",
-                "engine.stop_grace_s", "engine.python")
+HASH_EXCLUDE = ("tracking", "ray", "search", "dry_run", "predict", "resume", "reproduce",
+                "engine.startup_timeout_s", "engine.stop_grace_s", "engine.python")
 
 
 def resolved_config_dict(cfg: ParasweepConf, engine: str) -> dict[str, Any]:

@@ -139,6 +139,25 @@ class SimulatorConf:
 
 
 @dataclass
+class SearchConf:
+    """A search of layouts and knobs in prediction (``search=<name>``, ``conf/search/``; docs/search.md).
+
+    Each ``space`` entry is a config key and its values in Hydra's sweep syntax
+    (``tp.size=choice(1,2,4,8)``, ``pp.async_depth=range(0,17,4)``, ``pp.size=1,2,4``,
+    ``+server.extra_args.enable-mixed-chunk=true,false``); every combination is a candidate. Each valid
+    candidate is predicted at closed-loop concurrencies up to ``max_concurrency`` to find the highest
+    load that meets every ``slo`` (metric -> upper bound, e.g. ``ttft_p99_ms: 2000``), and ranked by
+    ``objective`` there."""
+
+    name: str | None = None  # null: no search (a trial or a sweep)
+    space: list[str] = field(default_factory=list)
+    objective: str = "output_tok_s_per_gpu"  # | goodput_req_s_per_gpu
+    slo: dict[str, float] = field(default_factory=dict)
+    max_concurrency: int = 256
+    workers: int | None = None  # processes predicting candidates (null: one per CPU)
+
+
+@dataclass
 class TelemetryConf:
     # GPU samples per second during a trial (NVML on a GPU node, the simulated engine's model
     # otherwise); 0 turns GPU sampling off
@@ -193,6 +212,7 @@ class ParasweepConf:
     telemetry: TelemetryConf = field(default_factory=TelemetryConf)
     tracking: TrackingConf = field(default_factory=TrackingConf)
     ray: RayConf = field(default_factory=RayConf)
+    search: SearchConf = field(default_factory=SearchConf)
     dry_run: bool = False  # print each trial's plan and server argv, launch nothing
     predict: bool = False  # run the simulator's model in virtual time instead of launching anything
     # sweeps: skip trials whose resolved config already succeeded in this experiment (false: run all)

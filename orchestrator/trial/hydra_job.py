@@ -37,6 +37,7 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
     task_start = time.time()
     cfg = typed_config(raw_cfg)
     hc = HydraConfig.get()
+
     if hc.mode == RunMode.RUN:  # a single run: this process validates and says why this engine
         engine_name, cfg.tracking.engine_reason = checked_engine_with_reason(cfg)
     else:  # a sweep's job: the launcher did both on the driver

@@ -12,7 +12,7 @@ import contextlib
 import math
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from orchestrator.config.validate import validate
 from orchestrator.engines.sim import SimEngine
 from orchestrator.load_plan import load_points, request_spec
 from vocab.load import LoadPoint
+from vocab.records import PointResult
 from vocab.values import int_or_none
 
 
@@ -85,6 +86,18 @@ def predict_at(cfg: ParasweepConf, env: Mapping[str, str], point: LoadPoint | No
     point = point or load_points(cfg)[0]
     with tempfile.TemporaryDirectory(prefix="parasweep-predict-") as tmp, _engine_env(env):
         return predict_point(_sim_argv(cfg, Path(tmp)), point, request_spec(cfg)).metrics
+
+
+def point_predictor(cfg: ParasweepConf, env: Mapping[str, str]) -> Callable[[LoadPoint], PointResult]:
+    """Predict many load points of one config cheaply: the simulated engine is configured once (flags,
+    resolve, cost model) and each point runs on a fresh engine in virtual time. Raises what the engine
+    raises for a config it cannot run (e.g. weights that do not fit: a ``ValueError``)."""
+    from simulator.predict import VirtualTrial, load_config
+
+    with tempfile.TemporaryDirectory(prefix="parasweep-predict-") as tmp, _engine_env(env):
+        engine = load_config(_sim_argv(cfg, Path(tmp)))
+    spec = request_spec(cfg)
+    return lambda point: VirtualTrial(engine).run_point(point, spec)
 
 
 def modelled_steps(cfg: ParasweepConf, concurrency: Mapping[str, int], resolved: Mapping[str, Any]

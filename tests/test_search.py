@@ -1,0 +1,133 @@
+"""The search in prediction: its space read with Hydra's sweep syntax, its bad inputs as one line each,
+and a search whose answer is known by construction (nothing launched: every candidate is predicted on
+the simulated engine in virtual time)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.errors import ConfigError, UserError
+from orchestrator.search.evaluate import OK, OVER_SLO, REJECTED, check_settings, highest_load
+from orchestrator.search.runner import run_search
+from orchestrator.search.space import Dimension, candidates, parse_space
+from vocab.hardware import load_hardware
+
+
+def test_the_space_in_hydras_sweep_syntax() -> None:
+    dims = parse_space(["tp.size=choice(1,2,4,8)", "pp.async_depth=range(0,17,4)", "pp.size=1,2",
+                        "pp.micro_batch_size=null,4", "+server.extra_args.enable-mixed-chunk=true,false",
+                        "server.cuda_graph=true"])
+    assert dims == [Dimension("tp.size", (1, 2, 4, 8)), Dimension("pp.async_depth", (0, 4, 8, 12, 16)),
+                    Dimension("pp.size", (1, 2)), Dimension("pp.micro_batch_size", (None, 4)),
+                    Dimension("server.extra_args.enable-mixed-chunk", (True, False)),
+                    Dimension("server.cuda_graph", (True,))]
+    every = list(candidates(dims))
+    assert len(every) == 4 * 5 * 2 * 2 * 2 and every[0] == {
+        "tp.size": 1, "pp.async_depth": 0, "pp.size": 1, "pp.micro_batch_size": None,
+        "server.extra_args.enable-mixed-chunk": True, "server.cuda_graph": True}
+
+
+@pytest.mark.parametrize(("space", "fragment"), [
+    ([], "the space is empty"),
+    (["tp.size"], "search.space=tp.size: invalid"),
+    (["tp.size=interval(1,8)"], "Can only enumerate CHOICE and RANGE sweeps"),
+    (["tp.size=1,2", "tp.size=4"], "tp.size is given twice"),
+])
+def test_a_bad_space_is_one_line(space: list[str], fragment: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_space(space)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("field", "value", "fragment"), [
+    ("objective", "speed", "search.objective=speed: invalid; valid: output_tok_s_per_gpu, goodput_"),
+    ("slo", {"ttft_p42_ms": 100.0}, "search.slo.ttft_p42_ms=100.0: invalid (unknown metric)"),
+    ("slo", {"itl_p99_ms": -1.0}, "search.slo.itl_p99_ms=-1.0: invalid; valid: a positive number"),
+])
+def test_bad_settings_are_one_line(field: str, value: object, fragment: str) -> None:
+    cfg = ParasweepConf()
+    setattr(cfg.search, field, value)
+    with pytest.raises(ConfigError) as e:
+        check_settings(cfg)
+    assert fragment in str(e.value)
+
+
+def test_the_highest_load_is_found_by_doubling_then_bisection() -> None:
+    asked: list[int] = []
+
+    def holds(c: int) -> bool:
+        asked.append(c)
+        return c <= 37
+
+    assert 37 - 37 // 8 <= highest_load(holds, 256) <= 37  # to within an eighth
+    assert asked[:7] == [1, 2, 4, 8, 16, 32, 64]  # then bisected between 32 and 64
+    assert highest_load(lambda c: c <= 5, 256) == 5  # small loads: to the request
+    assert highest_load(lambda c: True, 100) == 100
+    assert highest_load(lambda c: False, 100) is None
+
+
+def tiny(tmp_path: Path, slo: dict[str, float]) -> ParasweepConf:
+    cfg = ParasweepConf()
+    cfg.model.name, cfg.model.path = "tiny-test", "models/tiny-test"
+    cfg.hardware = load_hardware("h200-nvlink-x8")
+    cfg.workload.input_len, cfg.workload.output_len = 64, 32
+    cfg.search.name = "tiny"
+    cfg.search.space = ["server.cuda_graph=true,false", "tp.size=choice(1,2,16)"]
+    cfg.search.slo, cfg.search.max_concurrency, cfg.search.workers = slo, 64, 1
+    return cfg
+
+
+def test_a_search_whose_answer_is_known(tmp_path: Path) -> None:
+    # By construction: a tiny model's decode steps are launch-bound, so eager steps (no CUDA graph) are
+    # about twice as long as a graph replay; a second GPU of TP adds nothing to its throughput and so
+    # halves the tokens per GPU; and 16 GPUs do not fit an 8-GPU node. The best per GPU is CUDA graphs
+    # on one GPU, and the SLO on ITL lets it run at the most concurrency of all.
+    result = run_search(tiny(tmp_path, {"itl_p99_ms": 3.0}), tmp_path, show_progress=False)
+    best, *rest = result.ranked
+    assert best.change == {"server.cuda_graph": True, "tp.size": 1}
+    assert best.concurrency == max(o.concurrency or 0 for o in result.outcomes)
+    assert rest[0].change == {"server.cuda_graph": True, "tp.size": 2}
+    assert rest[0].score == pytest.approx(best.score / 2, rel=0.1)
+    rejected = [o for o in result.outcomes if o.status == REJECTED]
+    assert [o.change["tp.size"] for o in rejected] == [16, 16]
+    assert all("needs 16 GPUs" in o.reason and "has 8 GPUs" in o.reason for o in rejected)
+    # eager decode steps: the ITL SLO holds only at a lower load
+    eager = next(o for o in result.outcomes if o.change == {"server.cuda_graph": False, "tp.size": 1})
+    assert eager.status == OK and eager.concurrency is not None and eager.concurrency < best.concurrency
+    # one table of every candidate, in Parquet and CSV
+    table = pd.read_parquet(tmp_path / "search" / "candidates.parquet")
+    assert len(table) == 6 and list(table["status"]).count(REJECTED) == 2
+    assert len(pd.read_csv(tmp_path / "search" / "candidates.csv")) == 6
+
+
+def test_no_candidate_meets_the_slos_names_the_closest(tmp_path: Path) -> None:
+    with pytest.raises(UserError) as e:
+        run_search(tiny(tmp_path, {"itl_p99_ms": 0.5}), tmp_path, show_progress=False)
+    message = str(e.value)
+    assert message.startswith("search.slo: no candidate meets itl_p99_ms <= 0.5; closest: "
+                              "server.cuda_graph=true tp.size=1 misses by ")
+    assert "at concurrency 1" in message and "\n" not in message
+    table = pd.read_csv(tmp_path / "search" / "candidates.csv")  # the table is written all the same
+    assert set(table["status"]) == {OVER_SLO, REJECTED}
+
+
+@pytest.mark.slow  # the real entry point in a subprocess
+def test_the_search_from_the_command_line(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    result = run_cli(["model=tiny-test", "hardware=h200-nvlink-x8", "parallelism=tp1", "search=tiny",
+                      "hydra.run.dir=out"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "[parasweep] search tiny: 6 candidates of 2 keys (server.cuda_graph, tp.size)" in out
+    assert "not measured" in out
+    assert "Search tiny: 6 candidates: 4 within the SLOs, 0 over them at any load, 2 rejected" in out
+    assert "Best: server.cuda_graph=true tp.size=1 at concurrency " in out
+    assert "  python run.py server.cuda_graph=true tp.size=1 workload.concurrency=[" in out
+    assert "Rejected 2: tp.size*pp.size*dp.size: valid at most 8 (hardware h200-nvlink-x8 has 8 GPUs)" in out
+    assert len(pd.read_csv(tmp_path / "out" / "search" / "candidates.csv")) == 6
+    assert not (tmp_path / "runs" / "mlflow.db").exists()  # predictions only: nothing tracked yet
