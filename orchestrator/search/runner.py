@@ -49,7 +49,12 @@ class SearchResult:
 
 
 def _evaluate_one(args: tuple[ParasweepConf, dict[str, Any], Settings]) -> Outcome:
-    return evaluate(*args)
+    try:
+        return evaluate(*args)
+    except Exception as exc:  # a model failure costs this candidate, not the search
+        log.exception("could not predict candidate %s", overrides_text(args[1]))
+        reason = f"prediction failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return Outcome(dict(args[1]), REJECTED, reason=reason, category="prediction failed")
 
 
 def evaluate_all(cfg: ParasweepConf, changes: list[dict[str, Any]], settings: Settings,
@@ -61,15 +66,19 @@ def evaluate_all(cfg: ParasweepConf, changes: list[dict[str, Any]], settings: Se
     outcomes: list[Outcome | None] = [None] * len(jobs)
     columns = (TextColumn("[parasweep] predicting candidates"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
-    with Progress(*columns, disable=not show_progress, transient=True) as progress:
-        task = progress.add_task("candidates", total=len(jobs))
-        if workers <= 1 or len(jobs) <= 1:
+    if workers <= 1 or len(jobs) <= 1:
+        with Progress(*columns, disable=not show_progress, transient=True) as progress:
+            task = progress.add_task("candidates", total=len(jobs))
             for i, job in enumerate(jobs):
                 outcomes[i] = _evaluate_one(job)
                 progress.advance(task)
-        else:
-            with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-                futures = {pool.submit(_evaluate_one, job): i for i, job in enumerate(jobs)}
+    else:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+            # every job submitted (and so every worker forked) before the progress display starts its
+            # refresh thread: a fork never copies a lock that thread holds
+            futures = {pool.submit(_evaluate_one, job): i for i, job in enumerate(jobs)}
+            with Progress(*columns, disable=not show_progress, transient=True) as progress:
+                task = progress.add_task("candidates", total=len(jobs))
                 for future in concurrent.futures.as_completed(futures):
                     outcomes[futures[future]] = future.result()
                     progress.advance(task)
