@@ -8,10 +8,10 @@ scenario            built so that
 =================== ========================================================================
 kv-bound admission  the KV pool holds 3 of the 16 requests kept in flight (Llama-3.1-70B TP4,
                     2,048-token prompts, a small static memory share): the rest wait
-prefill stalls      32 requests decode while prompts of ~4,096 tokens (lognormal) are prefilled
+prefill stalls      8 requests decode while prompts of ~4,096 tokens (lognormal) are prefilled
                     beside them (Llama-3.1-8B): the decodes wait out each prefill
-queueing            prompts of 4,096 tokens arrive faster than one GPU prefills them, one output
-                    token each (scoring long documents): TTFT is the wait
+queueing            32 prompts of 4,096 tokens kept in flight, one output token each (scoring long
+                    documents): one GPU prefills two at a time, and TTFT is the wait
 =================== ========================================================================
 """
 
@@ -82,9 +82,10 @@ def test_kv_bound_admission(tmp_path: Path) -> None:
 
 
 def test_prefill_interference(tmp_path: Path) -> None:
-    cfg = trial(tmp_path, "llama-3.1-8b", concurrency=[32], input_len=4096, output_len=128,
+    # eight streams in real time: light work for the client, whose latencies the rule reads (a client
+    # that falls behind makes the point invalid, and the rule rightly ignores it)
+    cfg = trial(tmp_path, "llama-3.1-8b", concurrency=[8], input_len=4096, output_len=128,
                 input_dist="lognormal:0.5", output_dist="lognormal:0.5")
-    cfg.engine.time_scale = 2.0
     found = findings(cfg, tmp_path)
     assert NEW_RULES & set(found) == {"prefill_interference"}
     stall = found["prefill_interference"]
@@ -100,13 +101,13 @@ def test_prefill_interference(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("api", ["generate", "completions"])
 def test_ttft_queueing(tmp_path: Path, api: str) -> None:
-    cfg = trial(tmp_path, "llama-3.1-8b", concurrency=[], rate=[16.0], input_len=4096, output_len=1,
-                requests_per_point=64, api=api)
-    found = findings(cfg, tmp_path)  # time scale 1: the rate is the rate the model sees
+    # 32 prompts of 4,096 tokens kept in flight, one output token each: the GPU prefills two at a time
+    cfg = trial(tmp_path, "llama-3.1-8b", concurrency=[32], input_len=4096, output_len=1, api=api)
+    found = findings(cfg, tmp_path)
     assert NEW_RULES & set(found) == {"ttft_queueing"}
     queueing = found["ttft_queueing"]
     assert queueing["goal"] == "ttft_p99_ms" and queueing["change"] == {"dp.size": 2}
-    assert queueing["predicted_effect"]["change_pct"]["ttft_p99_ms"] < -50
+    assert queueing["predicted_effect"]["change_pct"]["ttft_p99_ms"] < -30  # two replicas: half the wait
     if api == "generate":  # the server's own queue time per request
         assert "TTFT p99" in queueing["evidence"] and "each request's queue time" in queueing["evidence"]
     else:  # no per-request timing in the OpenAI API: the mean, from the engine's queue reports
