@@ -128,6 +128,10 @@ def test_the_search_from_the_command_line(tmp_path: Path) -> None:
     assert "Search tiny: 6 candidates: 4 within the SLOs, 0 over them at any load, 2 rejected" in out
     assert "Best: server.cuda_graph=true tp.size=1 at concurrency " in out
     assert "  python run.py server.cuda_graph=true tp.size=1 workload.concurrency=[" in out
+    # the winner as SGLang would be launched with it
+    command = next(line for line in out.splitlines() if line.startswith("  SGLang (0.5.23's flags): "))
+    assert "python -m sglang.launch_server --model-path " in command and "--tp-size 1" in command
+    assert "--disable-cuda-graph" not in command and "--host 127.0.0.1" in command
     assert "Rejected 2: tp.size*pp.size*dp.size: valid at most 8 (hardware h200-nvlink-x8 has 8 GPUs)" in out
     assert len(pd.read_csv(tmp_path / "out" / "search" / "candidates.csv")) == 6
     assert not (tmp_path / "runs" / "mlflow.db").exists()  # predictions only: nothing tracked yet

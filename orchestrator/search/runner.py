@@ -17,6 +17,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,7 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings) -
                      f"{_scored(best, settings)}")
         lines.append(f"  python run.py {overrides_text(best.change)} "
                      f"workload.concurrency=[{best.concurrency}]")
+        lines.append(f"  SGLang (0.5.23's flags): {sglang_command(cfg, best.change)}")
         for o in ranked[1:1 + RUNNERS_UP]:
             lines.append(f"Runner-up: {overrides_text(o.change)} at concurrency {o.concurrency}: "
                          f"{_scored(o, settings)}")
@@ -166,6 +168,19 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings) -
         lines.append(f"Rejected {n}: {reason} (e.g. {overrides_text(example.change)})")
     lines.append(f"Every candidate: {result.folder / 'candidates.csv'}")
     return lines
+
+
+def sglang_command(cfg: ParasweepConf, change: dict[str, Any]) -> str:
+    """The SGLang launch command of ``cfg`` with ``change``, as parasweep would start it (port 30000,
+    secrets masked)."""
+    from orchestrator.engines.base import sglang_flags
+    from orchestrator.redact import redact_argv
+    from orchestrator.trial.modelled import apply_change
+
+    changed, env = apply_change(cfg, change)
+    argv = ["python", "-m", "sglang.launch_server", *sglang_flags(changed, 30000)]
+    prefix = [f"{k}={v}" for k, v in env.items()]  # engine environment variables the change sets
+    return shlex.join([*prefix, *redact_argv(argv)])
 
 
 def _scored(o: Outcome, settings: Settings) -> str:
