@@ -91,8 +91,7 @@ def outcome_table(outcomes: list[Outcome], keys: list[str]) -> pd.DataFrame:
     for o in outcomes:
         row: dict[str, Any] = {k: o.change.get(k) for k in keys}
         row.update(status=o.status, reason=o.reason, category=o.category, gpus=o.gpus or None,
-                   concurrency=o.concurrency,
-                   score=o.score, miss=o.miss, predictions=o.predictions)
+                   concurrency=o.concurrency, score=o.score, miss=o.miss, predictions=o.predictions)
         row.update({m: o.metrics.get(m) for m in SHOWN})
         rows.append(row)
     frame = pd.DataFrame(rows)
