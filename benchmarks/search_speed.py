@@ -1,12 +1,12 @@
-"""How fast a search judges candidates: candidates fully predicted per minute (validated, then the
-highest load within the SLOs found and scored), on spaces of 1,024 candidates for Kimi K2 on the PCIe
-node and Llama-3.1-70B on an H100 node.
+"""How fast a search answers: candidates judged per minute over whole spaces of 1,024 candidates, for
+Kimi K2 on the PCIe node and Llama-3.1-70B on an H100 node, on ``--workers`` processes.
 
-A seeded random sample of each space is judged with the search's own code twice in the same run: on
-one process (the reference) and on ``--workers`` processes; the rates are extrapolated to a minute and
-printed with their ratio, and with the number of load points each candidate needed. Rejected
-candidates (layouts the node cannot hold) cost almost nothing and are counted apart; ``judged /min``
-is the rate of candidates that were predicted (not rejected) on the worker processes.
+Each space is searched as ``python run.py search=...`` would: every candidate validated (rejected ones
+cost almost nothing), bounded by the cost model's ceiling, and predicted to its highest load within the
+SLOs unless its ceiling is below the best five predicted so far ("cannot win"). The reference, in the
+same run: the same code without the pruning (every valid candidate predicted) on a seeded random
+sample of ``--sample`` candidates, extrapolated to a minute. The ratio is the pruned search's rate over
+the reference's. (That the pruning never changes the best five is a test's job: tests/test_search.py.)
 
     .venv/bin/python benchmarks/search_speed.py [--sample 32] [--workers 2]
 """
@@ -14,13 +14,14 @@ is the rate of candidates that were predicted (not rejected) on the worker proce
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import random
 import time
 
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.search.evaluate import REJECTED, check_settings
-from orchestrator.search.runner import evaluate_all
+from orchestrator.search.evaluate import OK, OVER_SLO, PRUNED, REJECTED, check_settings
+from orchestrator.search.runner import evaluate_all, search_base
 from orchestrator.search.space import candidates, parse_space
 from vocab.hardware import load_hardware
 
@@ -47,27 +48,29 @@ def base(model: str, hardware: str, input_len: int, output_len: int, space: list
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sample", type=int, default=32, help="candidates judged per space and run")
+    p.add_argument("--sample", type=int, default=32, help="candidates of each space the reference judges")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    print(f"{'space':<28}{'size':>6}{'judged':>8}{'rejected':>10}{'points/cand':>13}"
-          f"{'1 proc /min':>13}{f'{args.workers} procs /min':>15}{'ratio':>7}{'judged /min':>13}")
+    print(f"{'space':<28}{'size':>6}{'rejected':>10}{'cannot win':>12}{'predicted':>11}{'points/pred':>13}"
+          f"{'seconds':>9}{'/min':>7}{'reference /min':>16}{'ratio':>7}")
     for name, (model, hardware, n_in, n_out, space) in SPACES.items():
-        cfg = base(model, hardware, n_in, n_out, space)
+        cfg = search_base(base(model, hardware, n_in, n_out, space))
         settings = check_settings(cfg)
         every = list(candidates(parse_space(space)))
+        start = time.perf_counter()
+        outcomes = evaluate_all(cfg, every, settings, args.workers, show_progress=False)
+        seconds = time.perf_counter() - start
         sample = random.Random(args.seed).sample(every, min(args.sample, len(every)))
-        rates = []
-        for workers in (1, args.workers):
-            start = time.perf_counter()
-            outcomes = evaluate_all(cfg, sample, settings, workers, show_progress=False)
-            rates.append(60.0 * len(sample) / (time.perf_counter() - start))
-        judged = [o for o in outcomes if o.status != REJECTED]
-        points = sum(o.predictions for o in judged) / max(1, len(judged))
-        print(f"{name:<28}{len(every):>6}{len(judged):>8}{len(sample) - len(judged):>10}{points:>13.1f}"
-              f"{rates[0]:>13.0f}{rates[1]:>15.0f}{rates[1] / rates[0]:>7.2f}"
-              f"{rates[1] * len(judged) / len(sample):>13.0f}")
+        start = time.perf_counter()
+        evaluate_all(cfg, sample, settings, args.workers, keep=len(sample), show_progress=False)
+        reference = 60.0 * len(sample) / (time.perf_counter() - start)
+        counts = collections.Counter(o.status for o in outcomes)
+        points = sum(o.predictions for o in outcomes) / max(1, counts[OK] + counts[OVER_SLO])
+        rate = 60.0 * len(every) / seconds
+        print(f"{name:<28}{len(every):>6}{counts[REJECTED]:>10}{counts[PRUNED]:>12}"
+              f"{counts[OK] + counts[OVER_SLO]:>11}{points:>13.1f}{seconds:>9.1f}{rate:>7.0f}"
+              f"{reference:>16.0f}{rate / reference:>7.2f}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.costs import decode_shape, distinct_experts, ep_imbalance, prefill_shape
+from simulator.costs import BatchShape, decode_shape, distinct_experts, ep_imbalance, prefill_shape
 from simulator.sim_config import SimConfig
 
 
@@ -44,3 +44,59 @@ def static_prefill_s(cfg: SimConfig, batch: int, prompt_len: int) -> float:
     with nothing queued before it (a static batch: what offline estimators price as TTFT)."""
     shape = prefill_shape([(max(1, prompt_len), 0)] * max(1, batch))
     return cfg.cost.ring_trip(shape, cfg.par.pp == 1 and not cfg.disable_overlap_schedule)
+
+
+@dataclass(frozen=True)
+class DecodeCeiling:
+    """What the cost model says no closed-loop load can beat, for a search that prunes.
+
+    ``tok_s``: decoded tokens per second of the whole engine (all DP replicas) that no load of at most
+    ``max_concurrency`` requests exceeds, within the ITL bound when one is given. A bound, not an
+    estimate: every step is priced at the shortest context, with no prefill, no queueing and no host
+    stall, and a micro-batch's tokens come at most once per trip of it through every stage.
+    ``concurrency``: the highest load whose steady micro-batches keep a trip within the ITL bound
+    (None without one): a starting point for a search of the load, not a bound."""
+
+    tok_s: float
+    concurrency: int | None
+
+
+def decode_ceiling(cfg: SimConfig, context_len: int, max_concurrency: int,
+                   itl_bound_s: float | None = None, itl_share: float = 1.0) -> DecodeCeiling:
+    """The ceiling of ``cfg`` for requests of at least ``context_len`` tokens of context. With
+    ``itl_bound_s``, at least ``itl_share`` of all inter-token gaps are within it (0.99 for a p99
+    bound), so that share of the tokens comes from micro-batches whose trip fits the bound."""
+    cost, pp = cfg.cost, cfg.pp
+    overlap = pp == 1 and not cfg.disable_overlap_schedule
+    slots = pp + (cfg.depth if pp > 1 else 0)
+    per_replica = max(1, -(-max_concurrency // cfg.dp))
+    top = max(1, min(per_replica, cfg.pp_max_micro_batch_size, cfg.max_running_requests))
+
+    def shape(b: int) -> BatchShape:
+        return decode_shape([max(1, context_len)] * b)
+
+    def trip(b: int) -> float:
+        return cost.ring_trip(shape(b), overlap)
+
+    guess = None
+    if itl_bound_s is not None:
+        if trip(1) > itl_bound_s:  # even one request alone misses the bound on every token
+            return DecodeCeiling(0.0, 0)
+        lo, hi = 1, top  # the largest micro-batch whose trip fits: a trip grows with the batch
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if trip(mid) <= itl_bound_s:
+                lo = mid
+            else:
+                hi = mid - 1
+        top = lo
+        guess = cfg.dp * min(per_replica, slots * top)
+    # b / trip(b) grows with b within each regime (CUDA graph, eager): its maximum is at the largest
+    # batch of a regime; the powers of two are there as a margin for a cost table's kinks
+    batches = {top, min(top, cfg.cuda_graph_max_bs_decode), *(1 << k for k in range(top.bit_length()))}
+    batches = {b for b in batches if 1 <= b <= top}
+    by_trip = max(b / trip(b) for b in batches)
+    rate = min(slots * by_trip, per_replica / trip(1))
+    if pp > 1:  # each stage runs one micro-batch at a time
+        rate = min(rate, min(max(b / cost.stage_time(s, shape(b)) for b in batches) for s in range(pp)))
+    return DecodeCeiling(cfg.dp * rate / itl_share, guess)

@@ -11,8 +11,19 @@ import pytest
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.errors import ConfigError, UserError
-from orchestrator.search.evaluate import OK, OVER_SLO, REJECTED, check_settings, highest_load
-from orchestrator.search.runner import run_search
+from orchestrator.search.evaluate import (
+    OK,
+    OVER_SLO,
+    PRUNED,
+    REJECTED,
+    Outcome,
+    Screened,
+    check_settings,
+    evaluate,
+    highest_load,
+    screen,
+)
+from orchestrator.search.runner import evaluate_all, run_search, search_base
 from orchestrator.search.space import Dimension, candidates, parse_space
 from vocab.hardware import load_hardware
 
@@ -64,10 +75,36 @@ def test_the_highest_load_is_found_by_doubling_then_bisection() -> None:
         return c <= 37
 
     assert 37 - 37 // 8 <= highest_load(holds, 256) <= 37  # to within an eighth
-    assert asked[:7] == [1, 2, 4, 8, 16, 32, 64]  # then bisected between 32 and 64
+    assert asked[:4] == [8, 16, 32, 64]  # without a guess: doubling from 8, then bisected in 32..64
     assert highest_load(lambda c: c <= 5, 256) == 5  # small loads: to the request
     assert highest_load(lambda c: True, 100) == 100
     assert highest_load(lambda c: False, 100) is None
+
+
+@pytest.mark.parametrize("start", [None, 1, 3, 8, 30, 37, 44, 100, 256])
+@pytest.mark.parametrize("threshold", [1, 2, 7, 37, 150, 256])
+def test_the_highest_load_from_any_guess(start: int | None, threshold: int) -> None:
+    asked: list[int] = []
+
+    def holds(c: int) -> bool:
+        asked.append(c)
+        return c <= threshold
+
+    found = highest_load(holds, 256, start)
+    assert found is not None and threshold - threshold // 8 <= found <= threshold
+    assert all(1 <= c <= 256 for c in asked) and len(asked) == len(set(asked))  # each load once
+    assert highest_load(lambda c: False, 256, start) is None
+
+
+def test_a_good_guess_costs_few_points() -> None:
+    asked: list[int] = []
+
+    def holds(c: int) -> bool:
+        asked.append(c)
+        return c <= 40
+
+    assert 35 <= (highest_load(holds, 256, 38) or 0) <= 40
+    assert len(asked) <= 4
 
 
 def tiny(tmp_path: Path, slo: dict[str, float]) -> ParasweepConf:
@@ -78,7 +115,7 @@ def tiny(tmp_path: Path, slo: dict[str, float]) -> ParasweepConf:
     cfg.search.name = "tiny"
     cfg.search.space = ["server.cuda_graph=true,false", "tp.size=choice(1,2,16)"]
     cfg.search.slo, cfg.search.max_concurrency, cfg.search.workers = slo, 64, 1
-    return cfg
+    return search_base(cfg)
 
 
 def test_a_search_whose_answer_is_known(tmp_path: Path) -> None:
@@ -125,7 +162,7 @@ def test_the_search_from_the_command_line(tmp_path: Path) -> None:
     out = result.stdout
     assert "[parasweep] search tiny: 6 candidates of 2 keys (server.cuda_graph, tp.size)" in out
     assert "not measured" in out
-    assert "Search tiny: 6 candidates: 4 within the SLOs, 0 over them at any load, 2 rejected" in out
+    assert "Search tiny: 6 candidates: 4 within the SLOs, 0 over them at any load, 0 could not win" in out
     assert "Best: server.cuda_graph=true tp.size=1 at concurrency " in out
     assert "  python run.py server.cuda_graph=true tp.size=1 workload.concurrency=[" in out
     # the winner as SGLang would be launched with it
@@ -135,3 +172,47 @@ def test_the_search_from_the_command_line(tmp_path: Path) -> None:
     assert "Rejected 2: tp.size*pp.size*dp.size: valid at most 8 (hardware h200-nvlink-x8 has 8 GPUs)" in out
     assert len(pd.read_csv(tmp_path / "out" / "search" / "candidates.csv")) == 6
     assert not (tmp_path / "runs" / "mlflow.db").exists()  # predictions only: nothing tracked yet
+
+
+PRUNABLE = ["server.cuda_graph=true,false", "tp.size=1,2", "pp.size=1,2", "pp.micro_batch_size=null,1,2"]
+
+
+def test_the_cost_models_ceiling_bounds_every_prediction(tmp_path: Path) -> None:
+    # The ceiling is what lets a search skip a candidate: it must never be below what the candidate is
+    # then predicted to score, or the search would skip one that could have won.
+    cfg = tiny(tmp_path, {"itl_p99_ms": 3.0})
+    cfg.search.max_concurrency = 24
+    settings = check_settings(cfg)
+    judged = 0
+    for change in candidates(parse_space(["server.cuda_graph=true", *PRUNABLE[1:]])):
+        screened = screen(cfg, change, settings)
+        if not isinstance(screened, Screened):
+            continue
+        outcome = evaluate(cfg, screened, settings)
+        if outcome.score is not None:
+            judged += 1
+            assert outcome.score <= screened.ceiling, change
+    assert judged == 12
+
+
+def test_pruning_keeps_the_exhaustive_top(tmp_path: Path) -> None:
+    cfg = tiny(tmp_path, {"itl_p99_ms": 3.0})
+    settings = check_settings(cfg)
+    changes = list(candidates(parse_space(PRUNABLE)))
+    every = evaluate_all(cfg, changes, settings, workers=1, keep=len(changes), show_progress=False)
+    pruned = evaluate_all(cfg, changes, settings, workers=2, keep=3, show_progress=False)
+    assert [o.change for o in pruned] == changes  # the candidates' order, whatever the order of work
+
+    def top(outcomes: list[Outcome]) -> list[tuple[str, float | None]]:
+        ok = sorted((o for o in outcomes if o.status == OK and not o.same_as), key=lambda o: -(o.score or 0))
+        return [(str(o.change), o.score) for o in ok[:3]]
+
+    assert top(pruned) == top(every)
+    skipped = [o for o in pruned if o.status == PRUNED]
+    assert skipped and all(o.predictions == 0 for o in skipped)  # predicted nothing for them
+    assert sum(o.predictions for o in pruned) < sum(o.predictions for o in every)
+    assert all("below the 3 best predicted" in o.reason or "over the ITL bound at any load" in o.reason
+               for o in skipped)
+    # a micro-batch cap left to its default and the same cap given are one engine, judged once
+    twins = [o for o in pruned if o.same_as]
+    assert all(o.predictions == 0 for o in twins)

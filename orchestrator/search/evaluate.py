@@ -9,10 +9,14 @@ closed-loop load at which it meets every SLO, and what does it score there.
   earlier ones finish. A closed loop's opening burst is a benchmark's artefact, not its steady state:
   on a 128-request point it can dominate the TTFT p99. Every number is the simulator's prediction in
   virtual time.
-* **Highest load within the SLOs.** Concurrency doubles from 1 while every SLO holds, then is bisected
-  between the last point that held and the first that did not, to within an eighth. Feasibility is
-  taken to fall with load (latency grows with it). A candidate that misses an SLO at concurrency 1 is
+* **Highest load within the SLOs.** From its starting load the concurrency steps up while every SLO
+  holds (or down until they do), by strides that double, then is bisected between the last point that
+  held and the first that did not, to within an eighth. Feasibility is taken to fall with load
+  (latency grows with it). A candidate that misses an SLO at concurrency 1 is
   *over the SLOs*, with how far it missed (the worst ratio of metric to bound).
+* **Where to start.** The cost model's ceiling (``simulator.estimates.decode_ceiling``) gives the load
+  whose micro-batches keep their trip within the ITL bound; the search starts there and steps out by
+  growing strides until the SLOs flip, then bisects. Without an ITL bound it doubles from 1.
 * **Score.** ``output_tok_s_per_gpu``: output tokens per second per GPU at that load (the default), or
   ``goodput_req_s_per_gpu``: requests per second per GPU that meet every per-request bound the SLOs
   imply (TTFT, TPOT, E2E; a percentile bound taken as a per-request one).
@@ -35,9 +39,10 @@ OBJECTIVES = ("output_tok_s_per_gpu", "goodput_req_s_per_gpu")
 # the latency statistics every load point reports (workloads/metrics.py), per-token ITL only
 SLO_METRICS = tuple(f"{lat}_{stat}_ms" for lat in ("ttft", "itl", "tpot", "e2e") for stat in STATS)
 MIN_MEASURED = 16  # measured requests of the smallest point
+UNGUESSED_START = 8  # where the load search starts without a guess (highest_load)
 RESOLUTION = 8  # bisection stops within an eighth of the load
 
-OK, REJECTED, OVER_SLO = "ok", "rejected", "over the SLOs"
+OK, REJECTED, OVER_SLO, PRUNED = "ok", "rejected", "over the SLOs", "cannot win"
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,20 @@ class Outcome:
     miss: float | None = None  # over the SLOs: the worst metric / bound at concurrency 1 (> 1)
     category: str = ""  # rejected: the reason without this candidate's numbers, to count them by
     predictions: int = 0
+    ceiling: float | None = None  # the objective no load of this candidate can beat (cost model)
+    limit: str = ""  # what stops a higher load: the SLO it breaks just above, or search.max_concurrency
+    same_as: str = ""  # a candidate the simulated engine cannot tell from this one, judged in its stead
+
+
+@dataclass(frozen=True)
+class Screened:
+    """A candidate that can run, before its loads are predicted."""
+
+    change: dict[str, Any]
+    gpus: int
+    ceiling: float  # the objective no load can beat (inf where the lengths vary: no bound)
+    start: int | None  # where the load search starts (None: at 1)
+    engine_key: str  # equal for candidates the simulated engine cannot tell apart
 
 
 def check_settings(cfg: ParasweepConf) -> Settings:
@@ -92,6 +111,11 @@ def closed_point(c: int) -> LoadPoint:
     return LoadPoint(concurrency=c, num_requests=max(MIN_MEASURED, 2 * c), warmup_requests=c)
 
 
+def ms(value: float) -> str:
+    """Milliseconds to read beside a bound: 2,035.6, 52.1, 3.02."""
+    return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
+
+
 def worst_ratio(metrics: Mapping[str, float], slo: Mapping[str, float]) -> tuple[str, float] | None:
     """The SLO missed by the most (metric, metric / bound), or None when all hold. A metric the point
     has no sample of (no ITL when every request has one token) has nothing to violate."""
@@ -116,20 +140,78 @@ def _goodput(result: PointResult, slo: Mapping[str, float]) -> float:
     return summarize(result.records, result.point, slo=SLO(**bounds)).get("goodput_req_s", 0.0)
 
 
-def evaluate(base: ParasweepConf, change: Mapping[str, Any], settings: Settings) -> Outcome:
-    """One candidate, start to end (module docstring). Never raises for a candidate that cannot run."""
+def _rejected(change: Mapping[str, Any], exc: Exception) -> Outcome:
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return Outcome(dict(change), REJECTED, reason=reason, category=rejection_category(exc))
+
+
+def screen(base: ParasweepConf, change: Mapping[str, Any], settings: Settings) -> Screened | Outcome:
+    """Validate one candidate and bound it from the cost model, without predicting a load: a
+    ``Screened`` candidate, or its rejection. Never raises for a candidate that cannot run."""
+    from orchestrator.trial.modelled import apply_change, configured_engine
+
+    try:
+        cfg, env = apply_change(base, change)
+        engine = configured_engine(cfg, env)
+    except (UserError, ValueError) as exc:
+        return _rejected(change, exc)
+    gpus = cfg.tp.size * cfg.pp.size * cfg.dp.size
+    ceiling, start = _ceiling(engine, cfg, settings, gpus)
+    return Screened(dict(change), gpus, ceiling, start, engine_key(engine, env))
+
+
+def engine_key(engine: Any, env: Mapping[str, str]) -> str:
+    """The resolved engine's flags, hardware, model and environment: two candidates with the same key
+    are the same engine to the simulator (a micro-batch cap left to its default and the same cap given)."""
+    args = dict(vars(engine.args))
+    args["pp_max_micro_batch_size"] = engine.pp_max_micro_batch_size  # null and its resolved value alike
+    # files the engine was configured from live in a scratch directory per candidate: their contents
+    for path_arg in ("sim_hardware", "model_path"):
+        args.pop(path_arg)
+    return repr((sorted(args.items()), engine.hw, engine.spec, sorted(env.items())))
+
+
+def itl_bounds(slo: Mapping[str, float]) -> list[tuple[float, float]]:
+    """(seconds, share of inter-token gaps within it) for each percentile bound on ITL in ``slo``."""
+    shares = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99, "max": 1.0}
+    return [(bound / 1000.0, shares[metric.split("_")[1]]) for metric, bound in slo.items()
+            if metric.startswith("itl_") and metric.split("_")[1] in shares]
+
+
+def _ceiling(engine: Any, cfg: ParasweepConf, settings: Settings, gpus: int) -> tuple[float, int | None]:
+    """The objective no load of this candidate can beat, and where its load search starts. Output
+    tokens are the decoded ones plus each request's first, which its prefill makes: with fixed lengths
+    of ``out`` tokens that is out / (out - 1) times the decoded rate. Varying lengths: no bound."""
+    from simulator.estimates import decode_ceiling
+
+    w = cfg.workload
+    bounds = itl_bounds(settings.slo) or [(None, 1.0)]
+    ceilings = [decode_ceiling(engine, w.input_len, settings.max_concurrency, bound, share)
+                for bound, share in bounds]
+    # where the ITL bound holds the load down, start there; elsewhere another SLO (or none) decides,
+    # and doubling from 1 spends less than stepping down from the top
+    starts = [c.concurrency for c in ceilings if c.concurrency is not None]
+    start = max(1, min(starts)) if starts and min(starts) < settings.max_concurrency else None
+    if w.input_dist != "fixed" or w.output_dist != "fixed" or w.output_len < 2:
+        return math.inf, start
+    decoded = min(c.tok_s for c in ceilings)
+    out = decoded * w.output_len / (w.output_len - 1)
+    per_gpu = out / max(1, gpus)
+    return (per_gpu if settings.objective == "output_tok_s_per_gpu" else per_gpu / w.output_len), start
+
+
+def evaluate(base: ParasweepConf, screened: Screened, settings: Settings) -> Outcome:
+    """One screened candidate's loads predicted (module docstring). Never raises for a candidate that
+    cannot run."""
     from orchestrator.trial.modelled import apply_change, point_predictor
 
-    outcome = Outcome(dict(change), OK)
+    change = screened.change
+    outcome = Outcome(dict(change), OK, gpus=screened.gpus, ceiling=screened.ceiling)
     try:
         cfg, env = apply_change(base, change)
         predict = point_predictor(cfg, env)
     except (UserError, ValueError) as exc:
-        outcome.status = REJECTED
-        outcome.reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        outcome.category = rejection_category(exc)
-        return outcome
-    outcome.gpus = cfg.tp.size * cfg.pp.size * cfg.dp.size
+        return _rejected(change, exc)
     results: dict[int, PointResult] = {}
 
     def holds(c: int) -> bool:
@@ -139,15 +221,16 @@ def evaluate(base: ParasweepConf, change: Mapping[str, Any], settings: Settings)
         worst = worst_ratio(results[c].metrics, settings.slo)
         return worst is None or worst[1] <= 1.0
 
-    best = highest_load(holds, settings.max_concurrency)
+    best = highest_load(holds, settings.max_concurrency, screened.start)
     if best is None:
         metric, ratio = worst_ratio(results[1].metrics, settings.slo) or ("?", math.inf)
         outcome.status, outcome.miss = OVER_SLO, ratio
-        outcome.reason = (f"{metric} {results[1].metrics[metric]:,.1f} ms against "
-                          f"{settings.slo[metric]:,.1f} at concurrency 1")
+        outcome.reason = (f"{metric} {ms(results[1].metrics[metric])} ms against "
+                          f"{ms(settings.slo[metric])} at concurrency 1")
         return outcome
     result = results[best]
     outcome.concurrency, outcome.metrics = best, dict(result.metrics)
+    outcome.limit = _limit(results, best, settings)
     per_gpu = 1.0 / max(1, outcome.gpus)
     outcome.score = per_gpu * (result.metrics.get("output_tok_s", 0.0)
                                if settings.objective == "output_tok_s_per_gpu"
@@ -155,22 +238,44 @@ def evaluate(base: ParasweepConf, change: Mapping[str, Any], settings: Settings)
     return outcome
 
 
-def highest_load(holds: Callable[[int], bool], limit: int) -> int | None:
-    """The highest concurrency in [1, limit] at which ``holds``, searched by doubling then bisection to
-    within 1/RESOLUTION; None when it fails at 1."""
-    if not holds(1):
-        return None
-    lo = 1
-    hi = None
-    while lo < limit:
-        nxt = min(2 * lo, limit)
-        if holds(nxt):
-            lo = nxt
-        else:
-            hi = nxt
-            break
-    if hi is None:
-        return lo
+def _limit(results: Mapping[int, PointResult], best: int, settings: Settings) -> str:
+    above = [c for c in results if c > best]
+    if not above:
+        return f"search.max_concurrency {settings.max_concurrency}"
+    c = min(above)
+    metric, _ = worst_ratio(results[c].metrics, settings.slo) or ("?", math.nan)
+    return f"{metric} {ms(results[c].metrics[metric])} ms > {ms(settings.slo[metric])} at concurrency {c}"
+
+
+def highest_load(holds: Callable[[int], bool], limit: int, start: int | None = None) -> int | None:
+    """The highest concurrency in [1, limit] at which ``holds``, to within 1/RESOLUTION; None when it
+    fails at 1. From ``start`` (a guess) it steps up (or down) by strides of a quarter of it that double
+    until ``holds`` flips, then bisects between the last load that held and the first that did not.
+    Without a guess it doubles from ``UNGUESSED_START``: a point below it costs more decode steps, not
+    fewer (at least ``MIN_MEASURED`` requests, a few at a time: ``closed_point``). Feasibility is taken
+    to fall with load."""
+    first = min(max(1, start or UNGUESSED_START), limit)
+    stride = max(1, first // 4) if start else first
+    if holds(first):
+        lo, hi = first, None
+        while lo < limit:
+            nxt = min(lo + stride, limit)
+            if not holds(nxt):
+                hi = nxt
+                break
+            lo, stride = nxt, 2 * stride
+        if hi is None:
+            return lo
+    else:
+        hi = first
+        while True:
+            if hi == 1:
+                return None
+            nxt = max(1, hi - stride)
+            if holds(nxt):
+                lo = nxt
+                break
+            hi, stride = nxt, 2 * stride
     while hi - lo > max(1, lo // RESOLUTION):
         mid = (lo + hi) // 2
         if holds(mid):

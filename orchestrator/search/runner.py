@@ -16,6 +16,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
+import math
 import os
 import shlex
 from dataclasses import dataclass
@@ -27,7 +28,18 @@ import pandas as pd
 from analysis.diagnose import overrides_text
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.errors import ConfigError, UserError
-from orchestrator.search.evaluate import OK, OVER_SLO, REJECTED, Outcome, Settings, check_settings, evaluate
+from orchestrator.search.evaluate import (
+    OK,
+    OVER_SLO,
+    PRUNED,
+    REJECTED,
+    Outcome,
+    Screened,
+    Settings,
+    check_settings,
+    evaluate,
+    screen,
+)
 from orchestrator.search.space import candidates, parse_space, size
 
 log = logging.getLogger("parasweep")
@@ -35,6 +47,7 @@ log = logging.getLogger("parasweep")
 PREDICTED = "predicted by the simulated engine in virtual time, not measured"
 SHOWN = ("output_tok_s", "ttft_p99_ms", "itl_p99_ms", "tpot_p50_ms", "e2e_p99_ms")
 RUNNERS_UP = 4
+SCREEN_CHUNK = 16  # candidates a worker validates and bounds per job
 
 
 @dataclass
@@ -45,44 +58,123 @@ class SearchResult:
 
     @property
     def ranked(self) -> list[Outcome]:
-        ok = [o for o in self.outcomes if o.status == OK and o.score is not None]
+        ok = [o for o in self.outcomes if o.status == OK and o.score is not None and not o.same_as]
         return sorted(ok, key=lambda o: -(o.score or 0.0))
 
 
-def _evaluate_one(args: tuple[ParasweepConf, dict[str, Any], Settings]) -> Outcome:
+def _screen_some(args: tuple[ParasweepConf, list[dict[str, Any]], Settings]) -> list[Screened | Outcome]:
+    base, changes, settings = args
+    return [_guarded(change, screen, base, change, settings) for change in changes]
+
+
+def _evaluate_one(args: tuple[ParasweepConf, Screened, Settings]) -> Outcome:
+    base, screened, settings = args
+    return _guarded(screened.change, evaluate, base, screened, settings)
+
+
+def _guarded(change: dict[str, Any], fn: Any, *args: Any) -> Any:
     try:
-        return evaluate(*args)
+        return fn(*args)
     except Exception as exc:  # a model failure costs this candidate, not the search
-        log.exception("could not predict candidate %s", overrides_text(args[1]))
+        log.exception("could not predict candidate %s", overrides_text(change))
         reason = f"prediction failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        return Outcome(dict(args[1]), REJECTED, reason=reason, category="prediction failed")
+        return Outcome(dict(change), REJECTED, reason=reason, category="prediction failed")
+
+
+class _Ranking:
+    """The best scores so far, to prune by: a candidate whose ceiling is below the ``keep``-th best
+    cannot enter the top ``keep``."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.scores: list[float] = []
+
+    def add(self, outcome: Outcome) -> None:
+        if outcome.status == OK and outcome.score is not None:
+            self.scores = sorted([*self.scores, outcome.score], reverse=True)[:self.keep]
+
+    @property
+    def bar(self) -> float:
+        return self.scores[-1] if len(self.scores) == self.keep else -math.inf
+
+
+def _pruned(s: Screened, bar: float, settings: Settings, keep: int) -> Outcome:
+    if s.ceiling == 0.0:
+        return Outcome(s.change, PRUNED, gpus=s.gpus, ceiling=0.0,
+                       reason="over the ITL bound at any load (the cost model's decode trip of one request "
+                              "alone exceeds it)")
+    return Outcome(s.change, PRUNED, gpus=s.gpus, ceiling=s.ceiling,
+                   reason=(f"{settings.objective} at most {s.ceiling:,.1f} at any load (the cost model's "
+                           f"ceiling), below the {keep} best predicted ({bar:,.1f} and up)"))
+
+
+def _twin(outcome: Outcome, s: Screened) -> Outcome:
+    """``outcome`` for ``s``, a candidate the simulated engine cannot tell from the one judged."""
+    return dataclasses.replace(outcome, change=s.change, predictions=0,
+                               same_as=overrides_text(outcome.change))
 
 
 def evaluate_all(cfg: ParasweepConf, changes: list[dict[str, Any]], settings: Settings,
-                 workers: int, show_progress: bool = True) -> list[Outcome]:
-    """Every candidate's outcome, in the candidates' order."""
+                 workers: int, keep: int = 1 + RUNNERS_UP, show_progress: bool = True) -> list[Outcome]:
+    """Every candidate's outcome, in the candidates' order: screened first (validated, bounded,
+    grouped with the candidates its engine cannot be told from), then predicted in order of falling
+    ceiling, skipping those whose ceiling is below the ``keep``-th best predicted so far."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    jobs = [(cfg, change, settings) for change in changes]
-    outcomes: list[Outcome | None] = [None] * len(jobs)
+    outcomes: list[Outcome | None] = [None] * len(changes)
+    index = {id(change): i for i, change in enumerate(changes)}
     columns = (TextColumn("[parasweep] predicting candidates"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
-    if workers <= 1 or len(jobs) <= 1:
+    chunks = [changes[i:i + SCREEN_CHUNK] for i in range(0, len(changes), SCREEN_CHUNK)]
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    try:
+        # every job submitted (and so every worker forked) before the progress display starts its
+        # refresh thread: a fork never copies a lock that thread holds
+        screening = [pool.submit(_screen_some, (cfg, chunk, settings)) for chunk in chunks] if pool else []
         with Progress(*columns, disable=not show_progress, transient=True) as progress:
-            task = progress.add_task("candidates", total=len(jobs))
-            for i, job in enumerate(jobs):
-                outcomes[i] = _evaluate_one(job)
-                progress.advance(task)
-    else:
-        with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-            # every job submitted (and so every worker forked) before the progress display starts its
-            # refresh thread: a fork never copies a lock that thread holds
-            futures = {pool.submit(_evaluate_one, job): i for i, job in enumerate(jobs)}
-            with Progress(*columns, disable=not show_progress, transient=True) as progress:
-                task = progress.add_task("candidates", total=len(jobs))
-                for future in concurrent.futures.as_completed(futures):
-                    outcomes[futures[future]] = future.result()
+            task = progress.add_task("candidates", total=len(changes))
+            screened: list[Screened] = []
+            for chunk, result in zip(chunks, (f.result() for f in screening) if pool
+                                     else (_screen_some((cfg, c, settings)) for c in chunks), strict=True):
+                for change, item in zip(chunk, result, strict=True):
+                    if isinstance(item, Screened):
+                        screened.append(dataclasses.replace(item, change=change))
+                    else:
+                        outcomes[index[id(change)]] = item
+                        progress.advance(task)
+            twins: dict[str, list[Screened]] = collections.defaultdict(list)
+            for s in screened:
+                twins[s.engine_key].append(s)
+            firsts = sorted((group[0] for group in twins.values()), key=lambda s: -s.ceiling)
+            queue = collections.deque(firsts)
+            ranking = _Ranking(keep)
+
+            def settle(s: Screened, outcome: Outcome) -> None:
+                ranking.add(outcome)
+                for i, twin in enumerate(twins[s.engine_key]):
+                    outcomes[index[id(twin.change)]] = outcome if i == 0 else _twin(outcome, twin)
                     progress.advance(task)
+
+            running: dict[concurrent.futures.Future[Outcome], Screened] = {}
+            while queue or running:
+                while queue and len(running) < 2 * max(1, workers):
+                    s = queue.popleft()
+                    if s.ceiling < ranking.bar:  # and every one after it: the queue falls in ceiling
+                        for rest in (s, *queue):
+                            settle(rest, _pruned(rest, ranking.bar, settings, keep))
+                        queue.clear()
+                        break
+                    if pool is None:
+                        settle(s, _evaluate_one((cfg, s, settings)))
+                    else:
+                        running[pool.submit(_evaluate_one, (cfg, s, settings))] = s
+                if running:
+                    done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+                    for future in done:
+                        settle(running.pop(future), future.result())
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     return [o for o in outcomes if o is not None]
 
 
@@ -91,7 +183,8 @@ def outcome_table(outcomes: list[Outcome], keys: list[str]) -> pd.DataFrame:
     for o in outcomes:
         row: dict[str, Any] = {k: o.change.get(k) for k in keys}
         row.update(status=o.status, reason=o.reason, category=o.category, gpus=o.gpus or None,
-                   concurrency=o.concurrency, score=o.score, miss=o.miss, predictions=o.predictions)
+                   concurrency=o.concurrency, score=o.score, miss=o.miss, ceiling=o.ceiling,
+                   same_as=o.same_as, predictions=o.predictions)
         row.update({m: o.metrics.get(m) for m in SHOWN})
         rows.append(row)
     frame = pd.DataFrame(rows)
@@ -101,20 +194,25 @@ def outcome_table(outcomes: list[Outcome], keys: list[str]) -> pd.DataFrame:
     return frame
 
 
+def search_base(cfg: ParasweepConf) -> ParasweepConf:
+    """The config every candidate changes: the workload gives the requests (lengths, distributions,
+    API); the search chooses the load."""
+    return dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, concurrency=[1], rate=[]))
+
+
 def run_search(cfg: ParasweepConf, out_dir: Path, show_progress: bool = True) -> SearchResult:
     """The search of ``cfg.search`` on ``cfg`` as the base configuration; its table is written under
     ``out_dir/search/``. Raises a ``UserError`` (one line) for a bad search or when no candidate meets
     the SLOs, naming the one that came closest."""
     settings = check_settings(cfg)
     dims = parse_space(cfg.search.space)
-    # the workload gives the requests (lengths, distributions, API); the search chooses the load
-    cfg = dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, concurrency=[1], rate=[]))
+    cfg = search_base(cfg)
     changes = list(candidates(dims))
     workers = cfg.search.workers or os.cpu_count() or 1
     print(f"[parasweep] search {cfg.search.name}: {size(dims)} candidates of {len(dims)} keys "
           f"({', '.join(d.key for d in dims)}), objective {settings.objective}, SLOs "
           f"{_slo_text(settings) or 'none'}, on {workers} process(es); {PREDICTED}", flush=True)
-    outcomes = evaluate_all(cfg, changes, settings, workers, show_progress)
+    outcomes = evaluate_all(cfg, changes, settings, workers, show_progress=show_progress)
     folder = out_dir / "search"
     folder.mkdir(parents=True, exist_ok=True)
     table = outcome_table(outcomes, [d.key for d in dims])
@@ -148,19 +246,22 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings) -
     """The end of a search: counts, the winner as a command line, the runners-up, the rejections."""
     outcomes, ranked = result.outcomes, result.ranked
     counts = collections.Counter(o.status for o in outcomes)
+    twins = sum(1 for o in outcomes if o.same_as)
     lines = [f"Search {cfg.search.name}: {len(outcomes)} candidates: {counts.get(OK, 0)} within the SLOs, "
-             f"{counts.get(OVER_SLO, 0)} over them at any load, {counts.get(REJECTED, 0)} rejected "
-             f"({sum(o.predictions for o in outcomes)} load points predicted); {PREDICTED}."]
+             f"{counts.get(OVER_SLO, 0)} over them at any load, {counts.get(PRUNED, 0)} could not win "
+             f"(the cost model's ceiling below the best predicted), {counts.get(REJECTED, 0)} rejected; "
+             f"{twins} the same engine as another; {sum(o.predictions for o in outcomes)} load points "
+             f"predicted; {PREDICTED}."]
     if ranked:
         best = ranked[0]
         lines.append(f"Best: {overrides_text(best.change)} at concurrency {best.concurrency}: "
-                     f"{_scored(best, settings)}")
+                     f"{_scored(best, settings)}; a higher load: {best.limit}")
         lines.append(f"  python run.py {overrides_text(best.change)} "
                      f"workload.concurrency=[{best.concurrency}]")
         lines.append(f"  SGLang (0.5.23's flags): {sglang_command(cfg, best.change)}")
         for o in ranked[1:1 + RUNNERS_UP]:
             lines.append(f"Runner-up: {overrides_text(o.change)} at concurrency {o.concurrency}: "
-                         f"{_scored(o, settings)}")
+                         f"{_scored(o, settings)}; {_lost(o, best)}")
     reasons = collections.Counter(o.category for o in outcomes if o.status == REJECTED)
     for reason, n in reasons.most_common():
         example = next(o for o in outcomes if o.status == REJECTED and o.category == reason)
@@ -180,6 +281,12 @@ def sglang_command(cfg: ParasweepConf, change: dict[str, Any]) -> str:
     argv = ["python", "-m", "sglang.launch_server", *sglang_flags(changed, 30000)]
     prefix = [f"{k}={v}" for k, v in env.items()]  # engine environment variables the change sets
     return shlex.join([*prefix, *redact_argv(argv)])
+
+
+def _lost(o: Outcome, best: Outcome) -> str:
+    """Why a runner-up lost: how far below the best it scores, and what held its load down."""
+    behind = 100.0 * (1.0 - (o.score or 0.0) / (best.score or 1.0))
+    return f"{behind:.0f}% below the best; held at this load by {o.limit}"
 
 
 def _scored(o: Outcome, settings: Settings) -> str:
