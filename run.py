@@ -27,7 +27,7 @@ USER_ERRORS: list[UserError] = []
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def trial(cfg: DictConfig) -> dict[str, Any] | None:
-    from orchestrator.search.runner import run_search_job
+    from orchestrator.search.job import run_search_job
     from orchestrator.trial.hydra_job import run_trial
 
     try:

@@ -169,6 +169,83 @@ def _gather(client: Any, runs: Sequence[Any]) -> list[Trial]:
     return trials
 
 
+@dataclass
+class SearchPage:
+    """A search run's own artifacts (``search/``): its answer, its table of candidates, its Pareto
+    fronts and its measured candidates."""
+
+    source: str  # where the candidates' numbers come from
+    answer: str = ""
+    candidates: Any = None  # DataFrame, or None when the table is missing
+    measured: Any = None
+    pictures: list[tuple[str, str]] = field(default_factory=list)
+
+
+SEARCH_PICTURES = (("search/pareto_per_user.png", "Pareto front: output tokens/s per GPU against per user"),
+                   ("search/pareto_ttft.png", "Pareto front: output tokens/s per GPU against TTFT p99"))
+
+
+def _search(client: Any, run: Any) -> SearchPage:
+    import pandas as pd
+
+    page = SearchPage(run.data.tags.get(Tag.SEARCH_SOURCE, ""))
+    local = run.data.tags.get(Tag.SWEEP_DIR)
+    with tempfile.TemporaryDirectory(prefix="parasweep-report-") as tmp:
+        def get(path: str) -> Path | None:
+            return _artifact(client, run.info.run_id, path, Path(tmp), local)
+
+        answer = get("search/answer.md")
+        page.answer = answer.read_text(encoding="utf-8").strip().strip("`").strip() if answer else ""
+        table = get("search/candidates.csv")
+        page.candidates = pd.read_csv(table) if table else None
+        measured = get("search/measured.csv")
+        page.measured = pd.read_csv(measured) if measured else None
+        for path, caption in SEARCH_PICTURES:
+            png = get(path)
+            if png is not None:
+                page.pictures.append((caption, _png_uri(png)))
+    return page
+
+
+SEARCH_SHOWN = 10  # candidates of the search's table shown in the report, best first
+
+
+def _search_html(page: SearchPage) -> str:
+    parts = ["<h2>Search</h2>", f'<p class="muted">Candidates: {_e(page.source)}. The measured candidates '
+             "are this run's trials, below.</p>"]
+    if page.answer:
+        parts.append(f"<pre>{_e(page.answer)}</pre>")
+    for caption, uri in page.pictures:
+        parts.append(f'<figure><img src="{uri}" alt="{_e(caption)}"><figcaption>{_e(caption)}</figcaption>'
+                     "</figure>")
+    table = page.candidates
+    if table is not None and not table.empty:
+        counts = table["status"].value_counts()
+        parts.append("<p>" + ", ".join(f"{_e(k)}: {n}" for k, n in counts.items()) + "</p>")
+        ok = table[table["status"] == "ok"].sort_values("score", ascending=False).head(SEARCH_SHOWN)
+        shown = [c for c in ok.columns if c not in SEARCH_HIDDEN]
+        parts.append(_frame_html(ok[shown], f"The best {len(ok)} candidates (predicted)"))
+    if page.measured is not None and not page.measured.empty:
+        parts.append(_frame_html(page.measured, "Measured candidates: predicted against measured, per load"))
+    return "\n".join(parts)
+
+
+SEARCH_HIDDEN = ("status", "reason", "category", "miss", "same_as")
+
+
+def _frame_html(frame: Any, caption: str) -> str:
+    head = "".join(f"<th>{_e(c)}</th>" for c in frame.columns)
+    rows = "".join("<tr>" + "".join(f"<td>{_e(_cell(v))}</td>" for v in row) + "</tr>"
+                   for row in frame.itertuples(index=False))
+    return f"<table><caption>{_e(caption)}</caption><tr>{head}</tr>{rows}</table>"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:,.1f}"
+    return str(value)
+
+
 # --------------------------------------------------------------------------------------------------
 # Build
 
@@ -204,7 +281,8 @@ def build_report(run_id: str | None, tracking_uri: str | None, out: Path | None 
                 parent = None
     trials = _gather(client, runs)
     experiment_name = _experiment_name(client, run.info.experiment_id)
-    page = render(run, parent, trials, uri, experiment_name)
+    search = _search(client, run) if run.data.tags.get(Tag.MODE) == "search" else None
+    page = render(run, parent, trials, uri, experiment_name, search)
     out = out or Path.cwd() / f"report-{run.info.run_id[:8]}.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
@@ -744,10 +822,12 @@ def _where_html(run: Any, trials: Sequence[Trial], uri: str, experiment: str) ->
     return "\n".join(out)
 
 
-def render(run: Any, parent: Any, trials: Sequence[Trial], uri: str, experiment: str) -> str:
+def render(run: Any, parent: Any, trials: Sequence[Trial], uri: str, experiment: str,
+           search: SearchPage | None = None) -> str:
     """The whole page as one string."""
     title = f"parasweep report: {run.info.run_name or run.info.run_id}"
-    body = [_header(run, parent, trials), _config(trials), _results(trials), _plots_html(trials),
+    body = [_header(run, parent, trials), *([_search_html(search)] if search else []), _config(trials),
+            _results(trials), _plots_html(trials),
             _findings_html(trials), _telemetry_html(trials), _where_html(run, trials, uri, experiment)]
     generated = datetime.now().strftime("%Y-%m-%d %H:%M")
     # the empty data: icon keeps a browser from asking a server for /favicon.ico

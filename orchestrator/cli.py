@@ -128,8 +128,13 @@ def finish(code: int) -> int:
         return code
     _sync_spool(state.uri)
     runs, status = _close_sweep(state, code)
-    if runs is not None:  # None: the store could not be read, and there is nothing to show
+    if runs is not None and (runs or state.mode != "search"):  # None: the store could not be read
         _guarded("show the sweep's summary", lambda: _show_sweep(state, runs, status))
+    elif runs is not None:  # a search that measured nothing: its answer is its description
+        from orchestrator.tracking import Tracker
+
+        _guarded("describe the search run", lambda: _describe_sweep(
+            Tracker(state.uri, state.experiment), state.run_id, [], status, _search_answer(state)))
     if code == 0 and status != "ok":
         code = 1
     return code
@@ -186,7 +191,9 @@ def _close_sweep(state: SweepState, code: int) -> tuple[list[Any] | None, str]:
         if tracker is not None and unreachable(exc):
             return None, _spool_sweep_end(tracker, state, code)
         _say_failed(f"read the trials of sweep run {state.run_id}", exc)
-    status = sweep_status(code, [r.data.tags.get(Tag.STATUS) for r in runs or []])
+    statuses = [r.data.tags.get(Tag.STATUS) for r in runs or []]
+    # a search that measured nothing (search.measure_top=0) succeeded by predicting
+    status = sweep_status(code, statuses, none_ok=state.mode == "search")
     if tracker is not None:  # the sweep run is closed even when its trials could not be read
         _guarded(f"close sweep run {state.run_id} with status {status}",
                  lambda: tracker.finish(state.run_id, status))
@@ -231,7 +238,7 @@ def _show_sweep(state: SweepState, runs: list[Any], status: str) -> None:
         runs, f"{what} {state.run_id}: {len(runs)} trial(s), status {status}", console, state.uri))
     sweep_dir = Path(state.sweep_dir)
     _log_plots(tracker, state.run_id, runs, sweep_dir)
-    _describe_sweep(tracker, state.run_id, runs, status)
+    _describe_sweep(tracker, state.run_id, runs, status, _search_answer(state))
     console.print()
     report = _html_report(tracker, state.run_id, state.uri, sweep_dir)
     if report is not None:
@@ -319,15 +326,22 @@ def _ui_uri(uri: str) -> str:
     return uri
 
 
-def _describe_sweep(tracker: Any, sweep_run_id: str, runs: list[Any], status: str) -> None:
-    """The sweep run's description (a Markdown table of its trials) and roll-up metrics, so the
-    parent row of the runs table says something before it is expanded."""
+def _search_answer(state: SweepState) -> str:
+    """A search's answer (``search/answer.md`` in its output folder), or "" for a sweep."""
+    path = Path(state.sweep_dir) / "search" / "answer.md"
+    return path.read_text() if state.mode == "search" and path.is_file() else ""
+
+
+def _describe_sweep(tracker: Any, sweep_run_id: str, runs: list[Any], status: str, preface: str = "") -> None:
+    """The sweep run's description (a Markdown table of its trials, after ``preface``: a search's
+    answer) and roll-up metrics, so the parent row of the runs table says something before it is
+    expanded."""
     from analysis.report import point_labels
 
     try:
         labels = point_labels(runs)
         ordered = [run for _, run in sorted(enumerate(runs), key=lambda ir: _trial_num(ir[1], ir[0]))]
-        lines = [f"**{status}**: {len(runs)} trial(s)", "",
+        lines = [*([preface] if preface else []), f"**{status}**: {len(runs)} trial(s)", "",
                  "| trial | status | " + " | ".join(f"{p} tok/s" for p in labels) + " |",
                  "|---|---|" + "---|" * len(labels)]
         # output tok/s per run and load point, from the per-point metrics

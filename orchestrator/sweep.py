@@ -28,7 +28,7 @@ class SweepState:
     experiment: str
     sweep_dir: str
     multirun: bool
-    mode: str = "measure"  # or "prediction" (predict=true)
+    mode: str = "measure"  # or "prediction" (predict=true), or "search" (search=NAME: set by the search)
     run_id: str | None = None
     experiment_id: str | None = None
     step_costs: str = ""  # what prices the simulator's steps for the sweep's base config
@@ -88,8 +88,9 @@ def _start_sweep_run(tracker: Tracker, state: SweepState) -> str:
     args = " ".join(argv)
     # the name says what is swept (the rest is in the command tag), so runs tables stay readable
     swept = [a for a in argv if "=" in a and "," in a.split("=", 1)[1]] or [a for a in argv if "=" in a]
+    kind = state.mode if state.mode in ("prediction", "search") else "sweep"
     return tracker.start_run(
-        f"{'prediction' if state.mode == 'prediction' else 'sweep'} {' '.join(swept) or 'defaults'}",
+        f"{kind} {' '.join(swept) or 'defaults'}",
         tags={Tag.KIND: RunKind.SWEEP.value, Tag.MODE: state.mode, Tag.STATUS: TrialStatus.RUNNING.value,
               Tag.STARTED: time.strftime("%Y-%m-%d %H:%M:%S"),
               Tag.COMMAND: f"python run.py {args}".strip(),

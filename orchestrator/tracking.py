@@ -473,14 +473,14 @@ def trial_status(value: str | None) -> TrialStatus:
         return TrialStatus.FAILED
 
 
-def sweep_status(code: int, trial_statuses: Iterable[str | None]) -> str:
+def sweep_status(code: int, trial_statuses: Iterable[str | None], none_ok: bool = False) -> str:
     """The sweep's status from its trials' status tags and the driver's exit code: killed after
     Ctrl-C or when a trial was killed; failed on a non-zero exit, a trial that neither succeeded nor
-    was skipped, or no trials at all; ok otherwise."""
+    was skipped, or no trials at all (unless ``none_ok``); ok otherwise."""
     statuses = [trial_status(s) for s in trial_statuses]
     if code == 130 or TrialStatus.KILLED in statuses:
         return "killed"
-    if code != 0 or not statuses or not all(s.succeeded for s in statuses):
+    if code != 0 or (not statuses and not none_ok) or not all(s.succeeded for s in statuses):
         return "failed"
     return "ok"
 

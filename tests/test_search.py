@@ -152,12 +152,14 @@ def test_no_candidate_meets_the_slos_names_the_closest(tmp_path: Path) -> None:
     assert set(table["status"]) == {OVER_SLO, REJECTED}
 
 
-@pytest.mark.slow  # the real entry point in a subprocess
+@pytest.mark.slow  # the real entry point in a subprocess, and the measured trials each in its own
 def test_the_search_from_the_command_line(tmp_path: Path) -> None:
+    from analysis.store import client as store_client
     from tests.conftest import run_cli
+    from vocab.status import Tag
 
     result = run_cli(["model=tiny-test", "hardware=h200-nvlink-x8", "parallelism=tp1", "search=tiny",
-                      "hydra.run.dir=out"], tmp_path)
+                      "search.measure_top=2", "hydra.run.dir=out"], tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "[parasweep] search tiny: 6 candidates of 2 keys (server.cuda_graph, tp.size)" in out
@@ -171,7 +173,32 @@ def test_the_search_from_the_command_line(tmp_path: Path) -> None:
     assert "--disable-cuda-graph" not in command and "--host 127.0.0.1" in command
     assert "Rejected 2: tp.size*pp.size*dp.size: valid at most 8 (hardware h200-nvlink-x8 has 8 GPUs)" in out
     assert len(pd.read_csv(tmp_path / "out" / "search" / "candidates.csv")) == 6
-    assert not (tmp_path / "runs" / "mlflow.db").exists()  # predictions only: nothing tracked yet
+    # then the best two measured, each as a trial of the search's one MLflow run, on the simulated engine
+    # (said so); the predicted best, known by construction, is among them
+    assert "Measured on the simulated engine in real time (a stand-in, not a GPU)" in out
+    assert "  #1 server.cuda_graph=true tp.size=1 [ok]" in out
+    assert "  #2 server.cuda_graph=true tp.size=2 [ok]" in out
+    assert "Rank agreement (Kendall's tau, predicted against measured order): " in out
+    client = store_client(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    searches = client.search_runs(["1"], filter_string="tags.`parasweep.mode` = 'search'")
+    assert len(searches) == 1
+    search = searches[0]
+    assert search.data.tags[Tag.STATUS] == "ok" and search.data.tags[Tag.SEARCH] == "tiny"
+    assert "not measured" in search.data.tags[Tag.SEARCH_SOURCE]
+    assert search.data.metrics["search/candidates"] == 6.0 and search.data.metrics["search/rejected"] == 2.0
+    artifacts = {a.path for a in client.list_artifacts(search.info.run_id, "search")}
+    assert {"search/candidates.parquet", "search/candidates.csv", "search/pareto_per_user.png",
+            "search/pareto_ttft.png", "search/answer.md", "search/measured.csv"} <= artifacts
+    children = client.search_runs(["1"], filter_string=f"tags.mlflow.parentRunId = '{search.info.run_id}'")
+    labels = sorted(c.data.tags[Tag.OVERRIDES] for c in children)
+    assert labels == ["search #1 server.cuda_graph=true tp.size=1",
+                      "search #2 server.cuda_graph=true tp.size=2"]
+    assert all(c.data.tags[Tag.STATUS] == "ok" and c.data.tags[Tag.ENGINE] == "sim" for c in children)
+    measured = pd.read_csv(tmp_path / "out" / "search" / "measured.csv")
+    assert set(measured["predicted_rank"]) == {1, 2} and measured["measured_output_tok_s"].notna().all()
+    assert measured["predicted_output_tok_s"].notna().all()
+    report = (tmp_path / "out" / "report.html").read_text()
+    assert "<h2>Search</h2>" in report and "Pareto front" in report and "Measured candidates" in report
 
 
 PRUNABLE = ["server.cuda_graph=true,false", "tp.size=1,2", "pp.size=1,2", "pp.micro_batch_size=null,1,2"]

@@ -37,7 +37,9 @@ class Tag:
 
     KIND = "parasweep.kind"
     STATUS = "parasweep.status"
-    MODE = "parasweep.mode"  # sweep runs: measure | prediction
+    MODE = "parasweep.mode"  # sweep runs: measure | prediction | search
+    SEARCH = "parasweep.search"  # a search's run: the search's name (search.name)
+    SEARCH_SOURCE = "parasweep.search_source"  # where the search's candidate numbers come from
     ENGINE = "parasweep.engine"
     ENGINE_REASON = "parasweep.engine_reason"  # why that engine: engine=auto's choice, or the config's
     ENGINE_VERSION = "parasweep.engine_version"

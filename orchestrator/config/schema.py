@@ -155,6 +155,7 @@ class SearchConf:
     slo: dict[str, float] = field(default_factory=dict)
     max_concurrency: int = 256
     workers: int | None = None  # processes predicting candidates (null: one per CPU)
+    measure_top: int = 3  # the best this many predicted are measured as trials (0: predict only)
 
 
 @dataclass

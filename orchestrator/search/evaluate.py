@@ -130,14 +130,16 @@ def worst_ratio(metrics: Mapping[str, float], slo: Mapping[str, float]) -> tuple
     return worst
 
 
-def _goodput(result: PointResult, slo: Mapping[str, float]) -> float:
+def goodput(records: list[Any], point: LoadPoint, slo: Mapping[str, float]) -> float:
+    """Requests per second that meet every per-request bound ``slo`` implies (TTFT, TPOT, E2E; a
+    percentile bound taken as a per-request one); every completed request without such a bound."""
     from workloads import SLO, summarize
 
     bounds = {name: next((v for k, v in slo.items() if k.startswith(f"{lat}_")), None)
               for name, lat in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("e2e_ms", "e2e"))}
-    if all(v is None for v in bounds.values()):  # no per-request bound: every completed request counts
-        return result.metrics.get("request_s", 0.0)
-    return summarize(result.records, result.point, slo=SLO(**bounds)).get("goodput_req_s", 0.0)
+    if all(v is None for v in bounds.values()):
+        return summarize(records, point).get("request_s", 0.0)
+    return summarize(records, point, slo=SLO(**bounds)).get("goodput_req_s", 0.0)
 
 
 def _rejected(change: Mapping[str, Any], exc: Exception) -> Outcome:
@@ -234,7 +236,7 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings) -> Out
     per_gpu = 1.0 / max(1, outcome.gpus)
     outcome.score = per_gpu * (result.metrics.get("output_tok_s", 0.0)
                                if settings.objective == "output_tok_s_per_gpu"
-                               else _goodput(result, settings.slo))
+                               else goodput(result.records, result.point, settings.slo))
     return outcome
 
 

@@ -27,7 +27,7 @@ import pandas as pd
 
 from analysis.diagnose import overrides_text
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.errors import ConfigError, UserError
+from orchestrator.errors import UserError
 from orchestrator.search.evaluate import (
     OK,
     OVER_SLO,
@@ -55,6 +55,7 @@ class SearchResult:
     outcomes: list[Outcome]
     table: pd.DataFrame
     folder: Path
+    answer: list[str] = dataclasses.field(default_factory=list)  # the lines printed at its end
 
     @property
     def ranked(self) -> list[Outcome]:
@@ -183,8 +184,8 @@ def outcome_table(outcomes: list[Outcome], keys: list[str]) -> pd.DataFrame:
     for o in outcomes:
         row: dict[str, Any] = {k: o.change.get(k) for k in keys}
         row.update(status=o.status, reason=o.reason, category=o.category, gpus=o.gpus or None,
-                   concurrency=o.concurrency, score=o.score, miss=o.miss, ceiling=o.ceiling,
-                   same_as=o.same_as, predictions=o.predictions)
+                   concurrency=o.concurrency, score=o.score, limit=o.limit, miss=o.miss,
+                   ceiling=o.ceiling, same_as=o.same_as, predictions=o.predictions)
         row.update({m: o.metrics.get(m) for m in SHOWN})
         rows.append(row)
     frame = pd.DataFrame(rows)
@@ -200,7 +201,8 @@ def search_base(cfg: ParasweepConf) -> ParasweepConf:
     return dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, concurrency=[1], rate=[]))
 
 
-def run_search(cfg: ParasweepConf, out_dir: Path, show_progress: bool = True) -> SearchResult:
+def run_search(cfg: ParasweepConf, out_dir: Path, show_progress: bool = True,
+               keep: int = 1 + RUNNERS_UP) -> SearchResult:
     """The search of ``cfg.search`` on ``cfg`` as the base configuration; its table is written under
     ``out_dir/search/``. Raises a ``UserError`` (one line) for a bad search or when no candidate meets
     the SLOs, naming the one that came closest."""
@@ -212,14 +214,16 @@ def run_search(cfg: ParasweepConf, out_dir: Path, show_progress: bool = True) ->
     print(f"[parasweep] search {cfg.search.name}: {size(dims)} candidates of {len(dims)} keys "
           f"({', '.join(d.key for d in dims)}), objective {settings.objective}, SLOs "
           f"{_slo_text(settings) or 'none'}, on {workers} process(es); {PREDICTED}", flush=True)
-    outcomes = evaluate_all(cfg, changes, settings, workers, show_progress=show_progress)
+    outcomes = evaluate_all(cfg, changes, settings, workers, keep=max(keep, 1 + RUNNERS_UP),
+                            show_progress=show_progress)
     folder = out_dir / "search"
     folder.mkdir(parents=True, exist_ok=True)
     table = outcome_table(outcomes, [d.key for d in dims])
     table.to_parquet(folder / "candidates.parquet", index=False)
     table.to_csv(folder / "candidates.csv", index=False)
     result = SearchResult(outcomes, table, folder)
-    for line in answer_lines(cfg, result, settings):
+    result.answer = answer_lines(cfg, result, settings)
+    for line in result.answer:
         print(line, flush=True)
     if not result.ranked:
         raise UserError(_nothing_meets(outcomes, settings))
@@ -296,19 +300,3 @@ def _scored(o: Outcome, settings: Settings) -> str:
              f"TTFT p99 {m.get('ttft_p99_ms', float('nan')):,.0f} ms",
              f"ITL p99 {m.get('itl_p99_ms', float('nan')):,.1f} ms"]
     return ", ".join(parts)
-
-
-def run_search_job(raw_cfg: Any) -> dict[str, Any]:
-    """The Hydra task's body for ``search=<name>``: a single run, its output directory the job's."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from orchestrator.config.validate import typed_config
-
-    cfg = typed_config(raw_cfg)
-    hc = HydraConfig.get()
-    if hc.mode != RunMode.RUN:
-        raise ConfigError("search", cfg.search.name, "a single run (python run.py search=NAME)",
-                          why="a search spans its own candidates: drop -m")
-    run_search(cfg, Path(hc.runtime.output_dir).resolve())
-    return {"status": "ok", "run_id": None, "timings": {}}
