@@ -21,7 +21,8 @@ import time
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.search.evaluate import OK, OVER_SLO, PRUNED, REJECTED, check_settings
-from orchestrator.search.runner import evaluate_all, search_base
+from orchestrator.search.judge import evaluate_all
+from orchestrator.search.runner import search_base
 from orchestrator.search.space import candidates, parse_space
 from vocab.hardware import load_hardware
 

@@ -23,7 +23,8 @@ from orchestrator.search.evaluate import (
     highest_load,
     screen,
 )
-from orchestrator.search.runner import evaluate_all, run_search, search_base
+from orchestrator.search.judge import evaluate_all
+from orchestrator.search.runner import run_search, search_base
 from orchestrator.search.space import Dimension, candidates, parse_space
 from vocab.hardware import load_hardware
 
@@ -243,3 +244,19 @@ def test_pruning_keeps_the_exhaustive_top(tmp_path: Path) -> None:
     # a micro-batch cap left to its default and the same cap given are one engine, judged once
     twins = [o for o in pruned if o.same_as]
     assert all(o.predictions == 0 for o in twins)
+
+
+def test_a_space_larger_than_max_candidates_is_sampled(tmp_path: Path) -> None:
+    cfg = tiny(tmp_path, {"itl_p99_ms": 3.0})
+    cfg.search.space, cfg.search.max_candidates, cfg.search.workers = PRUNABLE, 10, 2
+    first = run_search(cfg, tmp_path / "a", show_progress=False)
+    picked = [o.change for o in first.outcomes]
+    assert len(picked) == 10 and len({str(c) for c in picked}) == 10  # ten distinct candidates
+    assert first.answer[0].startswith("Search tiny: 10 of 24 candidates (picked by Optuna's TPE sampler, "
+                                      "seed 0; the best of those, not of the whole space): ")
+    assert len(pd.read_csv(tmp_path / "a" / "search" / "candidates.csv")) == 10
+    again = run_search(cfg, tmp_path / "b", show_progress=False)  # the same seed picks the same ones
+    assert [o.change for o in again.outcomes] == picked
+    cfg.search.max_candidates = 0
+    with pytest.raises(ConfigError, match="search.max_candidates=0: invalid; valid: an integer >= 1"):
+        run_search(cfg, tmp_path / "c", show_progress=False)

@@ -156,6 +156,9 @@ class SearchConf:
     max_concurrency: int = 256
     workers: int | None = None  # processes predicting candidates (null: one per CPU)
     measure_top: int = 3  # the best this many predicted are measured as trials (0: predict only)
+    # a larger space is not enumerated: Optuna's TPE sampler picks this many candidates of it
+    max_candidates: int = 2000
+    seed: int = 0  # the sampler's seed
 
 
 @dataclass

@@ -74,7 +74,7 @@ def trial_argv(task: Sequence[str], change: dict[str, Any], loads: list[int], pa
                label: str, run_dir: Path) -> list[str]:
     """``run.py`` with the search's overrides, the candidate's change (``++``: added where the base
     config lacks the key, such as an engine flag under ``server.extra_args``) and the loads."""
-    changed = [f"++{overrides_text({k: v})}" for k, v in change.items()]
+    changed = [f"++{overrides_text({k: v}).lstrip('+')}" for k, v in change.items()]
     return [sys.executable, str(RUN_PY), *base_overrides(task, change), *changed,
             f"workload.concurrency=[{','.join(str(c) for c in loads)}]", "workload.rate=[]",
             f"workload.warmup_requests={max(loads)}", "workload.requests_per_concurrency=2",

@@ -1,8 +1,6 @@
-"""``python run.py search=<name>``: every candidate of the space judged in prediction, in parallel, then
-one table of all of them and the answer.
-
-Candidates are spread over worker processes (``search.workers``, default one per CPU; each worker
-keeps its own caches of model specs and kernel tables), with a progress bar. The table
+"""``python run.py search=<name>``, in prediction: the candidates of the space judged in parallel
+(``judge.py``; every one of them, or, in a space larger than ``search.max_candidates``, those Optuna's
+sampler picks: ``sampled.py``), with a progress bar, then one table of them and the answer. The table
 (``search/candidates.parquet`` and ``.csv`` in the run's output directory) has one row per candidate:
 the values of each searched key, the status (``ok``, ``rejected``, ``over the SLOs``) and why, the GPUs,
 the highest load within the SLOs, the score and the predicted metrics there. The printed answer names
@@ -13,10 +11,7 @@ reason. All of it is the simulator's prediction, and says so.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
-import logging
-import math
 import os
 import shlex
 from dataclasses import dataclass
@@ -27,27 +22,22 @@ import pandas as pd
 
 from analysis.diagnose import overrides_text
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.errors import UserError
+from orchestrator.errors import ConfigError, UserError
 from orchestrator.search.evaluate import (
     OK,
     OVER_SLO,
     PRUNED,
     REJECTED,
     Outcome,
-    Screened,
     Settings,
     check_settings,
-    evaluate,
-    screen,
 )
+from orchestrator.search.judge import RUNNERS_UP, Judge, progress_bar
+from orchestrator.search.sampled import sampled_outcomes
 from orchestrator.search.space import candidates, parse_space, size
-
-log = logging.getLogger("parasweep")
 
 PREDICTED = "predicted by the simulated engine in virtual time, not measured"
 SHOWN = ("output_tok_s", "ttft_p99_ms", "itl_p99_ms", "tpot_p50_ms", "e2e_p99_ms")
-RUNNERS_UP = 4
-SCREEN_CHUNK = 16  # candidates a worker validates and bounds per job
 
 
 @dataclass
@@ -56,127 +46,12 @@ class SearchResult:
     table: pd.DataFrame
     folder: Path
     answer: list[str] = dataclasses.field(default_factory=list)  # the lines printed at its end
+    sampled_from: int | None = None  # the space's size when the sampler picked the candidates
 
     @property
     def ranked(self) -> list[Outcome]:
         ok = [o for o in self.outcomes if o.status == OK and o.score is not None and not o.same_as]
         return sorted(ok, key=lambda o: -(o.score or 0.0))
-
-
-def _screen_some(args: tuple[ParasweepConf, list[dict[str, Any]], Settings]) -> list[Screened | Outcome]:
-    base, changes, settings = args
-    return [_guarded(change, screen, base, change, settings) for change in changes]
-
-
-def _evaluate_one(args: tuple[ParasweepConf, Screened, Settings]) -> Outcome:
-    base, screened, settings = args
-    return _guarded(screened.change, evaluate, base, screened, settings)
-
-
-def _guarded(change: dict[str, Any], fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except Exception as exc:  # a model failure costs this candidate, not the search
-        log.exception("could not predict candidate %s", overrides_text(change))
-        reason = f"prediction failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        return Outcome(dict(change), REJECTED, reason=reason, category="prediction failed")
-
-
-class _Ranking:
-    """The best scores so far, to prune by: a candidate whose ceiling is below the ``keep``-th best
-    cannot enter the top ``keep``."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self.scores: list[float] = []
-
-    def add(self, outcome: Outcome) -> None:
-        if outcome.status == OK and outcome.score is not None:
-            self.scores = sorted([*self.scores, outcome.score], reverse=True)[:self.keep]
-
-    @property
-    def bar(self) -> float:
-        return self.scores[-1] if len(self.scores) == self.keep else -math.inf
-
-
-def _pruned(s: Screened, bar: float, settings: Settings, keep: int) -> Outcome:
-    if s.ceiling == 0.0:
-        return Outcome(s.change, PRUNED, gpus=s.gpus, ceiling=0.0,
-                       reason="over the ITL bound at any load (the cost model's decode trip of one request "
-                              "alone exceeds it)")
-    return Outcome(s.change, PRUNED, gpus=s.gpus, ceiling=s.ceiling,
-                   reason=(f"{settings.objective} at most {s.ceiling:,.1f} at any load (the cost model's "
-                           f"ceiling), below the {keep} best predicted ({bar:,.1f} and up)"))
-
-
-def _twin(outcome: Outcome, s: Screened) -> Outcome:
-    """``outcome`` for ``s``, a candidate the simulated engine cannot tell from the one judged."""
-    return dataclasses.replace(outcome, change=s.change, predictions=0,
-                               same_as=overrides_text(outcome.change))
-
-
-def evaluate_all(cfg: ParasweepConf, changes: list[dict[str, Any]], settings: Settings,
-                 workers: int, keep: int = 1 + RUNNERS_UP, show_progress: bool = True) -> list[Outcome]:
-    """Every candidate's outcome, in the candidates' order: screened first (validated, bounded,
-    grouped with the candidates its engine cannot be told from), then predicted in order of falling
-    ceiling, skipping those whose ceiling is below the ``keep``-th best predicted so far."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    outcomes: list[Outcome | None] = [None] * len(changes)
-    index = {id(change): i for i, change in enumerate(changes)}
-    columns = (TextColumn("[parasweep] predicting candidates"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
-    chunks = [changes[i:i + SCREEN_CHUNK] for i in range(0, len(changes), SCREEN_CHUNK)]
-    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
-    try:
-        # every job submitted (and so every worker forked) before the progress display starts its
-        # refresh thread: a fork never copies a lock that thread holds
-        screening = [pool.submit(_screen_some, (cfg, chunk, settings)) for chunk in chunks] if pool else []
-        with Progress(*columns, disable=not show_progress, transient=True) as progress:
-            task = progress.add_task("candidates", total=len(changes))
-            screened: list[Screened] = []
-            for chunk, result in zip(chunks, (f.result() for f in screening) if pool
-                                     else (_screen_some((cfg, c, settings)) for c in chunks), strict=True):
-                for change, item in zip(chunk, result, strict=True):
-                    if isinstance(item, Screened):
-                        screened.append(dataclasses.replace(item, change=change))
-                    else:
-                        outcomes[index[id(change)]] = item
-                        progress.advance(task)
-            twins: dict[str, list[Screened]] = collections.defaultdict(list)
-            for s in screened:
-                twins[s.engine_key].append(s)
-            firsts = sorted((group[0] for group in twins.values()), key=lambda s: -s.ceiling)
-            queue = collections.deque(firsts)
-            ranking = _Ranking(keep)
-
-            def settle(s: Screened, outcome: Outcome) -> None:
-                ranking.add(outcome)
-                for i, twin in enumerate(twins[s.engine_key]):
-                    outcomes[index[id(twin.change)]] = outcome if i == 0 else _twin(outcome, twin)
-                    progress.advance(task)
-
-            running: dict[concurrent.futures.Future[Outcome], Screened] = {}
-            while queue or running:
-                while queue and len(running) < 2 * max(1, workers):
-                    s = queue.popleft()
-                    if s.ceiling < ranking.bar:  # and every one after it: the queue falls in ceiling
-                        for rest in (s, *queue):
-                            settle(rest, _pruned(rest, ranking.bar, settings, keep))
-                        queue.clear()
-                        break
-                    if pool is None:
-                        settle(s, _evaluate_one((cfg, s, settings)))
-                    else:
-                        running[pool.submit(_evaluate_one, (cfg, s, settings))] = s
-                if running:
-                    done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
-                    for future in done:
-                        settle(running.pop(future), future.result())
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-    return [o for o in outcomes if o is not None]
 
 
 def outcome_table(outcomes: list[Outcome], keys: list[str]) -> pd.DataFrame:
@@ -209,19 +84,33 @@ def run_search(cfg: ParasweepConf, out_dir: Path, show_progress: bool = True,
     settings = check_settings(cfg)
     dims = parse_space(cfg.search.space)
     cfg = search_base(cfg)
-    changes = list(candidates(dims))
     workers = cfg.search.workers or os.cpu_count() or 1
-    print(f"[parasweep] search {cfg.search.name}: {size(dims)} candidates of {len(dims)} keys "
+    budget = cfg.search.max_candidates
+    if budget < 1:
+        raise ConfigError("search.max_candidates", budget, "an integer >= 1")
+    total = size(dims)
+    how = (f"{total} candidates" if total <= budget else
+           f"{total} candidates, of which Optuna's TPE sampler picks {budget} (seed {cfg.search.seed})")
+    print(f"[parasweep] search {cfg.search.name}: {how} of {len(dims)} keys "
           f"({', '.join(d.key for d in dims)}), objective {settings.objective}, SLOs "
           f"{_slo_text(settings) or 'none'}, on {workers} process(es); {PREDICTED}", flush=True)
-    outcomes = evaluate_all(cfg, changes, settings, workers, keep=max(keep, 1 + RUNNERS_UP),
-                            show_progress=show_progress)
+    keep = max(keep, 1 + RUNNERS_UP)
+    with Judge(cfg, settings, workers, keep) as judge, progress_bar(show_progress) as progress:
+        task = progress.add_task("candidates", total=min(total, budget))
+
+        def advance() -> None:
+            progress.advance(task)
+
+        if total <= budget:
+            outcomes = judge.judge(list(candidates(dims)), advance)
+        else:
+            outcomes = sampled_outcomes(judge, dims, budget, cfg.search.seed, advance)
     folder = out_dir / "search"
     folder.mkdir(parents=True, exist_ok=True)
     table = outcome_table(outcomes, [d.key for d in dims])
     table.to_parquet(folder / "candidates.parquet", index=False)
     table.to_csv(folder / "candidates.csv", index=False)
-    result = SearchResult(outcomes, table, folder)
+    result = SearchResult(outcomes, table, folder, sampled_from=total if total > budget else None)
     result.answer = answer_lines(cfg, result, settings)
     for line in result.answer:
         print(line, flush=True)
@@ -251,7 +140,10 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings) -
     outcomes, ranked = result.outcomes, result.ranked
     counts = collections.Counter(o.status for o in outcomes)
     twins = sum(1 for o in outcomes if o.same_as)
-    lines = [f"Search {cfg.search.name}: {len(outcomes)} candidates: {counts.get(OK, 0)} within the SLOs, "
+    judged = (f"{len(outcomes)} of {result.sampled_from} candidates (picked by Optuna's TPE sampler, seed "
+              f"{cfg.search.seed}; the best of those, not of the whole space)" if result.sampled_from
+              else f"{len(outcomes)} candidates")
+    lines = [f"Search {cfg.search.name}: {judged}: {counts.get(OK, 0)} within the SLOs, "
              f"{counts.get(OVER_SLO, 0)} over them at any load, {counts.get(PRUNED, 0)} could not win "
              f"(the cost model's ceiling below the best predicted), {counts.get(REJECTED, 0)} rejected; "
              f"{twins} the same engine as another; {sum(o.predictions for o in outcomes)} load points "

@@ -1,0 +1,162 @@
+"""Judging candidates: on a pool of worker processes (``search.workers``, default one per CPU; each
+keeps its own caches of model specs and kernel tables), each candidate screened (validated and bounded
+by the cost model's ceiling), then predicted best ceiling first, skipping those that cannot reach the
+best ``keep`` predicted so far (docs/search.md, "How a candidate is judged").
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+from analysis.diagnose import overrides_text
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.search.evaluate import OK, PRUNED, REJECTED, Outcome, Screened, Settings, evaluate, screen
+
+log = logging.getLogger("parasweep")
+
+RUNNERS_UP = 4  # shown after the best: the best 1 + RUNNERS_UP are always exact
+SCREEN_CHUNK = 16  # candidates a worker validates and bounds per job
+
+
+def _screen_some(args: tuple[ParasweepConf, list[dict[str, Any]], Settings]) -> list[Screened | Outcome]:
+    base, changes, settings = args
+    return [_guarded(change, screen, base, change, settings) for change in changes]
+
+
+def _evaluate_one(args: tuple[ParasweepConf, Screened, Settings]) -> Outcome:
+    base, screened, settings = args
+    return _guarded(screened.change, evaluate, base, screened, settings)
+
+
+def _guarded(change: dict[str, Any], fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as exc:  # a model failure costs this candidate, not the search
+        log.exception("could not predict candidate %s", overrides_text(change))
+        reason = f"prediction failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return Outcome(dict(change), REJECTED, reason=reason, category="prediction failed")
+
+
+class _Ranking:
+    """The best scores so far, to prune by: a candidate whose ceiling is below the ``keep``-th best
+    cannot enter the top ``keep``."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.scores: list[float] = []
+
+    def add(self, outcome: Outcome) -> None:
+        if outcome.status == OK and outcome.score is not None:
+            self.scores = sorted([*self.scores, outcome.score], reverse=True)[:self.keep]
+
+    @property
+    def bar(self) -> float:
+        return self.scores[-1] if len(self.scores) == self.keep else -math.inf
+
+
+def _pruned(s: Screened, bar: float, settings: Settings, keep: int) -> Outcome:
+    if s.ceiling == 0.0:
+        return Outcome(s.change, PRUNED, gpus=s.gpus, ceiling=0.0,
+                       reason="over the ITL bound at any load (the cost model's decode trip of one request "
+                              "alone exceeds it)")
+    return Outcome(s.change, PRUNED, gpus=s.gpus, ceiling=s.ceiling,
+                   reason=(f"{settings.objective} at most {s.ceiling:,.1f} at any load (the cost model's "
+                           f"ceiling), below the {keep} best predicted ({bar:,.1f} and up)"))
+
+
+def _twin(outcome: Outcome, s: Screened) -> Outcome:
+    """``outcome`` for ``s``, a candidate the simulated engine cannot tell from the one judged."""
+    return dataclasses.replace(outcome, change=s.change, predictions=0,
+                               same_as=overrides_text(outcome.change))
+
+
+class Judge:
+    """Judges batches of candidates on one pool of worker processes, with one ranking to prune by
+    across batches. Use as a context manager: its workers are forked on entry, before any progress
+    display starts its refresh thread (a fork never copies a lock that thread holds)."""
+
+    def __init__(self, cfg: ParasweepConf, settings: Settings, workers: int, keep: int) -> None:
+        self.cfg, self.settings, self.workers, self.keep = cfg, settings, workers, keep
+        self.ranking = _Ranking(keep)
+        self.pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Judge:
+        if self.workers > 1:
+            self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=self.workers)
+            self.pool.submit(int).result()  # forks every worker now (the fork start method forks all)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+    def judge(self, changes: list[dict[str, Any]], advance: Callable[[], None]) -> list[Outcome]:
+        """Every candidate's outcome, in the candidates' order: screened first (validated, bounded,
+        grouped with the candidates its engine cannot be told from), then predicted in order of
+        falling ceiling, skipping those whose ceiling is below the ``keep``-th best predicted so far.
+        ``advance`` is called once per candidate settled."""
+        cfg, settings, pool = self.cfg, self.settings, self.pool
+        outcomes: list[Outcome | None] = [None] * len(changes)
+        index = {id(change): i for i, change in enumerate(changes)}
+        chunks = [changes[i:i + SCREEN_CHUNK] for i in range(0, len(changes), SCREEN_CHUNK)]
+        results = ((f.result() for f in [pool.submit(_screen_some, (cfg, c, settings)) for c in chunks])
+                   if pool else (_screen_some((cfg, c, settings)) for c in chunks))
+        screened: list[Screened] = []
+        for chunk, result in zip(chunks, results, strict=True):
+            for change, item in zip(chunk, result, strict=True):
+                if isinstance(item, Screened):
+                    screened.append(dataclasses.replace(item, change=change))
+                else:
+                    outcomes[index[id(change)]] = item
+                    advance()
+        twins: dict[str, list[Screened]] = collections.defaultdict(list)
+        for s in screened:
+            twins[s.engine_key].append(s)
+        queue = collections.deque(sorted((group[0] for group in twins.values()), key=lambda s: -s.ceiling))
+        ranking = self.ranking
+
+        def settle(s: Screened, outcome: Outcome) -> None:
+            ranking.add(outcome)
+            for i, twin in enumerate(twins[s.engine_key]):
+                outcomes[index[id(twin.change)]] = outcome if i == 0 else _twin(outcome, twin)
+                advance()
+
+        running: dict[concurrent.futures.Future[Outcome], Screened] = {}
+        while queue or running:
+            while queue and len(running) < 2 * max(1, self.workers):
+                s = queue.popleft()
+                if s.ceiling < ranking.bar:  # and every one after it: the queue falls in ceiling
+                    for rest in (s, *queue):
+                        settle(rest, _pruned(rest, ranking.bar, settings, self.keep))
+                    queue.clear()
+                    break
+                if pool is None:
+                    settle(s, _evaluate_one((cfg, s, settings)))
+                else:
+                    running[pool.submit(_evaluate_one, (cfg, s, settings))] = s
+            if running:
+                done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in done:
+                    settle(running.pop(future), future.result())
+        return [o for o in outcomes if o is not None]
+
+
+def progress_bar(show: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[parasweep] predicting candidates"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), disable=not show, transient=True)
+
+
+def evaluate_all(cfg: ParasweepConf, changes: list[dict[str, Any]], settings: Settings,
+                 workers: int, keep: int = 1 + RUNNERS_UP, show_progress: bool = True) -> list[Outcome]:
+    """Every candidate's outcome, in the candidates' order (``Judge.judge``), with a progress bar."""
+    with Judge(cfg, settings, workers, keep) as judge, progress_bar(show_progress) as progress:
+        task = progress.add_task("candidates", total=len(changes))
+        return judge.judge(changes, lambda: progress.advance(task))
