@@ -225,6 +225,7 @@ def test_the_cost_models_ceiling_bounds_every_prediction(tmp_path: Path) -> None
 
 def test_pruning_keeps_the_exhaustive_top(tmp_path: Path) -> None:
     cfg = tiny(tmp_path, {"itl_p99_ms": 3.0})
+    cfg.search.max_concurrency = 24
     settings = check_settings(cfg)
     changes = list(candidates(parse_space(PRUNABLE)))
     every = evaluate_all(cfg, changes, settings, workers=1, keep=len(changes), show_progress=False)
@@ -249,6 +250,7 @@ def test_pruning_keeps_the_exhaustive_top(tmp_path: Path) -> None:
 def test_a_space_larger_than_max_candidates_is_sampled(tmp_path: Path) -> None:
     cfg = tiny(tmp_path, {"itl_p99_ms": 3.0})
     cfg.search.space, cfg.search.max_candidates, cfg.search.workers = PRUNABLE, 10, 2
+    cfg.search.max_concurrency = 24
     first = run_search(cfg, tmp_path / "a", show_progress=False)
     picked = [o.change for o in first.outcomes]
     assert len(picked) == 10 and len({str(c) for c in picked}) == 10  # ten distinct candidates
