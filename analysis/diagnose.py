@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vocab.findings import SEVERITIES, Finding
+from vocab.model import CLIP_MAX_NEW_TOKENS
 from vocab.records import ENGINE_FAILED, STOPPED_EARLY
 from vocab.telemetry import (
     KV_USAGE_MAX,
@@ -441,8 +442,6 @@ def gpu_underused(f: TrialFacts) -> list[Finding]:
         point=label, change=change, alternatives=alternatives)]
 
 
-# SGLang clips the decode tokens it reserves per request at this (CLIP_MAX_NEW_TOKENS)
-CLIP_MAX_NEW_TOKENS = 4096
 
 
 @dataclass(frozen=True)

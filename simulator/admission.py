@@ -13,8 +13,7 @@ from collections import deque
 from simulator.costs import prefill_shape
 from simulator.entities import Batch, PrefillItem, Request, Slot
 from simulator.sim_config import SimConfig
-
-CLIP_MAX_NEW_TOKENS = 4096  # SGLang's cap on the per-request decode reservation (CLIP_MAX_NEW_TOKENS)
+from vocab.model import CLIP_MAX_NEW_TOKENS
 
 
 class Admission:

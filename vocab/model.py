@@ -14,6 +14,9 @@ from typing import Any
 
 # What SGLang assumes when config.json names no context length (none of the keys below).
 DEFAULT_CONTEXT_LENGTH = 2048
+# SGLang reserves KV for at most this many of a request's decode tokens when it admits it (its
+# CLIP_MAX_NEW_TOKENS): the simulated engine's admission and the diagnosis's KV-pool arithmetic agree
+CLIP_MAX_NEW_TOKENS = 4096
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "max_seq_len",
                 "model_max_length")
 

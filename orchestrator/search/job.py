@@ -167,7 +167,8 @@ def measured_lines(cfg: ParasweepConf, measured: list[Measured], settings: Setti
     simulated = engines <= {"sim"}
     kind = ("on the simulated engine in real time (a stand-in, not a GPU)" if simulated
             else f"on {', '.join(sorted(engines))}")
-    lines = [f"Measured {kind}; beside each, the search's prediction of the same load point:"]
+    lines = [f"Measured {kind}; beside each number, the search's prediction of the same load point "
+             "(warm-up and measured requests as the trial ran them):"]
     for m in measured:
         head = f"  #{m.rank} {overrides_text(m.outcome.change)} [{m.status}]"
         if m.score is None:
@@ -175,13 +176,17 @@ def measured_lines(cfg: ParasweepConf, measured: list[Measured], settings: Setti
             continue
         c = m.concurrency or 0
         pred = m.predicted.get(c, {})
-        parts = [f"{settings.objective} predicted {m.outcome.score:,.1f} at concurrency "
-                 f"{m.outcome.concurrency}, measured {m.score:,.1f} at {c} "
-                 f"({_pct(m.score, m.outcome.score)})"]
+        pred_score = _score(pred.get("output_tok_s"), m.outcome.gpus) if settings.objective == \
+            "output_tok_s_per_gpu" else None
+        parts = [f"best load measured {c} (predicted {m.outcome.concurrency})",
+                 f"{settings.objective} measured {m.score:,.1f}"
+                 + (f", predicted {pred_score:,.1f} at the same point ({_pct(m.score, pred_score)})"
+                    if pred_score is not None else "")
+                 + f" (the search's own point: {m.outcome.score:,.1f})"]
         for metric in ("output_tok_s", *settings.slo):
             got = m.measured.get(c, {}).get(metric)
             if got is not None:
-                parts.append(f"{metric} {_num(pred.get(metric))} predicted, {_num(got)} measured")
+                parts.append(f"{metric} {_num(got)} measured, {_num(pred.get(metric))} predicted")
         lines.append(f"{head}: " + "; ".join(parts))
     scored = sorted((m for m in measured if m.score is not None), key=lambda m: -(m.score or 0.0))
     if scored:
@@ -209,7 +214,11 @@ def measured_lines(cfg: ParasweepConf, measured: list[Measured], settings: Setti
 def _pct(measured: float | None, predicted: float | None) -> str:
     if measured is None or not predicted:
         return "n/a"
-    return f"{100.0 * (measured / predicted - 1.0):+.0f}% against the prediction"
+    return f"measured {100.0 * (measured / predicted - 1.0):+.0f}%"
+
+
+def _score(tok_s: float | None, gpus: int) -> float | None:
+    return None if tok_s is None or not math.isfinite(tok_s) else tok_s / max(1, gpus)
 
 
 def _num(value: float | None) -> str:

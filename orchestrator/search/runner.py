@@ -37,6 +37,8 @@ from orchestrator.search.sampled import sampled_outcomes
 from orchestrator.search.space import candidates, parse_space, size
 
 PREDICTED = "predicted by the simulated engine in virtual time, not measured"
+# what the SLOs are judged on (evaluate.closed_point): a closed loop's opening burst is not its steady state
+STEADY = "each load's opening wave of simultaneous requests is warm-up, not judged"
 SHOWN = ("output_tok_s", "ttft_p99_ms", "itl_p99_ms", "tpot_p50_ms", "e2e_p99_ms")
 
 
@@ -93,7 +95,8 @@ def run_search(cfg: ParasweepConf, out_dir: Path, show_progress: bool = True,
            f"{total} candidates, of which Optuna's TPE sampler picks {budget} (seed {cfg.search.seed})")
     print(f"[parasweep] search {cfg.search.name}: {how} of {len(dims)} keys "
           f"({', '.join(d.key for d in dims)}), objective {settings.objective}, SLOs "
-          f"{_slo_text(settings) or 'none'}, on {workers} process(es); {PREDICTED}", flush=True)
+          f"{_slo_text(settings) or 'none'} judged in steady state ({STEADY}), on {workers} "
+          f"process(es); {PREDICTED}", flush=True)
     keep = max(keep, 1 + RUNNERS_UP)
     with Judge(cfg, settings, workers, keep) as judge, progress_bar(show_progress) as progress:
         task = progress.add_task("candidates", total=min(total, budget))
