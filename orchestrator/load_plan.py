@@ -21,7 +21,9 @@ def load_points(cfg: ParasweepConf) -> list[Any]:
     points = []
     for c in w.concurrency:
         n = w.requests_per_point or max(8, w.requests_per_concurrency * c)
-        points.append(LoadPoint(concurrency=c, num_requests=n, warmup_requests=w.warmup_requests))
+        warmup = (w.warmup_requests if w.warmup_per_concurrency is None
+                  else math.ceil(w.warmup_per_concurrency * c))
+        points.append(LoadPoint(concurrency=c, num_requests=n, warmup_requests=warmup))
     for r in w.rate:
         n = w.requests_per_point or max(8, math.ceil(w.requests_per_concurrency * r))
         points.append(LoadPoint(rate=float(r), num_requests=n, warmup_requests=w.warmup_requests,

@@ -46,6 +46,8 @@ CASES = [
      ["search.slo.ttft_p42_ms=9", "unknown metric", "ttft_p99_ms"]),
     ([*TINY, "search=tiny", "search.space=[]"],
      ["search.space=[]", "the space is empty"]),
+    ([*TINY, "workload.warmup_per_concurrency=-1"],
+     ["workload.warmup_per_concurrency=-1", "a number >= 0 of warm-up requests per stream, or null"]),
     ([*TINY, "search=tiny", "search.measure_top=-1"],
      ["search.measure_top=-1", "an integer >= 0 (0: predict only)"]),
     ([*TINY, "search=tiny", "search.slo.itl_p99_ms=0.5"],

@@ -198,6 +198,10 @@ def test_the_search_from_the_command_line(tmp_path: Path) -> None:
     measured = pd.read_csv(tmp_path / "out" / "search" / "measured.csv")
     assert set(measured["predicted_rank"]) == {1, 2} and measured["measured_output_tok_s"].notna().all()
     assert measured["predicted_output_tok_s"].notna().all()
+    # the calibration the search offers reads the measured trials from the search's run
+    from orchestrator.calibrate import read_run
+
+    assert len(read_run(search.info.run_id, f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")) == 2
     report = (tmp_path / "out" / "report.html").read_text()
     assert "<h2>Search</h2>" in report and "Pareto front" in report and "Measured candidates" in report
 

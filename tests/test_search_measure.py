@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from analysis.search_plots import frontier_table, pareto_front
-from orchestrator.search.evaluate import OK, Outcome, Settings
+from orchestrator.search.evaluate import OK, Outcome, Settings, closed_point
 from orchestrator.search.measure import (
     RUN_PY,
     Measured,
@@ -44,14 +44,25 @@ def test_a_measured_trial_is_run_py_with_the_search_overrides_and_the_candidate(
     assert argv[2:] == [
         "experiment=search-llama-70b-h100", "tracking.experiment=mine",
         "++tp.size=8", "++pp.micro_batch_size=null", "++server.extra_args.enable-mixed-chunk=true",
-        "workload.concurrency=[39,44,49]", "workload.rate=[]", "workload.warmup_requests=49",
+        "workload.concurrency=[39,44,49]", "workload.rate=[]", "workload.warmup_per_concurrency=1",
         "workload.requests_per_concurrency=2", "workload.requests_per_point=null", "search.name=null",
         "tracking.parent_run_id=abc123", "tracking.label='search #1 tp.size=8'",
         "hydra.run.dir=/o/measured/1"]
-    # the points it runs: two measured requests per stream after the opening wave of the highest load
+    # the points it runs are the search's own: two measured requests per stream after the opening wave
     points = trial_points([39, 44, 49])
     assert [(p.concurrency, p.num_requests, p.warmup_requests) for p in points.values()] == [
-        (39, 78, 49), (44, 88, 49), (49, 98, 49)]
+        (39, 78, 39), (44, 88, 44), (49, 98, 49)]
+    assert list(points.values()) == [closed_point(c) for c in (39, 44, 49)]
+
+
+def test_the_trials_load_plan_is_the_searchs_points() -> None:
+    from orchestrator.config.schema import ParasweepConf
+    from orchestrator.load_plan import load_points
+
+    cfg = ParasweepConf()
+    cfg.workload.concurrency, cfg.workload.warmup_per_concurrency = [3, 44], 1.0
+    cfg.workload.requests_per_concurrency = 2
+    assert load_points(cfg) == [closed_point(3), closed_point(44)]
 
 
 def _measured(score: float, loads: dict[int, dict[str, float]]) -> Measured:

@@ -104,6 +104,9 @@ class WorkloadConf:
     requests_per_point: int | None = None
     requests_per_concurrency: int = 4
     warmup_requests: int = 2
+    # closed loop: warm-up requests per stream instead (1: the opening wave of C simultaneous requests
+    # is warm-up, and with fixed lengths the measured requests then fill whole waves); null: the count
+    warmup_per_concurrency: float | None = None
     seed: int = 0
     # a request that receives nothing for this long fails as stalled (the point goes on)
     stall_timeout_s: float = 300.0

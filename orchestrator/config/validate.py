@@ -267,6 +267,9 @@ def _validate_workload(cfg: ParasweepConf) -> None:
     _positive("workload.requests_per_concurrency", w.requests_per_concurrency)
     if w.warmup_requests < 0:
         raise ConfigError("workload.warmup_requests", w.warmup_requests, "an integer >= 0")
+    if w.warmup_per_concurrency is not None and not (0 <= w.warmup_per_concurrency < math.inf):
+        raise ConfigError("workload.warmup_per_concurrency", w.warmup_per_concurrency,
+                          "a number >= 0 of warm-up requests per stream, or null")
     if not (math.isfinite(w.stall_timeout_s) and w.stall_timeout_s > 0):
         raise ConfigError("workload.stall_timeout_s", w.stall_timeout_s, "seconds > 0")
     if w.point_timeout_s is not None and not (math.isfinite(w.point_timeout_s) and w.point_timeout_s > 0):

@@ -5,7 +5,7 @@ closed-loop load at which it meets every SLO, and what does it score there.
   configured with it; a layout that cannot run is *rejected* with the first line of the reason (does
   not fit in memory, tp does not divide the heads, more GPUs than the node has, ...).
 * **Steady state.** Each load point C sends C warm-up requests first, the opening wave of C
-  simultaneous prefills, and judges only the 2·C (at least 16) requests after them, which arrive as
+  simultaneous prefills, and judges only the 2·C (at least 8) requests after them, which arrive as
   earlier ones finish. A closed loop's opening burst is a benchmark's artefact, not its steady state:
   on a 128-request point it can dominate the TTFT p99. Every number is the simulator's prediction in
   virtual time.
@@ -38,7 +38,7 @@ from workloads.metrics import STATS
 OBJECTIVES = ("output_tok_s_per_gpu", "goodput_req_s_per_gpu")
 # the latency statistics every load point reports (workloads/metrics.py), per-token ITL only
 SLO_METRICS = tuple(f"{lat}_{stat}_ms" for lat in ("ttft", "itl", "tpot", "e2e") for stat in STATS)
-MIN_MEASURED = 16  # measured requests of the smallest point
+MIN_MEASURED = 8  # measured requests of the smallest point (as a trial's load plan: load_plan.py)
 UNGUESSED_START = 8  # where the load search starts without a guess (highest_load)
 RESOLUTION = 8  # bisection stops within an eighth of the load
 

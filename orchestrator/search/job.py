@@ -51,8 +51,9 @@ def run_search_job(raw_cfg: Any) -> dict[str, Any]:
     out_dir = Path(hc.runtime.output_dir).resolve()
     settings = check_settings(cfg)
     result = run_search(cfg, out_dir, keep=max(cfg.search.measure_top, 1))
+    answer = result.folder / ANSWER_FILE
+    _write_answer(answer, result.answer)  # now: a search stopped while measuring keeps its answer so far
     run_id = _search_run(cfg, result, settings)
-    lines: list[str] = []
     if cfg.search.measure_top and run_id:
         top = result.ranked[:cfg.search.measure_top]
         print(f"[parasweep] measuring the best {len(top)} predicted, each at its predicted best load and one "
@@ -61,13 +62,15 @@ def run_search_job(raw_cfg: Any) -> dict[str, Any]:
                     for rank, o in enumerate(top, 1)]
         lines = measured_lines(cfg, measured, settings, run_id)
         _log_measured(cfg, run_id, measured, settings, result.folder)
-    answer = result.folder / ANSWER_FILE
-    answer.write_text("\n".join(["```", *result.answer, *lines, "```", ""]))
-    for line in lines:
-        print(line, flush=True)
-    if run_id:
+        for line in lines:
+            print(line, flush=True)
+        _write_answer(answer, [*result.answer, *lines])
         _tracker(cfg).log_artifact(run_id, answer, "search")
     return {"status": "ok", "run_id": run_id, "timings": {}}
+
+
+def _write_answer(path: Path, lines: list[str]) -> None:
+    path.write_text("\n".join(["```", *lines, "```", ""]))
 
 
 def _tracker(cfg: ParasweepConf) -> Any:
@@ -106,7 +109,8 @@ def _search_run(cfg: ParasweepConf, result: SearchResult, settings: Settings) ->
     keys = [d for d in result.table.columns if d in {k.split("=", 1)[0].lstrip("+") for k in s.space}]
     plots = pareto_plots(result.table, keys, result.folder, f"search {s.name}: each candidate at its "
                          "highest load within the SLOs", PREDICTED)
-    for path in [result.folder / "candidates.parquet", result.folder / "candidates.csv", *plots]:
+    for path in [result.folder / "candidates.parquet", result.folder / "candidates.csv",
+                 result.folder / ANSWER_FILE, *plots]:
         tracker.log_artifact(run_id, path, "search")
     return run_id
 
@@ -167,8 +171,7 @@ def measured_lines(cfg: ParasweepConf, measured: list[Measured], settings: Setti
     simulated = engines <= {"sim"}
     kind = ("on the simulated engine in real time (a stand-in, not a GPU)" if simulated
             else f"on {', '.join(sorted(engines))}")
-    lines = [f"Measured {kind}; beside each number, the search's prediction of the same load point "
-             "(warm-up and measured requests as the trial ran them):"]
+    lines = [f"Measured {kind}; beside each number, the search's prediction of the same load point:"]
     for m in measured:
         head = f"  #{m.rank} {overrides_text(m.outcome.change)} [{m.status}]"
         if m.score is None:
@@ -181,8 +184,7 @@ def measured_lines(cfg: ParasweepConf, measured: list[Measured], settings: Setti
         parts = [f"best load measured {c} (predicted {m.outcome.concurrency})",
                  f"{settings.objective} measured {m.score:,.1f}"
                  + (f", predicted {pred_score:,.1f} at the same point ({_pct(m.score, pred_score)})"
-                    if pred_score is not None else "")
-                 + f" (the search's own point: {m.outcome.score:,.1f})"]
+                    if pred_score is not None else "")]
         for metric in ("output_tok_s", *settings.slo):
             got = m.measured.get(c, {}).get(metric)
             if got is not None:

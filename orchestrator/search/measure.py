@@ -4,7 +4,7 @@ one bisection step either side, as a child of the search's run. Then the winner 
 predicted against measured for each, and whether the model's ranking held.
 
 A measured load holds when every SLO holds there, judged on the same steady state as the prediction
-(the trial's warm-up is the opening wave: as many requests as the highest of its loads). The measured
+(each point's warm-up is its opening wave of C requests, then two measured requests per stream). The measured
 score is the objective at the highest of the three loads that holds; a candidate none of whose loads
 holds scores nothing.
 """
@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from analysis.diagnose import overrides_text
-from orchestrator.search.evaluate import RESOLUTION, Outcome, Settings, worst_ratio
+from orchestrator.search.evaluate import RESOLUTION, Outcome, Settings, closed_point, worst_ratio
 from vocab.load import LoadPoint
 
 RUN_PY = Path(__file__).resolve().parents[2] / "run.py"
 STOP_GRACE_S = 60.0  # a trial asked to stop ends its engine and closes its run within this
 # keys the measured trial sets itself: a base override of any of them is dropped
-OWN_KEYS = ("search", "workload.concurrency", "workload.rate", "workload.warmup_requests",
+OWN_KEYS = ("search", "workload.concurrency", "workload.rate", "workload.warmup_per_concurrency",
             "workload.requests_per_concurrency", "workload.requests_per_point", "tracking.parent_run_id",
             "tracking.label", "hydra.run.dir", "predict", "dry_run")
 
@@ -65,9 +65,9 @@ def base_overrides(task: Sequence[str], change: dict[str, Any]) -> list[str]:
 
 
 def trial_points(loads: list[int]) -> dict[int, LoadPoint]:
-    """The load points the measured trial runs (``trial_argv``'s workload keys), by concurrency."""
-    return {c: LoadPoint(concurrency=c, num_requests=max(8, 2 * c), warmup_requests=max(loads))
-            for c in loads}
+    """The load points the measured trial runs (``trial_argv``'s workload keys), by concurrency: the
+    search's own points (``closed_point``), so predicted and measured are of the same thing."""
+    return {c: closed_point(c) for c in loads}
 
 
 def trial_argv(task: Sequence[str], change: dict[str, Any], loads: list[int], parent_run_id: str,
@@ -77,7 +77,7 @@ def trial_argv(task: Sequence[str], change: dict[str, Any], loads: list[int], pa
     changed = [f"++{overrides_text({k: v}).lstrip('+')}" for k, v in change.items()]
     return [sys.executable, str(RUN_PY), *base_overrides(task, change), *changed,
             f"workload.concurrency=[{','.join(str(c) for c in loads)}]", "workload.rate=[]",
-            f"workload.warmup_requests={max(loads)}", "workload.requests_per_concurrency=2",
+            "workload.warmup_per_concurrency=1", "workload.requests_per_concurrency=2",
             "workload.requests_per_point=null", "search.name=null",
             f"tracking.parent_run_id={parent_run_id}", f"tracking.label='{label}'",
             f"hydra.run.dir={run_dir}"]
