@@ -27,7 +27,7 @@ from orchestrator.search.measure import (
     trial_argv,
     trial_points,
 )
-from orchestrator.search.runner import PREDICTED, SearchResult, run_search, sglang_command
+from orchestrator.search.runner import PREDICTED, SearchResult, command_lines, run_search
 from vocab.metric_keys import point_metrics
 from vocab.status import Tag
 
@@ -195,9 +195,7 @@ def measured_lines(cfg: ParasweepConf, measured: list[Measured], settings: Setti
         win = scored[0]
         lines.append(f"Winner by measured numbers: #{win.rank} {overrides_text(win.outcome.change)} at "
                      f"concurrency {win.concurrency}: {settings.objective} {win.score:,.1f}")
-        lines.append(f"  python run.py {overrides_text(win.outcome.change)} "
-                     f"workload.concurrency=[{win.concurrency}]")
-        lines.append(f"  SGLang (0.5.23's flags): {sglang_command(cfg, win.outcome.change)}")
+        lines += command_lines(cfg, win.outcome.change, win.concurrency)
     else:
         lines.append("No measured candidate met the SLOs at the loads tried: the prediction's best stands "
                      "unconfirmed (the SLOs may sit at the model's edge, or the model is off here).")

@@ -155,9 +155,7 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings) -
         best = ranked[0]
         lines.append(f"Best: {overrides_text(best.change)} at concurrency {best.concurrency}: "
                      f"{_scored(best, settings)}; a higher load: {best.limit}")
-        lines.append(f"  python run.py {overrides_text(best.change)} "
-                     f"workload.concurrency=[{best.concurrency}]")
-        lines.append(f"  SGLang (0.5.23's flags): {sglang_command(cfg, best.change)}")
+        lines += command_lines(cfg, best.change, best.concurrency)
         for o in ranked[1:1 + RUNNERS_UP]:
             lines.append(f"Runner-up: {overrides_text(o.change)} at concurrency {o.concurrency}: "
                          f"{_scored(o, settings)}; {_lost(o, best)}")
@@ -167,6 +165,13 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings) -
         lines.append(f"Rejected {n}: {reason} (e.g. {overrides_text(example.change)})")
     lines.append(f"Every candidate: {result.folder / 'candidates.csv'}")
     return lines
+
+
+def command_lines(cfg: ParasweepConf, change: dict[str, Any], concurrency: int | None) -> list[str]:
+    """A candidate as a person runs it: its ``run.py`` command line at ``concurrency`` and its SGLang
+    launch command."""
+    return [f"  python run.py {overrides_text(change)} workload.concurrency=[{concurrency}]",
+            f"  SGLang (0.5.23's flags): {sglang_command(cfg, change)}"]
 
 
 def sglang_command(cfg: ParasweepConf, change: dict[str, Any]) -> str:
