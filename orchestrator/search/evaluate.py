@@ -6,7 +6,7 @@ closed-loop load at which it meets every SLO, and what does it score there.
   not fit in memory, tp does not divide the heads, more GPUs than the node has, ...).
 * **Steady state.** Each load point C sends C warm-up requests first, the opening wave of C
   simultaneous prefills, and judges only the 2·C (at least 8) requests after them, which arrive as
-  earlier ones finish. A closed loop's opening burst is a benchmark's artefact, not its steady state:
+  earlier ones finish: with fixed lengths, two whole waves of C. A closed loop's opening burst is a benchmark's artefact, not its steady state:
   on a 128-request point it can dominate the TTFT p99. Every number is the simulator's prediction in
   virtual time.
 * **Highest load within the SLOs.** From its starting load the concurrency steps up while every SLO
@@ -16,7 +16,7 @@ closed-loop load at which it meets every SLO, and what does it score there.
   *over the SLOs*, with how far it missed (the worst ratio of metric to bound).
 * **Where to start.** The cost model's ceiling (``simulator.estimates.decode_ceiling``) gives the load
   whose micro-batches keep their trip within the ITL bound; the search starts there and steps out by
-  growing strides until the SLOs flip, then bisects. Without an ITL bound it doubles from 1.
+  growing strides until the SLOs flip, then bisects. Without an ITL bound it doubles from 8.
 * **Score.** ``output_tok_s_per_gpu``: output tokens per second per GPU at that load (the default), or
   ``goodput_req_s_per_gpu``: requests per second per GPU that meet every per-request bound the SLOs
   imply (TTFT, TPOT, E2E; a percentile bound taken as a per-request one).
@@ -76,7 +76,7 @@ class Screened:
     change: dict[str, Any]
     gpus: int
     ceiling: float  # the objective no load can beat (inf where the lengths vary: no bound)
-    start: int | None  # where the load search starts (None: at 1)
+    start: int | None  # where the load search starts (None: doubling from UNGUESSED_START)
     engine_key: str  # equal for candidates the simulated engine cannot tell apart
 
 
@@ -191,7 +191,7 @@ def _ceiling(engine: Any, cfg: ParasweepConf, settings: Settings, gpus: int) -> 
     ceilings = [decode_ceiling(engine, w.input_len, settings.max_concurrency, bound, share)
                 for bound, share in bounds]
     # where the ITL bound holds the load down, start there; elsewhere another SLO (or none) decides,
-    # and doubling from 1 spends less than stepping down from the top
+    # and doubling from UNGUESSED_START spends less than stepping down from the top
     starts = [c.concurrency for c in ceilings if c.concurrency is not None]
     start = max(1, min(starts)) if starts and min(starts) < settings.max_concurrency else None
     if w.input_dist != "fixed" or w.output_dist != "fixed" or w.output_len < 2:
