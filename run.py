@@ -53,8 +53,6 @@ def _terminate(_signum: int, frame: Any) -> None:
 def main() -> int:
     # let configuration errors reach us as exceptions, so each becomes one readable line
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    # MLflow draws a progress bar for every artifact it downloads (the end of a sweep reads each trial's)
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     # A shell without job control (a batch script's `cmd &`) starts background commands with SIGINT
     # ignored, and Python keeps an inherited SIG_IGN: `kill -INT` to the driver would then do nothing,
     # and Ray's processes and the engines, started from here, would inherit the ignore. Ctrl-C's

@@ -16,7 +16,6 @@ import html
 import io
 import json
 import math
-import os
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -853,7 +852,6 @@ def _quiet_mlflow() -> None:
     import logging
     import warnings
 
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per artifact read
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="mlflow")

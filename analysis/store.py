@@ -97,6 +97,8 @@ def client(uri: str) -> Any:
         raise ValueError("client() needs an explicit tracking URI")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", HTTP_TIMEOUT_S)
+    # with tqdm installed (Optuna brings it) MLflow draws a progress bar for every artifact it reads
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)

@@ -115,6 +115,8 @@ _QUIET_RETRIES = _QuietRetries()
 
 def mlflow_client(uri: str) -> Any:  # imported lazily: `import mlflow` costs ~1 s
     os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+    # with tqdm installed (Optuna brings it) MLflow draws a progress bar for every artifact it reads
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if is_http(uri):
         for name, value in HTTP_CLIENT_ENV.items():
             os.environ.setdefault(name, value)

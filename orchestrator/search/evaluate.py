@@ -6,9 +6,9 @@ closed-loop load at which it meets every SLO, and what does it score there.
   not fit in memory, tp does not divide the heads, more GPUs than the node has, ...).
 * **Steady state.** Each load point C sends C warm-up requests first, the opening wave of C
   simultaneous prefills, and judges only the 2·C (at least 8) requests after them, which arrive as
-  earlier ones finish: with fixed lengths, two whole waves of C. A closed loop's opening burst is a benchmark's artefact, not its steady state:
-  on a 128-request point it can dominate the TTFT p99. Every number is the simulator's prediction in
-  virtual time.
+  earlier ones finish: with fixed lengths, two whole waves of C. A closed loop's opening burst is a
+  benchmark's artefact, not its steady state: on a 128-request point it can dominate the TTFT p99.
+  Every number is the simulator's prediction in virtual time.
 * **Highest load within the SLOs.** From its starting load the concurrency steps up while every SLO
   holds (or down until they do), by strides that double, then is bisected between the last point that
   held and the first that did not, to within an eighth. Feasibility is taken to fall with load
