@@ -227,6 +227,43 @@ def _ordered(runs: list[Any]) -> list[Any]:
     return sorted(runs, key=_num)
 
 
+def where_lines(runs: list[Any]) -> list[str]:
+    """Where the trials ran (host, Ray node, GPU UUIDs: the trial's ``parasweep.host`` and kin): one
+    line when all ran on one node, else one per trial; nothing for runs that recorded no place (a
+    prediction, a reused trial, a run from before these tags)."""
+    placed = [(run, run.data.tags.get(Tag.HOST)) for run in _ordered(runs)]
+    placed = [(run, host) for run, host in placed if host]
+    if not placed:
+        return []
+
+    def node(run: Any) -> str:
+        return short_node(run.data.tags.get(Tag.RAY_NODE_ID, "?"))
+
+    def gpus(run: Any) -> str:
+        return short_uuids(run.data.tags.get(Tag.GPU_UUIDS, "?"))
+
+    nodes = {(host, node(run)) for run, host in placed}
+    if len(nodes) == 1:
+        host, where = next(iter(nodes))
+        line = f"Where: every trial on host {host}, Ray node {where}"
+        uuids = {gpus(run) for run, _ in placed}
+        return [line + (f"; GPUs {uuids.pop()}" if len(uuids) == 1 else "")]
+    return [f"Where: {_trial_label(run)} on host {host}, Ray node {node(run)}; GPUs {gpus(run)}"
+            for run, host in placed]
+
+
+def short_node(node_id: str) -> str:
+    """A Ray node id (56 hex digits) as its first 8, as Ray's own tools abbreviate it."""
+    return node_id[:8] if len(node_id) > 16 and " " not in node_id else node_id
+
+
+def short_uuids(uuids: str) -> str:
+    """NVML UUIDs (``GPU-8f0c1d2e-...``) as ``GPU-8f0c1d2e``, comma-separated; a reason as it is."""
+    if not uuids.startswith("GPU-"):
+        return uuids
+    return ",".join(u.strip()[:12] for u in uuids.split(","))
+
+
 # -- 3. the findings ------------------------------------------------------------------------------
 
 def load_findings(run: Any, tracking_uri: str | None) -> list[dict[str, Any]]:
@@ -401,6 +438,8 @@ def print_sweep_summary(runs: list[Any], title: str, console: Console | None = N
     console.print(table, width=width)
     for note in notes:
         console.print(note, highlight=False, markup=False, width=width, style="dim")
+    for line in where_lines(runs):
+        console.print(line, highlight=False, markup=False, width=width, style="dim")
     for run in _ordered(runs):
         if run.data.tags.get(Tag.STATUS) not in ("ok", "skipped"):
             reason = (run.data.tags.get(Tag.ERROR) or "").strip().splitlines()

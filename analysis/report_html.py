@@ -233,6 +233,20 @@ def _search_html(page: SearchPage) -> str:
 SEARCH_HIDDEN = ("status", "reason", "category", "miss", "same_as")
 
 
+def _placement_html(trials: Sequence[Trial]) -> str:
+    """Where each trial ran: host, Ray node, the GPUs Ray gave it and their NVML UUIDs."""
+    placed = [t for t in trials if t.tags.get(Tag.HOST)]
+    if not placed:
+        return ""
+    rows = "".join(
+        f"<tr><td>{_e(t.label)}</td><td>{_e(t.tags.get(Tag.HOST))}</td>"
+        f"<td>{_e(t.tags.get(Tag.RAY_NODE_ID, ''))}</td>"
+        f"<td>{_e(t.tags.get(Tag.CUDA_VISIBLE_DEVICES, ''))}</td>"
+        f"<td>{_e(t.tags.get(Tag.GPU_UUIDS, ''))}</td></tr>" for t in placed)
+    return ("<h2>Where each trial ran</h2><table><tr><th>trial</th><th>host</th><th>Ray node</th>"
+            f"<th>CUDA_VISIBLE_DEVICES</th><th>GPU UUIDs (NVML)</th></tr>{rows}</table>")
+
+
 def _frame_html(frame: Any, caption: str) -> str:
     head = "".join(f"<th>{_e(c)}</th>" for c in frame.columns)
     rows = "".join("<tr>" + "".join(f"<td>{_e(_cell(v))}</td>" for v in row) + "</tr>"
@@ -827,7 +841,7 @@ def render(run: Any, parent: Any, trials: Sequence[Trial], uri: str, experiment:
     """The whole page as one string."""
     title = f"parasweep report: {run.info.run_name or run.info.run_id}"
     body = [_header(run, parent, trials), *([_search_html(search)] if search else []), _config(trials),
-            _results(trials), _plots_html(trials),
+            _results(trials), _placement_html(trials), _plots_html(trials),
             _findings_html(trials), _telemetry_html(trials), _where_html(run, trials, uri, experiment)]
     generated = datetime.now().strftime("%Y-%m-%d %H:%M")
     # the empty data: icon keeps a browser from asking a server for /favicon.ico

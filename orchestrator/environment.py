@@ -16,7 +16,9 @@ import contextlib
 import importlib.metadata
 import os
 import platform
+import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,7 @@ def fingerprint(engine_name: str, server_info: dict[str, Any], hardware_name: st
         "engine": engine_name,
         "engine_version": engine_version(server_info),
         **gpu_state(visible_devices),
+        **placement(engine_name, visible_devices),
         "os": _os_name(),
         "kernel": platform.release() or "unknown",
         "machine": platform.machine() or "unknown",
@@ -90,6 +93,52 @@ def _git(repo_dir: Path, *args: str) -> str | None:
     except (OSError, subprocess.SubprocessError):  # no git, or it hung (a network file system)
         return None
     return out.stdout if out.returncode == 0 else None
+
+
+def placement(engine_name: str, visible: str | None) -> dict[str, str]:
+    """Where the trial runs, to trace a result to its hardware: ``host`` (this machine's name),
+    ``ray_node_id`` (the Ray node of the worker, "none (...)" outside Ray: a single run, a prediction)
+    and ``gpu_uuids`` (NVML's UUID of each of the trial's GPUs, comma-separated; "none (...)" where no
+    physical GPU is used or NVML cannot tell)."""
+    if engine_name.startswith("sim"):
+        uuids = "none (the simulated engine uses no GPU)"
+    else:
+        found = gpu_uuids(visible)
+        uuids = ",".join(found) if isinstance(found, list) else found
+    return {"host": socket.gethostname() or "unknown", "ray_node_id": ray_node_id(), "gpu_uuids": uuids}
+
+
+def ray_node_id() -> str:
+    """The Ray node this process runs on, when Ray runs it (a sweep's trial in its worker)."""
+    ray = sys.modules.get("ray")  # never imported here just to ask: a single run has no Ray
+    if ray is None or not ray.is_initialized():
+        return "none (not run by Ray)"
+    try:
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception as exc:  # an answer about the record, not a reason to fail the trial
+        return f"unknown ({type(exc).__name__})"
+
+
+def gpu_uuids(visible: str | None) -> list[str] | str:
+    """NVML's UUID of each GPU ``visible`` (``CUDA_VISIBLE_DEVICES``) names, or why there are none."""
+    from orchestrator.telemetry.nvml_source import visible_devices
+
+    try:
+        import pynvml as nvml
+    except ImportError:
+        return "none (nvidia-ml-py is not installed)"
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        return f"none (NVML unavailable: {exc})"
+    try:
+        return [_text(nvml.nvmlDeviceGetUUID(m.handle)) if m.handle is not None else f"unknown ({m.label})"
+                for m in visible_devices(nvml, visible)] or "none (CUDA_VISIBLE_DEVICES lists no GPU)"
+    except nvml.NVMLError as exc:
+        return f"none (NVML failed: {exc})"
+    finally:
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
 
 
 def gpu_state(visible: str | None) -> dict[str, Any]:

@@ -42,6 +42,8 @@ OVERRIDES_FILE = "overrides.yaml"
 # energy needs NVML or the simulated engine's model).
 REPORT_METRICS = ("output_tok_s", "ttft_p99_ms", "itl_p99_ms")
 WIDTH = 100  # the report's lines fit a terminal and a log viewer
+# fingerprint keys that name a run's place, not its environment: every sweep starts a Ray node of its own
+NOT_ENVIRONMENT = {"ray_node_id"}
 # names in the one-line summary (the parasweep.reproduce_diff tag), so four metrics fit in one line
 SHORT_NAMES = {"output_tok_s": "tok/s", "ttft_p99_ms": "TTFT p99", "itl_p99_ms": "ITL p99",
                J_PER_TOKEN: "J/tok"}
@@ -284,7 +286,7 @@ def _env_lines(old: dict[str, Any] | None, new: dict[str, Any] | None) -> tuple[
     if new is None:
         return ["  environment: this run has no environment fingerprint"], "this run has no env.json"
     a, b = _flat(old), _flat(new)
-    keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and k not in NOT_ENVIRONMENT]
     if not keys:
         return ["  environment: no differences"], "env: no differences"
     lines = [f"  environment: {len(keys)} difference(s) (key: original -> new)"]

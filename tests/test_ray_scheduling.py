@@ -46,6 +46,15 @@ def test_trials_run_side_by_side_on_disjoint_gpus(tmp_path: Path) -> None:
     sets = {tp: set(cvd.split(",")) for tp, cvd in devices.items()}
     assert {tp: len(s) for tp, s in sets.items()} == {"1": 1, "2": 2, "4": 4}
     assert not (sets["1"] & sets["2"] or sets["1"] & sets["4"] or sets["2"] & sets["4"]), devices
+    # where each ran: this host, the one Ray node of the local cluster, no physical GPU (simulated)
+    import socket
+
+    nodes = {r.data.tags["parasweep.ray_node_id"] for r in runs}
+    assert len(nodes) == 1 and len(nodes.pop()) == 56  # Ray's hex node id
+    assert {r.data.tags["parasweep.host"] for r in runs} == {socket.gethostname()}
+    assert {r.data.tags["parasweep.gpu_uuids"] for r in runs} == {"none (the simulated engine uses no GPU)"}
+    assert f"Where: every trial on host {socket.gethostname()}, Ray node " in result.stdout
+    assert "Ran on host " in runs[0].data.tags["mlflow.note.content"]
     # they really overlapped in time: every trial was driving load before any finished it
     rows = _schedule(tmp_path)
     starts = [r["timings"]["load_start"] for r in rows]

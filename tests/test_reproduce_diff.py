@@ -32,7 +32,7 @@ from vocab.status import RunKind, Tag, TrialStatus
 EXPERIMENT = "reproduce"
 FIELDS = {"parasweep", "git_commit", "git_dirty", "python", "python_implementation", "packages", "engine",
           "engine_version", "gpus", "gpu_driver", "cuda_driver", "os", "kernel", "machine", "cpu",
-          "cpu_count", "hardware"}
+          "cpu_count", "hardware", "host", "ray_node_id", "gpu_uuids"}
 
 
 # -- the fingerprint -------------------------------------------------------------------------------

@@ -50,6 +50,10 @@ class Tag:
     GIT_SHA = "parasweep.git_sha"
     ERROR = "parasweep.error"
     CUDA_VISIBLE_DEVICES = "parasweep.cuda_visible_devices"
+    # where the trial ran, to trace a result to its hardware (orchestrator/environment.py: placement)
+    HOST = "parasweep.host"
+    RAY_NODE_ID = "parasweep.ray_node_id"
+    GPU_UUIDS = "parasweep.gpu_uuids"
     COMMAND = "parasweep.command"
     SWEEP_DIR = "parasweep.sweep_dir"
     STARTED = "parasweep.started"

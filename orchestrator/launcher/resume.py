@@ -29,7 +29,8 @@ def record_reuse(tracker: Tracker, parent_run_id: str | None, num: int, label: s
     tags = {k: v for k, v in previous.data.tags.items() if k.startswith("parasweep.")}
     tags.update({Tag.KIND: "trial", Tag.STATUS: "skipped", Tag.TRIAL_NUM: str(num),
                  Tag.OVERRIDES: label, Tag.REUSED_RUN_ID: previous.info.run_id})
-    for stale in (Tag.TRIAL_DIR, Tag.ERROR, Tag.CUDA_VISIBLE_DEVICES):
+    for stale in (Tag.TRIAL_DIR, Tag.ERROR, Tag.CUDA_VISIBLE_DEVICES, Tag.HOST, Tag.RAY_NODE_ID,
+                  Tag.GPU_UUIDS):
         tags.pop(stale, None)  # they describe the earlier run's execution, not this reuse
     run_id = tracker.start_run(f"#{num} {label} (reused)", tags=tags, parent_run_id=parent_run_id)
     tracker.log_params(run_id, previous.data.params)

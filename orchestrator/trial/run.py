@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.engines.base import engine_version
+from orchestrator.environment import placement
 from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
 from orchestrator.tracking import Tracker
@@ -80,14 +81,18 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
     progress = ProgressWriter(ident.trial_dir, ident.label)
     session: EngineSession = VirtualSession(plan) if virtual else LiveSession(plan, paths)
     results: list[PointResult] = []
+    where: dict[str, str] = {}  # where it ran (not for a prediction: it runs nowhere)
     status, error = TrialStatus.FAILED, ""
     view = (ProgressView([TrialSlot(ident.trial_dir, ident.label, "running")])
             if settings.own_progress_view and not virtual else contextlib.nullcontext())
     try:
         with view:
             if not virtual:
-                # the GPUs Ray assigned (LiveSession hands this environment to the engine)
-                recorder.set_tags({Tag.CUDA_VISIBLE_DEVICES: os.environ.get("CUDA_VISIBLE_DEVICES", "")})
+                # the GPUs Ray assigned (LiveSession hands this environment to the engine), and where
+                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+                where = placement(plan.engine_name, visible)
+                recorder.set_tags({Tag.CUDA_VISIBLE_DEVICES: visible or "", Tag.HOST: where["host"],
+                                   Tag.RAY_NODE_ID: where["ray_node_id"], Tag.GPU_UUIDS: where["gpu_uuids"]})
                 progress.update(status="starting engine", force=True)
             with session:
                 recorder.record_engine(session.server_info, session.resolved,
@@ -113,7 +118,7 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
         timings.update(session.timings)
         recorder.save_argv(session.argv)
         progress.update(status=status.value, message=error.splitlines()[0] if error else "", force=True)
-        _finish(plan, recorder, session, results, status, error, timings, settings.reproduces)
+        _finish(plan, recorder, session, results, status, error, timings, settings.reproduces, where)
     return TrialOutcome(status, run_id, timings, error)
 
 
@@ -141,7 +146,7 @@ def with_placement(samples: Any, layout: list[GpuPlace]) -> Any:
 
 def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, results: list[PointResult],
             status: TrialStatus, error: str, timings: dict[str, float],
-            reproduces: str | None = None) -> None:
+            reproduces: str | None = None, where: dict[str, str] | None = None) -> None:
     """Summarise, diagnose and log what exists; never raise. The order is explicit: each step takes
     what it needs as arguments (telemetry summaries feed the diagnosis, which feeds the description)."""
     from analysis.diagnose import diagnose
@@ -210,7 +215,8 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
              ("error", lambda: recorder.save_error(error)),
              ("timings", lambda: recorder.log_timings(trial_timings({**timings, "end": time.time()}))),
              ("description", lambda: recorder.describe(
-                 describe_trial(plan, status, results, extras, saved, gpu.source, gpu.note)))]
+                 describe_trial(plan, status, results, extras, saved, gpu.source, gpu.note,
+                                where or {})))]
     run_steps(steps, timings, plan.identity.label)
     try:
         recorder.close(status)

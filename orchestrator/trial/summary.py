@@ -64,8 +64,9 @@ def trial_timings(t: dict[str, float]) -> dict[str, float]:
 
 def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResult],
                    extras: dict[str, dict[str, float]], findings: list[dict[str, Any]],
-                   gpu_source: GpuSource, gpu_note: str) -> list[str]:
-    """The run's description (Markdown): the layout, a table of the points, the findings."""
+                   gpu_source: GpuSource, gpu_note: str, where: dict[str, str]) -> list[str]:
+    """The run's description (Markdown): the layout, where it ran (``where``: environment.placement;
+    empty for a prediction), a table of the points, the findings."""
     from orchestrator.trial.modelled import step_costs_label
     from vocab.telemetry import ENERGY_J, J_PER_TOKEN, POWER_FRAC_MEAN
 
@@ -75,6 +76,8 @@ def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResu
     lines = [f"**{status.value}**: {plan.identity.label}", "",
              f"{c.model.name} on {c.hardware.name}, tp={c.tp.size} pp={c.pp.size} ep={c.ep.size} "
              f"dp={c.dp.size}, async depth {c.pp.async_depth}, {source}", "",
+             *([f"Ran on host {where['host']}, Ray node {where['ray_node_id']}; "
+                f"GPUs: {where['gpu_uuids']}", ""] if where else []),
              f"GPU telemetry: {gpu_source.describe()} ({gpu_note})", "",
              f"Step costs of the simulator's numbers and predictions: {step_costs_label(c)}", ""]
     if results:
