@@ -108,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1)
     a("--ep-size", "--expert-parallel-size", "--ep", dest="ep_size", type=int, default=1)
     a("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    # across nodes: SGLang starts one process per node; the simulated engine's rank 0 stands for all
+    a("--nnodes", dest="nnodes", type=int, default=1)
+    a("--node-rank", dest="node_rank", type=int, default=0)
+    a("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", default=None)
     a("--pp-async-batch-depth", type=int, default=0)
     a("--pp-max-micro-batch-size", type=int, default=None)
     a("--moe-a2a-backend", default="none")

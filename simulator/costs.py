@@ -160,6 +160,18 @@ class CostModel:
         self._bw = hw.mem_bw_gbs * 1e9
         self._peak = hw.peak_tflops_bf16 * 1e12
         self._link = hw.link_bw_gbs * 1e9 * self.p.eta_link
+        # Across nodes (hw.nodes > 1): ranks fill nodes in order, tp fastest, so stage s sits on node
+        # s*tp // num_gpus. A TP (or EP) group wider than a node crosses the network in every
+        # collective; a stage boundary between nodes sends its hop over it. docs/simulator.md, "Across nodes".
+        per_node = max(1, hw.num_gpus)
+        spans = hw.nodes > 1
+        self._inter_link = hw.internode_bw_gbs * 1e9 * self.p.eta_link
+        self._inter_latency = hw.internode_latency_us * 1e-6
+        self._tp_inter = spans and tp > per_node
+        self._ep_inter = spans and par.ep > per_node
+        stage_node = [s * tp // per_node for s in range(par.pp)]
+        self._hop_inter = [spans and stage_node[s] != stage_node[s + 1] for s in range(par.pp - 1)]
+        self._return_inter = spans and stage_node[0] != stage_node[-1]
         # GQA KV is sharded by kv heads (replicated when kv_heads < tp); MLA's latent cache is the same
         # on every TP rank.
         kv_shard = 1 if spec.attention == "mla" else min(tp, spec.num_kv_heads)
@@ -258,7 +270,8 @@ class CostModel:
                 "eager": float(eager), "total": total}
 
     def comm_time(self, stage: int, shape: BatchShape) -> float:
-        if self.source is not None:
+        # measured collective tables are of one node: a group across nodes is priced by the network
+        if self.source is not None and not (self._tp_inter or self._ep_inter):
             return self.source.comm_time(stage, shape, self.uses_cuda_graph(shape))
         return self.roofline_comm_time(stage, shape)
 
@@ -281,15 +294,24 @@ class CostModel:
     # -- roofline collectives, one at a time (the measured source's fallback too) ------------------------
 
     def allreduce_time(self, tokens: int) -> float:
-        """One TP all-reduce of ``tokens`` hidden states (ring, alpha-beta)."""
+        """One TP all-reduce of ``tokens`` hidden states (ring, alpha-beta). A TP group wider than a
+        node runs at the network's bandwidth per GPU, every ring crossing it, with its latency added."""
         tp = self.par.tp
         act = tokens * self.spec.hidden * BF16_BYTES
+        if self._tp_inter:
+            return ((self.hw.allreduce_latency_us * 1e-6 + self._inter_latency)
+                    + 2.0 * (tp - 1) / tp * act / self._inter_link)
         return self.hw.allreduce_latency_us * 1e-6 + 2.0 * (tp - 1) / tp * act / self._link
 
     def a2a_time(self, tokens: int) -> float:
         """One all-to-all MoE dispatch (or combine) of the k routed copies of ``tokens`` hidden states."""
         ep = self.par.ep
         act = tokens * self.spec.hidden * BF16_BYTES
+        if self._ep_inter:  # the copies bound for other nodes' ranks cross the network, the rest NVLink
+            per_node = self.hw.num_gpus
+            inter = act * self.spec.top_k * (ep - per_node) / ep / self._inter_link
+            intra = act * self.spec.top_k * (per_node - 1) / ep / self._link
+            return self.hw.allreduce_latency_us * 1e-6 + self._inter_latency + max(inter, intra)
         return self.hw.allreduce_latency_us * 1e-6 + act * self.spec.top_k * (ep - 1) / ep / self._link
 
     def logits_gather_time(self, seqs: int) -> float:
@@ -306,16 +328,25 @@ class CostModel:
             return self.hw.graph_launch_us * 1e-6
         return self.stages[stage].kernels * (self.p.host_op_us + self.hw.kernel_launch_us) * 1e-6
 
-    def hop_time(self, shape: BatchShape) -> float:
-        """Stage k -> k+1: hidden states and residual of every new token, point to point."""
+    def hop_time(self, shape: BatchShape, boundary: int = 0) -> float:
+        """Stage ``boundary`` -> ``boundary`` + 1: hidden states and residual of every new token, point
+        to point; over the network when the two stages sit on different nodes."""
         nbytes = 2 * shape.tokens * self.spec.hidden * BF16_BYTES
+        if self._hop_inter and self._hop_inter[boundary]:
+            return self.hw.link_latency_us * 1e-6 + self._inter_latency + nbytes / self._inter_link
         return self.hw.link_latency_us * 1e-6 + nbytes / (self.hw.link_bw_gbs * 1e9 * self.p.eta_link)
 
+    def hop_times(self, shape: BatchShape) -> list[float]:
+        """Every stage boundary's hop, in order (empty without PP)."""
+        return [self.hop_time(shape, b) for b in range(self.par.pp - 1)]
+
     def return_time(self) -> float:
-        """Last stage -> stage 0: sampled token ids, via the CPU group (pp>1 only)."""
+        """Last stage -> stage 0: sampled token ids, via the CPU group (pp>1 only); across the network
+        when the pipeline spans nodes."""
         if self.par.pp == 1:
             return 0.0
-        return (self.hw.link_latency_us + self.p.pp_return_host_us) * 1e-6
+        return (self.hw.link_latency_us + self.p.pp_return_host_us) * 1e-6 + (
+            self._inter_latency if self._return_inter else 0.0)
 
     def sched_time(self, num_reqs: int) -> float:
         """Host time of one scheduler iteration for a batch of ``num_reqs`` requests."""
@@ -331,7 +362,7 @@ class CostModel:
         if overlap and self.par.pp == 1:
             return max(self.stage_time(0, shape), self.sched_time(shape.seqs) + self.host_time(0, shape))
         t = sum(self.stage_time(s, shape) for s in range(self.par.pp))
-        t += (self.par.pp - 1) * self.hop_time(shape) + self.return_time()
+        t += sum(self.hop_times(shape)) + self.return_time()
         return t + self.sched_time(shape.seqs)
 
 

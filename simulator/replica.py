@@ -183,7 +183,7 @@ class ReplicaModel:
         else:
             t = now + host
             self.cpu_free = t + dispatch
-        hop = cost.hop_time(shape) if self.pp > 1 else 0.0
+        hops = cost.hop_times(shape)
         gpu_free = self.gpu_free
         last = self.pp - 1
         for s in range(self.pp):
@@ -191,7 +191,7 @@ class ReplicaModel:
             end = start + cost.stage_time(s, shape)
             gpu_free[s] = end
             self.busy[s].add(start, end)
-            t = end + hop if s < last else end
+            t = end + hops[s] if s < last else end
         slot.in_flight = batch
         self.in_flight += 1
         if self.in_flight > self.peak_in_flight:

@@ -142,9 +142,24 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         )
         ep = tp
     world = tp * pp * dp
-    if world > hw.num_gpus:
+    nnodes = args.nnodes
+    if nnodes < 1 or nnodes > hw.nodes:
+        raise FlagError(f"nnodes ({nnodes}) must be between 1 and the {hw.nodes} node(s) of {hw.name}")
+    if args.node_rank != 0:  # one process stands for every node (docs/simulator.md, "Across nodes")
+        raise FlagError(f"node_rank {args.node_rank}: the simulated engine's rank 0 stands for all "
+                        f"{nnodes} nodes; start rank 0 only")
+    if nnodes > 1 and not args.dist_init_addr:
+        raise FlagError("--dist-init-addr is required with --nnodes > 1 (rank 0's HOST:PORT)")
+    # SGLang 0.5.23's own checks (validation_hook.py)
+    if (tp * pp) % nnodes:
+        raise FlagError("tp_size must be divisible by number of nodes")
+    if dp > 1 and nnodes != 1:
+        raise FlagError("multi-node data-parallel replicas are not supported; use attention DP "
+                        "(--attn-dp-size) across nodes")
+    if world > hw.num_gpus * nnodes:
         raise FlagError(
-            f"world size tp*pp*dp = {tp}*{pp}*{dp} = {world} exceeds the {hw.num_gpus} GPUs of {hw.name}"
+            f"world size tp*pp*dp = {tp}*{pp}*{dp} = {world} exceeds the {hw.num_gpus * nnodes} GPUs of "
+            f"{hw.name}" + (f" ({nnodes} nodes)" if nnodes > 1 else "")
         )
     if spec.context_length > spec.max_context_length:
         raise FlagError(

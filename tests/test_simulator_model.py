@@ -28,7 +28,7 @@ from workloads import LoadPoint, RequestSpec
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "models"
-HW_NAMES = ["rtx-pro-6000-pcie-x8", "h200-nvlink-x8", "h100-sxm-x8"]
+HW_NAMES = ["rtx-pro-6000-pcie-x8", "h200-nvlink-x8", "h100-sxm-x8", "h100-sxm-x8-2nodes-ib"]
 
 
 def _cfg(*args: str):

@@ -1,4 +1,5 @@
-"""Hardware profiles: one node of identical GPUs, as the simulator and the validator see it.
+"""Hardware profiles: a node of identical GPUs, or a cluster of such nodes joined by a network, as the
+simulator and the validator see it.
 
 The YAML files live in ``conf/hardware/<name>.yaml`` (a Hydra config group, shipped as package data);
 the simulated engine reads the same files (``python -m simulator --sim-hardware <name>``), or a profile
@@ -37,6 +38,15 @@ class HardwareConf:
     source: str = ""  # where the numbers come from (datasheets, measurements), with URLs
     # the measured kernel tables of this GPU (an aiconfigurator-core system, e.g. "h100_sxm"); null: none
     kernel_tables: str | None = None
+    # a cluster: this many such nodes, joined by a network of this bandwidth per GPU per direction
+    # (400 Gb/s InfiniBand or RoCE per GPU = 50 GB/s) and this one-message latency
+    nodes: int = 1
+    internode_bw_gbs: float = 0.0
+    internode_latency_us: float = 0.0
+
+    @property
+    def cluster_gpus(self) -> int:
+        return self.num_gpus * self.nodes
 
 
 class HardwareError(ValueError):
@@ -75,4 +85,9 @@ def load_hardware(name_or_path: str) -> HardwareConf:
         raise HardwareError(f"{path}: interconnect must be 'pcie' or 'nvlink', got {hw.interconnect!r}")
     if hw.num_gpus < 1:
         raise HardwareError(f"{path}: num_gpus must be >= 1")
+    if hw.nodes < 1:
+        raise HardwareError(f"{path}: nodes must be >= 1")
+    if hw.nodes > 1 and (hw.internode_bw_gbs <= 0 or hw.internode_latency_us <= 0):
+        raise HardwareError(f"{path}: a cluster of {hw.nodes} nodes needs internode_bw_gbs and "
+                            "internode_latency_us > 0")
     return hw

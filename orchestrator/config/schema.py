@@ -182,6 +182,12 @@ class TrackingConf:
     engine_reason: str | None = None  # why the trial runs on its engine (engine=auto's choice, ...)
 
 
+def trial_nodes(cfg: ParasweepConf) -> int:
+    """The nodes a trial spans: its world size over the GPUs of one node of its hardware profile."""
+    world = cfg.tp.size * cfg.pp.size * cfg.dp.size
+    return max(1, -(-world // max(1, cfg.hardware.num_gpus)))
+
+
 def joins_cluster(address: str | None) -> bool:
     """Whether ``ray.address`` names a cluster to join ("auto", host:port); null, "" and "local" all
     mean the sweep's own local Ray instance."""

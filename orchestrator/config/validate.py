@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.lengths import length_bounds
 from orchestrator.config.model_info import model_info
-from orchestrator.config.schema import ParasweepConf, SimFaultConf, joins_cluster
+from orchestrator.config.schema import ParasweepConf, SimFaultConf, joins_cluster, trial_nodes
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import local_gpu_count, sglang_installed
 from vocab.load import LengthDist
@@ -56,8 +56,11 @@ def resolve_engine_reason(cfg: ParasweepConf) -> tuple[str, str]:
 
 def available_gpus(cfg: ParasweepConf, engine: str) -> tuple[int, str]:
     """GPUs a trial may use, and where that number comes from (for the error message)."""
-    if engine == "sim":
-        return cfg.hardware.num_gpus, f"hardware {cfg.hardware.name} has {cfg.hardware.num_gpus} GPUs"
+    hw = cfg.hardware
+    if engine == "sim" or (hw.nodes > 1 and (cfg.predict or cfg.dry_run)):
+        if hw.nodes > 1:  # a cluster profile: its nodes together
+            return hw.cluster_gpus, f"hardware {hw.name} is {hw.nodes} nodes of {hw.num_gpus} GPUs"
+        return hw.num_gpus, f"hardware {hw.name} has {hw.num_gpus} GPUs"
     if cfg.ray.num_gpus is not None:
         return cfg.ray.num_gpus, f"ray.num_gpus declares {cfg.ray.num_gpus} GPUs"
     if joins_cluster(cfg.ray.address):
@@ -72,6 +75,25 @@ MAX_GPU_HZ = 50.0
 
 def world_size(cfg: ParasweepConf) -> int:
     return cfg.tp.size * cfg.pp.size * cfg.dp.size
+
+
+def _validate_across_nodes(cfg: ParasweepConf, ws: int) -> None:
+    """A trial wider than one node of its hardware profile: whole nodes, one model replica (SGLang
+    0.5.23 refuses data-parallel replicas across nodes), and for now predicted or planned only."""
+    per_node, nodes = cfg.hardware.num_gpus, trial_nodes(cfg)
+    if nodes == 1:
+        return
+    if ws % per_node:
+        raise ConfigError("tp.size*pp.size*dp.size", ws,
+                          f"a multiple of {per_node} (whole nodes of hardware {cfg.hardware.name})",
+                          why=f"a trial across {nodes} nodes takes whole nodes")
+    if cfg.dp.size > 1:
+        raise ConfigError("dp.size", cfg.dp.size, "1 for a trial across nodes",
+                          why="SGLang refuses data-parallel replicas across nodes (attention DP instead)")
+    if not (cfg.predict or cfg.dry_run):
+        raise ConfigError("tp.size*pp.size*dp.size", ws, f"at most {per_node} GPUs (one node) for a "
+                          "measured trial, or predict=true / dry_run=true across nodes",
+                          why=f"spans {nodes} nodes, and launching one engine per node is not built yet")
 
 
 def _positive(key: str, value: Any, allow_none: bool = False) -> None:
@@ -112,8 +134,11 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
     gpus, where = available_gpus(cfg, engine)
     ws = world_size(cfg)
     if ws > gpus:
+        fits = "the cluster" if cfg.hardware.nodes > 1 else "a node"
         raise ConfigError("tp.size*pp.size*dp.size", ws, f"at most {gpus} ({where})",
-                          why=f"world size {cfg.tp.size}x{cfg.pp.size}x{cfg.dp.size} needs {ws} GPUs")
+                          why=f"world size {cfg.tp.size}x{cfg.pp.size}x{cfg.dp.size} needs {ws} GPUs: "
+                              f"does not fit {fits}")
+    _validate_across_nodes(cfg, ws)
 
     model = model_info(cfg.model.path)
     if cfg.pp.size > model.num_layers:

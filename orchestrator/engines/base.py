@@ -12,13 +12,15 @@ from orchestrator.engines.sglang_compat.command import HOST, decode_log_interval
 __all__ = ["HOST", "Engine", "decode_log_interval", "sglang_flags"]
 
 
-def sglang_flags(cfg: ParasweepConf, port: int, target: SGLangTarget | None = None) -> list[str]:
-    """SGLang launch flags for this trial, spelt for ``target``'s version and checked against its flag
-    set (a one-line ConfigError names the key otherwise). Without a target: SGLang 0.5.23's spellings,
-    unchecked (the simulated engine, which reports unknown flags itself when it starts)."""
+def sglang_flags(cfg: ParasweepConf, port: int, target: SGLangTarget | None = None,
+                 node_rank: int = 0) -> list[str]:
+    """SGLang launch flags for this trial (on node ``node_rank`` of a trial across nodes), spelt for
+    ``target``'s version and checked against its flag set (a one-line ConfigError names the key
+    otherwise). Without a target: SGLang 0.5.23's spellings, unchecked (the simulated engine, which
+    reports unknown flags itself when it starts)."""
     if target is None:
-        return args_to_argv(build_args(cfg, port))
-    args = build_args(cfg, port, target.version, target.flags)
+        return args_to_argv(build_args(cfg, port, node_rank=node_rank))
+    args = build_args(cfg, port, target.version, target.flags, node_rank)
     return args_to_argv(check_args(args, target.flags, target.version))
 
 
@@ -30,7 +32,8 @@ class Engine:
     def python(self, cfg: ParasweepConf) -> str:
         return cfg.engine.python or sys.executable
 
-    def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path) -> list[str]:
+    def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path, node_rank: int = 0) -> list[str]:
+        """The command that starts the server (on node ``node_rank`` of a trial across nodes)."""
         raise NotImplementedError
 
     def prepare(self, cfg: ParasweepConf, trial_dir: Path) -> None:

@@ -17,9 +17,10 @@ class SGLangEngine(Engine):
         version under ~/.cache/parasweep), or the newest recorded version where none is installed."""
         return resolve_target(self.python(cfg))
 
-    def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path) -> list[str]:
+    def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path, node_rank: int = 0) -> list[str]:
         # checked against the target's flag set: a flag it does not know fails here, not on the GPU node
-        return [self.python(cfg), "-m", "sglang.launch_server", *sglang_flags(cfg, port, self.target(cfg))]
+        return [self.python(cfg), "-m", "sglang.launch_server",
+                *sglang_flags(cfg, port, self.target(cfg), node_rank)]
 
     def plan_notes(self, cfg: ParasweepConf) -> list[str]:
         return [self.target(cfg).describe()]

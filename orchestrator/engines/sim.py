@@ -82,13 +82,15 @@ class SimEngine(Engine):
     def model_copy(trial_dir: Path) -> Path:
         return trial_dir / "engine" / "model"
 
-    def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path) -> list[str]:
-        return [self.python(cfg), "-m", "simulator", *self.simulator_flags(cfg, port, trial_dir)]
+    def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path, node_rank: int = 0) -> list[str]:
+        # across nodes, rank 0 stands for every node: the other ranks' command lines are SGLang's own
+        return [self.python(cfg), "-m", "simulator", *self.simulator_flags(cfg, port, trial_dir, node_rank)]
 
-    def simulator_flags(self, cfg: ParasweepConf, port: int, trial_dir: Path) -> list[str]:
+    def simulator_flags(self, cfg: ParasweepConf, port: int, trial_dir: Path,
+                        node_rank: int = 0) -> list[str]:
         """The simulator's command line without the interpreter: what the live server and the
         virtual-time prediction both parse."""
-        flags = sglang_flags(cfg, port)
+        flags = sglang_flags(cfg, port, node_rank=node_rank)
         if _override_args(cfg):
             # the simulator has no --json-model-override-args: it reads a config.json with the
             # overrides already applied (written by prepare), so it models the same shrunk model

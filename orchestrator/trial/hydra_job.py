@@ -16,6 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from orchestrator.config.schema import trial_nodes
 from orchestrator.config.validate import typed_config
 from orchestrator.progress import DRIVER_RENDERS_PROGRESS_ENV
 from orchestrator.redact import redact_argv
@@ -52,7 +53,11 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
     if cfg.dry_run:
         from orchestrator.process.server import free_port
 
-        for line in plan_lines(plan, redact_argv(plan.argv(free_port()))):
+        port = free_port()
+        # SGLang across nodes: one process per node; the simulated engine's rank 0 stands for all
+        nodes = trial_nodes(cfg) if engine_name == "sglang" else 1
+        argvs = [redact_argv(plan.argv(port, rank)) for rank in range(nodes)]
+        for line in plan_lines(plan, argvs):
             print(line, flush=True)
         return {"status": TrialStatus.SKIPPED.value, "run_id": None, "timings": {}}
 

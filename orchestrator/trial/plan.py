@@ -85,8 +85,8 @@ class TrialPlan:
     def world_size(self) -> int:
         return world_size(self.cfg)
 
-    def argv(self, port: int) -> list[str]:
-        return self.engine.argv(self.cfg, port, self.identity.trial_dir)
+    def argv(self, port: int, node_rank: int = 0) -> list[str]:
+        return self.engine.argv(self.cfg, port, self.identity.trial_dir, node_rank)
 
 
 def make_plan(cfg: ParasweepConf, engine_name: str, identity: TrialIdentity) -> TrialPlan:
@@ -97,13 +97,16 @@ def make_plan(cfg: ParasweepConf, engine_name: str, identity: TrialIdentity) -> 
                      config_hash(resolved, engine.version(cfg)))
 
 
-def plan_lines(plan: TrialPlan, argv: list[str]) -> list[str]:
+def plan_lines(plan: TrialPlan, argvs: list[list[str]]) -> list[str]:
     """What a dry run prints for one trial: the layout on one line, the exact command on its own line
-    (``argv: <JSON list>``), then what the command was checked against."""
+    (``argv: <JSON list>``; across nodes one per node, ``argv[node N]: ...``, rank 0 serving HTTP),
+    then what the commands were checked against."""
     cfg, ident = plan.cfg, plan.identity
     gpus = world_size(cfg)
+    nodes = f" nodes={len(argvs)}" if len(argvs) > 1 else ""
+    commands = (["argv: " + json.dumps(argvs[0])] if len(argvs) == 1 else
+                [f"argv[node {rank}]: " + json.dumps(argv) for rank, argv in enumerate(argvs)])
     return [f"trial {ident.num} [{ident.label}]: engine={plan.engine_name} model={cfg.model.name} "
             f"hardware={cfg.hardware.name} tp={cfg.tp.size} pp={cfg.pp.size} ep={cfg.ep.size} "
-            f"dp={cfg.dp.size} world_size={gpus} GPUs={gpus}",
-            "argv: " + json.dumps(argv),
-            *plan.engine.plan_notes(cfg)]
+            f"dp={cfg.dp.size} world_size={gpus} GPUs={gpus}{nodes}",
+            *commands, *plan.engine.plan_notes(cfg)]

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.schema import ParasweepConf, trial_nodes
 from orchestrator.engines.sglang_compat.versions import (
     NEWEST_KNOWN,
     RENAMES,
@@ -22,6 +22,10 @@ from orchestrator.engines.sglang_compat.versions import (
 )
 from orchestrator.errors import ConfigError
 from vocab.assets import model_dir
+
+# rank 0's host in the --dist-init-addr of a trial across nodes, as planned on this machine (a dry run,
+# a prediction: the simulated engine's rank 0 stands for every node); on a cluster, rank 0's node
+DIST_INIT_HOST = "127.0.0.1"
 
 HOST = "127.0.0.1"  # servers are never exposed beyond this machine by default
 
@@ -147,8 +151,14 @@ def _extra(args: list[Arg], cfg: ParasweepConf, version: str, flags: FlagSet | N
         args.append(Arg(flag, [] if value is True else _values(value), key, value))
 
 
+def dist_init_addr(port: int, host: str = DIST_INIT_HOST) -> str:
+    """Rank 0's address for the other nodes to join (SGLang's ``--dist-init-addr HOST:PORT``): a port
+    next to the server's."""
+    return f"{host}:{port + 1}"
+
+
 def build_args(cfg: ParasweepConf, port: int, version: str = NEWEST_KNOWN,
-               flags: FlagSet | None = None) -> list[Arg]:
+               flags: FlagSet | None = None, node_rank: int = 0) -> list[Arg]:
     """The flags for this trial on SGLang ``version``: full names only (SGLang accepts unique prefixes,
     and `--pp` is ambiguous since 0.5.7), defaults left to the engine unless the config sets them."""
     m, s = cfg.model, cfg.server
@@ -193,6 +203,11 @@ def build_args(cfg: ParasweepConf, port: int, version: str = NEWEST_KNOWN,
         Arg("--host", [HOST], "server.extra_args.host", HOST),
         Arg("--port", [str(port)], "(chosen by parasweep)", port),
     ]
+    nodes = trial_nodes(cfg)
+    if nodes > 1:  # one process per node; rank 0 serves HTTP and the others join it
+        args += [Arg("--nnodes", [str(nodes)], "(world size over hardware.num_gpus)", nodes),
+                 Arg("--node-rank", [str(node_rank)], "(the node's place)", node_rank),
+                 Arg("--dist-init-addr", [dist_init_addr(port)], "(rank 0's address)", dist_init_addr(port))]
     refuse_what_sglang_refuses(cfg)
     _extra(args, cfg, version, flags)
     return _dedupe_host(args)

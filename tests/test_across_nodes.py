@@ -1,0 +1,124 @@
+"""Trials wider than one node, as far as they are built: a hardware profile that describes a cluster,
+validation that tells "does not fit a node" from "does not fit the cluster", one SGLang argv per node
+valid for 0.5.23 (rank 0 serving), and a cost model that charges the network where a TP group or a
+pipeline boundary crosses it (nothing launched: the simulated engine's model and argv only)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config.schema import ParasweepConf, trial_nodes
+from orchestrator.config.validate import validate
+from orchestrator.engines.base import sglang_flags
+from orchestrator.engines.sglang_compat import SGLangTarget, recorded_flag_set
+from orchestrator.errors import ConfigError
+from simulator.cli import build_parser
+from simulator.costs import decode_shape
+from simulator.estimates import decode_step
+from simulator.resolve import FlagError, resolve
+from vocab.assets import model_dir
+from vocab.hardware import load_hardware
+
+CLUSTER = "h100-sxm-x8-2nodes-ib"
+T0523 = SGLangTarget("0.5.23", recorded_flag_set("0.5.23"), True, "python")
+
+
+def kimi(tp: int, pp: int, dp: int = 1, hardware: str = CLUSTER) -> ParasweepConf:
+    cfg = ParasweepConf()
+    cfg.model.name, cfg.model.path = "kimi-k2", "models/kimi-k2"
+    cfg.hardware = load_hardware(hardware)
+    cfg.tp.size, cfg.pp.size, cfg.dp.size = tp, pp, dp
+    cfg.engine.name, cfg.workload.concurrency = "sim", [8]
+    return cfg
+
+
+def test_a_cluster_profile() -> None:
+    hw = load_hardware(CLUSTER)
+    assert (hw.nodes, hw.num_gpus, hw.cluster_gpus, hw.internode_bw_gbs) == (2, 8, 16, 50.0)
+    assert load_hardware("h100-sxm-x8").nodes == 1
+
+
+def test_does_not_fit_a_node_or_the_cluster() -> None:
+    with pytest.raises(ConfigError) as e:
+        validate(kimi(8, 2, hardware="h100-sxm-x8"))
+    assert "needs 16 GPUs: does not fit a node" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        validate(kimi(8, 4))
+    assert "needs 32 GPUs: does not fit the cluster" in str(e.value)
+    assert "at most 16 (hardware h100-sxm-x8-2nodes-ib is 2 nodes of 8 GPUs)" in str(e.value)
+
+
+def test_what_a_trial_across_nodes_must_be() -> None:
+    for tp, pp, dp, fragment in ((4, 3, 1, "a multiple of 8 (whole nodes of hardware"),
+                                 (8, 1, 2, "dp.size=2: invalid (SGLang refuses data-parallel replicas")):
+        cfg = kimi(tp, pp, dp)
+        cfg.predict = True
+        with pytest.raises(ConfigError) as e:
+            validate(cfg)
+        assert fragment in str(e.value)
+    measured = kimi(8, 2)  # a measured trial across nodes: its launch is not built
+    with pytest.raises(ConfigError) as e:
+        validate(measured)
+    assert "predict=true / dry_run=true across nodes" in str(e.value)
+    for flag in ("predict", "dry_run"):
+        cfg = kimi(8, 2)
+        setattr(cfg, flag, True)
+        validate(cfg)
+        assert trial_nodes(cfg) == 2
+
+
+def test_one_sglang_argv_per_node_valid_for_0_5_23() -> None:
+    cfg = kimi(8, 2)
+    argvs = [sglang_flags(cfg, 30000, T0523, rank) for rank in range(trial_nodes(cfg))]
+    for rank, argv in enumerate(argvs):  # checked against 0.5.23's recorded flag set as they were built
+        assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == str(rank)
+        assert argv[argv.index("--dist-init-addr") + 1] == "127.0.0.1:30001"
+        assert argv[argv.index("--port") + 1] == "30000"
+    rank_at = argvs[0].index("--node-rank") + 1  # only the rank differs
+    assert argvs[0][:rank_at] == argvs[1][:rank_at] and argvs[0][rank_at + 1:] == argvs[1][rank_at + 1:]
+    assert "--nnodes" not in sglang_flags(kimi(8, 1), 30000, T0523)  # one node: none of it
+
+
+def _engine(tp: int, pp: int, nnodes: int, hardware: str = CLUSTER, model: str = "kimi-k2"):
+    args = ["--model-path", str(model_dir(f"models/{model}")), "--tp-size", str(tp), "--pp-size", str(pp),
+            "--sim-hardware", hardware, "--random-seed", "0"]
+    if nnodes > 1:
+        args += ["--nnodes", str(nnodes), "--dist-init-addr", "127.0.0.1:5000"]
+    return resolve(build_parser().parse_args(args))
+
+
+def test_the_simulated_engine_takes_the_multi_node_flags_as_sglang_does() -> None:
+    for args, fragment in (((8, 2, 3), "nnodes (3) must be between 1 and the 2 node(s)"),
+                           ((8, 4, 2), "exceeds the 16 GPUs of h100-sxm-x8-2nodes-ib (2 nodes)"),
+                           ((8, 2, 1), "exceeds the 8 GPUs")):
+        with pytest.raises(FlagError, match=r".*") as e:
+            _engine(*args)
+        assert fragment in str(e.value)
+    parsed = build_parser().parse_args(["--model-path", str(model_dir("models/kimi-k2")), "--tp-size", "8",
+                                        "--pp-size", "2", "--nnodes", "2", "--node-rank", "1",
+                                        "--dist-init-addr", "h:1", "--sim-hardware", CLUSTER])
+    with pytest.raises(FlagError) as e:
+        resolve(parsed)
+    assert "rank 0 stands for all 2 nodes" in str(e.value)
+
+
+def test_crossing_nodes_costs_what_the_network_costs() -> None:
+    def llama(tp: int, pp: int, nnodes: int, hardware: str = CLUSTER):  # fits one node, so comparable
+        return _engine(tp, pp, nnodes, hardware, "llama-3.1-70b")
+
+    tp16, tp8pp2, inside = llama(16, 1, 2), llama(8, 2, 2), llama(8, 1, 1)
+    shape = decode_shape([512] * 16)
+    # every TP all-reduce of a group wider than a node crosses the network: its latency on a decode
+    # step's few tokens, its bandwidth (50 GB/s against NVLink's 450) on a prefill's many
+    assert tp16.cost.allreduce_time(16) > 2 * inside.cost.allreduce_time(16)
+    assert tp16.cost.allreduce_time(4096) > 5 * inside.cost.allreduce_time(4096)
+    # TP8 x PP2: the collectives stay on NVLink, the one stage boundary crosses the network
+    assert tp8pp2.cost.allreduce_time(16) == pytest.approx(inside.cost.allreduce_time(16))
+    hop = tp8pp2.cost.hop_times(shape)
+    assert len(hop) == 1 and hop[0] > llama(4, 2, 1).cost.hop_times(shape)[0]  # 4x2 fits one node
+    # a decode step of TP16 spends more of itself communicating than TP8 x PP2's trip does
+    a, b = decode_step(tp16, 16, 512), decode_step(tp8pp2, 16, 512)
+    assert a.comm_s / a.step_s > b.comm_s / b.step_s
+    # eight GPUs of the two-node profile are one node: the same costs as the one-node profile
+    one = llama(8, 1, 1, "h100-sxm-x8")
+    assert one.cost.stage_time(0, shape) == pytest.approx(inside.cost.stage_time(0, shape))
