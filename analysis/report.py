@@ -243,13 +243,15 @@ def where_lines(runs: list[Any]) -> list[str]:
         return short_uuids(run.data.tags.get(Tag.GPU_UUIDS, "?"))
 
     nodes = {(host, node(run)) for run, host in placed}
+    uuids = {gpus(run) for run, _ in placed}
+    shared = uuids.pop() if len(uuids) == 1 else None  # e.g. every trial on the simulated engine
     if len(nodes) == 1:
         host, where = next(iter(nodes))
-        line = f"Where: every trial on host {host}, Ray node {where}"
-        uuids = {gpus(run) for run, _ in placed}
-        return [line + (f"; GPUs {uuids.pop()}" if len(uuids) == 1 else "")]
-    return [f"Where: {_trial_label(run)} on host {host}, Ray node {node(run)}; GPUs {gpus(run)}"
-            for run, host in placed]
+        return [f"Where: every trial on host {host}, Ray node {where}"
+                + (f"; GPUs {shared}" if shared else "")]
+    lines = [f"Where: {_trial_label(run)} on host {host}, Ray node {node(run)}"
+             + ("" if shared else f"; GPUs {gpus(run)}") for run, host in placed]
+    return lines + ([f"Where: GPUs of every trial: {shared}"] if shared else [])
 
 
 def short_node(node_id: str) -> str:

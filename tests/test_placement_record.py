@@ -38,6 +38,10 @@ def test_where_lines_one_node_or_one_line_a_trial() -> None:
     assert where_lines(two) == [
         "Where: #0 x=0 on host gpu-a, Ray node a1b2c3d4; GPUs GPU-8f0c1d2e",
         "Where: #1 x=1 on host gpu-b, Ray node e5f6a7b8; GPUs GPU-11112222,GPU-33334444"]
+    sim = "none (the simulated engine uses no GPU)"
+    assert where_lines([_run(0, "vm", NODE_A, sim), _run(1, "vm", NODE_B, sim)]) == [
+        "Where: #0 x=0 on host vm, Ray node a1b2c3d4", "Where: #1 x=1 on host vm, Ray node e5f6a7b8",
+        f"Where: GPUs of every trial: {sim}"]
     assert where_lines([_run(0, None)]) == []  # a prediction records no place
     assert short_uuids("none (the simulated engine uses no GPU)") == "none (the simulated engine uses no GPU)"
 

@@ -160,3 +160,61 @@ def test_local_sweeps_ignore_other_clusters_and_auto_joins_one(tmp_path: Path) -
         assert f"ray.address={address}: no Ray cluster answers there" in last
     if CURRENT_CLUSTER.exists() and f":{port}" in CURRENT_CLUSTER.read_text():
         CURRENT_CLUSTER.unlink()  # leave the machine as it was before the test
+
+
+@contextlib.contextmanager
+def two_node_cluster() -> Iterator[str]:
+    """Two Ray nodes on this machine, each with 8 declared GPUs, started as a user starts a cluster
+    (``ray start --head`` here, ``ray start --address`` for the second); yields the head's address.
+    Ray's token authentication is on for local clusters: the second node, and anyone naming the
+    address, pass ``RAY_AUTH_MODE=token`` (the token is in ``~/.ray/auth_token``)."""
+    port = free_port()
+    ray_cli = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+    common = ["--num-gpus=8", "--num-cpus=2", "--disable-usage-stats", "--object-store-memory=100000000"]
+    try:
+        subprocess.run([*ray_cli, "start", "--head", f"--port={port}", "--include-dashboard=false", *common],
+                       check=True, capture_output=True, text=True, timeout=120)
+        subprocess.run([*ray_cli, "start", f"--address=127.0.0.1:{port}", *common], check=True,
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "RAY_AUTH_MODE": "token"})
+        yield f"127.0.0.1:{port}"
+    finally:
+        kill_cluster(port)
+
+
+@pytest.mark.slow  # two Ray nodes, an mlflow server and two trials; in this module: it starts a cluster
+def test_two_whole_node_trials_run_side_by_side_on_two_nodes(tmp_path: Path) -> None:
+    import json
+    import socket
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.mlflow_server import MlflowServer
+
+    with MlflowServer(tmp_path / "server") as server, two_node_cluster() as address:
+        result = run_cli(["-m", f"ray.address={address}", f"tracking.uri={server.url}", "model=llama-3.1-8b",
+                          "parallelism=tp8", "hardware=h100-sxm-x8", "workload.concurrency=[1]",
+                          "workload.requests_per_point=4", "workload.warmup_requests=0",
+                          "workload.input_len=32", "workload.output_len=400", "server.random_seed=0,1"],
+                         tmp_path, timeout=400, env={"RAY_AUTH_MODE": "token"})
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "[parasweep] Ray: joined the cluster at " in result.stdout
+        assert "2 node(s), 16 GPU(s), at most 8 on one node" in result.stdout
+        client = MlflowClient(tracking_uri=server.url)
+        runs = client.search_runs(["1"], "tags.`parasweep.kind` = 'trial'")
+        assert len(runs) == 2 and all(r.data.tags["parasweep.status"] == "ok" for r in runs)
+        # each on a node of its own, recorded so
+        nodes = {r.data.tags["parasweep.ray_node_id"] for r in runs}
+        assert len(nodes) == 2 and all(len(n) == 56 for n in nodes)
+        assert {r.data.tags["parasweep.host"] for r in runs} == {socket.gethostname()}
+        where = [line for line in result.stdout.splitlines() if line.startswith("Where: #")]
+        assert len(where) == 2 and where[0].split("Ray node ")[1][:8] != where[1].split("Ray node ")[1][:8]
+        # side by side: both were driving load before either finished
+        (schedule,) = (tmp_path / "runs" / "multirun").glob("*/*/schedule.json")
+        rows = json.loads(schedule.read_text())
+        assert max(r["timings"]["load_start"] for r in rows) < min(r["timings"]["load_end"] for r in rows)
+        # their files went up through the tracking server, which keeps them (no shared file system needed)
+        kept = tmp_path / "server" / "artifacts" / "1"
+        for run in runs:
+            assert (kept / run.info.run_id / "artifacts" / "env.json").is_file()
+        assert not (tmp_path / "runs" / "mlflow.db").exists()
