@@ -5,6 +5,11 @@ Reports the makespan against its lower bound max(longest trial, total GPU-second
 in the same run, and the per-trial scheduling overhead: a trial's time from submission to result
 minus its engine start and its load (Ray placement, worker start, config, MLflow logging, artifacts).
 
+Then the same measured durations replayed for a cluster (a replay with the launcher's own policy, not a
+run on several nodes): a sweep of twice these trials on two nodes of 8 GPUs, the planned order with
+the GPUs counted node by node (what the launcher does) against one planned as if the 16 GPUs were one
+pool (what counting a total alone would plan), each replayed on the two nodes.
+
     .venv/bin/python benchmarks/ray_scheduling.py [--workdir DIR]
 """
 
@@ -31,6 +36,18 @@ def best_list_schedule(widths: list[int], durations: list[float], samples: int =
     reference the achieved makespan is judged against, next to the (not always attainable) bound."""
     order = best_order(widths, durations, GPUS, samples=samples, seed=1)
     return list_schedule(order, widths, durations, GPUS)
+
+
+def cluster_replay(widths: list[int], durations: list[float]) -> None:
+    """Twice the sweep's trials on two nodes of 8 GPUs: planned per node against planned as one pool."""
+    widths, durations = widths * 2, durations * 2
+    nodes = [GPUS, GPUS]
+    per_node = list_schedule(best_order(widths, durations, nodes, seed=1), widths, durations, nodes)
+    pooled = list_schedule(best_order(widths, durations, 2 * GPUS, seed=1), widths, durations, nodes)
+    lower = max(max(durations), sum(w * d for w, d in zip(widths, durations, strict=True)) / (2 * GPUS))
+    print(f"cluster replay, 24 trials on 2 nodes x {GPUS} GPUs: planned per node {per_node:.2f} s "
+          f"({per_node / lower:.3f} x lower bound {lower:.2f} s); planned as one pool of {2 * GPUS} "
+          f"{pooled:.2f} s ({pooled / lower:.3f} x); pool / per node = {pooled / per_node:.3f}")
 
 
 def main() -> int:
@@ -76,6 +93,7 @@ def main() -> int:
     best = best_list_schedule(widths, measured)
     print(f"best list schedule of the same measured durations (20,000 random orders + heuristics): "
           f"{best:.2f} s = {best / lower:.3f} x lower bound; achieved / best = {makespan / best:.3f}")
+    cluster_replay(widths, measured)
     print(f"scheduling overhead per trial: mean {statistics.mean(overhead):.2f} s, "
           f"max {max(overhead):.2f} s   (goal < 1 s)")
     print(f"whole command {wall:.1f} s (includes Ray start and the MLflow store)")

@@ -53,3 +53,21 @@ def test_plan_order_beats_longest_first_on_a_packing_case() -> None:
     plain = _trials(gpus)
     plan_order(plain, 8)
     assert [t.gpus for t in queue_order(plain)][:3] == [8, 4, 4]
+
+
+def test_on_a_cluster_each_trial_fits_one_node() -> None:
+    from orchestrator.launcher.queue import list_schedule, place_startable
+    from orchestrator.launcher.warmup import max_parallel_trials
+
+    queue = _trials([6, 6, 4])
+    # two nodes of 8: the two 6-GPU trials take a node each, and the 4-GPU one fits neither remainder,
+    # though 4 GPUs are free in all
+    assert [(t.gpus, node) for t, node in place_startable(queue, [8, 8])] == [(6, 0), (6, 1)]
+    assert [t.gpus for t in pick_startable(queue, 16)] == [6, 6, 4]  # one node of 16 holds all three
+    assert max_parallel_trials(queue, [8, 8]) == 2 and max_parallel_trials(queue, 16) == 3
+    assert list_schedule([0, 1, 2], [6, 6, 4], [1.0, 1.0, 1.0], [8, 8]) == 2.0
+    assert list_schedule([0, 1, 2], [6, 6, 4], [1.0, 1.0, 1.0], 16) == 1.0
+    assert list_schedule([0], [16], [1.0], [8, 8]) == float("inf")  # wider than every node
+    # best fit: a narrow trial goes to the fullest node that takes it, keeping a whole node for a wide one
+    assert place_startable(_trials([4]), [8, 4]) == [(_trials([4])[0], 1)]
+    assert [(t.gpus, n) for t, n in place_startable(_trials([4, 8]), [8, 4])] == [(8, 0), (4, 1)]

@@ -7,6 +7,10 @@ very policy for the longest-first order, the widest-first order and a few thousa
 keeps the one with the shortest predicted makespan. Without estimates, the widest trials go first.
 On the scheduling benchmark this planned order came within a few per cent of the best order in
 hindsight (docs/benchmarks.md).
+
+A trial runs on one node: on a cluster the free GPUs are counted node by node, and each trial started
+is placed on the fullest node that still takes it (best fit), so that whole nodes stay free for wide
+trials. A count of GPUs alone would start a trial that no single node can hold.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass
+
+# free (or total) GPUs of one node, or of each node of a cluster
+Gpus = int | list[int]
 
 
 @dataclass
@@ -33,34 +40,50 @@ def queue_order(trials: list[QueuedTrial]) -> list[QueuedTrial]:
     return sorted(trials, key=lambda t: (-t.gpus, t.index))
 
 
-def pick_startable(queue: list[QueuedTrial], free_gpus: int) -> list[QueuedTrial]:
+def pick_startable(queue: list[QueuedTrial], free: Gpus) -> list[QueuedTrial]:
     """Trials to start now, in order: walk the ordered queue and take each one that still fits."""
+    return [trial for trial, _ in place_startable(queue, free)]
+
+
+def place_startable(queue: list[QueuedTrial], free: Gpus) -> list[tuple[QueuedTrial, int]]:
+    """``pick_startable`` with the node each trial goes to (an index into ``free``): the fullest node
+    that still has room for it."""
+    nodes = _per_node(free)
     chosen = []
     for trial in queue_order(queue):
-        if trial.gpus <= free_gpus:
-            chosen.append(trial)
-            free_gpus -= trial.gpus
+        fits = [i for i, f in enumerate(nodes) if trial.gpus <= f]
+        if fits:
+            node = min(fits, key=lambda i: (nodes[i], i))
+            nodes[node] -= trial.gpus
+            chosen.append((trial, node))
     return chosen
 
 
-def list_schedule(order: list[int], gpus: list[int], durations: list[float], total_gpus: int) -> float:
-    """Makespan of list scheduling with backfill (what the launcher does) for one order of jobs."""
-    t, free, queue, running, end = 0.0, total_gpus, list(order), [], 0.0
+def _per_node(gpus: Gpus) -> list[int]:
+    return [gpus] if isinstance(gpus, int) else list(gpus)
+
+
+def list_schedule(order: list[int], gpus: list[int], durations: list[float], node_gpus: Gpus) -> float:
+    """Makespan of list scheduling with backfill (what the launcher does) for one order of jobs, each
+    job on one node (best fit)."""
+    t, free, queue, running, end = 0.0, _per_node(node_gpus), list(order), [], 0.0
     while queue or running:
         for j in list(queue):
-            if gpus[j] <= free:
+            fits = [i for i, f in enumerate(free) if gpus[j] <= f]
+            if fits:
+                node = min(fits, key=lambda i: (free[i], i))
                 queue.remove(j)
-                free -= gpus[j]
-                heapq.heappush(running, (t + durations[j], j))
-        if not running:  # a job wider than the node: nothing can start it
+                free[node] -= gpus[j]
+                heapq.heappush(running, (t + durations[j], j, node))
+        if not running:  # a job wider than every node: nothing can start it
             return float("inf")
-        t, j = heapq.heappop(running)
-        free += gpus[j]
+        t, j, node = heapq.heappop(running)
+        free[node] += gpus[j]
         end = max(end, t)
     return end
 
 
-def best_order(gpus: list[int], durations: list[float], total_gpus: int, samples: int = 3000,
+def best_order(gpus: list[int], durations: list[float], node_gpus: Gpus, samples: int = 3000,
                seed: int = 0) -> list[int]:
     """The order with the shortest simulated makespan among heuristics and ``samples`` random ones."""
     n = len(gpus)
@@ -72,14 +95,14 @@ def best_order(gpus: list[int], durations: list[float], total_gpus: int, samples
         order = list(range(n))
         rng.shuffle(order)
         candidates.append(order)
-    return min(candidates, key=lambda o: list_schedule(o, gpus, durations, total_gpus))
+    return min(candidates, key=lambda o: list_schedule(o, gpus, durations, node_gpus))
 
 
-def plan_order(trials: list[QueuedTrial], total_gpus: int) -> None:
+def plan_order(trials: list[QueuedTrial], node_gpus: Gpus) -> None:
     """Set each trial's ``priority`` from the best simulated order (needs every trial's estimate)."""
     if len(trials) < 2 or any(t.est_s is None for t in trials):
         return
     samples = max(200, 36000 // len(trials))  # about the same planning time for any sweep size
-    order = best_order([t.gpus for t in trials], [t.est_s or 0.0 for t in trials], total_gpus, samples)
+    order = best_order([t.gpus for t in trials], [t.est_s or 0.0 for t in trials], node_gpus, samples)
     for position, j in enumerate(order):
         trials[j].priority = position

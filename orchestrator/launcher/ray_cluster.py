@@ -137,9 +137,14 @@ def init_ray(address: str | None, num_gpus: int | None, num_cpus: int | None) ->
 
 def cluster_gpus() -> tuple[int, int, int]:
     """(total GPUs, GPUs of the largest node, alive nodes)."""
+    per_node = [gpus for _, gpus in node_gpus()]
+    return sum(per_node), max(per_node, default=0), len(per_node)
+
+
+def node_gpus() -> list[tuple[str, int]]:
+    """(Ray node id, GPUs) of each alive node."""
     import ray
 
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    per_node = [int(n.get("Resources", {}).get("GPU", 0)) for n in nodes]
-    return sum(per_node), max(per_node, default=0), len(nodes)
+    return [(str(n["NodeID"]), int(n.get("Resources", {}).get("GPU", 0)))
+            for n in ray.nodes() if n.get("Alive")]
 

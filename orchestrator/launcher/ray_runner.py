@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UserError
-from orchestrator.launcher.queue import QueuedTrial, pick_startable, plan_order
-from orchestrator.launcher.ray_cluster import cluster_gpus
+from orchestrator.launcher.queue import QueuedTrial, place_startable, plan_order
+from orchestrator.launcher.ray_cluster import node_gpus
 from orchestrator.launcher.warmup import max_parallel_trials, warm_workers
 from orchestrator.progress import ProgressView, TrialSlot
 
@@ -55,16 +55,19 @@ class RayTrialRunner:
 
     def run(self, jobs: list[TrialJob]) -> list[TrialJob]:
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        total, largest, _ = cluster_gpus()
+        nodes = [(node, gpus) for node, gpus in node_gpus() if gpus > 0]
+        per_node = [gpus for _, gpus in nodes]
+        total, largest = sum(per_node), max(per_node, default=0)
         for job in jobs:
             if job.queued.gpus > largest:
                 raise UserError(f"trial '{job.queued.label}' needs {job.queued.gpus} GPUs on one node; the "
                                 f"largest Ray node has {largest} (ray.num_gpus or the cluster's GPUs)")
-        plan_order([j.queued for j in jobs], total)
+        plan_order([j.queued for j in jobs], per_node)
         if self.warm:
             try:
-                warm_workers(min(max_parallel_trials([j.queued for j in jobs], total), total),
+                warm_workers(min(max_parallel_trials([j.queued for j in jobs], per_node), total),
                              *self.tracking)
             except Exception as exc:  # only an optimisation: the trials will report real problems
                 log.warning("warming Ray workers failed: %s", str(exc).splitlines()[0])
@@ -73,29 +76,32 @@ class RayTrialRunner:
         # inside the worker, but a trial's GPU memory belongs to its engine process, stopped at trial end.
         remote = ray.remote(max_retries=0, max_calls=0)(self.remote_fn)
         queue = {job.queued.index: job for job in jobs}
-        running: dict[Any, TrialJob] = {}
-        free = total
+        running: dict[Any, tuple[TrialJob, int]] = {}
+        free = list(per_node)  # counted node by node: a trial runs on one node
         with ProgressView([job.slot for job in jobs if job.slot]):
             try:
                 while queue or running:
-                    for q in pick_startable([j.queued for j in queue.values()], free):
+                    for q, node in place_startable([j.queued for j in queue.values()], free):
                         job = queue.pop(q.index)
                         options: dict[str, Any] = {"num_gpus": q.gpus, "num_cpus": job.cpus,
                                                    "name": f"trial-{q.index}"}
                         if job.accelerator_type:
                             options["accelerator_type"] = job.accelerator_type
+                        if len(nodes) > 1:  # where the queue counted it, so its count stays true
+                            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[node][0],
+                                                                                            soft=False)
                         ref = remote.options(**options).remote(*self.args_for(job))
                         job.submitted = time.time()
                         if job.slot:
                             job.slot.state = "running"
-                        running[ref] = job
-                        free -= q.gpus
+                        running[ref] = (job, node)
+                        free[node] -= q.gpus
                     if not running:
                         break
                     done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
                     for ref in done:
-                        job = running.pop(ref)
-                        free += job.queued.gpus
+                        job, node = running.pop(ref)
+                        free[node] += job.queued.gpus
                         job.finished = time.time()
                         if job.slot:
                             job.slot.state = "done"

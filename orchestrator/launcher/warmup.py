@@ -11,25 +11,27 @@ from __future__ import annotations
 import os
 import time
 
-from orchestrator.launcher.queue import QueuedTrial, pick_startable
+from orchestrator.launcher.queue import Gpus, QueuedTrial, place_startable
 
 HOLD_S = 1.0  # how long warm-up tasks wait for each other (imports usually take longer anyway)
 
 
-def max_parallel_trials(trials: list[QueuedTrial], total_gpus: int) -> int:
+def max_parallel_trials(trials: list[QueuedTrial], node_gpus: Gpus) -> int:
     """How many trials can run at once at most: replay the queue with equal durations."""
-    queue, running, peak = list(trials), [], 0
-    free = total_gpus
+    queue: list[QueuedTrial] = list(trials)
+    running: list[tuple[QueuedTrial, int]] = []
+    peak = 0
+    free = [node_gpus] if isinstance(node_gpus, int) else list(node_gpus)
     while queue or running:
-        for t in pick_startable(queue, free):
+        for t, node in place_startable(queue, free):
             queue.remove(t)
-            running.append(t)
-            free -= t.gpus
+            running.append((t, node))
+            free[node] -= t.gpus
         peak = max(peak, len(running))
         if not running:
             break
-        done = running.pop(0)
-        free += done.gpus
+        done, node = running.pop(0)
+        free[node] += done.gpus
     return peak
 
 
