@@ -160,11 +160,34 @@ def main(argv: list[str] | None = None) -> int:
     # Imports after parsing keep `--help` and flag errors instant.
     from simulator.resolve import FlagError, resolve
 
+    rank = args.node_rank
+    args.node_rank = 0  # a follower checks the same flags as rank 0 would
     try:
         cfg = resolve(args)
     except FlagError as e:
         print(f"ValueError: {e}", file=sys.stderr, flush=True)
         return 1
+    if rank > 0:
+        return follow(rank, args.nnodes)
     from simulator.server import serve
 
     return serve(cfg)
+
+
+def follow(rank: int, nnodes: int) -> int:
+    """Node ``rank`` > 0 of a trial across nodes: SGLang's process there holds its share of the layers
+    and serves nothing; the simulated engine's rank 0 models every node, so this one only stands where
+    SGLang's would (started, watched and stopped the same way) until it is told to stop."""
+    import signal
+    import threading
+
+    if not 0 < rank < nnodes:
+        print(f"ValueError: node_rank {rank} is not in 0..{nnodes - 1} (--nnodes {nnodes})", file=sys.stderr,
+              flush=True)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"node rank {rank} of {nnodes}: rank 0 models every node; standing by until stopped", flush=True)
+    stop.wait()
+    return 0

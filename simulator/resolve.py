@@ -145,9 +145,9 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     nnodes = args.nnodes
     if nnodes < 1 or nnodes > hw.nodes:
         raise FlagError(f"nnodes ({nnodes}) must be between 1 and the {hw.nodes} node(s) of {hw.name}")
-    if args.node_rank != 0:  # one process stands for every node (docs/simulator.md, "Across nodes")
-        raise FlagError(f"node_rank {args.node_rank}: the simulated engine's rank 0 stands for all "
-                        f"{nnodes} nodes; start rank 0 only")
+    if args.node_rank != 0:  # rank 0 models every node; the others stand by (cli.follow)
+        raise FlagError(f"node_rank {args.node_rank}: only rank 0 is modelled; the simulated engine's "
+                        f"other ranks stand by (python -m simulator ... --node-rank {args.node_rank})")
     if nnodes > 1 and not args.dist_init_addr:
         raise FlagError("--dist-init-addr is required with --nnodes > 1 (rank 0's HOST:PORT)")
     # SGLang 0.5.23's own checks (validation_hook.py)

@@ -5,6 +5,8 @@ pipeline boundary crosses it (nothing launched: the simulated engine's model and
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from orchestrator.config.schema import ParasweepConf, trial_nodes
@@ -99,7 +101,42 @@ def test_the_simulated_engine_takes_the_multi_node_flags_as_sglang_does() -> Non
                                         "--dist-init-addr", "h:1", "--sim-hardware", CLUSTER])
     with pytest.raises(FlagError) as e:
         resolve(parsed)
-    assert "rank 0 stands for all 2 nodes" in str(e.value)
+    assert "only rank 0 is modelled; the simulated engine's other ranks stand by" in str(e.value)
+
+
+@pytest.mark.slow  # an engine process
+def test_a_simulated_engine_of_another_rank_stands_by_until_stopped(tmp_path: Path) -> None:
+    # what a trial across nodes starts on node 1: the same command as SGLang's rank 1, serving nothing
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from orchestrator.process.server import free_port
+
+    port = free_port()
+    argv = [sys.executable, "-m", "simulator", "--model-path", str(model_dir("models/kimi-k2")),
+            "--tp-size", "8", "--pp-size", "2", "--nnodes", "2", "--node-rank", "1",
+            "--dist-init-addr", "127.0.0.1:1", "--sim-hardware", CLUSTER, "--port", str(port)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("node rank 1 of 2: rank 0 models every node; standing by until stopped")
+        assert proc.poll() is None  # still there
+        with pytest.raises(OSError):  # and serving nothing
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # a rank outside the trial's nodes is one line, exit 1
+    bad = subprocess.run([*argv[:argv.index("--node-rank") + 1], "2", *argv[argv.index("--node-rank") + 2:]],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "node_rank 2 is not in 0..1 (--nnodes 2)" in bad.stderr
 
 
 def test_crossing_nodes_costs_what_the_network_costs() -> None:
