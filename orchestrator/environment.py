@@ -19,8 +19,9 @@ import platform
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator.engines.base import engine_version
 
@@ -35,6 +36,7 @@ ENV_FILE = "env.json"  # in the trial directory, and at the top of the run's art
 GIT_TIMEOUT_S = 5.0
 # The checkout this code runs from (when it runs from one: an installed copy has no git state).
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 
 
 def fingerprint(engine_name: str, server_info: dict[str, Any], hardware_name: str,
@@ -121,49 +123,47 @@ def ray_node_id() -> str:
 
 def gpu_uuids(visible: str | None) -> list[str] | str:
     """NVML's UUID of each GPU ``visible`` (``CUDA_VISIBLE_DEVICES``) names, or why there are none."""
-    from orchestrator.telemetry.nvml_source import visible_devices
-
-    try:
-        import pynvml as nvml
-    except ImportError:
-        return "none (nvidia-ml-py is not installed)"
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        return f"none (NVML unavailable: {exc})"
-    try:
+    def read(nvml: Any, matches: list[Any]) -> list[str]:
         return [_text(nvml.nvmlDeviceGetUUID(m.handle)) if m.handle is not None else f"unknown ({m.label})"
-                for m in visible_devices(nvml, visible)] or "none (CUDA_VISIBLE_DEVICES lists no GPU)"
-    except nvml.NVMLError as exc:
-        return f"none (NVML failed: {exc})"
-    finally:
-        with contextlib.suppress(nvml.NVMLError):
-            nvml.nvmlShutdown()
+                for m in matches]
+
+    found = _read_nvml(visible, read)
+    if isinstance(found, str):
+        return f"none ({found})"
+    return found or "none (CUDA_VISIBLE_DEVICES lists no GPU)"
 
 
 def gpu_state(visible: str | None) -> dict[str, Any]:
     """``gpus`` (the model of each of the trial's GPUs), ``gpu_driver`` and ``cuda_driver`` from NVML;
     "none" for each where NVML cannot be used (``gpus`` then says why)."""
-    from orchestrator.telemetry.nvml_source import visible_devices
-
-    try:
-        import pynvml as nvml
-    except ImportError:
-        return _no_gpus("nvidia-ml-py is not installed")
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        return _no_gpus(f"NVML unavailable: {exc}")
-    try:
-        matches = visible_devices(nvml, visible)
+    def read(nvml: Any, matches: list[Any]) -> dict[str, Any]:
         gpus = [_text(nvml.nvmlDeviceGetName(m.handle)) if m.handle is not None else f"unknown ({m.label})"
                 for m in matches]
         cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
         return {"gpus": gpus or "none (CUDA_VISIBLE_DEVICES lists no GPU)",
                 "gpu_driver": _text(nvml.nvmlSystemGetDriverVersion()),
                 "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}"}
+
+    state = _read_nvml(visible, read)
+    return _no_gpus(state) if isinstance(state, str) else state
+
+
+def _read_nvml(visible: str | None, read: Callable[[Any, list[Any]], T]) -> T | str:
+    """``read(nvml, the GPUs visible names)`` in one NVML session, or why NVML could not be read."""
+    from orchestrator.telemetry.nvml_source import visible_devices
+
+    try:
+        import pynvml as nvml
+    except ImportError:
+        return "nvidia-ml-py is not installed"
+    try:
+        nvml.nvmlInit()
     except nvml.NVMLError as exc:
-        return _no_gpus(f"NVML failed: {exc}")
+        return f"NVML unavailable: {exc}"
+    try:
+        return read(nvml, visible_devices(nvml, visible))
+    except nvml.NVMLError as exc:
+        return f"NVML failed: {exc}"
     finally:
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
