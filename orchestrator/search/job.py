@@ -27,7 +27,7 @@ from orchestrator.search.measure import (
     trial_argv,
     trial_points,
 )
-from orchestrator.search.runner import PREDICTED, SearchResult, command_lines, run_search
+from orchestrator.search.runner import PREDICTED, SearchResult, command_lines, run_search, slo_text
 from vocab.metric_keys import point_metrics
 from vocab.status import Tag
 
@@ -95,7 +95,7 @@ def _search_run(cfg: ParasweepConf, result: SearchResult, settings: Settings) ->
     s = cfg.search
     tracker.set_tags(run_id, {Tag.SEARCH: s.name or "", Tag.SEARCH_SOURCE: PREDICTED})
     tracker.log_params(run_id, {"search.name": s.name, "search.space": "; ".join(s.space),
-                                "search.objective": s.objective, "search.slo": _slo_param(settings),
+                                "search.objective": s.objective, "search.slo": slo_text(settings) or "none",
                                 "search.max_concurrency": s.max_concurrency,
                                 "search.measure_top": s.measure_top})
     counts = {status: sum(1 for o in result.outcomes if o.status == status)
@@ -113,10 +113,6 @@ def _search_run(cfg: ParasweepConf, result: SearchResult, settings: Settings) ->
                  result.folder / ANSWER_FILE, *plots]:
         tracker.log_artifact(run_id, path, "search")
     return run_id
-
-
-def _slo_param(settings: Settings) -> str:
-    return ", ".join(f"{k} <= {v:g}" for k, v in settings.slo.items()) or "none"
 
 
 def _measure(cfg: ParasweepConf, settings: Settings, outcome: Any, rank: int, run_id: str,
@@ -142,8 +138,7 @@ def _measure(cfg: ParasweepConf, settings: Settings, outcome: Any, rank: int, ru
     m.predicted = {c: predict(point).metrics for c, point in trial_points(m.loads).items()}
     good = ({} if settings.objective == "output_tok_s_per_gpu"
             else _measured_goodput(run_dir, m.loads, settings))
-    changed, _ = apply_change(cfg, outcome.change)
-    judge(m, settings, changed.tp.size * changed.pp.size * changed.dp.size, good)
+    judge(m, settings, outcome.gpus, good)
     return m
 
 

@@ -95,7 +95,7 @@ def run_search(cfg: ParasweepConf, out_dir: Path, show_progress: bool = True,
            f"{total} candidates, of which Optuna's TPE sampler picks {budget} (seed {cfg.search.seed})")
     print(f"[parasweep] search {cfg.search.name}: {how} of {len(dims)} keys "
           f"({', '.join(d.key for d in dims)}), objective {settings.objective}, SLOs "
-          f"{_slo_text(settings) or 'none'} judged in steady state ({STEADY}), on {workers} "
+          f"{slo_text(settings) or 'none'} judged in steady state ({STEADY}), on {workers} "
           f"process(es); {PREDICTED}", flush=True)
     keep = max(keep, 1 + RUNNERS_UP)
     with Judge(cfg, settings, workers, keep) as judge, progress_bar(show_progress) as progress:
@@ -122,7 +122,7 @@ def run_search(cfg: ParasweepConf, out_dir: Path, show_progress: bool = True,
     return result
 
 
-def _slo_text(settings: Settings) -> str:
+def slo_text(settings: Settings) -> str:
     return ", ".join(f"{k} <= {v:g}" for k, v in settings.slo.items())
 
 
@@ -133,7 +133,7 @@ def _nothing_meets(outcomes: list[Outcome], settings: Settings) -> str:
         first = reasons.most_common(1)[0][0] if reasons else "no candidate"
         return f"search.space: no candidate can run on this node (most common reason: {first})"
     closest = min(over, key=lambda o: o.miss or float("inf"))
-    return (f"search.slo: no candidate meets {_slo_text(settings)}; closest: "
+    return (f"search.slo: no candidate meets {slo_text(settings)}; closest: "
             f"{overrides_text(closest.change)} misses by {100 * ((closest.miss or 1.0) - 1):.0f}% "
             f"({closest.reason})")
 
