@@ -55,12 +55,16 @@ def plot_trial(points: Points, title: str, out_dir: Path, simulated: bool = Fals
     paths.append(_save(fig, out_dir / "throughput.png", title=full))
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    shown = []
     for key, label in LATENCIES:
-        ax.plot(xs, [_nan(points[x], key) for x in xs], marker="o", label=label)
+        ys = [_nan(points[x], key) for x in xs]
+        shown += ys
+        ax.plot(xs, ys, marker="o", label=label)
     full = _marked(f"{_short(title)}: latency", simulated)
     ax.set(xlabel="concurrency", ylabel="ms", title=full)
     _concurrency_axis(ax, xs)
-    ax.set_yscale("log")
+    if any(y > 0 for y in shown):  # NaN compares false: a trial that failed before any answer has none
+        ax.set_yscale("log")
     ax.legend()
     paths.append(_save(fig, out_dir / "latency.png", title=full))
     return paths

@@ -255,8 +255,11 @@ def where_lines(runs: list[Any]) -> list[str]:
 
 
 def short_node(node_id: str) -> str:
-    """A Ray node id (56 hex digits) as its first 8, as Ray's own tools abbreviate it."""
-    return node_id[:8] if len(node_id) > 16 and " " not in node_id else node_id
+    """A Ray node id (56 hex digits) as its first 8, as Ray's own tools abbreviate it; a trial across
+    nodes has one per node, comma-separated."""
+    if " " in node_id:  # a reason, not an id
+        return node_id
+    return ",".join(one[:8] if len(one) > 16 else one for one in node_id.split(","))
 
 
 def short_uuids(uuids: str) -> str:

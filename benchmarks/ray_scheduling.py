@@ -8,7 +8,8 @@ minus its engine start and its load (Ray placement, worker start, config, MLflow
 Then the same measured durations replayed for a cluster (a replay with the launcher's own policy, not a
 run on several nodes): a sweep of twice these trials on two nodes of 8 GPUs, the planned order with
 the GPUs counted node by node (what the launcher does) against one planned as if the 16 GPUs were one
-pool (what counting a total alone would plan), each replayed on the two nodes.
+pool (what counting a total alone would plan), each replayed on the two nodes; and with two trials
+across both nodes added (whole nodes each), the planned order against widest first.
 
     .venv/bin/python benchmarks/ray_scheduling.py [--workdir DIR]
 """
@@ -48,6 +49,23 @@ def cluster_replay(widths: list[int], durations: list[float]) -> None:
     print(f"cluster replay, 24 trials on 2 nodes x {GPUS} GPUs: planned per node {per_node:.2f} s "
           f"({per_node / lower:.3f} x lower bound {lower:.2f} s); planned as one pool of {2 * GPUS} "
           f"{pooled:.2f} s ({pooled / lower:.3f} x); pool / per node = {pooled / per_node:.3f}")
+
+
+def across_nodes_replay(widths: list[int], durations: list[float]) -> None:
+    """The same 24 trials and two trials across both nodes (16 GPUs, 1.5 x the longest trial each) on
+    two nodes of 8: the order planned with each trial's span against widest first, both replayed."""
+    wide = 1.5 * max(durations)
+    widths, durations = [*widths * 2, 2 * GPUS, 2 * GPUS], [*durations * 2, wide, wide]
+    spans = [1] * (len(widths) - 2) + [2, 2]
+    nodes = [GPUS, GPUS]
+    planned = list_schedule(best_order(widths, durations, nodes, seed=1, spans=spans), widths, durations,
+                            nodes, spans)
+    widest = sorted(range(len(widths)), key=lambda j: (-widths[j], -durations[j], j))
+    widest_first = list_schedule(widest, widths, durations, nodes, spans)
+    lower = max(max(durations), sum(w * d for w, d in zip(widths, durations, strict=True)) / (2 * GPUS))
+    print(f"across-nodes replay, 24 trials + 2 of 16 GPUs on 2 nodes x {GPUS} GPUs: planned "
+          f"{planned:.2f} s ({planned / lower:.3f} x lower bound {lower:.2f} s); widest first "
+          f"{widest_first:.2f} s ({widest_first / lower:.3f} x)")
 
 
 def main() -> int:
@@ -94,6 +112,7 @@ def main() -> int:
     print(f"best list schedule of the same measured durations (20,000 random orders + heuristics): "
           f"{best:.2f} s = {best / lower:.3f} x lower bound; achieved / best = {makespan / best:.3f}")
     cluster_replay(widths, measured)
+    across_nodes_replay(widths, measured)
     print(f"scheduling overhead per trial: mean {statistics.mean(overhead):.2f} s, "
           f"max {max(overhead):.2f} s   (goal < 1 s)")
     print(f"whole command {wall:.1f} s (includes Ray start and the MLflow store)")

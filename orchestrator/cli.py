@@ -383,8 +383,10 @@ def _log_plots(tracker: Any, sweep_run_id: str, runs: list[Any], sweep_dir: Path
     # a trial without a directory (its files were not kept) draws into scratch space, gone once logged
     with tempfile.TemporaryDirectory(prefix="parasweep-plots-") as scratch:
         for index, run in ordered:
-            label = (run.info.run_name or "").removesuffix(" (predicted)")
-            key = f"#{_trial_num(run, index)} {label}"
+            num = _trial_num(run, index)
+            # a trial's run is named "#<num> <label>" already (older ones may lack the number)
+            label = (run.info.run_name or "").removesuffix(" (predicted)").removeprefix(f"#{num} ")
+            key = f"#{num} {label}"
             try:
                 points = points_from_metrics(run.data.metrics)
                 by_key[key] = points
@@ -397,9 +399,9 @@ def _log_plots(tracker: Any, sweep_run_id: str, runs: list[Any], sweep_dir: Path
                 any_simulated |= simulated
                 trial_dir = run.data.tags.get(Tag.TRIAL_DIR)
                 out = Path(trial_dir) / "plots" if trial_dir else Path(scratch) / run.info.run_id / "plots"
-                paths = plot_trial(points, label, out, simulated=simulated)
+                paths = plot_trial(points, key, out, simulated=simulated)
                 if trial_dir:
-                    paths += _telemetry_plots(Path(trial_dir), label, source, simulated, run.data.params)
+                    paths += _telemetry_plots(Path(trial_dir), key, source, simulated, run.data.params)
                 for path in paths:  # scratch plots must be copied if they go to the spool
                     tracker.log_artifact(run.info.run_id, path, "plots", scratch=not trial_dir)
             except Exception as exc:  # plots are a convenience; the numbers are already stored

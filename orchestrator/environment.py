@@ -110,6 +110,17 @@ def placement(engine_name: str, visible: str | None) -> dict[str, str]:
     return {"host": socket.gethostname() or "unknown", "ray_node_id": ray_node_id(), "gpu_uuids": uuids}
 
 
+def joined_placement(places: list[dict[str, str]]) -> dict[str, str]:
+    """Where a trial across nodes ran: each of ``placement``'s values for every node in rank order,
+    comma-separated (a reason shared by every node, such as the simulated engine's, once)."""
+    joined = {}
+    for key in ("host", "ray_node_id", "gpu_uuids"):
+        values = [place[key] for place in places]
+        same_reason = len(set(values)) == 1 and " " in values[0]
+        joined[key] = values[0] if same_reason else ",".join(values)
+    return joined
+
+
 def ray_node_id() -> str:
     """The Ray node this process runs on, when Ray runs it (a sweep's trial in its worker)."""
     ray = sys.modules.get("ray")  # never imported here just to ask: a single run has no Ray

@@ -112,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--nnodes", dest="nnodes", type=int, default=1)
     a("--node-rank", dest="node_rank", type=int, default=0)
     a("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", default=None)
+    a("--dist-timeout", dest="dist_timeout", type=int, default=None)
     a("--pp-async-batch-depth", type=int, default=0)
     a("--pp-max-micro-batch-size", type=int, default=None)
     a("--moe-a2a-backend", default="none")
@@ -167,27 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     except FlagError as e:
         print(f"ValueError: {e}", file=sys.stderr, flush=True)
         return 1
-    if rank > 0:
-        return follow(rank, args.nnodes)
+    if rank > 0:  # joins rank 0 and stands by: rank 0 models every node (simulator/nodes.py)
+        from simulator.nodes import follow
+
+        return follow(args.dist_init_addr, rank, args.nnodes, args.dist_timeout)
     from simulator.server import serve
 
     return serve(cfg)
-
-
-def follow(rank: int, nnodes: int) -> int:
-    """Node ``rank`` > 0 of a trial across nodes: SGLang's process there holds its share of the layers
-    and serves nothing; the simulated engine's rank 0 models every node, so this one only stands where
-    SGLang's would (started, watched and stopped the same way) until it is told to stop."""
-    import signal
-    import threading
-
-    if not 0 < rank < nnodes:
-        print(f"ValueError: node_rank {rank} is not in 0..{nnodes - 1} (--nnodes {nnodes})", file=sys.stderr,
-              flush=True)
-        return 1
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    print(f"node rank {rank} of {nnodes}: rank 0 models every node; standing by until stopped", flush=True)
-    stop.wait()
-    return 0

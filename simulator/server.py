@@ -23,6 +23,7 @@ from simulator.frontend import Frontend
 from simulator.generation import GenerationAPI, json_response
 from simulator.gpus import GPUS_PATH, gpu_rows
 from simulator.logs import LogWriter, startup_lines
+from simulator.nodes import JOIN_TIMEOUT_S, NodeGroup
 from simulator.observer import Reporter
 from simulator.prometheus import PrometheusMetrics
 from simulator.replica import ReplicaModel
@@ -201,6 +202,10 @@ async def _run(cfg: SimConfig, log: LogWriter) -> int:
         return 1
     if server.faults.active():
         log.warning(f"Simulated faults armed: {server.faults.active()}")
+    nodes = NodeGroup(cfg.args.nnodes)
+    if cfg.args.nnodes > 1 and not await _gather_nodes(nodes, cfg, stop, log):
+        await runner.cleanup()
+        return 1
     if await hold_readiness(server.faults, cfg.startup_time, stop, log):
         server.ready = True
         # Startup objects (config, model spec, aiohttp app) never die: keep them out of the collector's
@@ -208,12 +213,52 @@ async def _run(cfg: SimConfig, log: LogWriter) -> int:
         gc.collect()
         gc.freeze()
         log.info("The server is fired up and ready to roll!")
-    await stop.wait()
+    code = await _serve_until_stopped(stop, nodes, log)
+    nodes.close()
     server.ready = False
     server.driver.stop()
     await runner.shutdown()
     await runner.cleanup()
-    return 0
+    return code
+
+
+async def _gather_nodes(nodes: NodeGroup, cfg: SimConfig, stop: asyncio.Event, log: LogWriter) -> bool:
+    """Rank 0 of a trial across nodes: open --dist-init-addr and wait for every other rank (stopped or
+    timed out: False, with the reason on stderr)."""
+    address = cfg.args.dist_init_addr
+    try:
+        await nodes.open(address)
+    except OSError as e:
+        print(f"OSError: cannot open the process group at --dist-init-addr {address}: {e}", file=sys.stderr,
+              flush=True)
+        return False
+    log.info(f"Waiting for {cfg.args.nnodes - 1} other node(s) to join at {address}")
+    timeout = cfg.args.dist_timeout or JOIN_TIMEOUT_S
+    waits = [asyncio.ensure_future(nodes.all_in.wait()), asyncio.ensure_future(stop.wait())]
+    await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    for w in waits:
+        w.cancel()
+    if nodes.all_in.is_set():
+        log.info(f"All {cfg.args.nnodes} nodes joined the process group")
+        return True
+    nodes.close()
+    if not stop.is_set():
+        print(f"RuntimeError: {len(nodes.joined)} of {cfg.args.nnodes - 1} other node(s) joined at {address} "
+              f"within {timeout:g} s (--dist-timeout)", file=sys.stderr, flush=True)
+    return False
+
+
+async def _serve_until_stopped(stop: asyncio.Event, nodes: NodeGroup, log: LogWriter) -> int:
+    """0 when told to stop; 1 when a node of a trial across nodes went away (its collectives broke)."""
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(nodes.lost.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for w in waits:
+        w.cancel()
+    if stop.is_set():
+        return 0
+    print(f"RuntimeError: node rank {nodes.lost_rank} of {nodes.nnodes} left the process group; the "
+          "collectives across nodes cannot go on", file=sys.stderr, flush=True)
+    return 1
 
 
 def serve(cfg: SimConfig) -> int:

@@ -1,17 +1,24 @@
-"""Trials wider than one node, as far as they are built: a hardware profile that describes a cluster,
-validation that tells "does not fit a node" from "does not fit the cluster", one SGLang argv per node
-valid for 0.5.23 (rank 0 serving), and a cost model that charges the network where a TP group or a
-pipeline boundary crosses it (nothing launched: the simulated engine's model and argv only)."""
+"""Trials wider than one node: a hardware profile that describes a cluster, validation that tells "does
+not fit a node" from "does not fit the cluster", one SGLang argv per node valid for 0.5.23 (rank 0
+serving), the simulated engine's nodes meeting at rank 0 before it serves and failing together, and a
+cost model that charges the network where a TP group or a pipeline boundary crosses it. Trials launched
+across the nodes of a real Ray cluster are in tests/test_ray_cluster_choice.py."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from orchestrator.config.schema import ParasweepConf, trial_nodes
 from orchestrator.config.validate import validate
-from orchestrator.engines.base import sglang_flags
+from orchestrator.engines.base import NodePlace, sglang_flags
 from orchestrator.engines.sglang_compat import SGLangTarget, recorded_flag_set
 from orchestrator.errors import ConfigError
 from simulator.cli import build_parser
@@ -58,10 +65,12 @@ def test_what_a_trial_across_nodes_must_be() -> None:
         with pytest.raises(ConfigError) as e:
             validate(cfg)
         assert fragment in str(e.value)
-    measured = kimi(8, 2)  # a measured trial across nodes: its launch is not built
+    measured = kimi(8, 2)  # measured across nodes: on a Ray cluster only (a local Ray is one node)
     with pytest.raises(ConfigError) as e:
         validate(measured)
-    assert "predict=true / dry_run=true across nodes" in str(e.value)
+    assert "across nodes: ray.address=auto or host:port of a Ray cluster, or predict=true" in str(e.value)
+    measured.ray.address = "auto"
+    validate(measured)
     for flag in ("predict", "dry_run"):
         cfg = kimi(8, 2)
         setattr(cfg, flag, True)
@@ -71,10 +80,10 @@ def test_what_a_trial_across_nodes_must_be() -> None:
 
 def test_one_sglang_argv_per_node_valid_for_0_5_23() -> None:
     cfg = kimi(8, 2)
-    argvs = [sglang_flags(cfg, 30000, T0523, rank) for rank in range(trial_nodes(cfg))]
+    argvs = [sglang_flags(cfg, 30000, T0523, NodePlace(rank, "10.0.0.7")) for rank in range(trial_nodes(cfg))]
     for rank, argv in enumerate(argvs):  # checked against 0.5.23's recorded flag set as they were built
         assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == str(rank)
-        assert argv[argv.index("--dist-init-addr") + 1] == "127.0.0.1:30001"
+        assert argv[argv.index("--dist-init-addr") + 1] == "10.0.0.7:30001"  # rank 0's node
         assert argv[argv.index("--port") + 1] == "30000"
     rank_at = argvs[0].index("--node-rank") + 1  # only the rank differs
     assert argvs[0][:rank_at] == argvs[1][:rank_at] and argvs[0][rank_at + 1:] == argvs[1][rank_at + 1:]
@@ -104,37 +113,67 @@ def test_the_simulated_engine_takes_the_multi_node_flags_as_sglang_does() -> Non
     assert "only rank 0 is modelled; the simulated engine's other ranks stand by" in str(e.value)
 
 
-@pytest.mark.slow  # an engine process
-def test_a_simulated_engine_of_another_rank_stands_by_until_stopped(tmp_path: Path) -> None:
-    # what a trial across nodes starts on node 1: the same command as SGLang's rank 1, serving nothing
-    import signal
-    import subprocess
-    import sys
-    import urllib.request
+def _node_engine(rank: int, port: int, join: str, tmp_path: Path) -> subprocess.Popen[str]:
+    """The simulated engine of node ``rank`` of a TP8xPP2 Kimi trial: the command SGLang's would get."""
+    argv = [sys.executable, "-m", "simulator", "--model-path", str(model_dir("models/kimi-k2")),
+            "--tp-size", "8", "--pp-size", "2", "--nnodes", "2", "--node-rank", str(rank),
+            "--dist-init-addr", join, "--sim-hardware", CLUSTER, "--port", str(port), "--dist-timeout", "60"]
+    log = (tmp_path / f"node{rank}.log").open("w")
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.slow  # engine processes
+def test_the_simulated_engines_nodes_meet_before_serving_and_fail_together(tmp_path: Path) -> None:
     from orchestrator.process.server import free_port
 
-    port = free_port()
-    argv = [sys.executable, "-m", "simulator", "--model-path", str(model_dir("models/kimi-k2")),
-            "--tp-size", "8", "--pp-size", "2", "--nnodes", "2", "--node-rank", "1",
-            "--dist-init-addr", "127.0.0.1:1", "--sim-hardware", CLUSTER, "--port", str(port)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    port, join = free_port(), f"127.0.0.1:{free_port()}"
+    head = _node_engine(0, port, join, tmp_path)
+    procs = [head]
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("node rank 1 of 2: rank 0 models every node; standing by until stopped")
-        assert proc.poll() is None  # still there
-        with pytest.raises(OSError):  # and serving nothing
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        time.sleep(3.0)
+        assert head.poll() is None and not _ready(port)  # alone, rank 0 waits for node 1
+        follower = _node_engine(1, free_port(), join, tmp_path)
+        procs.append(follower)
+        deadline = time.monotonic() + 60
+        while not _ready(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _ready(port)  # both in: rank 0 serves; node 1 serves nothing
+        assert "node rank 1 of 2: joined rank 0 at " + join in (tmp_path / "node1.log").read_text()
+        follower.send_signal(signal.SIGKILL)  # node 1 lost: rank 0 cannot go on
+        assert head.wait(timeout=30) == 1
+        assert "node rank 1 of 2 left the process group" in (tmp_path / "node0.log").read_text()
+        # and the other way round: a follower whose rank 0 goes ends with an error; one stopped, cleanly
+        head = _node_engine(0, port, join, tmp_path)
+        follower = _node_engine(1, free_port(), join, tmp_path)
+        procs += [head, follower]
+        deadline = time.monotonic() + 60
+        while not _ready(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        head.send_signal(signal.SIGKILL)
+        assert follower.wait(timeout=30) == 1
+        assert "node rank 0 at " + join + " went away" in (tmp_path / "node1.log").read_text()
+        stopped = _node_engine(1, free_port(), join, tmp_path)  # waiting to join, then told to stop
+        procs.append(stopped)
+        time.sleep(1.0)
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(timeout=30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     # a rank outside the trial's nodes is one line, exit 1
-    bad = subprocess.run([*argv[:argv.index("--node-rank") + 1], "2", *argv[argv.index("--node-rank") + 2:]],
+    bad = subprocess.run([sys.executable, "-m", "simulator", "--model-path", str(model_dir("models/kimi-k2")),
+                          "--tp-size", "8", "--pp-size", "2", "--nnodes", "2", "--node-rank", "2",
+                          "--dist-init-addr", join, "--sim-hardware", CLUSTER],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "node_rank 2 is not in 0..1 (--nnodes 2)" in bad.stderr
 

@@ -219,3 +219,92 @@ def test_two_whole_node_trials_run_side_by_side_on_two_nodes(tmp_path: Path) -> 
         for run in runs:
             assert (kept / run.info.run_id / "artifacts" / "env.json").is_file()
         assert not (tmp_path / "runs" / "mlflow.db").exists()
+
+
+def _engines_of(join: str) -> list[psutil.Process]:
+    """The engine processes (any node) of the trial whose nodes meet at ``join`` (--dist-init-addr)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmdline = p.info["cmdline"] or []
+        if "simulator" in cmdline and join in cmdline:
+            found.append(p)
+    return found
+
+
+ACROSS_NODES = ["model=kimi-k2", "hardware=h100-sxm-x8-2nodes-ib", "workload.concurrency=[1]",
+                "workload.warmup_requests=0", "workload.input_len=32"]
+
+
+@pytest.mark.slow  # two Ray nodes, an mlflow server and three trials; in this module: it starts a cluster
+def test_trials_across_two_nodes_run_an_engine_on_each_and_fail_when_one_goes(tmp_path: Path) -> None:
+    import json
+    import threading
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.mlflow_server import MlflowServer
+
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "killed").mkdir()
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    with MlflowServer(tmp_path / "server") as server, two_node_cluster() as address:
+        common = ["-m", f"ray.address={address}", f"tracking.uri={server.url}", *ACROSS_NODES]
+        result = run_cli([*common, "parallelism=tp8pp2,pp16", "workload.requests_per_point=3",
+                          "workload.output_len=24"], tmp_path / "ok", timeout=500, env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "2 trial(s), status ok" in result.stdout, result.stdout
+        client = MlflowClient(tracking_uri=server.url)
+        runs = client.search_runs(["1"], "tags.`parasweep.kind` = 'trial'")
+        assert len(runs) == 2 and all(r.data.tags["parasweep.status"] == "ok" for r in runs)
+        for run in runs:  # where it ran: both nodes, rank 0's first
+            nodes = run.data.tags["parasweep.ray_node_id"].split(",")
+            assert len(nodes) == 2 and len(set(nodes)) == 2 and all(len(n) == 56 for n in nodes)
+            assert len(run.data.tags["parasweep.host"].split(",")) == 2
+        for trial in sorted((tmp_path / "ok" / "runs" / "multirun").glob("*/*/[0-9]")):
+            argv = json.loads((trial / "server" / "argv.json").read_text())
+            join = argv[argv.index("--dist-init-addr") + 1]
+            assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == "0"
+            assert not join.startswith("127.")  # rank 0's node address, which the other nodes reach
+            # rank 0 served only once node 1 had joined it, and node 1's log came back to the trial
+            assert "All 2 nodes joined the process group" in (trial / "server" / "server.log").read_text()
+            node1 = (trial / "server" / "server-node1.log").read_text()
+            assert f"node rank 1 of 2: joined rank 0 at {join}" in node1
+            assert _engines_of(join) == []  # nothing left on any node
+        kept = tmp_path / "server" / "artifacts" / "1"
+        for run in runs:
+            assert (kept / run.info.run_id / "artifacts" / "server" / "server-node1.log").is_file()
+
+        # node 1's engine killed during the load: the trial fails, naming the node, and nothing is left
+        killed: list[str] = []
+
+        def kill_node1_engine() -> None:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and not killed:
+                for log in (tmp_path / "killed" / "runs" / "multirun").glob("*/*/0/server/server.log"):
+                    if "ready to roll" not in log.read_text():
+                        continue
+                    # rank 0 names the trial's files; node 1's engine has the same --dist-init-addr
+                    heads = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+                             if str(tmp_path / "killed") in " ".join(p.info["cmdline"] or [])
+                             and "--dist-init-addr" in (p.info["cmdline"] or [])]
+                    for head in heads:
+                        join = head[head.index("--dist-init-addr") + 1]
+                        for p in _engines_of(join):
+                            cmdline = p.cmdline()
+                            if cmdline[cmdline.index("--node-rank") + 1] == "1":
+                                time.sleep(1.0)  # into the point
+                                p.send_signal(signal.SIGKILL)
+                                killed.append(join)
+                time.sleep(0.2)
+
+        killer = threading.Thread(target=kill_node1_engine, daemon=True)
+        killer.start()
+        failed = run_cli([*common, "parallelism=tp8pp2", "workload.requests_per_point=4",
+                          "workload.output_len=3000"], tmp_path / "killed", timeout=500, env=env)
+        killer.join(timeout=10)
+        assert killed, failed.stdout + failed.stderr
+        assert "engine on node 1 exited with code -9 (SIGKILL) during point" in failed.stdout + failed.stderr
+        (trial,) = client.search_runs(["1"], "tags.`parasweep.kind` = 'trial' and "
+                                             "tags.`parasweep.status` = 'failed'")
+        assert trial.data.tags["parasweep.status"] == "failed"
+        assert _engines_of(killed[0]) == []

@@ -94,3 +94,6 @@ def test_the_load_plots_still_draw(tmp_path: Path) -> None:
     assert [p.name for p in sweep] == ["sweep.png"] and "simulated engine, not measured" in title_of(sweep[0])
     measured = plot_sweep({"#0 pp=1": points}, "every trial", tmp_path / "m")
     assert "simulated" not in title_of(measured[0])
+    # a trial whose engine failed before any answer: a point with a throughput of 0 and no latency
+    failed = plot_trial({1: {"output_tok_s": 0.0}}, "failed", tmp_path / "failed")
+    assert [p.name for p in failed] == ["throughput.png", "latency.png"] and all(p.exists() for p in failed)

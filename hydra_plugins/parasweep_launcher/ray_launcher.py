@@ -88,11 +88,13 @@ class ParasweepRayLauncher(Launcher):
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
+        self.cluster: Any = None  # the Ray the sweep runs on, once started or joined (ClusterInfo)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from orchestrator.config.schema import joins_cluster
         from orchestrator.config.validate import typed_config
         from orchestrator.errors import ConfigError
         from orchestrator.launcher.sweep_jobs import CheckedJob, SweepSettings
@@ -117,6 +119,8 @@ class ParasweepRayLauncher(Launcher):
             jobs.append(CheckedJob(initial_job_idx + i, sc, cfg, engine, tuple(overrides), name,
                                    engine_reason=reason))
         sweep = SweepSettings.of([j.cfg for j in jobs])
+        if not (sweep.dry_run or sweep.predict) and joins_cluster(sweep.ray_address):
+            self._ray(jobs, sweep)  # a cluster the sweep cannot use is refused before its run is made
         parent_run_id = None if sweep.dry_run else ensure_started()
         for job in jobs:
             sc = job.job_config
@@ -148,6 +152,7 @@ class ParasweepRayLauncher(Launcher):
         return [results[j.index] for j in jobs]
 
     def _run(self, todo: list[Any], sweep: Any, sweep_dir: Path) -> list[tuple[Any, JobReturn]]:
+        from orchestrator.config.schema import trial_nodes
         from orchestrator.config.validate import world_size
         from orchestrator.launcher.estimate import predict_trials
         from orchestrator.launcher.queue import QueuedTrial
@@ -161,7 +166,8 @@ class ParasweepRayLauncher(Launcher):
                       if len(pred_by_idx) == len(todo) else {})
         ray_jobs = []
         for job in todo:
-            queued = QueuedTrial(job.index, world_size(job.cfg), job.label, est_by_idx.get(job.index))
+            queued = QueuedTrial(job.index, world_size(job.cfg), job.label, est_by_idx.get(job.index),
+                                 nodes=trial_nodes(job.cfg))
             ray_job = TrialJob(queued, job.job_config, cpus=job.cfg.ray.cpus_per_trial,
                                accelerator_type=job.cfg.ray.accelerator_type)
             ray_job.slot = TrialSlot(sweep_dir / str(job.index), f"#{job.index} {job.label}")
@@ -221,12 +227,15 @@ class ParasweepRayLauncher(Launcher):
                 "status": "skipped", "run_id": prev.info.run_id, "timings": {}})
         return reused
 
-    def _run_on_ray(self, ray_jobs: list[Any], jobs: list[Any], sweep: Any, sweep_dir: Path) -> list[Any]:
+    def _ray(self, jobs: list[Any], sweep: Any) -> Any:
+        """Start the sweep's own Ray or join the cluster (once), say which, and refuse a cluster whose
+        other nodes cannot write the sweep's tracking store."""
         from orchestrator.config.schema import joins_cluster
         from orchestrator.errors import UserError
         from orchestrator.launcher.ray_cluster import init_ray
-        from orchestrator.launcher.ray_runner import RayTrialRunner
 
+        if self.cluster is not None:
+            return self.cluster
         num_gpus = sweep.ray_num_gpus
         if num_gpus is None and all(j.engine == "sim" for j in jobs):
             num_gpus = jobs[0].cfg.hardware.num_gpus  # the simulated node's GPUs, for placement
@@ -242,12 +251,21 @@ class ParasweepRayLauncher(Launcher):
         costs = "; ".join(sorted({step_costs_label(j.cfg) for j in jobs}))
         print(textwrap.fill(f"[parasweep] step costs: {costs}", 100, subsequent_indent="    "), flush=True)
         uri = sweep.tracking_uri
-        if cluster.nodes > 1 and uri.startswith("sqlite"):
+        local_store = uri.startswith(("sqlite:", "file:")) or "://" not in uri  # a file on this machine
+        if cluster.nodes > 1 and local_store:
             raise UserError(
-                f"tracking.uri={uri}: trials on other Ray nodes cannot write this machine's sqlite file; "
+                f"tracking.uri={uri}: trials on other Ray nodes cannot write this machine's local store; "
                 "valid: an MLflow tracking server, e.g. run `mlflow server --host <an address the other "
                 "nodes reach> --port 5000 --backend-store-uri sqlite:///runs/mlflow.db` and pass "
                 "tracking.uri=http://<that address>:5000")
+        self.cluster = cluster
+        return cluster
+
+    def _run_on_ray(self, ray_jobs: list[Any], jobs: list[Any], sweep: Any, sweep_dir: Path) -> list[Any]:
+        from orchestrator.launcher.ray_runner import RayTrialRunner
+
+        self._ray(jobs, sweep)
+        uri = sweep.tracking_uri
 
         def args_for(job: Any) -> tuple[Any, ...]:
             return (self.hydra_context, job.payload, self.task_function, Singleton.get_state(), True)

@@ -79,7 +79,7 @@ def world_size(cfg: ParasweepConf) -> int:
 
 def _validate_across_nodes(cfg: ParasweepConf, ws: int) -> None:
     """A trial wider than one node of its hardware profile: whole nodes, one model replica (SGLang
-    0.5.23 refuses data-parallel replicas across nodes), and for now predicted or planned only."""
+    0.5.23 refuses data-parallel replicas across nodes), and, measured, a Ray cluster to run on."""
     per_node, nodes = cfg.hardware.num_gpus, trial_nodes(cfg)
     if nodes == 1:
         return
@@ -90,10 +90,12 @@ def _validate_across_nodes(cfg: ParasweepConf, ws: int) -> None:
     if cfg.dp.size > 1:
         raise ConfigError("dp.size", cfg.dp.size, "1 for a trial across nodes",
                           why="SGLang refuses data-parallel replicas across nodes (attention DP instead)")
-    if not (cfg.predict or cfg.dry_run):
-        raise ConfigError("tp.size*pp.size*dp.size", ws, f"at most {per_node} GPUs (one node) for a "
-                          "measured trial, or predict=true / dry_run=true across nodes",
-                          why=f"spans {nodes} nodes, and launching one engine per node is not built yet")
+    if not (cfg.predict or cfg.dry_run or joins_cluster(cfg.ray.address)):
+        raise ConfigError("tp.size*pp.size*dp.size", ws, f"at most {per_node} GPUs (one node) on the "
+                          "sweep's own local Ray; across nodes: ray.address=auto or host:port of a Ray "
+                          "cluster, or predict=true / dry_run=true",
+                          why=f"spans {nodes} nodes of hardware {cfg.hardware.name}, one engine process "
+                              "per node, and a local Ray is one node")
 
 
 def _positive(key: str, value: Any, allow_none: bool = False) -> None:

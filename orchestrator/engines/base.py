@@ -7,20 +7,20 @@ from pathlib import Path
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.sglang_compat import SGLangTarget, args_to_argv, build_args, check_args
-from orchestrator.engines.sglang_compat.command import HOST, decode_log_interval
+from orchestrator.engines.sglang_compat.command import FIRST_NODE, HOST, NodePlace, decode_log_interval
 
-__all__ = ["HOST", "Engine", "decode_log_interval", "sglang_flags"]
+__all__ = ["FIRST_NODE", "HOST", "Engine", "NodePlace", "decode_log_interval", "sglang_flags"]
 
 
 def sglang_flags(cfg: ParasweepConf, port: int, target: SGLangTarget | None = None,
-                 node_rank: int = 0) -> list[str]:
-    """SGLang launch flags for this trial (on node ``node_rank`` of a trial across nodes), spelt for
+                 node: NodePlace = FIRST_NODE) -> list[str]:
+    """SGLang launch flags for this trial (on ``node`` of a trial across nodes), spelt for
     ``target``'s version and checked against its flag set (a one-line ConfigError names the key
     otherwise). Without a target: SGLang 0.5.23's spellings, unchecked (the simulated engine, which
     reports unknown flags itself when it starts)."""
     if target is None:
-        return args_to_argv(build_args(cfg, port, node_rank=node_rank))
-    args = build_args(cfg, port, target.version, target.flags, node_rank)
+        return args_to_argv(build_args(cfg, port, node=node))
+    args = build_args(cfg, port, target.version, target.flags, node)
     return args_to_argv(check_args(args, target.flags, target.version))
 
 
@@ -32,12 +32,17 @@ class Engine:
     def python(self, cfg: ParasweepConf) -> str:
         return cfg.engine.python or sys.executable
 
-    def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path, node_rank: int = 0) -> list[str]:
-        """The command that starts the server (on node ``node_rank`` of a trial across nodes)."""
+    def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path, node: NodePlace = FIRST_NODE) -> list[str]:
+        """The command that starts the server (on ``node`` of a trial across nodes)."""
         raise NotImplementedError
 
     def prepare(self, cfg: ParasweepConf, trial_dir: Path) -> None:
-        """Write any files the command line refers to (called before launch, not on dry runs)."""
+        """Write any files the command line refers to, under ``files_dir`` (called before launch, not on
+        dry runs; a trial across nodes carries them to its other nodes)."""
+
+    @staticmethod
+    def files_dir(trial_dir: Path) -> Path:
+        return trial_dir / "engine"
 
     def plan_notes(self, cfg: ParasweepConf) -> list[str]:
         """Lines for the dry-run plan about what the command line was built and checked against."""

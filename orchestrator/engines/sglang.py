@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.engines.base import Engine, sglang_flags
+from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace, sglang_flags
 from orchestrator.engines.sglang_compat import SGLangTarget, resolve_target
 
 
@@ -17,10 +17,10 @@ class SGLangEngine(Engine):
         version under ~/.cache/parasweep), or the newest recorded version where none is installed."""
         return resolve_target(self.python(cfg))
 
-    def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path, node_rank: int = 0) -> list[str]:
+    def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path, node: NodePlace = FIRST_NODE) -> list[str]:
         # checked against the target's flag set: a flag it does not know fails here, not on the GPU node
         return [self.python(cfg), "-m", "sglang.launch_server",
-                *sglang_flags(cfg, port, self.target(cfg), node_rank)]
+                *sglang_flags(cfg, port, self.target(cfg), node)]
 
     def plan_notes(self, cfg: ParasweepConf) -> list[str]:
         return [self.target(cfg).describe()]

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.config.schema import ParasweepConf, SimFaultConf
-from orchestrator.engines.base import Engine, sglang_flags
+from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace, sglang_flags
 from orchestrator.errors import ConfigError
 from orchestrator.redact import redact_mapping, redact_text, secret_values
 from vocab.assets import model_dir
@@ -72,25 +72,25 @@ class SimEngine(Engine):
     @staticmethod
     def hardware_file(trial_dir: Path) -> Path:
         # the resolved profile, so command-line overrides of hardware.* reach the simulator too
-        return trial_dir / "engine" / "hardware.yaml"
+        return Engine.files_dir(trial_dir) / "hardware.yaml"
 
     @staticmethod
     def calibration_file(trial_dir: Path) -> Path:
-        return trial_dir / "engine" / "calibration.yaml"
+        return Engine.files_dir(trial_dir) / "calibration.yaml"
 
     @staticmethod
     def model_copy(trial_dir: Path) -> Path:
-        return trial_dir / "engine" / "model"
+        return Engine.files_dir(trial_dir) / "model"
 
-    def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path, node_rank: int = 0) -> list[str]:
-        # across nodes, rank 0 stands for every node: the other ranks' command lines are SGLang's own
-        return [self.python(cfg), "-m", "simulator", *self.simulator_flags(cfg, port, trial_dir, node_rank)]
+    def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path, node: NodePlace = FIRST_NODE) -> list[str]:
+        # across nodes, rank 0 models every node; the other ranks join it and stand by (simulator/nodes.py)
+        return [self.python(cfg), "-m", "simulator", *self.simulator_flags(cfg, port, trial_dir, node)]
 
     def simulator_flags(self, cfg: ParasweepConf, port: int, trial_dir: Path,
-                        node_rank: int = 0) -> list[str]:
+                        node: NodePlace = FIRST_NODE) -> list[str]:
         """The simulator's command line without the interpreter: what the live server and the
         virtual-time prediction both parse."""
-        flags = sglang_flags(cfg, port, node_rank=node_rank)
+        flags = sglang_flags(cfg, port, node=node)
         if _override_args(cfg):
             # the simulator has no --json-model-override-args: it reads a config.json with the
             # overrides already applied (written by prepare), so it models the same shrunk model

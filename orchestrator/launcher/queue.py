@@ -8,8 +8,9 @@ keeps the one with the shortest predicted makespan. Without estimates, the wides
 On the scheduling benchmark this planned order came within a few per cent of the best order in
 hindsight (docs/benchmarks.md).
 
-A trial runs on one node: on a cluster the free GPUs are counted node by node, and each trial started
-is placed on the fullest node that still takes it (best fit), so that whole nodes stay free for wide
+On a cluster the free GPUs are counted node by node. A trial runs on one node, or, wider than a node,
+on several with the same share of its GPUs on each (whole nodes, in practice). Each trial started is
+placed on the fullest nodes that still take it (best fit), so that whole nodes stay free for wide
 trials. A count of GPUs alone would start a trial that no single node can hold.
 """
 
@@ -30,6 +31,11 @@ class QueuedTrial:
     label: str
     est_s: float | None = None  # expected run time, when the simulator can predict it
     priority: int | None = None  # position in the planned order (lower starts first)
+    nodes: int = 1  # the nodes it spans, gpus / nodes on each
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
 
 
 def queue_order(trials: list[QueuedTrial]) -> list[QueuedTrial]:
@@ -45,46 +51,55 @@ def pick_startable(queue: list[QueuedTrial], free: Gpus) -> list[QueuedTrial]:
     return [trial for trial, _ in place_startable(queue, free)]
 
 
-def place_startable(queue: list[QueuedTrial], free: Gpus) -> list[tuple[QueuedTrial, int]]:
-    """``pick_startable`` with the node each trial goes to (an index into ``free``): the fullest node
-    that still has room for it."""
-    nodes = _per_node(free)
+def place_startable(queue: list[QueuedTrial], free: Gpus) -> list[tuple[QueuedTrial, list[int]]]:
+    """``pick_startable`` with the nodes each trial goes to (indexes into ``free``)."""
+    left = _per_node(free)
     chosen = []
     for trial in queue_order(queue):
-        fits = [i for i, f in enumerate(nodes) if trial.gpus <= f]
-        if fits:
-            node = min(fits, key=lambda i: (nodes[i], i))
-            nodes[node] -= trial.gpus
-            chosen.append((trial, node))
+        nodes = best_fit(trial.gpus_per_node, trial.nodes, left)
+        if nodes is not None:
+            for i in nodes:
+                left[i] -= trial.gpus_per_node
+            chosen.append((trial, nodes))
     return chosen
+
+
+def best_fit(gpus_per_node: int, nodes: int, free: list[int]) -> list[int] | None:
+    """The ``nodes`` fullest nodes that each still have ``gpus_per_node`` free, or None."""
+    fits = sorted((i for i, f in enumerate(free) if gpus_per_node <= f), key=lambda i: (free[i], i))
+    return fits[:nodes] if len(fits) >= nodes else None
 
 
 def _per_node(gpus: Gpus) -> list[int]:
     return [gpus] if isinstance(gpus, int) else list(gpus)
 
 
-def list_schedule(order: list[int], gpus: list[int], durations: list[float], node_gpus: Gpus) -> float:
-    """Makespan of list scheduling with backfill (what the launcher does) for one order of jobs, each
-    job on one node (best fit)."""
-    t, free, queue, running, end = 0.0, _per_node(node_gpus), list(order), [], 0.0
+def list_schedule(order: list[int], gpus: list[int], durations: list[float], node_gpus: Gpus,
+                  spans: list[int] | None = None) -> float:
+    """Makespan of list scheduling with backfill (what the launcher does) for one order of jobs, job
+    ``j`` on ``spans[j]`` nodes (one without ``spans``), best fit."""
+    t, free, queue, end = 0.0, _per_node(node_gpus), list(order), 0.0
+    running: list[tuple[float, int, list[int]]] = []
+    span = spans or [1] * len(gpus)
     while queue or running:
         for j in list(queue):
-            fits = [i for i, f in enumerate(free) if gpus[j] <= f]
-            if fits:
-                node = min(fits, key=lambda i: (free[i], i))
+            nodes = best_fit(gpus[j] // span[j], span[j], free)
+            if nodes is not None:
                 queue.remove(j)
-                free[node] -= gpus[j]
-                heapq.heappush(running, (t + durations[j], j, node))
-        if not running:  # a job wider than every node: nothing can start it
+                for i in nodes:
+                    free[i] -= gpus[j] // span[j]
+                heapq.heappush(running, (t + durations[j], j, nodes))
+        if not running:  # a job wider than the cluster can hold: nothing can start it
             return float("inf")
-        t, j, node = heapq.heappop(running)
-        free[node] += gpus[j]
+        t, j, nodes = heapq.heappop(running)
+        for i in nodes:
+            free[i] += gpus[j] // span[j]
         end = max(end, t)
     return end
 
 
 def best_order(gpus: list[int], durations: list[float], node_gpus: Gpus, samples: int = 3000,
-               seed: int = 0) -> list[int]:
+               seed: int = 0, spans: list[int] | None = None) -> list[int]:
     """The order with the shortest simulated makespan among heuristics and ``samples`` random ones."""
     n = len(gpus)
     candidates = [sorted(range(n), key=lambda j: (-durations[j], -gpus[j], j)),
@@ -95,7 +110,7 @@ def best_order(gpus: list[int], durations: list[float], node_gpus: Gpus, samples
         order = list(range(n))
         rng.shuffle(order)
         candidates.append(order)
-    return min(candidates, key=lambda o: list_schedule(o, gpus, durations, node_gpus))
+    return min(candidates, key=lambda o: list_schedule(o, gpus, durations, node_gpus, spans))
 
 
 def plan_order(trials: list[QueuedTrial], node_gpus: Gpus) -> None:
@@ -103,6 +118,7 @@ def plan_order(trials: list[QueuedTrial], node_gpus: Gpus) -> None:
     if len(trials) < 2 or any(t.est_s is None for t in trials):
         return
     samples = max(200, 36000 // len(trials))  # about the same planning time for any sweep size
-    order = best_order([t.gpus for t in trials], [t.est_s or 0.0 for t in trials], node_gpus, samples)
+    order = best_order([t.gpus for t in trials], [t.est_s or 0.0 for t in trials], node_gpus, samples,
+                       spans=[t.nodes for t in trials])
     for position, j in enumerate(order):
         trials[j].priority = position

@@ -1,6 +1,11 @@
 """Run a sweep's trials as Ray tasks: one task per trial asking for its world size in GPUs, started
 in queue order (largest first, with backfill) as GPUs free up, never retried, cancellable.
 
+On a cluster each trial is pinned to the node the queue counted it on. A trial wider than one node
+first reserves its nodes as a placement group, one bundle per node (strictly spread, each bundle
+pinned to a node the queue chose); its task runs in bundle 0 and starts the other nodes' engines in
+the others (orchestrator/process/node_engines.py). The group is removed when the trial ends.
+
 The progress display shows queued / running / done; ``schedule.json`` in the sweep directory records
 when each trial was submitted, started and ended (the scheduling benchmark reads it).
 """
@@ -55,15 +60,16 @@ class RayTrialRunner:
 
     def run(self, jobs: list[TrialJob]) -> list[TrialJob]:
         import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        from ray.util.scheduling_strategies import (
+            NodeAffinitySchedulingStrategy,
+            PlacementGroupSchedulingStrategy,
+        )
 
         nodes = [(node, gpus) for node, gpus in node_gpus() if gpus > 0]
         per_node = [gpus for _, gpus in nodes]
-        total, largest = sum(per_node), max(per_node, default=0)
+        total = sum(per_node)
         for job in jobs:
-            if job.queued.gpus > largest:
-                raise UserError(f"trial '{job.queued.label}' needs {job.queued.gpus} GPUs on one node; the "
-                                f"largest Ray node has {largest} (ray.num_gpus or the cluster's GPUs)")
+            _check_fits(job.queued, per_node)
         plan_order([j.queued for j in jobs], per_node)
         if self.warm:
             try:
@@ -76,32 +82,48 @@ class RayTrialRunner:
         # inside the worker, but a trial's GPU memory belongs to its engine process, stopped at trial end.
         remote = ray.remote(max_retries=0, max_calls=0)(self.remote_fn)
         queue = {job.queued.index: job for job in jobs}
-        running: dict[Any, tuple[TrialJob, int]] = {}
-        free = list(per_node)  # counted node by node: a trial runs on one node
+        running: dict[Any, tuple[TrialJob, list[int]]] = {}
+        groups: dict[int, Any] = {}  # the placement group of each running trial across nodes
+        free = list(per_node)  # counted node by node
         with ProgressView([job.slot for job in jobs if job.slot]):
             try:
                 while queue or running:
-                    for q, node in place_startable([j.queued for j in queue.values()], free):
+                    for q, where in place_startable([j.queued for j in queue.values()], free):
                         job = queue.pop(q.index)
-                        options: dict[str, Any] = {"num_gpus": q.gpus, "num_cpus": job.cpus,
+                        options: dict[str, Any] = {"num_gpus": q.gpus_per_node, "num_cpus": job.cpus,
                                                    "name": f"trial-{q.index}"}
                         if job.accelerator_type:
                             options["accelerator_type"] = job.accelerator_type
-                        if len(nodes) > 1:  # where the queue counted it, so its count stays true
-                            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[node][0],
-                                                                                            soft=False)
+                        if q.nodes > 1:
+                            try:
+                                groups[q.index] = reserve_nodes([nodes[i][0] for i in where], q.gpus_per_node,
+                                                                job.cpus)
+                            except NodesNotReserved as exc:
+                                job.error, job.finished = exc, time.time()
+                                if job.slot:
+                                    job.slot.state = "done"
+                                continue
+                            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                                groups[q.index], placement_group_bundle_index=0)
+                        elif len(nodes) > 1:  # where the queue counted it, so its count stays true
+                            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                                nodes[where[0]][0], soft=False)
                         ref = remote.options(**options).remote(*self.args_for(job))
                         job.submitted = time.time()
                         if job.slot:
                             job.slot.state = "running"
-                        running[ref] = (job, node)
-                        free[node] -= q.gpus
+                        running[ref] = (job, where)
+                        for i in where:
+                            free[i] -= q.gpus_per_node
                     if not running:
                         break
                     done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
                     for ref in done:
-                        job, node = running.pop(ref)
-                        free[node] += job.queued.gpus
+                        job, where = running.pop(ref)
+                        for i in where:
+                            free[i] += job.queued.gpus_per_node
+                        if job.queued.index in groups:
+                            ray.util.remove_placement_group(groups.pop(job.queued.index))
                         job.finished = time.time()
                         if job.slot:
                             job.slot.state = "done"
@@ -116,6 +138,8 @@ class RayTrialRunner:
                 self._cancel(list(running))
                 raise
             finally:
+                for group in groups.values():  # whatever ended the sweep, its reservations go
+                    ray.util.remove_placement_group(group)
                 self._write_schedule(jobs)
         return jobs
 
@@ -147,3 +171,45 @@ class RayTrialRunner:
                          ("failed" if job.error or job.finished else "not started")})
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         (self.sweep_dir / "schedule.json").write_text(json.dumps(rows, indent=1))
+
+
+class NodesNotReserved(RuntimeError):
+    """The nodes a trial across nodes was counted on could not be reserved in time."""
+
+
+RESERVE_TIMEOUT_S = 60.0
+
+
+def reserve_nodes(node_ids: list[str], gpus_per_node: int, cpus: float) -> Any:
+    """A ready placement group of one bundle per node, bundle ``i`` on ``node_ids[i]`` (the queue
+    counted the trial there), strictly spread. The nodes were free in the queue's count, so it is
+    normally ready at once; one that is not ready within RESERVE_TIMEOUT_S is removed and the trial
+    fails with NodesNotReserved, instead of waiting for nodes that are not coming."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+    from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
+
+    group = placement_group([{"GPU": gpus_per_node, "CPU": cpus} for _ in node_ids], strategy="STRICT_SPREAD",
+                            bundle_label_selector=[{NODE_ID_LABEL_KEY: node} for node in node_ids])
+    try:
+        ray.get(group.ready(), timeout=RESERVE_TIMEOUT_S)
+    except GetTimeoutError:
+        ray.util.remove_placement_group(group)
+        raise NodesNotReserved(f"could not reserve {len(node_ids)} nodes of {gpus_per_node} GPUs within "
+                               f"{RESERVE_TIMEOUT_S:g} s (Ray placement group)") from None
+    return group
+
+
+def _check_fits(trial: QueuedTrial, per_node: list[int]) -> None:
+    """A trial the cluster cannot hold even when idle is one line before anything starts."""
+    if trial.nodes == 1:
+        largest = max(per_node, default=0)
+        if trial.gpus > largest:
+            raise UserError(f"trial '{trial.label}' needs {trial.gpus} GPUs on one node; the largest Ray "
+                            f"node has {largest} (ray.num_gpus or the cluster's GPUs)")
+        return
+    enough = sum(1 for gpus in per_node if gpus >= trial.gpus_per_node)
+    if enough < trial.nodes:
+        raise UserError(f"trial '{trial.label}' spans {trial.nodes} nodes of {trial.gpus_per_node} GPUs; the "
+                        f"Ray cluster has {enough} node(s) with that many ({len(per_node)} GPU node(s): "
+                        f"{', '.join(str(g) for g in per_node) or 'none'} GPUs)")

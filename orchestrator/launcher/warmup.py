@@ -19,19 +19,21 @@ HOLD_S = 1.0  # how long warm-up tasks wait for each other (imports usually take
 def max_parallel_trials(trials: list[QueuedTrial], node_gpus: Gpus) -> int:
     """How many trials can run at once at most: replay the queue with equal durations."""
     queue: list[QueuedTrial] = list(trials)
-    running: list[tuple[QueuedTrial, int]] = []
+    running: list[tuple[QueuedTrial, list[int]]] = []
     peak = 0
     free = [node_gpus] if isinstance(node_gpus, int) else list(node_gpus)
     while queue or running:
-        for t, node in place_startable(queue, free):
+        for t, nodes in place_startable(queue, free):
             queue.remove(t)
-            running.append((t, node))
-            free[node] -= t.gpus
+            running.append((t, nodes))
+            for i in nodes:
+                free[i] -= t.gpus_per_node
         peak = max(peak, len(running))
         if not running:
             break
-        done, node = running.pop(0)
-        free[node] += done.gpus
+        done, nodes = running.pop(0)
+        for i in nodes:
+            free[i] += done.gpus_per_node
     return peak
 
 

@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +75,9 @@ class ServerProcess:
         # a janitor can reap this group if the whole trial process is killed
         (self.log_path.parent / "server.pgid").write_text(str(self.proc.pid))
 
-    def wait_ready(self, timeout_s: float) -> None:
-        """Poll /health until 200; fail early if the process exits, late if the deadline passes."""
+    def wait_ready(self, timeout_s: float, elsewhere: Callable[[], str | None] | None = None) -> None:
+        """Poll /health until 200; fail early if the process exits (or ``elsewhere`` names a reason:
+        the engine of another node of the trial has gone), late if the deadline passes."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         while True:
@@ -84,6 +86,9 @@ class ServerProcess:
                 raise EngineStartError(
                     f"engine exited with code {code} before it was ready; log tail "
                     f"({self.log_path}):\n{log_tail(self.log_path)}")
+            gone = elsewhere() if elsewhere is not None else None
+            if gone is not None:
+                raise EngineStartError(f"{gone} before the trial's engine was ready")
             try:  # a probe may take as long as SGLang's own health check (see READY_PROBE_TIMEOUT_S)
                 wait = min(READY_PROBE_TIMEOUT_S, max(0.5, deadline - time.monotonic()))
                 with urllib.request.urlopen(self.url + "/health", timeout=wait) as resp:

@@ -18,6 +18,8 @@ from omegaconf import DictConfig
 
 from orchestrator.config.schema import trial_nodes
 from orchestrator.config.validate import typed_config
+from orchestrator.engines.base import NodePlace
+from orchestrator.errors import UserError
 from orchestrator.progress import DRIVER_RENDERS_PROGRESS_ENV
 from orchestrator.redact import redact_argv
 from orchestrator.trial.plan import (
@@ -41,6 +43,11 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
 
     if hc.mode == RunMode.RUN:  # a single run: this process validates and says why this engine
         engine_name, cfg.tracking.engine_reason = checked_engine_with_reason(cfg)
+        nodes = trial_nodes(cfg)
+        if nodes > 1 and not (cfg.predict or cfg.dry_run):  # it runs here, in no placement group
+            raise UserError(f"a trial across {nodes} nodes runs as a sweep on the Ray cluster, which "
+                            "reserves its nodes: add -m (python run.py -m ...), or predict=true / "
+                            "dry_run=true")
     else:  # a sweep's job: the launcher did both on the driver
         engine_name = cfg.engine.name
     overrides = tuple(hc.overrides.task)
@@ -54,9 +61,8 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
         from orchestrator.process.server import free_port
 
         port = free_port()
-        # SGLang across nodes: one process per node; the simulated engine's rank 0 stands for all
-        nodes = trial_nodes(cfg) if engine_name == "sglang" else 1
-        argvs = [redact_argv(plan.argv(port, rank)) for rank in range(nodes)]
+        # across nodes: one process per node, rank 0 serving HTTP
+        argvs = [redact_argv(plan.argv(port, NodePlace(rank))) for rank in range(trial_nodes(cfg))]
         for line in plan_lines(plan, argvs):
             print(line, flush=True)
         return {"status": TrialStatus.SKIPPED.value, "run_id": None, "timings": {}}

@@ -14,7 +14,7 @@ from typing import Any
 from orchestrator.config.identity import config_hash, resolved_config_dict
 from orchestrator.config.schema import SWEEP_WIDE_KEYS, ParasweepConf
 from orchestrator.config.validate import world_size
-from orchestrator.engines.base import Engine
+from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace
 from orchestrator.engines.registry import get_engine
 from orchestrator.load_plan import load_points, request_spec
 from vocab.load import LoadPoint, RequestSpec
@@ -85,8 +85,8 @@ class TrialPlan:
     def world_size(self) -> int:
         return world_size(self.cfg)
 
-    def argv(self, port: int, node_rank: int = 0) -> list[str]:
-        return self.engine.argv(self.cfg, port, self.identity.trial_dir, node_rank)
+    def argv(self, port: int, node: NodePlace = FIRST_NODE) -> list[str]:
+        return self.engine.argv(self.cfg, port, self.identity.trial_dir, node)
 
 
 def make_plan(cfg: ParasweepConf, engine_name: str, identity: TrialIdentity) -> TrialPlan:

@@ -182,10 +182,12 @@ class TrialRecorder:
         server = self.paths.root / "server"
         for name in ("server_info.json", "argv.json"):
             self.tracker.log_artifact(self.run_id, server / name, "server")
-        if self.paths.server_log.exists():  # the engine may echo its arguments: upload a redacted copy
-            upload = server / "redacted" / "server.log"
+        # rank 0's log, and across nodes the other nodes' (server-node<r>.log); the engine may echo its
+        # arguments: upload a redacted copy
+        for log in sorted(server.glob("server*.log")):
+            upload = server / "redacted" / log.name
             upload.parent.mkdir(parents=True, exist_ok=True)
-            upload.write_text(self._text(self.paths.read_server_log()))
+            upload.write_text(self._text(log.read_text(errors="replace")))
             self.tracker.log_artifact(self.run_id, upload, "server")
 
     def save_findings(self, findings: list[Finding], status: TrialStatus, error: str) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.engines.base import engine_version
-from orchestrator.environment import placement
+from orchestrator.environment import joined_placement, placement
 from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
 from orchestrator.tracking import Tracker
@@ -95,6 +95,10 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
                                    Tag.RAY_NODE_ID: where["ray_node_id"], Tag.GPU_UUIDS: where["gpu_uuids"]})
                 progress.update(status="starting engine", force=True)
             with session:
+                if session.other_nodes:  # across nodes: every node, rank 0 first
+                    where = joined_placement([where, *session.other_nodes])
+                    recorder.set_tags({Tag.HOST: where["host"], Tag.RAY_NODE_ID: where["ray_node_id"],
+                                       Tag.GPU_UUIDS: where["gpu_uuids"]})
                 recorder.record_engine(session.server_info, session.resolved,
                                        engine_version(session.server_info))
                 timings["load_start"] = time.time()

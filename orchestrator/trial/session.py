@@ -28,10 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.engines.base import HOST
+from orchestrator.config.schema import trial_nodes
+from orchestrator.engines.base import HOST, NodePlace
 from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.gpu_release import ensure_gpus_free, process_group_pids, wait_gpus_free
 from orchestrator.process.health import HealthProber
+from orchestrator.process.node_engines import EngineFiles, OtherNodes, head_address
 from orchestrator.process.server import ServerProcess, free_port, http_get_json, log_tail
 from orchestrator.telemetry.gpu_sources import GpuTelemetry, start_gpu_telemetry
 from orchestrator.telemetry.server_log import resolved_config
@@ -46,6 +48,7 @@ log = logging.getLogger("parasweep")
 
 ProgressFn = Callable[[int, int], None]
 PORT_ATTEMPTS = 3
+OTHER_NODE_NEWS_S = 1.0
 
 
 class EngineSession(Protocol):
@@ -56,6 +59,7 @@ class EngineSession(Protocol):
     resolved: dict[str, Any]  # the engine's resolved values (``resolved.*`` params)
     timings: dict[str, float]  # epoch seconds: engine_launch, engine_ready, engine_stopped
     gpu: GpuTelemetry  # where the GPU samples come from (nvml | simulated | none) and why
+    other_nodes: list[dict[str, str]]  # across nodes: where node ranks 1.. run (environment.placement)
 
     def __enter__(self) -> EngineSession: ...
 
@@ -83,19 +87,27 @@ class EngineWatch:
     every 0.2 s, so each question is cheap: a ``waitpid`` without blocking, an attribute read (the
     health prober's verdict, kept up to date by its own thread) and a clock read."""
 
-    def __init__(self, server: ServerProcess, prober: HealthProber | None, point_timeout_s: float | None
-                 ) -> None:
+    def __init__(self, server: ServerProcess, prober: HealthProber | None, point_timeout_s: float | None,
+                 others: OtherNodes | None = None) -> None:
         self.server, self.prober, self.point_timeout_s = server, prober, point_timeout_s
+        self.others = others  # the engines on the trial's other nodes, when it spans several
         self.started = time.monotonic()
         self.reason: str | None = None  # the first reason given: the load generator stops on it
         self.timed_out = False
 
     def engine_problem(self) -> str | None:
-        """The engine's process has exited, or it no longer answers ``/health``."""
+        """The engine's process has exited (on any node of the trial), or it no longer answers
+        ``/health``."""
         assert self.server.proc is not None
+        elsewhere = self.others.problem() if self.others is not None else None
+        if elsewhere is not None:
+            return elsewhere
         code = self.server.proc.poll()
         if code is not None:
-            return exit_reason(code)
+            # across nodes, rank 0 fails when another node's engine goes: name the node that went
+            # first, if its news is on the way (it crosses Ray while rank 0's exit is seen here)
+            gone = self.others.problem(wait_s=OTHER_NODE_NEWS_S) if self.others is not None else None
+            return gone or exit_reason(code)
         verdict = self.prober.verdict if self.prober is not None else None
         return f"engine not answering /health: {verdict}" if verdict else None
 
@@ -109,10 +121,12 @@ class EngineWatch:
         return self.reason
 
 
-def failure_message(point: str, result: PointResult, reason: str, timed_out: bool, log_path: Path) -> str:
-    """First line: what happened, in which point, how far it got; then the engine's log tail, and the
-    first line once more at the end, where the end-of-sweep summary looks for a failed trial's reason
-    (it takes the last line: for a start failure, the log's last line usually says why)."""
+def failure_message(point: str, result: PointResult, reason: str, timed_out: bool, log_path: Path,
+                    other_nodes: str = "") -> str:
+    """First line: what happened, in which point, how far it got; then the engine's log tail (and the
+    other nodes' ones, across nodes), and the first line once more at the end, where the end-of-sweep
+    summary looks for a failed trial's reason (it takes the last line: for a start failure, the log's
+    last line usually says why)."""
     measured = [r for r in result.records if not r.warmup]
     answered = sum(1 for r in measured if r.error is None)
     unanswered = sum(1 for r in result.records if r.error_kind == "aborted")
@@ -123,7 +137,8 @@ def failure_message(point: str, result: PointResult, reason: str, timed_out: boo
     else:
         of = f" of {total}" if total is not None else ""
         first = f"{reason} during point {point} after {answered}{of} requests"
-    return f"{first}\nengine log tail ({log_path}):\n{log_tail(log_path)}\n{first}"
+    others = f"{other_nodes}\n" if other_nodes else ""
+    return f"{first}\nengine log tail ({log_path}):\n{log_tail(log_path)}\n{others}{first}"
 
 
 class LiveSession:
@@ -140,7 +155,12 @@ class LiveSession:
         self._server: ServerProcess | None = None
         self._scraper: MetricsScraper | None = None
         self._prober: HealthProber | None = None
+        self._others: OtherNodes | None = None  # node ranks 1.. of a trial across nodes
         self._pids: set[int] = set()
+
+    @property
+    def other_nodes(self) -> list[dict[str, str]]:
+        return self._others.places if self._others is not None else []
 
     @property
     def url(self) -> str:
@@ -163,8 +183,10 @@ class LiveSession:
             self.resolved = resolved_config(self.server_info, self.paths.read_server_log())
             self._scraper = MetricsScraper(self.url + "/metrics", self.paths.server_metrics_jsonl,
                                            cfg.telemetry.metrics_period_s).start()
+            # the simulated engine reports every GPU of the trial; NVML sees this node's only
+            sampled = self.plan.world_size if self.plan.engine_name == "sim" else cfg.hardware.num_gpus
             self.gpu = start_gpu_telemetry(self.plan.engine_name, self.env.get("CUDA_VISIBLE_DEVICES"),
-                                           self.plan.world_size, self.url, self.paths.gpu_jsonl,
+                                           min(sampled, self.plan.world_size), self.url, self.paths.gpu_jsonl,
                                            cfg.telemetry.gpu_hz)
             self._prober = HealthProber(self.url).start()
         except BaseException:
@@ -187,24 +209,49 @@ class LiveSession:
         """A ready server. A free port can be taken by another trial between our probe and the engine's
         bind (trials start side by side): then try another port, up to PORT_ATTEMPTS times."""
         cfg = self.plan.cfg
+        nodes = trial_nodes(cfg)
+        head = head_address() if nodes > 1 else HOST  # where the other nodes join rank 0
         for attempt in range(1, PORT_ATTEMPTS + 1):
             port = free_port()
-            self.argv = self.plan.argv(port)
+            argvs = [self.plan.argv(port, NodePlace(rank, head)) for rank in range(nodes)]
+            self.argv = argvs[0]
             server = ServerProcess(self.argv, self.paths.server_log, HOST, port, env=self.env,
                                    stop_grace_s=cfg.engine.stop_grace_s)
             try:
+                if nodes > 1:  # the other nodes first: they wait for rank 0, which waits for them all
+                    self._others = OtherNodes(self.paths.server_log.parent, cfg.hardware.num_gpus,
+                                              cfg.ray.cpus_per_trial)
+                    self._others.start({rank: argv for rank, argv in enumerate(argvs) if rank},
+                                       {"SGLANG_LOG_MS": "1"}, cfg.engine.stop_grace_s,
+                                       EngineFiles.under(self.plan.engine.files_dir(self.plan.identity.trial_dir)),
+                                       self.plan.engine_name)
                 server.start()
-                server.wait_ready(cfg.engine.startup_timeout_s)
+                server.wait_ready(cfg.engine.startup_timeout_s,
+                                  self._others.problem if self._others is not None else None)
                 return server
             except EngineStartError as exc:
-                server.stop()
+                self._stop_engines(server)
                 if attempt == PORT_ATTEMPTS or "address already in use" not in str(exc).lower():
-                    raise
+                    raise EngineStartError(self._with_other_logs(str(exc))) from None
                 log.warning("port %d was taken before the engine bound it; retrying", port)
             except BaseException:
-                server.stop()
+                self._stop_engines(server)
                 raise
         raise AssertionError("unreachable")
+
+    def _stop_engines(self, server: ServerProcess | None) -> None:
+        """Rank 0's process group, then the other nodes' (each keeps its log beside rank 0's)."""
+        try:
+            if server is not None:
+                server.stop()
+        finally:
+            if self._others is not None:
+                self._others.stop()
+
+    def _with_other_logs(self, message: str) -> str:
+        """A failure's message with the other nodes' log tails (kept once they were stopped)."""
+        tails = self._others.log_tails() if self._others is not None else ""
+        return f"{message}\n{tails}" if tails else message
 
     def run_point(self, point: LoadPoint, spec: RequestSpec, records: Path,
                   on_progress: ProgressFn) -> PointResult:
@@ -214,7 +261,7 @@ class LiveSession:
 
         assert self._server is not None, "the session has not started"
         workload = self.plan.cfg.workload
-        watch = EngineWatch(self._server, self._prober, workload.point_timeout_s)
+        watch = EngineWatch(self._server, self._prober, workload.point_timeout_s, self._others)
         start = time.time()
         result = run_point(self.url, point, spec, records_path=records, on_progress=on_progress,
                            sock_read_timeout=workload.stall_timeout_s,
@@ -229,15 +276,16 @@ class LiveSession:
                 result.invalid_reasons.insert(0, ENGINE_FAILED + reason)
                 result.metrics["valid"] = 0.0
         if reason is not None:
-            message = failure_message(point.label, result, reason, watch.timed_out, self.paths.server_log)
             # Stop the failed engine now, before the telemetry readers are stopped: against a frozen
             # engine each would wait out its read timeout first; against a killed one they fail fast.
             if self._prober is not None:
                 self._prober.stop()
                 self._prober = None
-            self._server.stop()
+            self._stop_engines(self._server)
             self._server = None
-            raise EngineFailure(message, result)
+            tails = self._others.log_tails() if self._others is not None else ""
+            raise EngineFailure(failure_message(point.label, result, reason, watch.timed_out,
+                                                self.paths.server_log, tails), result)
         return result
 
     def __exit__(self, *exc: object) -> None:
@@ -250,9 +298,8 @@ class LiveSession:
             if self._scraper is not None:
                 self._scraper.stop()
                 self._scraper = None
-            if self._server is not None:
-                self._server.stop()
-                self._server = None
+            self._stop_engines(self._server)
+            self._server = None
         finally:
             if self.plan.engine_name == "sglang":  # the next trial on these GPUs needs their memory back
                 for warning in wait_gpus_free(self.env.get("CUDA_VISIBLE_DEVICES"), 60.0, self._pids or None):
@@ -276,6 +323,7 @@ class VirtualSession:
         # the per-point summaries come from the simulator's power model (no series in virtual time)
         self.gpu = GpuTelemetry(GpuSource.SIMULATED, "the simulator's model, in virtual time")
         self._results: dict[str, PointResult] = {}
+        self.other_nodes: list[dict[str, str]] = []  # it runs nowhere
 
     def __enter__(self) -> VirtualSession:
         from simulator.predict import resolved_server_info

@@ -24,8 +24,20 @@ from orchestrator.errors import ConfigError
 from vocab.assets import model_dir
 
 # rank 0's host in the --dist-init-addr of a trial across nodes, as planned on this machine (a dry run,
-# a prediction: the simulated engine's rank 0 stands for every node); on a cluster, rank 0's node
+# a prediction); a trial launched on a Ray cluster gives rank 0's node address instead (NodePlace.head)
 DIST_INIT_HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class NodePlace:
+    """Where one engine process of a trial runs: its node rank (0 serves HTTP) and the host of rank 0,
+    which the other nodes join (``--dist-init-addr``). A trial on one node is rank 0 of 1."""
+
+    rank: int = 0
+    head: str = DIST_INIT_HOST
+
+
+FIRST_NODE = NodePlace()
 
 HOST = "127.0.0.1"  # servers are never exposed beyond this machine by default
 
@@ -151,14 +163,14 @@ def _extra(args: list[Arg], cfg: ParasweepConf, version: str, flags: FlagSet | N
         args.append(Arg(flag, [] if value is True else _values(value), key, value))
 
 
-def dist_init_addr(port: int, host: str = DIST_INIT_HOST) -> str:
+def dist_init_addr(port: int, host: str) -> str:
     """Rank 0's address for the other nodes to join (SGLang's ``--dist-init-addr HOST:PORT``): a port
     next to the server's."""
     return f"{host}:{port + 1}"
 
 
 def build_args(cfg: ParasweepConf, port: int, version: str = NEWEST_KNOWN,
-               flags: FlagSet | None = None, node_rank: int = 0) -> list[Arg]:
+               flags: FlagSet | None = None, node: NodePlace = FIRST_NODE) -> list[Arg]:
     """The flags for this trial on SGLang ``version``: full names only (SGLang accepts unique prefixes,
     and `--pp` is ambiguous since 0.5.7), defaults left to the engine unless the config sets them."""
     m, s = cfg.model, cfg.server
@@ -206,8 +218,9 @@ def build_args(cfg: ParasweepConf, port: int, version: str = NEWEST_KNOWN,
     nodes = trial_nodes(cfg)
     if nodes > 1:  # one process per node; rank 0 serves HTTP and the others join it
         args += [Arg("--nnodes", [str(nodes)], "(world size over hardware.num_gpus)", nodes),
-                 Arg("--node-rank", [str(node_rank)], "(the node's place)", node_rank),
-                 Arg("--dist-init-addr", [dist_init_addr(port)], "(rank 0's address)", dist_init_addr(port))]
+                 Arg("--node-rank", [str(node.rank)], "(the node's place)", node.rank),
+                 Arg("--dist-init-addr", [dist_init_addr(port, node.head)], "(rank 0's address)",
+                     dist_init_addr(port, node.head))]
     refuse_what_sglang_refuses(cfg)
     _extra(args, cfg, version, flags)
     return _dedupe_host(args)

@@ -1,0 +1,134 @@
+"""The simulated engine across nodes: one process per node that meet before serving, as SGLang's do.
+
+SGLang started with ``--nnodes N`` runs one process per node; rank 0 opens the process group at
+``--dist-init-addr HOST:PORT``, every other rank connects there, and nothing is served until all N are
+in. Once serving, the ranks work in lock step (collectives, pipeline hops), so a node that goes away
+fails the others. The simulated engine keeps that contract over a plain TCP connection per follower:
+
+* rank 0 listens at ``--dist-init-addr`` (on that host: an address it does not own is an error) and
+  is not ready until the ``N - 1`` others have joined, each saying its rank once; a follower that
+  leaves afterwards ends rank 0 with an error naming its rank;
+* a follower connects (retrying while rank 0 starts), says its rank, and stands by until it is
+  stopped (exit 0) or rank 0 goes (exit 1).
+
+Rank 0 alone models the whole trial's timing (its cost model prices the hops between nodes); the
+followers hold the place, the launch and the failure behaviour of SGLang's other ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+
+JOIN_TIMEOUT_S = 600.0  # without --dist-timeout: how long the ranks wait for each other to join
+RETRY_S = 0.2  # a follower's pause between attempts to reach rank 0
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class NodeGroup:
+    """Rank 0's side: the followers that joined, and the first one that left."""
+
+    def __init__(self, nnodes: int) -> None:
+        self.nnodes = nnodes
+        self.joined: dict[int, asyncio.StreamWriter] = {}
+        self.all_in = asyncio.Event()
+        self.lost = asyncio.Event()
+        self.lost_rank: int | None = None
+        self.refused: str | None = None  # a connection that was not a follower of this trial
+        self._server: asyncio.Server | None = None
+
+    async def open(self, address: str) -> None:
+        host, port = split_address(address)
+        self._server = await asyncio.start_server(self._follower, host, port, reuse_address=True)
+
+    async def _follower(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = (await reader.readline()).decode(errors="replace").split()
+        rank = int(line[1]) if len(line) == 2 and line[0] == "rank" and line[1].isdigit() else -1
+        if not 0 < rank < self.nnodes or rank in self.joined:
+            self.refused = f"a connection that is not a new rank of 1..{self.nnodes - 1}: {' '.join(line)!r}"
+            writer.close()
+            return
+        self.joined[rank] = writer
+        writer.write(b"welcome\n")
+        await writer.drain()
+        if len(self.joined) == self.nnodes - 1:
+            self.all_in.set()
+        await reader.read()  # a follower never sends more: this returns when it goes
+        if not self.lost.is_set() and self._server is not None:
+            self.lost_rank = rank
+            self.lost.set()
+
+    def close(self) -> None:
+        server, self._server = self._server, None  # a follower leaving from now on is no failure
+        if server is not None:
+            server.close()
+        for writer in self.joined.values():
+            writer.close()
+
+
+async def _join(address: str, rank: int, nnodes: int, timeout_s: float
+                ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = split_address(address)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(f"rank {rank}\n".encode())
+            await writer.drain()
+            if await reader.readline() == b"welcome\n":
+                return reader, writer  # the writer too: dropped, it would close the connection
+            writer.close()
+            raise ConnectionError(f"rank 0 at {address} refused node rank {rank} of {nnodes}")
+        except OSError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"node rank {rank} of {nnodes} could not reach rank 0 at {address} "
+                                   f"within {timeout_s:g} s (--dist-timeout)") from None
+            await asyncio.sleep(RETRY_S)
+
+
+async def _follow(address: str, rank: int, nnodes: int, timeout_s: float) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    joining = asyncio.ensure_future(_join(address, rank, nnodes, timeout_s))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([joining, stopped], return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        joining.cancel()
+        return 0
+    stopped.cancel()
+    try:
+        reader, _writer = joining.result()
+    except (TimeoutError, ConnectionError) as exc:
+        print(f"RuntimeError: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(f"node rank {rank} of {nnodes}: joined rank 0 at {address}; rank 0 models every node, this one "
+          "stands by until stopped", flush=True)
+    head_gone = asyncio.ensure_future(reader.read())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([head_gone, stopped], return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        head_gone.cancel()
+        return 0
+    print(f"RuntimeError: node rank 0 at {address} went away; node rank {rank} cannot go on alone",
+          file=sys.stderr, flush=True)
+    return 1
+
+
+def follow(address: str, rank: int, nnodes: int, timeout_s: float | None) -> int:
+    """Node ``rank`` > 0: join rank 0 at ``address`` and stand by; the process's exit code."""
+    if not 0 < rank < nnodes:
+        print(f"ValueError: node_rank {rank} is not in 0..{nnodes - 1} (--nnodes {nnodes})", file=sys.stderr,
+              flush=True)
+        return 1
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(_follow(address, rank, nnodes, timeout_s or JOIN_TIMEOUT_S))
+    return 0
