@@ -308,3 +308,5 @@ def test_trials_across_two_nodes_run_an_engine_on_each_and_fail_when_one_goes(tm
                                              "tags.`parasweep.status` = 'failed'")
         assert trial.data.tags["parasweep.status"] == "failed"
         assert _engines_of(killed[0]) == []
+        (error,) = (tmp_path / "killed" / "runs" / "multirun").glob("*/*/0/error.txt")
+        assert "node 1 engine log tail" in error.read_text()  # each node's log tail, in the error

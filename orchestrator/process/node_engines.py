@@ -124,6 +124,7 @@ class OtherNodes:
         self._actors: dict[int, Any] = {}
         self._exits: dict[Any, int] = {}  # each actor's wait_exit reference -> its rank
         self.places: list[dict[str, str]] = []  # where each other node's engine runs, in rank order
+        self.ranks: list[int] = []  # the ranks started (kept after the stop, for their logs)
         self._stop_grace_s = 10.0
 
     def log_path(self, rank: int) -> Path:
@@ -142,7 +143,7 @@ class OtherNodes:
         if group is None:
             raise EngineStartError("a trial across nodes runs in a placement group of one bundle per node "
                                    "(a sweep's trial on a Ray cluster); this one was started outside one")
-        self._stop_grace_s = stop_grace_s
+        self._stop_grace_s, self.ranks = stop_grace_s, sorted(argvs)
         actor_class = ray.remote(NodeEngine)
         for rank in argvs:
             where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank)
@@ -176,9 +177,9 @@ class OtherNodes:
         return None
 
     def log_tails(self, lines: int = 10) -> str:
-        """The end of each other node's log as kept so far, for a failure message."""
+        """The end of each other node's log, once stopped (its log is then here), for a failure message."""
         return "\n".join(f"node {rank} engine log tail ({self.log_path(rank)}):\n"
-                         f"{log_tail(self.log_path(rank), lines)}" for rank in sorted(self._actors)
+                         f"{log_tail(self.log_path(rank), lines)}" for rank in self.ranks
                          if self.log_path(rank).exists())
 
     def stop(self) -> None:
