@@ -40,9 +40,10 @@ T = TypeVar("T")
 
 
 def fingerprint(engine_name: str, server_info: dict[str, Any], hardware_name: str,
-                visible_devices: str | None) -> dict[str, Any]:
+                visible_devices: str | None, where: dict[str, str] | None = None) -> dict[str, Any]:
     """The trial's environment. ``visible_devices`` is its ``CUDA_VISIBLE_DEVICES`` (None: unset, so
-    every GPU NVML lists)."""
+    every GPU NVML lists); ``where``, its ``placement`` as the trial recorded it (every node's, across
+    nodes), read here when not given."""
     return {
         "parasweep": distribution_version(("parasweep",)),
         **git_state(SOURCE_ROOT),
@@ -52,7 +53,7 @@ def fingerprint(engine_name: str, server_info: dict[str, Any], hardware_name: st
         "engine": engine_name,
         "engine_version": engine_version(server_info),
         **gpu_state(visible_devices),
-        **placement(engine_name, visible_devices),
+        **(where or placement(engine_name, visible_devices)),
         "os": _os_name(),
         "kernel": platform.release() or "unknown",
         "machine": platform.machine() or "unknown",

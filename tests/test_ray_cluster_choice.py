@@ -270,6 +270,7 @@ def test_trials_across_two_nodes_run_an_engine_on_each_and_fail_when_one_goes(tm
             node1 = (trial / "server" / "server-node1.log").read_text()
             assert f"node rank 1 of 2: joined rank 0 at {join}" in node1
             assert _engines_of(join) == []  # nothing left on any node
+            assert len(json.loads((trial / "env.json").read_text())["ray_node_id"].split(",")) == 2
         kept = tmp_path / "server" / "artifacts" / "1"
         for run in runs:
             assert (kept / run.info.run_id / "artifacts" / "server" / "server-node1.log").is_file()

@@ -197,7 +197,7 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
     def environment() -> None:
         engine = "sim-predict" if cfg.predict else plan.engine_name
         recorder.save_env(fingerprint(engine, session.server_info, cfg.hardware.name,
-                                      os.environ.get("CUDA_VISIBLE_DEVICES")))
+                                      os.environ.get("CUDA_VISIBLE_DEVICES"), where or None))
 
     def reproduction() -> None:
         """The original and this run side by side (reproduce=): printed and recorded."""
