@@ -15,6 +15,7 @@ from simulator import SGLANG_COMPAT_VERSION
 from simulator.calibration import CalibrationError, load_calibration
 from simulator.costs import CostModel, CostParams, Parallel
 from simulator.model_spec import KV_CACHE_DTYPES, ModelConfigError, ModelSpec, load_model_spec
+from simulator.nodes import split_address
 from simulator.sim_config import MIB, SimConfig, StageMemory
 from simulator.step_costs import StepCostsError, apply_step_costs
 from vocab.hardware import HardwareConf, HardwareError, load_hardware, resolve_hardware_path
@@ -145,11 +146,16 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     nnodes = args.nnodes
     if nnodes < 1 or nnodes > hw.nodes:
         raise FlagError(f"nnodes ({nnodes}) must be between 1 and the {hw.nodes} node(s) of {hw.name}")
-    if args.node_rank != 0:  # rank 0 models every node; the others stand by (cli.follow)
+    if args.node_rank != 0:  # rank 0 models every node; the others stand by (simulator/nodes.py)
         raise FlagError(f"node_rank {args.node_rank}: only rank 0 is modelled; the simulated engine's "
                         f"other ranks stand by (python -m simulator ... --node-rank {args.node_rank})")
     if nnodes > 1 and not args.dist_init_addr:
         raise FlagError("--dist-init-addr is required with --nnodes > 1 (rank 0's HOST:PORT)")
+    if nnodes > 1:
+        try:
+            split_address(args.dist_init_addr)
+        except ValueError as e:
+            raise FlagError(f"{e} (rank 0's address, where the other nodes join)") from None
     # SGLang 0.5.23's own checks (validation_hook.py)
     if (tp * pp) % nnodes:
         raise FlagError("tp_size must be divisible by number of nodes")

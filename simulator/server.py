@@ -205,7 +205,7 @@ async def _run(cfg: SimConfig, log: LogWriter) -> int:
     nodes = NodeGroup(cfg.args.nnodes)
     if cfg.args.nnodes > 1 and not await _gather_nodes(nodes, cfg, stop, log):
         await runner.cleanup()
-        return 1
+        return 0 if stop.is_set() else 1  # told to stop while waiting is no failure
     if await hold_readiness(server.faults, cfg.startup_time, stop, log):
         server.ready = True
         # Startup objects (config, model spec, aiohttp app) never die: keep them out of the collector's
@@ -214,7 +214,7 @@ async def _run(cfg: SimConfig, log: LogWriter) -> int:
         gc.freeze()
         log.info("The server is fired up and ready to roll!")
     code = await _serve_until_stopped(stop, nodes, log)
-    nodes.close()
+    await nodes.close()
     server.ready = False
     server.driver.stop()
     await runner.shutdown()
@@ -241,7 +241,7 @@ async def _gather_nodes(nodes: NodeGroup, cfg: SimConfig, stop: asyncio.Event, l
     if nodes.all_in.is_set():
         log.info(f"All {cfg.args.nnodes} nodes joined the process group")
         return True
-    nodes.close()
+    await nodes.close()
     if not stop.is_set():
         print(f"RuntimeError: {len(nodes.joined)} of {cfg.args.nnodes - 1} other node(s) joined at {address} "
               f"within {timeout:g} s (--dist-timeout)", file=sys.stderr, flush=True)

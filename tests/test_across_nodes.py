@@ -90,6 +90,26 @@ def test_one_sglang_argv_per_node_valid_for_0_5_23() -> None:
     assert "--nnodes" not in sglang_flags(kimi(8, 1), 30000, T0523)  # one node: none of it
 
 
+def test_the_files_an_engine_command_names_are_carried_to_another_node(tmp_path: Path) -> None:
+    from orchestrator.process.node_engines import EngineFiles
+
+    trial = tmp_path / "trial" / "engine"
+    (trial / "model").mkdir(parents=True)
+    (trial / "hardware.yaml").write_text("name: h\n")
+    (trial / "model" / "config.json").write_text("{}")
+    files = EngineFiles.under(trial)
+    assert sorted(files.contents) == ["hardware.yaml", "model/config.json"]
+    argv = ["python", "-m", "simulator", "--sim-hardware", str(trial / "hardware.yaml"), "--model-path",
+            str(trial / "model"), "--served-model-name", str(tmp_path / "trial" / "engine-x")]
+    elsewhere = tmp_path / "node1"
+    moved = files.place(elsewhere, argv)
+    assert moved[4] == str(elsewhere / "hardware.yaml") and moved[6] == str(elsewhere / "model")
+    assert moved[8] == argv[8]  # only paths under the folder move (not a name that shares its prefix)
+    assert (elsewhere / "hardware.yaml").read_text() == "name: h\n"
+    assert (elsewhere / "model" / "config.json").read_text() == "{}"
+    assert EngineFiles.under(tmp_path / "none").place(elsewhere, argv) == argv  # SGLang's: nothing to carry
+
+
 def _engine(tp: int, pp: int, nnodes: int, hardware: str = CLUSTER, model: str = "kimi-k2"):
     args = ["--model-path", str(model_dir(f"models/{model}")), "--tp-size", str(tp), "--pp-size", str(pp),
             "--sim-hardware", hardware, "--random-seed", "0"]
@@ -130,6 +150,15 @@ def _ready(port: int) -> bool:
         return False
 
 
+def _wait_for(what: str, path: Path, proc: subprocess.Popen[str], timeout_s: float = 60.0) -> None:
+    """Until ``what`` is in the log at ``path`` (the process must stay alive meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while what not in (path.read_text() if path.exists() else ""):
+        assert proc.poll() is None, path.read_text()
+        assert time.monotonic() < deadline, f"no {what!r} in {path}"
+        time.sleep(0.1)
+
+
 @pytest.mark.slow  # engine processes
 def test_the_simulated_engines_nodes_meet_before_serving_and_fail_together(tmp_path: Path) -> None:
     from orchestrator.process.server import free_port
@@ -137,45 +166,55 @@ def test_the_simulated_engines_nodes_meet_before_serving_and_fail_together(tmp_p
     port, join = free_port(), f"127.0.0.1:{free_port()}"
     head = _node_engine(0, port, join, tmp_path)
     procs = [head]
+    node0, node1 = tmp_path / "node0.log", tmp_path / "node1.log"
     try:
-        time.sleep(3.0)
-        assert head.poll() is None and not _ready(port)  # alone, rank 0 waits for node 1
+        _wait_for("Waiting for 1 other node(s) to join at " + join, node0, head)
+        assert not _ready(port)  # alone, rank 0 does not serve
         follower = _node_engine(1, free_port(), join, tmp_path)
         procs.append(follower)
-        deadline = time.monotonic() + 60
-        while not _ready(port) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_for("node rank 1 of 2: joined rank 0 at " + join, node1, follower)
+        _wait_for("ready to roll", node0, head)
         assert _ready(port)  # both in: rank 0 serves; node 1 serves nothing
-        assert "node rank 1 of 2: joined rank 0 at " + join in (tmp_path / "node1.log").read_text()
         follower.send_signal(signal.SIGKILL)  # node 1 lost: rank 0 cannot go on
         assert head.wait(timeout=30) == 1
-        assert "node rank 1 of 2 left the process group" in (tmp_path / "node0.log").read_text()
-        # and the other way round: a follower whose rank 0 goes ends with an error; one stopped, cleanly
+        assert "node rank 1 of 2 left the process group" in node0.read_text()
+        # rank 0 lost without a word: its follower ends with an error
         head = _node_engine(0, port, join, tmp_path)
         follower = _node_engine(1, free_port(), join, tmp_path)
         procs += [head, follower]
-        deadline = time.monotonic() + 60
-        while not _ready(port) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_for("ready to roll", node0, head)
         head.send_signal(signal.SIGKILL)
         assert follower.wait(timeout=30) == 1
-        assert "node rank 0 at " + join + " went away" in (tmp_path / "node1.log").read_text()
-        stopped = _node_engine(1, free_port(), join, tmp_path)  # waiting to join, then told to stop
-        procs.append(stopped)
-        time.sleep(1.0)
-        stopped.send_signal(signal.SIGTERM)
-        assert stopped.wait(timeout=30) == 0
+        assert "node rank 0 at " + join + " went away" in node1.read_text()
+        # rank 0 stopped: it tells its follower, which stops too, cleanly
+        head = _node_engine(0, port, join, tmp_path)
+        follower = _node_engine(1, free_port(), join, tmp_path)
+        procs += [head, follower]
+        _wait_for("ready to roll", node0, head)
+        head.send_signal(signal.SIGTERM)
+        assert head.wait(timeout=30) == 0 and follower.wait(timeout=30) == 0
+        assert "node rank 1 of 2: rank 0 stopped; stopping too" in node1.read_text()
+        # a follower still waiting to join, told to stop: exit 0
+        waiting = _node_engine(1, free_port(), join, tmp_path)
+        procs.append(waiting)
+        _wait_for("node rank 1 of 2: joining rank 0 at " + join, node1, waiting)
+        waiting.send_signal(signal.SIGTERM)
+        assert waiting.wait(timeout=30) == 0
     finally:
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    # a rank outside the trial's nodes is one line, exit 1
-    bad = subprocess.run([sys.executable, "-m", "simulator", "--model-path", str(model_dir("models/kimi-k2")),
-                          "--tp-size", "8", "--pp-size", "2", "--nnodes", "2", "--node-rank", "2",
-                          "--dist-init-addr", join, "--sim-hardware", CLUSTER],
-                         capture_output=True, text=True, timeout=60)
+    # a rank outside the trial's nodes, or an address that is not HOST:PORT: one line, exit 1
+    base = [sys.executable, "-m", "simulator", "--model-path", str(model_dir("models/kimi-k2")),
+            "--tp-size", "8", "--pp-size", "2", "--nnodes", "2", "--sim-hardware", CLUSTER]
+    bad = subprocess.run([*base, "--node-rank", "2", "--dist-init-addr", join], capture_output=True,
+                         text=True, timeout=60)
     assert bad.returncode == 1 and "node_rank 2 is not in 0..1 (--nnodes 2)" in bad.stderr
+    bad = subprocess.run([*base, "--dist-init-addr", "headnode"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1
+    assert bad.stderr.strip() == ("ValueError: --dist-init-addr 'headnode' is not HOST:PORT (rank 0's "
+                                  "address, where the other nodes join)")
 
 
 def test_crossing_nodes_costs_what_the_network_costs() -> None:

@@ -52,6 +52,11 @@ CASES = [
      ["search.measure_top=-1", "an integer >= 0 (0: predict only)"]),
     ([*TINY, "search=tiny", "search.slo.itl_p99_ms=0.5"],
      ["search.slo: no candidate meets itl_p99_ms <= 0.5; closest: server.cuda_graph=true tp.size=1"]),
+    # measured across two nodes: on a Ray cluster, as a sweep
+    (["model=kimi-k2", "hardware=h100-sxm-x8-2nodes-ib", "parallelism=tp8pp2"],
+     ["tp.size*pp.size*dp.size=16", "across nodes: ray.address=auto or host:port of a Ray cluster"]),
+    (["model=kimi-k2", "hardware=h100-sxm-x8-2nodes-ib", "parallelism=tp8pp2", "ray.address=auto"],
+     ["a trial across 2 nodes runs as a sweep on the Ray cluster", "add -m"]),
     # an output directory that cannot be created (under /proc nothing can, even for root)
     (["hydra.run.dir=/proc/parasweep-nope"],
      ["/proc/parasweep-nope", "cannot be written", "writable directory"]),

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from analysis.report import short_uuids, where_lines
-from orchestrator.environment import gpu_uuids, placement
+from orchestrator.environment import gpu_uuids, joined_placement, placement
 from vocab.status import Tag
 
 NODE_A = "a1b2c3d4" + "0" * 48
@@ -44,6 +44,18 @@ def test_where_lines_one_node_or_one_line_a_trial() -> None:
         f"Where: GPUs of every trial: {sim}"]
     assert where_lines([_run(0, None)]) == []  # a prediction records no place
     assert short_uuids("none (the simulated engine uses no GPU)") == "none (the simulated engine uses no GPU)"
+
+
+def test_a_trial_across_nodes_records_every_node() -> None:
+    rank0 = {"host": "gpu-a", "ray_node_id": NODE_A, "gpu_uuids": "GPU-1,GPU-2"}
+    rank1 = {"host": "gpu-b", "ray_node_id": NODE_B, "gpu_uuids": "GPU-3,GPU-4"}
+    assert joined_placement([rank0, rank1]) == {"host": "gpu-a,gpu-b", "ray_node_id": f"{NODE_A},{NODE_B}",
+                                                "gpu_uuids": "GPU-1,GPU-2,GPU-3,GPU-4"}
+    sim = "none (the simulated engine uses no GPU)"  # a reason every node gives, once
+    assert joined_placement([{**rank0, "gpu_uuids": sim}, {**rank1, "gpu_uuids": sim}])["gpu_uuids"] == sim
+    across = _run(0, "gpu-a,gpu-b", f"{NODE_A},{NODE_B}", sim)
+    assert where_lines([across]) == [f"Where: every trial on host gpu-a,gpu-b, Ray node a1b2c3d4,e5f6a7b8; "
+                                     f"GPUs {sim}"]
 
 
 def test_a_reproduction_compares_hosts_but_not_ray_nodes() -> None:

@@ -120,7 +120,7 @@ class ParasweepRayLauncher(Launcher):
                                    engine_reason=reason))
         sweep = SweepSettings.of([j.cfg for j in jobs])
         if not (sweep.dry_run or sweep.predict) and joins_cluster(sweep.ray_address):
-            self._ray(jobs, sweep)  # a cluster the sweep cannot use is refused before its run is made
+            self._start_ray(jobs, sweep)  # a cluster the sweep cannot use is refused before its run is made
         parent_run_id = None if sweep.dry_run else ensure_started()
         for job in jobs:
             sc = job.job_config
@@ -227,7 +227,7 @@ class ParasweepRayLauncher(Launcher):
                 "status": "skipped", "run_id": prev.info.run_id, "timings": {}})
         return reused
 
-    def _ray(self, jobs: list[Any], sweep: Any) -> Any:
+    def _start_ray(self, jobs: list[Any], sweep: Any) -> Any:
         """Start the sweep's own Ray or join the cluster (once), say which, and refuse a cluster whose
         other nodes cannot write the sweep's tracking store."""
         from orchestrator.config.schema import joins_cluster
@@ -251,7 +251,8 @@ class ParasweepRayLauncher(Launcher):
         costs = "; ".join(sorted({step_costs_label(j.cfg) for j in jobs}))
         print(textwrap.fill(f"[parasweep] step costs: {costs}", 100, subsequent_indent="    "), flush=True)
         uri = sweep.tracking_uri
-        local_store = uri.startswith(("sqlite:", "file:")) or "://" not in uri  # a file on this machine
+        # a file on this machine: sqlite, a file store, a plain path (not "databricks" and its kin)
+        local_store = uri.startswith(("sqlite:", "file:")) or ("://" not in uri and ":" not in uri)
         if cluster.nodes > 1 and local_store:
             raise UserError(
                 f"tracking.uri={uri}: trials on other Ray nodes cannot write this machine's local store; "
@@ -264,7 +265,7 @@ class ParasweepRayLauncher(Launcher):
     def _run_on_ray(self, ray_jobs: list[Any], jobs: list[Any], sweep: Any, sweep_dir: Path) -> list[Any]:
         from orchestrator.launcher.ray_runner import RayTrialRunner
 
-        self._ray(jobs, sweep)
+        self._start_ray(jobs, sweep)
         uri = sweep.tracking_uri
 
         def args_for(job: Any) -> tuple[Any, ...]:

@@ -1,5 +1,6 @@
-"""Run a sweep's trials as Ray tasks: one task per trial asking for its world size in GPUs, started
-in queue order (largest first, with backfill) as GPUs free up, never retried, cancellable.
+"""Run a sweep's trials as Ray tasks: one task per trial asking for its GPUs (its world size, or a
+node's share of it across nodes), started in queue order (largest first, with backfill) as GPUs free
+up, never retried, cancellable.
 
 On a cluster each trial is pinned to the node the queue counted it on. A trial wider than one node
 first reserves its nodes as a placement group, one bundle per node (strictly spread, each bundle
@@ -88,39 +89,44 @@ class RayTrialRunner:
         with ProgressView([job.slot for job in jobs if job.slot]):
             try:
                 while queue or running:
-                    for q, where in place_startable([j.queued for j in queue.values()], free):
+                    for q, node_indexes in place_startable([j.queued for j in queue.values()], free):
                         job = queue.pop(q.index)
                         options: dict[str, Any] = {"num_gpus": q.gpus_per_node, "num_cpus": job.cpus,
                                                    "name": f"trial-{q.index}"}
                         if job.accelerator_type:
                             options["accelerator_type"] = job.accelerator_type
-                        if q.nodes > 1:
-                            try:
-                                groups[q.index] = reserve_nodes([nodes[i][0] for i in where], q.gpus_per_node,
-                                                                job.cpus)
-                            except NodesNotReserved as exc:
-                                job.error, job.finished = exc, time.time()
-                                if job.slot:
-                                    job.slot.state = "done"
-                                continue
-                            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                                groups[q.index], placement_group_bundle_index=0)
-                        elif len(nodes) > 1:  # where the queue counted it, so its count stays true
-                            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                                nodes[where[0]][0], soft=False)
-                        ref = remote.options(**options).remote(*self.args_for(job))
+                        try:
+                            if q.nodes > 1:
+                                groups[q.index] = group = placement_group_for(
+                                    [nodes[i][0] for i in node_indexes], q.gpus_per_node, job.cpus,
+                                    job.accelerator_type)
+                                wait_reserved(group, len(node_indexes), q.gpus_per_node)
+                                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                                    group, placement_group_bundle_index=0)
+                            elif len(nodes) > 1:  # where the queue counted it, so its count stays true
+                                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                                    nodes[node_indexes[0]][0], soft=False)
+                            ref = remote.options(**options).remote(*self.args_for(job))
+                        except Exception as exc:  # not started (nodes not reserved in time, refused options)
+                            if q.index in groups:
+                                ray.util.remove_placement_group(groups.pop(q.index))
+                            job.error, job.finished = exc, time.time()
+                            if job.slot:
+                                job.slot.state = "done"
+                            log.warning("trial %d not started: %s", q.index, exc)
+                            continue
                         job.submitted = time.time()
                         if job.slot:
                             job.slot.state = "running"
-                        running[ref] = (job, where)
-                        for i in where:
+                        running[ref] = (job, node_indexes)
+                        for i in node_indexes:
                             free[i] -= q.gpus_per_node
                     if not running:
                         break
                     done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
                     for ref in done:
-                        job, where = running.pop(ref)
-                        for i in where:
+                        job, node_indexes = running.pop(ref)
+                        for i in node_indexes:
                             free[i] += job.queued.gpus_per_node
                         if job.queued.index in groups:
                             ray.util.remove_placement_group(groups.pop(job.queued.index))
@@ -180,24 +186,32 @@ class NodesNotReserved(RuntimeError):
 RESERVE_TIMEOUT_S = 60.0
 
 
-def reserve_nodes(node_ids: list[str], gpus_per_node: int, cpus: float) -> Any:
-    """A ready placement group of one bundle per node, bundle ``i`` on ``node_ids[i]`` (the queue
-    counted the trial there), strictly spread. The nodes were free in the queue's count, so it is
-    normally ready at once; one that is not ready within RESERVE_TIMEOUT_S is removed and the trial
-    fails with NodesNotReserved, instead of waiting for nodes that are not coming."""
-    import ray
-    from ray.exceptions import GetTimeoutError
+def placement_group_for(node_ids: list[str], gpus_per_node: int, cpus: float,
+                        accelerator_type: str | None) -> Any:
+    """A placement group of one bundle per node, bundle ``i`` on ``node_ids[i]`` (the queue counted
+    the trial there), strictly spread; each bundle holds what the trial's task (bundle 0) or a node's
+    engine asks for, the accelerator type included (Ray asks for a sliver of ``accelerator_type:X``)."""
     from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
 
-    group = placement_group([{"GPU": gpus_per_node, "CPU": cpus} for _ in node_ids], strategy="STRICT_SPREAD",
-                            bundle_label_selector=[{NODE_ID_LABEL_KEY: node} for node in node_ids])
+    bundle: dict[str, float] = {"GPU": gpus_per_node, "CPU": cpus}
+    if accelerator_type:
+        bundle[f"accelerator_type:{accelerator_type}"] = 0.001
+    return placement_group([dict(bundle) for _ in node_ids], strategy="STRICT_SPREAD",
+                           bundle_label_selector=[{NODE_ID_LABEL_KEY: node} for node in node_ids])
+
+
+def wait_reserved(group: Any, nodes: int, gpus_per_node: int) -> None:
+    """The nodes were free in the queue's count, so the group is normally ready at once; one not ready
+    within RESERVE_TIMEOUT_S fails the trial (NodesNotReserved) instead of waiting for nodes that are
+    not coming. The caller owns the group (and removes it) whatever happens here."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
     try:
         ray.get(group.ready(), timeout=RESERVE_TIMEOUT_S)
     except GetTimeoutError:
-        ray.util.remove_placement_group(group)
-        raise NodesNotReserved(f"could not reserve {len(node_ids)} nodes of {gpus_per_node} GPUs within "
+        raise NodesNotReserved(f"could not reserve {nodes} nodes of {gpus_per_node} GPUs within "
                                f"{RESERVE_TIMEOUT_S:g} s (Ray placement group)") from None
-    return group
 
 
 def _check_fits(trial: QueuedTrial, per_node: list[int]) -> None:

@@ -20,12 +20,15 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.environment import placement
 from orchestrator.errors import EngineStartError
+from orchestrator.gpu_release import process_group_pids, wait_gpus_free
 from orchestrator.process.server import ServerProcess, log_tail
 
 LOG_BYTES_KEPT = 4 << 20  # the end of a node's engine log brought back to the trial (4 MiB)
@@ -75,44 +78,72 @@ def head_address() -> str:
     return str(ray.util.get_node_ip_address())
 
 
+@dataclass(frozen=True)
+class NodeExit:
+    """An engine of another node that exited: its rank, why, and when (epoch seconds, its node's clock;
+    None when its actor died with it)."""
+
+    rank: int
+    reason: str
+    at: float | None
+
+
 class NodeEngine:
     """One node's engine process, run by a Ray actor placed on that node (``ray.remote`` is applied
     where it is started, so this module imports Ray only there). Its calls run on threads of their
-    own (the actor is started with ``max_concurrency``), so ``wait_exit`` never blocks ``stop``."""
+    own (the actor is started with ``max_concurrency``), so ``wait_exit`` never blocks ``stop``; a lock
+    keeps a stop that comes first (a cancelled trial) from being overtaken by the start."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.log_path = Path(tempfile.mkdtemp(prefix=f"parasweep-node{rank}-")) / "server.log"
         self.server: ServerProcess | None = None
+        self.engine_name = ""
+        self.stopped = False
+        self.lock = threading.Lock()
 
     def start(self, argv: list[str], env: dict[str, str], stop_grace_s: float, files: EngineFiles,
               engine_name: str) -> dict[str, str]:
         """Start the engine with this process's environment (Ray's CUDA_VISIBLE_DEVICES for the
         actor's GPUs) plus ``env``, after writing the files its command line names on this node;
         returns where it runs (host, Ray node, GPU UUIDs)."""
-        argv = files.place(self.log_path.parent / "engine", argv)
-        self.server = ServerProcess(argv, self.log_path, "127.0.0.1", 0, env={**os.environ, **env},
-                                    stop_grace_s=stop_grace_s)
-        self.server.start()
+        with self.lock:
+            if self.stopped:
+                raise EngineStartError(f"the engine of node {self.rank} was stopped before it started")
+            argv = files.place(self.log_path.parent / "engine", argv)
+            self.server = ServerProcess(argv, self.log_path, "127.0.0.1", 0, env={**os.environ, **env},
+                                        stop_grace_s=stop_grace_s)
+            self.engine_name = engine_name
+            self.server.start()
         return placement(engine_name, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
-    def wait_exit(self) -> int:
-        """Returns the engine's exit code when it exits (a stop included)."""
+    def wait_exit(self) -> tuple[int, float]:
+        """The engine's exit code and the time it exited, returned when it exits (a stop included)."""
         assert self.server is not None and self.server.proc is not None
-        return self.server.proc.wait()
+        code = self.server.proc.wait()
+        return code, time.time()
 
     def stop(self) -> str:
-        """Stop the whole process group; the end of its log (the log's directory is removed)."""
-        if self.server is not None:
-            self.server.stop()
+        """Stop the whole process group (and, for SGLang, wait until this node's GPUs are free for the
+        next trial); the end of its log. Its folder is removed."""
+        with self.lock:
+            self.stopped = True
+            server = self.server
+        notes = []
+        if server is not None:
+            pids = process_group_pids(server.pid or 0)
+            server.stop()
+            if self.engine_name == "sglang":
+                notes = wait_gpus_free(os.environ.get("CUDA_VISIBLE_DEVICES"), 60.0, pids or None)
         try:
             with self.log_path.open("rb") as f:
                 f.seek(max(0, self.log_path.stat().st_size - LOG_BYTES_KEPT))
-                return f.read().decode(errors="replace")
+                text = f.read().decode(errors="replace")
         except OSError:
-            return "(no log)"
+            text = "(no log)"
         finally:
             shutil.rmtree(self.log_path.parent, ignore_errors=True)
+        return text + "".join(f"\n[parasweep] {note}" for note in notes)
 
 
 class OtherNodes:
@@ -135,7 +166,7 @@ class OtherNodes:
         """One actor per rank in bundle ``rank`` of this task's placement group, each starting its
         node's engine; returns when every engine process has been started (not when it is ready)."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayError
+        from ray.exceptions import RayError
         from ray.util import get_current_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -155,14 +186,15 @@ class OtherNodes:
         # the bundles are reserved already: an actor that does not start within this is not coming
         try:
             self.places = [ray.get(started[rank], timeout=ACTOR_START_TIMEOUT_S) for rank in sorted(started)]
-        except (GetTimeoutError, RayError) as exc:
+        except RayError as exc:  # a timeout, or the actor's error
+            first = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
             raise EngineStartError(f"the engines of the other nodes did not start: {type(exc).__name__}: "
-                                   f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+                                   f"{first}") from None
         self._exits = {actor.wait_exit.remote(): rank for rank, actor in self._actors.items()}
 
-    def problem(self, wait_s: float = 0.0) -> str | None:
-        """Why an engine on another node is gone (it exited, or its actor died), or None. Without
-        ``wait_s``, cheap: no call leaves this process."""
+    def exited(self, wait_s: float = 0.0) -> NodeExit | None:
+        """The first engine on another node found gone (it exited, or its actor died), or None.
+        Without ``wait_s``, cheap: no call leaves this process."""
         import ray
 
         if not self._exits:
@@ -171,10 +203,17 @@ class OtherNodes:
         for ref in done:
             rank = self._exits[ref]
             try:
-                return node_exit_reason(rank, ray.get(ref))
+                code, at = ray.get(ref)
             except Exception as exc:  # the actor (or its node) died: its engine went with it
-                return f"engine on node {rank} lost with its Ray actor ({type(exc).__name__})"
+                return NodeExit(rank, f"engine on node {rank} lost with its Ray actor ({type(exc).__name__})",
+                                None)
+            return NodeExit(rank, node_exit_reason(rank, code), at)
         return None
+
+    def problem(self) -> str | None:
+        """Why an engine on another node is gone, or None (for a wait that watches them all)."""
+        gone = self.exited()
+        return gone.reason if gone is not None else None
 
     def log_tails(self, lines: int = 10) -> str:
         """The end of each other node's log, once stopped (its log is then here), for a failure message."""
@@ -183,9 +222,9 @@ class OtherNodes:
                          if self.log_path(rank).exists())
 
     def stop(self) -> None:
-        """Stop every other node's engine (its whole process group), keep its log, end its actor.
-        Safe to call more than once; an actor that does not answer is killed outright (its engine,
-        started with a parent-death signal, goes with it)."""
+        """Stop every other node's engine (its whole process group; all at once), keep its log, end its
+        actor. Safe to call more than once; an actor that does not answer is killed outright (its
+        engine, started with a parent-death signal, goes with it)."""
         import ray
 
         actors, self._actors, self._exits = self._actors, {}, {}
@@ -195,7 +234,8 @@ class OtherNodes:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for rank, ref in stops.items():
             try:
-                text = ray.get(ref, timeout=self._stop_grace_s + 15)
+                # its stop: the grace, the kill, and for SGLang up to 60 s for the GPUs to be let go
+                text = ray.get(ref, timeout=self._stop_grace_s + 75)
             except Exception as exc:
                 text = f"(the log of node {rank} could not be fetched: {type(exc).__name__})"
             with self.log_path(rank).open("a") as f:

@@ -88,7 +88,8 @@ class ServerProcess:
                     f"({self.log_path}):\n{log_tail(self.log_path)}")
             gone = elsewhere() if elsewhere is not None else None
             if gone is not None:
-                raise EngineStartError(f"{gone} before the trial's engine was ready")
+                raise EngineStartError(f"{gone} before the trial's engine was ready; rank 0's log tail "
+                                       f"({self.log_path}):\n{log_tail(self.log_path)}")
             try:  # a probe may take as long as SGLang's own health check (see READY_PROBE_TIMEOUT_S)
                 wait = min(READY_PROBE_TIMEOUT_S, max(0.5, deadline - time.monotonic()))
                 with urllib.request.urlopen(self.url + "/health", timeout=wait) as resp:

@@ -95,10 +95,6 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
                                    Tag.RAY_NODE_ID: where["ray_node_id"], Tag.GPU_UUIDS: where["gpu_uuids"]})
                 progress.update(status="starting engine", force=True)
             with session:
-                if session.other_nodes:  # across nodes: every node, rank 0 first
-                    where = joined_placement([where, *session.other_nodes])
-                    recorder.set_tags({Tag.HOST: where["host"], Tag.RAY_NODE_ID: where["ray_node_id"],
-                                       Tag.GPU_UUIDS: where["gpu_uuids"]})
                 recorder.record_engine(session.server_info, session.resolved,
                                        engine_version(session.server_info))
                 timings["load_start"] = time.time()
@@ -119,11 +115,25 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
     except Exception:
         error = traceback.format_exc()
     finally:
+        where = _every_node(recorder, where, session)
         timings.update(session.timings)
         recorder.save_argv(session.argv)
         progress.update(status=status.value, message=error.splitlines()[0] if error else "", force=True)
         _finish(plan, recorder, session, results, status, error, timings, settings.reproduces, where)
     return TrialOutcome(status, run_id, timings, error)
+
+
+def _every_node(recorder: TrialRecorder, where: dict[str, str], session: EngineSession) -> dict[str, str]:
+    """Across nodes, where the trial ran is every node, rank 0 first (known once the others started,
+    whether or not the trial then went well): recorded in the tags, and returned for env.json.
+    Otherwise ``where`` as it is."""
+    others = session.other_node_places
+    if not where or not others:
+        return where
+    joined = joined_placement([where, *others])
+    recorder.set_tags({Tag.HOST: joined["host"], Tag.RAY_NODE_ID: joined["ray_node_id"],
+                       Tag.GPU_UUIDS: joined["gpu_uuids"]})
+    return joined
 
 
 def _check_reproduction(recorder: TrialRecorder, original: str, new_hash: str) -> None:

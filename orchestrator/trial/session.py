@@ -23,6 +23,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +35,7 @@ from orchestrator.engines.base import HOST, NodePlace
 from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.gpu_release import ensure_gpus_free, process_group_pids, wait_gpus_free
 from orchestrator.process.health import HealthProber
-from orchestrator.process.node_engines import EngineFiles, OtherNodes, head_address
+from orchestrator.process.node_engines import EngineFiles, NodeExit, OtherNodes, head_address
 from orchestrator.process.server import ServerProcess, free_port, http_get_json, log_tail
 from orchestrator.telemetry.gpu_sources import GpuTelemetry, start_gpu_telemetry
 from orchestrator.telemetry.server_log import resolved_config
@@ -59,7 +61,7 @@ class EngineSession(Protocol):
     resolved: dict[str, Any]  # the engine's resolved values (``resolved.*`` params)
     timings: dict[str, float]  # epoch seconds: engine_launch, engine_ready, engine_stopped
     gpu: GpuTelemetry  # where the GPU samples come from (nvml | simulated | none) and why
-    other_nodes: list[dict[str, str]]  # across nodes: where node ranks 1.. run (environment.placement)
+    other_node_places: list[dict[str, str]]  # across nodes: where ranks 1.. run (environment.placement)
 
     def __enter__(self) -> EngineSession: ...
 
@@ -82,15 +84,29 @@ def exit_reason(code: int) -> str:
     return f"engine exited with code {code}"
 
 
+class ExitClock:
+    """When a process exited (epoch seconds), noted by a thread that waits for it: across nodes, which
+    node's engine went first tells which one failed the others."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.at: float | None = None
+        threading.Thread(target=self._wait, args=(proc,), name="engine-exit-clock", daemon=True).start()
+
+    def _wait(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.wait()
+        self.at = time.time()
+
+
 class EngineWatch:
     """``should_stop`` for one point: why the point must stop now, or None. Asked by the load generator
     every 0.2 s, so each question is cheap: a ``waitpid`` without blocking, an attribute read (the
     health prober's verdict, kept up to date by its own thread) and a clock read."""
 
     def __init__(self, server: ServerProcess, prober: HealthProber | None, point_timeout_s: float | None,
-                 others: OtherNodes | None = None) -> None:
+                 others: OtherNodes | None = None, head_exit: ExitClock | None = None) -> None:
         self.server, self.prober, self.point_timeout_s = server, prober, point_timeout_s
-        self.others = others  # the engines on the trial's other nodes, when it spans several
+        # across nodes: the engines of the trial's other nodes, and when this node's engine exited
+        self.others, self.head_exit = others, head_exit
         self.started = time.monotonic()
         self.reason: str | None = None  # the first reason given: the load generator stops on it
         self.timed_out = False
@@ -99,17 +115,22 @@ class EngineWatch:
         """The engine's process has exited (on any node of the trial), or it no longer answers
         ``/health``."""
         assert self.server.proc is not None
-        elsewhere = self.others.problem() if self.others is not None else None
-        if elsewhere is not None:
-            return elsewhere
         code = self.server.proc.poll()
+        # across nodes the engines fail together: the one that went first is the failure (its news may
+        # still be crossing Ray when this node's exit is seen here: wait for it a moment)
+        gone = (self.others.exited(wait_s=OTHER_NODE_NEWS_S if code is not None else 0.0)
+                if self.others is not None else None)
+        if gone is not None and (code is None or self._went_first(gone)):
+            return gone.reason
         if code is not None:
-            # across nodes, rank 0 fails when another node's engine goes: name the node that went
-            # first, if its news is on the way (it crosses Ray while rank 0's exit is seen here)
-            gone = self.others.problem(wait_s=OTHER_NODE_NEWS_S) if self.others is not None else None
-            return gone or exit_reason(code)
+            return exit_reason(code)
         verdict = self.prober.verdict if self.prober is not None else None
         return f"engine not answering /health: {verdict}" if verdict else None
+
+    def _went_first(self, gone: NodeExit) -> bool:
+        """Whether another node's engine exited before this node's (an actor that died: yes)."""
+        head = self.head_exit.at if self.head_exit is not None else None
+        return gone.at is None or gone.at <= (head if head is not None else time.time())
 
     def __call__(self) -> str | None:
         if self.reason is None:
@@ -156,10 +177,11 @@ class LiveSession:
         self._scraper: MetricsScraper | None = None
         self._prober: HealthProber | None = None
         self._others: OtherNodes | None = None  # node ranks 1.. of a trial across nodes
+        self._head_exit: ExitClock | None = None  # when rank 0's engine exited, across nodes
         self._pids: set[int] = set()
 
     @property
-    def other_nodes(self) -> list[dict[str, str]]:
+    def other_node_places(self) -> list[dict[str, str]]:
         return self._others.places if self._others is not None else []
 
     @property
@@ -226,6 +248,8 @@ class LiveSession:
                                        EngineFiles.under(self.plan.engine.files_dir(self.plan.identity.trial_dir)),
                                        self.plan.engine_name)
                 server.start()
+                if self._others is not None and server.proc is not None:
+                    self._head_exit = ExitClock(server.proc)
                 server.wait_ready(cfg.engine.startup_timeout_s,
                                   self._others.problem if self._others is not None else None)
                 return server
@@ -261,7 +285,8 @@ class LiveSession:
 
         assert self._server is not None, "the session has not started"
         workload = self.plan.cfg.workload
-        watch = EngineWatch(self._server, self._prober, workload.point_timeout_s, self._others)
+        watch = EngineWatch(self._server, self._prober, workload.point_timeout_s, self._others,
+                            self._head_exit)
         start = time.time()
         result = run_point(self.url, point, spec, records_path=records, on_progress=on_progress,
                            sock_read_timeout=workload.stall_timeout_s,
@@ -323,7 +348,7 @@ class VirtualSession:
         # the per-point summaries come from the simulator's power model (no series in virtual time)
         self.gpu = GpuTelemetry(GpuSource.SIMULATED, "the simulator's model, in virtual time")
         self._results: dict[str, PointResult] = {}
-        self.other_nodes: list[dict[str, str]] = []  # it runs nowhere
+        self.other_node_places: list[dict[str, str]] = []  # it runs nowhere
 
     def __enter__(self) -> VirtualSession:
         from simulator.predict import resolved_server_info
