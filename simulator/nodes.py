@@ -22,6 +22,10 @@ import asyncio
 import contextlib
 import signal
 import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 JOIN_TIMEOUT_S = 600.0  # without --dist-timeout: how long the ranks wait for each other to join
 RETRY_S = 0.2  # a follower's pause between attempts to reach rank 0
@@ -108,33 +112,38 @@ async def _join(address: str, rank: int, nnodes: int, timeout_s: float
         raise ConnectionError(f"rank 0 at {address} refused node rank {rank} of {nnodes}")
 
 
+async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> asyncio.Future[T] | None:
+    """``work`` run to its end (its finished future, result or error), or None when ``stop`` is set
+    first (``work`` is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        task.cancel()
+        return None
+    stopped.cancel()
+    return task
+
+
 async def _follow(address: str, rank: int, nnodes: int, timeout_s: float) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(f"node rank {rank} of {nnodes}: joining rank 0 at {address}", flush=True)
-    joining = asyncio.ensure_future(_join(address, rank, nnodes, timeout_s))
-    stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait([joining, stopped], return_when=asyncio.FIRST_COMPLETED)
-    if stop.is_set():
-        joining.cancel()
+    joined = await _unless_stopped(_join(address, rank, nnodes, timeout_s), stop)
+    if joined is None:
         return 0
-    stopped.cancel()
     try:
-        reader, _writer = joining.result()
+        reader, _writer = joined.result()
     except (TimeoutError, ConnectionError) as exc:
         print(f"RuntimeError: {exc}", file=sys.stderr, flush=True)
         return 1
     print(f"node rank {rank} of {nnodes}: joined rank 0 at {address}; rank 0 models every node, this one "
           "stands by until stopped", flush=True)
-    heard = asyncio.ensure_future(reader.readline())
-    stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait([heard, stopped], return_when=asyncio.FIRST_COMPLETED)
-    if stop.is_set():
-        heard.cancel()
+    heard = await _unless_stopped(reader.readline(), stop)
+    if heard is None:
         return 0
-    stopped.cancel()
     if not heard.exception() and heard.result() == BYE:
         print(f"node rank {rank} of {nnodes}: rank 0 stopped; stopping too", flush=True)
         return 0
