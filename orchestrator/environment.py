@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from orchestrator.engines.base import engine_version
+from vocab.status import PLACEMENT_TAGS
 
 # Distribution names as pip knows them; where a package ships under two names, the first installed wins.
 PACKAGES: dict[str, tuple[str, ...]] = {
@@ -115,7 +116,7 @@ def joined_placement(places: list[dict[str, str]]) -> dict[str, str]:
     """Where a trial across nodes ran: each of ``placement``'s values for every node in rank order,
     comma-separated (a reason shared by every node, such as the simulated engine's, once)."""
     joined = {}
-    for key in ("host", "ray_node_id", "gpu_uuids"):
+    for key in PLACEMENT_TAGS:
         values = [place[key] for place in places]
         same_reason = len(set(values)) == 1 and " " in values[0]
         joined[key] = values[0] if same_reason else ",".join(values)

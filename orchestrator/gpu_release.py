@@ -28,6 +28,7 @@ from orchestrator.telemetry.nvml_source import visible_devices
 
 # How long a launch waits for the GPUs to be free; a killed engine lets go within seconds
 BEFORE_LAUNCH_WAIT_S = 60.0
+RELEASE_WAIT_S = 60.0  # after an engine's stop: how long its GPUs may take to be let go
 
 
 def process_group_pids(pgid: int) -> set[int]:

@@ -100,6 +100,12 @@ def is_http(uri: str) -> bool:
     return uri.split(":", 1)[0].lower() in ("http", "https")
 
 
+def is_local_store(uri: str) -> bool:
+    """A store that is a file on this machine (sqlite, a file store, a plain path), which processes on
+    other machines cannot write; not a server, a remote database or ``databricks``."""
+    return uri.split(":", 1)[0].lower() in ("sqlite", "file") or ":" not in uri
+
+
 class _QuietRetries(logging.Filter):
     """Drops urllib3's "Retrying ..." warning for MLflow's own requests: while the server is away,
     each retry would print one, and the spool's single warning says what happens instead."""

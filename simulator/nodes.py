@@ -112,7 +112,7 @@ async def _join(address: str, rank: int, nnodes: int, timeout_s: float
         raise ConnectionError(f"rank 0 at {address} refused node rank {rank} of {nnodes}")
 
 
-async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> asyncio.Future[T] | None:
+async def unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> asyncio.Future[T] | None:
     """``work`` run to its end (its finished future, result or error), or None when ``stop`` is set
     first (``work`` is then cancelled)."""
     task = asyncio.ensure_future(work)
@@ -131,7 +131,7 @@ async def _follow(address: str, rank: int, nnodes: int, timeout_s: float) -> int
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(f"node rank {rank} of {nnodes}: joining rank 0 at {address}", flush=True)
-    joined = await _unless_stopped(_join(address, rank, nnodes, timeout_s), stop)
+    joined = await unless_stopped(_join(address, rank, nnodes, timeout_s), stop)
     if joined is None:
         return 0
     try:
@@ -141,7 +141,7 @@ async def _follow(address: str, rank: int, nnodes: int, timeout_s: float) -> int
         return 1
     print(f"node rank {rank} of {nnodes}: joined rank 0 at {address}; rank 0 models every node, this one "
           "stands by until stopped", flush=True)
-    heard = await _unless_stopped(reader.readline(), stop)
+    heard = await unless_stopped(reader.readline(), stop)
     if heard is None:
         return 0
     if not heard.exception() and heard.result() == BYE:

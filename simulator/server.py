@@ -23,7 +23,7 @@ from simulator.frontend import Frontend
 from simulator.generation import GenerationAPI, json_response
 from simulator.gpus import GPUS_PATH, gpu_rows
 from simulator.logs import LogWriter, startup_lines
-from simulator.nodes import JOIN_TIMEOUT_S, NodeGroup
+from simulator.nodes import JOIN_TIMEOUT_S, NodeGroup, unless_stopped
 from simulator.observer import Reporter
 from simulator.prometheus import PrometheusMetrics
 from simulator.replica import ReplicaModel
@@ -234,11 +234,8 @@ async def _gather_nodes(nodes: NodeGroup, cfg: SimConfig, stop: asyncio.Event, l
         return False
     log.info(f"Waiting for {cfg.args.nnodes - 1} other node(s) to join at {address}")
     timeout = cfg.args.dist_timeout or JOIN_TIMEOUT_S
-    waits = [asyncio.ensure_future(nodes.all_in.wait()), asyncio.ensure_future(stop.wait())]
-    await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    for w in waits:
-        w.cancel()
-    if nodes.all_in.is_set():
+    gathered = await unless_stopped(asyncio.wait_for(nodes.all_in.wait(), timeout), stop)
+    if gathered is not None and gathered.exception() is None:  # its exception: the timeout
         log.info(f"All {cfg.args.nnodes} nodes joined the process group")
         return True
     await nodes.close()
@@ -250,11 +247,7 @@ async def _gather_nodes(nodes: NodeGroup, cfg: SimConfig, stop: asyncio.Event, l
 
 async def _serve_until_stopped(stop: asyncio.Event, nodes: NodeGroup, log: LogWriter) -> int:
     """0 when told to stop; 1 when a node of a trial across nodes went away (its collectives broke)."""
-    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(nodes.lost.wait())]
-    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    for w in waits:
-        w.cancel()
-    if stop.is_set():
+    if await unless_stopped(nodes.lost.wait(), stop) is None:
         return 0
     print(f"RuntimeError: node rank {nodes.lost_rank} of {nodes.nnodes} left the process group; the "
           "collectives across nodes cannot go on", file=sys.stderr, flush=True)

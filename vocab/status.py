@@ -83,3 +83,7 @@ class Tag:
     # Without it MLflow 3 guesses, and a run link opened directly landed in "GenAI / Evaluations".
     EXPERIMENT_KIND = "mlflow.experimentKind"
     PARENT = "mlflow.parentRunId"
+
+
+# environment.placement's keys, each with the tag that records it
+PLACEMENT_TAGS = {"host": Tag.HOST, "ray_node_id": Tag.RAY_NODE_ID, "gpu_uuids": Tag.GPU_UUIDS}

@@ -152,8 +152,7 @@ class ParasweepRayLauncher(Launcher):
         return [results[j.index] for j in jobs]
 
     def _run(self, todo: list[Any], sweep: Any, sweep_dir: Path) -> list[tuple[Any, JobReturn]]:
-        from orchestrator.config.schema import trial_nodes
-        from orchestrator.config.validate import world_size
+        from orchestrator.config.schema import trial_nodes, world_size
         from orchestrator.launcher.estimate import predict_trials
         from orchestrator.launcher.queue import QueuedTrial
         from orchestrator.launcher.ray_runner import TrialJob
@@ -233,6 +232,7 @@ class ParasweepRayLauncher(Launcher):
         from orchestrator.config.schema import joins_cluster
         from orchestrator.errors import UserError
         from orchestrator.launcher.ray_cluster import init_ray
+        from orchestrator.tracking import is_local_store
 
         if self.cluster is not None:
             return self.cluster
@@ -251,9 +251,7 @@ class ParasweepRayLauncher(Launcher):
         costs = "; ".join(sorted({step_costs_label(j.cfg) for j in jobs}))
         print(textwrap.fill(f"[parasweep] step costs: {costs}", 100, subsequent_indent="    "), flush=True)
         uri = sweep.tracking_uri
-        # a file on this machine: sqlite, a file store, a plain path (not "databricks" and its kin)
-        local_store = uri.startswith(("sqlite:", "file:")) or ("://" not in uri and ":" not in uri)
-        if cluster.nodes > 1 and local_store:
+        if cluster.nodes > 1 and is_local_store(uri):
             raise UserError(
                 f"tracking.uri={uri}: trials on other Ray nodes cannot write this machine's local store; "
                 "valid: an MLflow tracking server, e.g. run `mlflow server --host <an address the other "

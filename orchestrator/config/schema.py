@@ -182,10 +182,19 @@ class TrackingConf:
     engine_reason: str | None = None  # why the trial runs on its engine (engine=auto's choice, ...)
 
 
+def world_size(cfg: ParasweepConf) -> int:
+    return cfg.tp.size * cfg.pp.size * cfg.dp.size
+
+
 def trial_nodes(cfg: ParasweepConf) -> int:
     """The nodes a trial spans: its world size over the GPUs of one node of its hardware profile."""
-    world = cfg.tp.size * cfg.pp.size * cfg.dp.size
-    return max(1, -(-world // max(1, cfg.hardware.num_gpus)))
+    return max(1, -(-world_size(cfg) // max(1, cfg.hardware.num_gpus)))
+
+
+def gpus_per_node(cfg: ParasweepConf) -> int:
+    """The GPUs a trial takes on each of its nodes (its world size on one node; across nodes, whole
+    nodes of its hardware profile, as validation requires)."""
+    return world_size(cfg) // trial_nodes(cfg)
 
 
 def joins_cluster(address: str | None) -> bool:

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.lengths import length_bounds
 from orchestrator.config.model_info import model_info
-from orchestrator.config.schema import ParasweepConf, SimFaultConf, joins_cluster, trial_nodes
+from orchestrator.config.schema import ParasweepConf, SimFaultConf, joins_cluster, trial_nodes, world_size
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import local_gpu_count, sglang_installed
 from vocab.load import LengthDist
@@ -71,10 +71,6 @@ def available_gpus(cfg: ParasweepConf, engine: str) -> tuple[int, str]:
 
 # NVML refreshes power about every 100 ms at best; faster sampling only repeats values and costs CPU
 MAX_GPU_HZ = 50.0
-
-
-def world_size(cfg: ParasweepConf) -> int:
-    return cfg.tp.size * cfg.pp.size * cfg.dp.size
 
 
 def _validate_across_nodes(cfg: ParasweepConf, ws: int) -> None:

@@ -53,7 +53,7 @@ def pick_startable(queue: list[QueuedTrial], free: Gpus) -> list[QueuedTrial]:
 
 def place_startable(queue: list[QueuedTrial], free: Gpus) -> list[tuple[QueuedTrial, list[int]]]:
     """``pick_startable`` with the nodes each trial goes to (indexes into ``free``)."""
-    left = _per_node(free)
+    left = per_node(free)
     chosen = []
     for trial in queue_order(queue):
         nodes = best_fit(trial.gpus_per_node, trial.nodes, left)
@@ -70,7 +70,7 @@ def best_fit(gpus_per_node: int, nodes: int, free: list[int]) -> list[int] | Non
     return fits[:nodes] if len(fits) >= nodes else None
 
 
-def _per_node(gpus: Gpus) -> list[int]:
+def per_node(gpus: Gpus) -> list[int]:
     return [gpus] if isinstance(gpus, int) else list(gpus)
 
 
@@ -78,7 +78,7 @@ def list_schedule(order: list[int], gpus: list[int], durations: list[float], nod
                   spans: list[int] | None = None) -> float:
     """Makespan of list scheduling with backfill (what the launcher does) for one order of jobs, job
     ``j`` on ``spans[j]`` nodes (one without ``spans``), best fit."""
-    t, free, queue, end = 0.0, _per_node(node_gpus), list(order), 0.0
+    t, free, queue, end = 0.0, per_node(node_gpus), list(order), 0.0
     running: list[tuple[float, int, list[int]]] = []
     span = spans or [1] * len(gpus)
     while queue or running:

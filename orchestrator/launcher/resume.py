@@ -8,7 +8,7 @@ from typing import Any
 
 from orchestrator.tracking import Tracker
 from vocab.metric_keys import MetricKey
-from vocab.status import Tag
+from vocab.status import PLACEMENT_TAGS, Tag
 
 
 def previous_successes(tracker: Tracker, hashes: set[str]) -> dict[str, Any]:
@@ -29,8 +29,7 @@ def record_reuse(tracker: Tracker, parent_run_id: str | None, num: int, label: s
     tags = {k: v for k, v in previous.data.tags.items() if k.startswith("parasweep.")}
     tags.update({Tag.KIND: "trial", Tag.STATUS: "skipped", Tag.TRIAL_NUM: str(num),
                  Tag.OVERRIDES: label, Tag.REUSED_RUN_ID: previous.info.run_id})
-    for stale in (Tag.TRIAL_DIR, Tag.ERROR, Tag.CUDA_VISIBLE_DEVICES, Tag.HOST, Tag.RAY_NODE_ID,
-                  Tag.GPU_UUIDS):
+    for stale in (Tag.TRIAL_DIR, Tag.ERROR, Tag.CUDA_VISIBLE_DEVICES, *PLACEMENT_TAGS.values()):
         tags.pop(stale, None)  # they describe the earlier run's execution, not this reuse
     run_id = tracker.start_run(f"#{num} {label} (reused)", tags=tags, parent_run_id=parent_run_id)
     tracker.log_params(run_id, previous.data.params)

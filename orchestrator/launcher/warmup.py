@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from orchestrator.launcher.queue import Gpus, QueuedTrial, place_startable
+from orchestrator.launcher.queue import Gpus, QueuedTrial, per_node, place_startable
 
 HOLD_S = 1.0  # how long warm-up tasks wait for each other (imports usually take longer anyway)
 
@@ -21,7 +21,7 @@ def max_parallel_trials(trials: list[QueuedTrial], node_gpus: Gpus) -> int:
     queue: list[QueuedTrial] = list(trials)
     running: list[tuple[QueuedTrial, list[int]]] = []
     peak = 0
-    free = [node_gpus] if isinstance(node_gpus, int) else list(node_gpus)
+    free = per_node(node_gpus)
     while queue or running:
         for t, nodes in place_startable(queue, free):
             queue.remove(t)

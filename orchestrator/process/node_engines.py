@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -28,22 +28,12 @@ from typing import Any
 
 from orchestrator.environment import placement
 from orchestrator.errors import EngineStartError
-from orchestrator.gpu_release import process_group_pids, wait_gpus_free
-from orchestrator.process.server import ServerProcess, log_tail
+from orchestrator.gpu_release import RELEASE_WAIT_S, process_group_pids, wait_gpus_free
+from orchestrator.process.server import ServerProcess, exit_reason, log_tail
 
 LOG_BYTES_KEPT = 4 << 20  # the end of a node's engine log brought back to the trial (4 MiB)
 ACTOR_START_TIMEOUT_S = 120.0
-
-
-def node_exit_reason(rank: int, code: int) -> str:
-    """``engine on node 1 exited with code -9 (SIGKILL)``."""
-    text = f"engine on node {rank} exited with code {code}"
-    if code < 0:
-        try:
-            return f"{text} ({signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    return text
+OTHER_NODE_NEWS_S = 1.0  # how long rank 0's exit waits for news of another node's, which crosses Ray
 
 
 @dataclass(frozen=True)
@@ -134,7 +124,7 @@ class NodeEngine:
             pids = process_group_pids(server.pid or 0)
             server.stop()
             if self.engine_name == "sglang":
-                notes = wait_gpus_free(os.environ.get("CUDA_VISIBLE_DEVICES"), 60.0, pids or None)
+                notes = wait_gpus_free(os.environ.get("CUDA_VISIBLE_DEVICES"), RELEASE_WAIT_S, pids or None)
         try:
             with self.log_path.open("rb") as f:
                 f.seek(max(0, self.log_path.stat().st_size - LOG_BYTES_KEPT))
@@ -157,6 +147,27 @@ class OtherNodes:
         self.places: list[dict[str, str]] = []  # where each other node's engine runs, in rank order
         self.ranks: list[int] = []  # the ranks started (kept after the stop, for their logs)
         self._stop_grace_s = 10.0
+        self._head_exited_at: float | None = None  # when rank 0's engine exited (watch_head)
+
+    def watch_head(self, proc: subprocess.Popen[bytes]) -> None:
+        """Note when rank 0's engine exits (a thread waits for it), to tell which node's went first."""
+        def wait() -> None:
+            proc.wait()
+            self._head_exited_at = time.time()
+
+        threading.Thread(target=wait, name="engine-exit-clock", daemon=True).start()
+
+    def gone_first(self, head_code: int | None) -> str | None:
+        """Why another node's engine is gone, when it went before rank 0's (``head_code``: rank 0's exit
+        code, None while it runs), or None. The ranks fail together, so the one that went first is the
+        failure; with rank 0 gone, news of another node's exit may still be crossing Ray: wait for it a
+        moment. Cheap while rank 0 runs: no call leaves this process."""
+        gone = self.exited(wait_s=OTHER_NODE_NEWS_S if head_code is not None else 0.0)
+        if gone is None:
+            return None
+        head_at = self._head_exited_at if self._head_exited_at is not None else time.time()
+        first = head_code is None or gone.at is None or gone.at <= head_at  # an actor that died: first
+        return gone.reason if first else None
 
     def log_path(self, rank: int) -> Path:
         return self.log_dir / f"server-node{rank}.log"
@@ -207,7 +218,7 @@ class OtherNodes:
             except Exception as exc:  # the actor (or its node) died: its engine went with it
                 return NodeExit(rank, f"engine on node {rank} lost with its Ray actor ({type(exc).__name__})",
                                 None)
-            return NodeExit(rank, node_exit_reason(rank, code), at)
+            return NodeExit(rank, exit_reason(code, f"engine on node {rank}"), at)
         return None
 
     def problem(self) -> str | None:
@@ -234,8 +245,8 @@ class OtherNodes:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for rank, ref in stops.items():
             try:
-                # its stop: the grace, the kill, and for SGLang up to 60 s for the GPUs to be let go
-                text = ray.get(ref, timeout=self._stop_grace_s + 75)
+                # its stop: the grace, the kill (5 s), and for SGLang the GPUs let go, with a margin
+                text = ray.get(ref, timeout=self._stop_grace_s + RELEASE_WAIT_S + 15)
             except Exception as exc:
                 text = f"(the log of node {rank} could not be fetched: {type(exc).__name__})"
             with self.log_path(rank).open("a") as f:

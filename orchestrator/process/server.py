@@ -126,6 +126,17 @@ class ServerProcess:
         self.stop()
 
 
+def exit_reason(code: int, who: str = "engine") -> str:
+    """``engine exited with code -9 (SIGKILL)``: the signal named when the code is one; ``who`` names
+    the process (``engine on node 1`` across nodes)."""
+    if code < 0:
+        try:
+            return f"{who} exited with code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"{who} exited with code {code}"
+
+
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.identity import config_hash, resolved_config_dict
-from orchestrator.config.schema import SWEEP_WIDE_KEYS, ParasweepConf
-from orchestrator.config.validate import world_size
+from orchestrator.config.schema import SWEEP_WIDE_KEYS, ParasweepConf, world_size
 from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace
 from orchestrator.engines.registry import get_engine
 from orchestrator.load_plan import load_points, request_spec

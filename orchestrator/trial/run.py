@@ -30,7 +30,7 @@ from orchestrator.trial.recorder import TrialPaths, TrialRecorder, config_tags, 
 from orchestrator.trial.session import EngineSession, LiveSession, VirtualSession
 from vocab.findings import Finding
 from vocab.records import PointResult
-from vocab.status import RunKind, Tag, TrialStatus
+from vocab.status import PLACEMENT_TAGS, RunKind, Tag, TrialStatus
 from vocab.telemetry import GpuPlace, engine_layout
 
 log = logging.getLogger("parasweep")
@@ -91,8 +91,7 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
                 # the GPUs Ray assigned (LiveSession hands this environment to the engine), and where
                 visible = os.environ.get("CUDA_VISIBLE_DEVICES")
                 where = placement(plan.engine_name, visible)
-                recorder.set_tags({Tag.CUDA_VISIBLE_DEVICES: visible or "", Tag.HOST: where["host"],
-                                   Tag.RAY_NODE_ID: where["ray_node_id"], Tag.GPU_UUIDS: where["gpu_uuids"]})
+                recorder.set_tags({Tag.CUDA_VISIBLE_DEVICES: visible or "", **_placement_tags(where)})
                 progress.update(status="starting engine", force=True)
             with session:
                 recorder.record_engine(session.server_info, session.resolved,
@@ -131,9 +130,12 @@ def _every_node(recorder: TrialRecorder, where: dict[str, str], session: EngineS
     if not where or not others:
         return where
     joined = joined_placement([where, *others])
-    recorder.set_tags({Tag.HOST: joined["host"], Tag.RAY_NODE_ID: joined["ray_node_id"],
-                       Tag.GPU_UUIDS: joined["gpu_uuids"]})
+    recorder.set_tags(_placement_tags(joined))
     return joined
+
+
+def _placement_tags(where: dict[str, str]) -> dict[str, str]:
+    return {tag: where[key] for key, tag in PLACEMENT_TAGS.items()}
 
 
 def _check_reproduction(recorder: TrialRecorder, original: str, new_hash: str) -> None:

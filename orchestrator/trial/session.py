@@ -22,21 +22,18 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.config.schema import trial_nodes
+from orchestrator.config.schema import gpus_per_node, trial_nodes
 from orchestrator.engines.base import HOST, NodePlace
 from orchestrator.errors import EngineFailure, EngineStartError
-from orchestrator.gpu_release import ensure_gpus_free, process_group_pids, wait_gpus_free
+from orchestrator.gpu_release import RELEASE_WAIT_S, ensure_gpus_free, process_group_pids, wait_gpus_free
 from orchestrator.process.health import HealthProber
-from orchestrator.process.node_engines import EngineFiles, NodeExit, OtherNodes, head_address
-from orchestrator.process.server import ServerProcess, free_port, http_get_json, log_tail
+from orchestrator.process.node_engines import EngineFiles, OtherNodes, head_address
+from orchestrator.process.server import ServerProcess, exit_reason, free_port, http_get_json, log_tail
 from orchestrator.telemetry.gpu_sources import GpuTelemetry, start_gpu_telemetry
 from orchestrator.telemetry.server_log import resolved_config
 from orchestrator.telemetry.server_metrics import MetricsScraper
@@ -50,7 +47,6 @@ log = logging.getLogger("parasweep")
 
 ProgressFn = Callable[[int, int], None]
 PORT_ATTEMPTS = 3
-OTHER_NODE_NEWS_S = 1.0
 
 
 class EngineSession(Protocol):
@@ -74,39 +70,15 @@ class EngineSession(Protocol):
         ...
 
 
-def exit_reason(code: int) -> str:
-    """``engine exited with code -9 (SIGKILL)``: the signal named when the code is one."""
-    if code < 0:
-        try:
-            return f"engine exited with code {code} ({signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    return f"engine exited with code {code}"
-
-
-class ExitClock:
-    """When a process exited (epoch seconds), noted by a thread that waits for it: across nodes, which
-    node's engine went first tells which one failed the others."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.at: float | None = None
-        threading.Thread(target=self._wait, args=(proc,), name="engine-exit-clock", daemon=True).start()
-
-    def _wait(self, proc: subprocess.Popen[bytes]) -> None:
-        proc.wait()
-        self.at = time.time()
-
-
 class EngineWatch:
     """``should_stop`` for one point: why the point must stop now, or None. Asked by the load generator
     every 0.2 s, so each question is cheap: a ``waitpid`` without blocking, an attribute read (the
     health prober's verdict, kept up to date by its own thread) and a clock read."""
 
     def __init__(self, server: ServerProcess, prober: HealthProber | None, point_timeout_s: float | None,
-                 others: OtherNodes | None = None, head_exit: ExitClock | None = None) -> None:
+                 others: OtherNodes | None = None) -> None:
         self.server, self.prober, self.point_timeout_s = server, prober, point_timeout_s
-        # across nodes: the engines of the trial's other nodes, and when this node's engine exited
-        self.others, self.head_exit = others, head_exit
+        self.others = others  # across nodes: the engines of the trial's other nodes
         self.started = time.monotonic()
         self.reason: str | None = None  # the first reason given: the load generator stops on it
         self.timed_out = False
@@ -116,21 +88,13 @@ class EngineWatch:
         ``/health``."""
         assert self.server.proc is not None
         code = self.server.proc.poll()
-        # across nodes the engines fail together: the one that went first is the failure (its news may
-        # still be crossing Ray when this node's exit is seen here: wait for it a moment)
-        gone = (self.others.exited(wait_s=OTHER_NODE_NEWS_S if code is not None else 0.0)
-                if self.others is not None else None)
-        if gone is not None and (code is None or self._went_first(gone)):
-            return gone.reason
+        gone = self.others.gone_first(code) if self.others is not None else None
+        if gone is not None:  # across nodes: another node's engine went first
+            return gone
         if code is not None:
             return exit_reason(code)
         verdict = self.prober.verdict if self.prober is not None else None
         return f"engine not answering /health: {verdict}" if verdict else None
-
-    def _went_first(self, gone: NodeExit) -> bool:
-        """Whether another node's engine exited before this node's (an actor that died: yes)."""
-        head = self.head_exit.at if self.head_exit is not None else None
-        return gone.at is None or gone.at <= (head if head is not None else time.time())
 
     def __call__(self) -> str | None:
         if self.reason is None:
@@ -177,7 +141,6 @@ class LiveSession:
         self._scraper: MetricsScraper | None = None
         self._prober: HealthProber | None = None
         self._others: OtherNodes | None = None  # node ranks 1.. of a trial across nodes
-        self._head_exit: ExitClock | None = None  # when rank 0's engine exited, across nodes
         self._pids: set[int] = set()
 
     @property
@@ -206,10 +169,9 @@ class LiveSession:
             self._scraper = MetricsScraper(self.url + "/metrics", self.paths.server_metrics_jsonl,
                                            cfg.telemetry.metrics_period_s).start()
             # the simulated engine reports every GPU of the trial; NVML sees this node's only
-            sampled = self.plan.world_size if self.plan.engine_name == "sim" else cfg.hardware.num_gpus
+            sampled = self.plan.world_size if self.plan.engine_name == "sim" else gpus_per_node(cfg)
             self.gpu = start_gpu_telemetry(self.plan.engine_name, self.env.get("CUDA_VISIBLE_DEVICES"),
-                                           min(sampled, self.plan.world_size), self.url, self.paths.gpu_jsonl,
-                                           cfg.telemetry.gpu_hz)
+                                           sampled, self.url, self.paths.gpu_jsonl, cfg.telemetry.gpu_hz)
             self._prober = HealthProber(self.url).start()
         except BaseException:
             self.__exit__()
@@ -241,7 +203,7 @@ class LiveSession:
                                    stop_grace_s=cfg.engine.stop_grace_s)
             try:
                 if nodes > 1:  # the other nodes first: they wait for rank 0, which waits for them all
-                    self._others = OtherNodes(self.paths.server_log.parent, cfg.hardware.num_gpus,
+                    self._others = OtherNodes(self.paths.server_log.parent, gpus_per_node(cfg),
                                               cfg.ray.cpus_per_trial)
                     self._others.start({rank: argv for rank, argv in enumerate(argvs) if rank},
                                        {"SGLANG_LOG_MS": "1"}, cfg.engine.stop_grace_s,
@@ -249,7 +211,7 @@ class LiveSession:
                                        self.plan.engine_name)
                 server.start()
                 if self._others is not None and server.proc is not None:
-                    self._head_exit = ExitClock(server.proc)
+                    self._others.watch_head(server.proc)
                 server.wait_ready(cfg.engine.startup_timeout_s,
                                   self._others.problem if self._others is not None else None)
                 return server
@@ -285,8 +247,7 @@ class LiveSession:
 
         assert self._server is not None, "the session has not started"
         workload = self.plan.cfg.workload
-        watch = EngineWatch(self._server, self._prober, workload.point_timeout_s, self._others,
-                            self._head_exit)
+        watch = EngineWatch(self._server, self._prober, workload.point_timeout_s, self._others)
         start = time.time()
         result = run_point(self.url, point, spec, records_path=records, on_progress=on_progress,
                            sock_read_timeout=workload.stall_timeout_s,
@@ -327,7 +288,8 @@ class LiveSession:
             self._server = None
         finally:
             if self.plan.engine_name == "sglang":  # the next trial on these GPUs needs their memory back
-                for warning in wait_gpus_free(self.env.get("CUDA_VISIBLE_DEVICES"), 60.0, self._pids or None):
+                for warning in wait_gpus_free(self.env.get("CUDA_VISIBLE_DEVICES"), RELEASE_WAIT_S,
+                                              self._pids or None):
                     log.warning("%s", warning)
             self.timings["engine_stopped"] = time.time()
 
