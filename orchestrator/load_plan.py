@@ -6,28 +6,38 @@ them in virtual time), so a prediction always describes the same requests a meas
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 from orchestrator.config.lengths import length_bounds
 from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import ParasweepConf
+from orchestrator.ramp import predicted_durations
 
 
 def load_points(cfg: ParasweepConf) -> list[Any]:
+    """The workload's points. ``workload.ramp=auto`` asks the simulator's model for each closed-loop
+    point's mean request duration (a burst start, in virtual time: milliseconds) and ramps its streams
+    in over it; where the model cannot say, the streams start at once and the log says why."""
     from workloads import LoadPoint
 
     w = cfg.workload
     points = []
+    ramp = 0.0 if w.ramp == "auto" else float(w.ramp)
     for c in w.concurrency:
         n = w.requests_per_point or max(8, w.requests_per_concurrency * c)
         warmup = (w.warmup_requests if w.warmup_per_concurrency is None
                   else math.ceil(w.warmup_per_concurrency * c))
-        points.append(LoadPoint(concurrency=c, num_requests=n, warmup_requests=warmup))
+        points.append(LoadPoint(concurrency=c, num_requests=n, warmup_requests=warmup, ramp_s=ramp,
+                                ci_target=w.ci_target, duration_s=w.max_point_s))
     for r in w.rate:
         n = w.requests_per_point or max(8, math.ceil(w.requests_per_concurrency * r))
         points.append(LoadPoint(rate=float(r), num_requests=n, warmup_requests=w.warmup_requests,
-                                arrival=w.arrival))
+                                arrival=w.arrival, ci_target=w.ci_target, duration_s=w.max_point_s))
+    if w.ramp == "auto" and w.concurrency:
+        durations = predicted_durations(cfg, [p for p in points if not p.open_loop], request_spec)
+        points = [dataclasses.replace(p, ramp_s=durations.get(p.label, 0.0)) for p in points]
     return points
 
 

@@ -112,6 +112,8 @@ CLIENT_TURNAROUND_S = 1e-3
 # ~150 µs gives the same grouping on the demo (Kimi K2 PP8, C = 8 and 32); gaps above that, as a
 # heavily loaded client produces, split the burst further (docs/simulator.md, "Arrival timing").
 CLIENT_SEND_SPACING_S = 20e-6
+# How often (virtual seconds) a point with a ``ci_target`` asks its stop rule, as the load generator does
+STABLE_CHECK_S = 0.5
 MAX_EVENTS_PER_POINT = 50_000_000  # a guard against a model bug turning into an endless loop
 
 
@@ -184,7 +186,9 @@ class VirtualTrial:
         self._kv = [_PeakKvAdmission(cfg) for _ in self.replicas]
         for rep, adm in zip(self.replicas, self._kv, strict=True):
             rep.admission = adm  # before any request: nothing refers to the replaced one
-        self._window_busy: dict[tuple[int, int], float] = {}  # busy seconds when the window opened
+        # busy seconds of every stage at the window's bounds: (when, {(replica, stage): seconds}); the
+        # steady window, and the whole measured span for a point too short to have one
+        self._marks: dict[str, tuple[float, dict[tuple[int, int], float]]] = {}
         self._rr = 0
         self._seq = 0
         self.turnaround = CLIENT_TURNAROUND_S
@@ -209,7 +213,7 @@ class VirtualTrial:
         for rep in self.replicas:
             rep.peak_in_flight = rep.in_flight
             rep.admission.peak_pool_used = rep.admission.pool_used
-        self._window_busy = {}
+        self._marks = {}
         client = _VirtualClient(self, point, spec)
         client.start()
         events = 0
@@ -223,40 +227,43 @@ class VirtualTrial:
             raise RuntimeError(f"prediction of {point.label}: requests {unfinished[:5]} never finished")
 
         metrics = summarize(records, point, lag_ms=[0.0])
-        metrics.update(self._telemetry(records, metrics["output_tokens"]))
+        steady = metrics.get("window_steady") == 1.0
+        metrics.update(self._telemetry(records, metrics["output_tokens"], steady))
         reasons = validity_reasons(metrics, point)
         return PointResult(point, metrics, reasons, records)
 
-    def open_window(self) -> None:
-        """The point's first measured request is being sent: its telemetry window opens now. Busy time
-        is read here and at the window's end; reading it later for a past instant would not be exact
+    def mark(self, bound: str) -> None:
+        """Keep the stages' busy time now as ``bound``: ``open``/``close`` (the steady window, see
+        ``workloads.window``) or ``first``/``last`` (the first measured send, a measured request's end).
+        Busy time is read at the instant itself; reading it later for a past instant would not be exact
         (``StageBusy`` folds finished intervals as time is read)."""
         now = self.sim.now
-        self._window_busy = {(r, s): rep.busy[s].busy_total(now)
-                             for r, rep in enumerate(self.replicas) for s in range(self.cfg.pp)}
-        for adm in self._kv:
-            adm.peak_kv_used = adm.kv_used
+        self._marks[bound] = (now, {(r, s): rep.busy[s].busy_total(now) for r, rep in enumerate(self.replicas)
+                                    for s in range(self.cfg.pp)})
+        if bound == "open" or (bound == "first" and "open" not in self._marks):
+            for adm in self._kv:
+                adm.peak_kv_used = adm.kv_used
 
-    def _telemetry(self, records: list[RequestRecord], output_tokens: float) -> dict[str, float]:
+    def _telemetry(self, records: list[RequestRecord], output_tokens: float,
+                   steady: bool) -> dict[str, float]:
         cfg, hw = self.cfg, self.cfg.hw
         out: dict[str, float] = {
             "sim_peak_running_reqs": float(max(rep.admission.peak_pool_used for rep in self.replicas)),
             "sim_peak_microbatches_in_flight": float(max(rep.peak_in_flight for rep in self.replicas)),
             MEM_USED_MAX: max(mem_used_bytes(cfg, s) for s in range(cfg.pp)) / 2**30,
         }
-        measured = [r for r in records if not r.warmup]
-        if not measured or not self._window_busy:
+        bounds = ("open", "close") if steady else ("first", "last")
+        if not all(b in self._marks for b in bounds):
             return out
-        # the window of the live trial's summaries: first measured send to last measured end
-        start = min(r.send_time for r in measured)
-        end = max(r.end_time for r in measured)
+        # the window the throughput was measured over (``workloads.window``)
+        start, busy_start = self._marks[bounds[0]]
+        end, busy_end = self._marks[bounds[1]]
         width = end - start
         out[KV_USAGE_MAX] = max(adm.peak_kv_used / adm.kv_capacity for adm in self._kv)
         if width <= 0:
             return out
         out.update(self._queue_and_running(records, start, end))
-        busy = {(r, s): rep.busy[s].busy_total(end) - self._window_busy[r, s]
-                for r, rep in enumerate(self.replicas) for s in range(cfg.pp)}
+        busy = {key: busy_end[key] - busy_start[key] for key in busy_end}
         # every TP rank of a stage has the stage's busy time
         layout = engine_layout(cfg.tp, cfg.pp, cfg.dp)
         frac = {p.gpu: busy[p.dp, p.pp] / width for p in layout}
@@ -271,7 +278,7 @@ class VirtualTrial:
         out[UTIL_MEAN] = 100.0 * sum(frac.values()) / len(frac)
         energy = sum(energy_j(hw, width, busy[p.dp, p.pp]) for p in layout)
         out[ENERGY_J] = energy
-        if output_tokens > 0:
+        if output_tokens > 0:  # the window's energy over the window's tokens
             out[J_PER_TOKEN] = energy / output_tokens
         # activity = busy fraction; a stage index averaged over the DP replicas
         activity = [sum(busy[r, s] for r in range(cfg.dp)) / (cfg.dp * width) for s in range(cfg.pp)]
@@ -301,49 +308,83 @@ class VirtualTrial:
 
 
 class _VirtualClient:
-    """The load generator's side of one point, in virtual time: sends, records and load modes."""
+    """The load generator's side of one point, in virtual time: sends, records, load modes, the ramp
+    and the stop rule, as ``workloads.scheduler`` and ``workloads.shard`` define them."""
 
     def __init__(self, trial: VirtualTrial, point: LoadPoint, spec: RequestSpec) -> None:
+        from workloads.window import StabilityTracker  # imported late: the workloads package is large
+
         self.trial = trial
         self.sim = trial.sim
         self.point = point
         self.spec = spec
-        from workloads.payloads import build_body  # imported late: the workloads package is large
+        from workloads.payloads import build_body
 
         self.build_body = build_body
         self.records: dict[int, RequestRecord] = {}
-        self.window_open = False
         self.in_flight = 0
         self.held: collections.deque[tuple[int, float]] = collections.deque()  # open loop, over the cap
         # closed loop: the next index a worker takes; None = no count (bounded by duration_s only)
         self.next_index = 0
         self.limit = point.total_requests if point.measured_requests is not None else None
         self.deadline: float | None = None  # end of the duration_s window, set by the first measured send
+        self.first_measured_sent = False
+        self.window_target = 1  # requests in flight that end the ramp (closed loop: the concurrency)
+        self.window_open = False
+        self.window_closed = False
+        self.tracker = StabilityTracker(point, point.ci_target) if point.ci_target is not None else None
+        self.enough = False
+        self.open_sends_left = 0
 
     def start(self) -> None:
         point, sim = self.point, self.sim
         t0 = sim.now
         if point.open_loop:
-            for i, off in enumerate(point.send_offsets().tolist()):
+            offsets = point.send_offsets().tolist()
+            self.open_sends_left = len(offsets)
+            for i, off in enumerate(offsets):
                 sim.schedule(t0 + off, self._open_send, i, t0 + off)
+        else:
+            assert point.concurrency is not None
+            workers = point.concurrency if self.limit is None else min(point.concurrency, self.limit)
+            self.window_target = workers
+            # stream k enters at k / C * ramp_s; a burst (ramp_s 0) leaves the load generator's one
+            # event loop ~20 µs apart (CLIENT_SEND_SPACING_S)
+            step = point.ramp_s / point.concurrency if point.ramp_s > 0 else self.trial.send_spacing
+            for k in range(workers):
+                if k == 0 or step <= 0:
+                    self._enter_one(None)
+                else:
+                    sim.schedule(t0 + k * step, self._enter_one, None)
+        if self.tracker is not None:
+            sim.schedule(t0 + STABLE_CHECK_S, self._check_stable, None)
+
+    def _enter_one(self, _: None) -> None:
+        i = self._claim(self.sim.now)
+        if i is not None:
+            self._send(i, None)
+
+    def _check_stable(self, _: None) -> None:
+        assert self.tracker is not None
+        if self._sending_over():
             return
-        assert point.concurrency is not None
-        workers = point.concurrency if self.limit is None else min(point.concurrency, self.limit)
-        spacing = self.trial.send_spacing
-        for k in range(workers):
-            i = self._claim(t0 + k * spacing)
-            if i is None:
-                break
-            if k == 0 or spacing <= 0:
-                self._send(i, None)
-            else:
-                sim.schedule(t0 + k * spacing, self._send, i, None)
+        self.enough = self.tracker.stable(self.sim.now)
+        if not self.enough:
+            self.sim.schedule(self.sim.now + STABLE_CHECK_S, self._check_stable, None)
+
+    def _sending_over(self) -> bool:
+        if self.point.open_loop:
+            return self.open_sends_left == 0
+        if self.limit is not None and self.next_index >= self.limit:
+            return True
+        return self.deadline is not None and self.sim.now >= self.deadline
 
     def _claim(self, send_at: float) -> int | None:
         """The index a closed-loop worker sends at ``send_at``, or None when the point has sent enough: its
-        request count is reached, or the duration window (opened by the first measured send) is over."""
+        request count is reached, the duration window (opened by the first measured send) is over, or
+        the stop rule said its throughput is known."""
         point, i = self.point, self.next_index
-        if self.limit is not None and i >= self.limit:
+        if self.enough or (self.limit is not None and i >= self.limit):
             return None
         if i >= point.warmup_requests and point.duration_s is not None:
             if self.deadline is None:
@@ -357,15 +398,22 @@ class _VirtualClient:
         now = self.sim.now
         body, n_in, n_out = self.build_body(self.spec, i)
         warmup = i < self.point.warmup_requests
-        if not warmup and not self.window_open:  # sends happen in time order: this is the first one
-            self.window_open = True
-            self.trial.open_window()
         rec = RequestRecord(point=self.point.label, index=i, warmup=warmup,
                             scheduled_time=scheduled, send_time=now, first_byte_time=now, input_tokens=n_in)
         self.records[i] = rec
         req = self.trial.submit(_server_input_len(self.spec, body), n_out)
         req.notify = lambda: self._on_output(req, rec)
         self.in_flight += 1
+        if self.tracker is not None:
+            self.tracker.sent(i, now, warmup)
+        if not warmup and not self.first_measured_sent:
+            self.first_measured_sent = True
+            self.trial.mark("first")
+        if not self.window_open and self.first_measured_sent and self.in_flight >= self.window_target:
+            self.window_open = True  # the ramp is over (``workloads.window``)
+            self.trial.mark("open")
+        if self.point.open_loop and self.window_open:
+            self.trial.mark("close")  # the last send closes an open-loop window
 
     def _on_output(self, req: Request, rec: RequestRecord) -> None:
         sim = self.sim
@@ -383,10 +431,17 @@ class _VirtualClient:
             rec.finish_reason = (req.finish_reason or {}).get("type", "length")
             req.notify = None
             self.in_flight -= 1
+            if not rec.warmup:
+                self.trial.mark("last")
+            if self.tracker is not None:
+                self.tracker.ended(rec)
             if not self.point.open_loop:
                 turnaround = self.trial.turnaround
                 i = self._claim(sim.now + turnaround)
                 if i is None:
+                    if self.window_open and not self.window_closed:
+                        self.window_closed = True  # the first stream not replaced closes the window
+                        self.trial.mark("close")
                     return
                 if turnaround > 0:
                     sim.schedule(sim.now + turnaround, self._send, i, None)
@@ -396,6 +451,9 @@ class _VirtualClient:
                 self._send(*self.held.popleft())
 
     def _open_send(self, i: int, scheduled: float) -> None:
+        self.open_sends_left -= 1
+        if self.enough:
+            return
         cap = self.point.max_concurrency
         if cap and self.in_flight >= cap:
             self.held.append((i, scheduled))

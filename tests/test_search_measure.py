@@ -45,7 +45,8 @@ def test_a_measured_trial_is_run_py_with_the_search_overrides_and_the_candidate(
         "experiment=search-llama-70b-h100", "tracking.experiment=mine",
         "++tp.size=8", "++pp.micro_batch_size=null", "++server.extra_args.enable-mixed-chunk=true",
         "workload.concurrency=[39,44,49]", "workload.rate=[]", "workload.warmup_per_concurrency=1",
-        "workload.requests_per_concurrency=2", "workload.requests_per_point=null", "search.name=null",
+        "workload.requests_per_concurrency=2", "workload.requests_per_point=null", "workload.ramp=0",
+        "workload.ci_target=null", "search.name=null",
         "tracking.parent_run_id=abc123", "tracking.label='search #1 tp.size=8'",
         "hydra.run.dir=/o/measured/1"]
     # the points it runs are the search's own: two measured requests per stream after the opening wave
@@ -62,6 +63,7 @@ def test_the_trials_load_plan_is_the_searchs_points() -> None:
     cfg = ParasweepConf()
     cfg.workload.concurrency, cfg.workload.warmup_per_concurrency = [3, 44], 1.0
     cfg.workload.requests_per_concurrency = 2
+    cfg.workload.ramp, cfg.workload.ci_target = 0, None  # what the search's measured trials set
     assert load_points(cfg) == [closed_point(3), closed_point(44)]
 
 

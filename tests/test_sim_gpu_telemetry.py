@@ -48,6 +48,7 @@ from vocab.telemetry import (
     per_stage,
 )
 from workloads import LoadPoint, RequestSpec, clock
+from workloads.window import steady_window, tokens_between
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "models" / "tiny-test")
@@ -136,14 +137,13 @@ def test_predictions_report_the_gpu_summary_names_consistently() -> None:
         assert all(hw.idle_power_w / hw.power_limit_w < f <= 1 for f in fractions)  # every GPU did work
         assert m[POWER_FRAC_MEAN] == pytest.approx(sum(gpus) / 8)
         assert m[POWER_FRAC_MIN_GPU] == min(gpus) and m[POWER_FRAC_MAX_GPU] == max(gpus) == m[POWER_FRAC_PEAK]
-        # energy over the window (first to last measured request) = mean power x time, summed over GPUs
-        measured_recs = [r for r in res.records if not r.warmup]
-        window = max(r.end_time for r in measured_recs) - min(r.send_time for r in measured_recs)
-        assert m[ENERGY_J] == pytest.approx(sum(gpus) * hw.power_limit_w * window, rel=1e-9)
-        # per output token of the measured requests, as output_tok_s counts them
-        measured = res.point.num_requests * spec.output_len
-        assert m["output_tokens"] == measured
-        assert m[J_PER_TOKEN] * measured == pytest.approx(m[ENERGY_J], rel=1e-12)
+        # energy over the point's window (the one its throughput is measured over) = mean power x time,
+        # summed over GPUs; per output token delivered in that window, as output_tok_s counts them
+        window = steady_window(res.records, res.point)
+        assert window is not None and m["window_s"] == pytest.approx(window.width, rel=1e-12)
+        assert m[ENERGY_J] == pytest.approx(sum(gpus) * hw.power_limit_w * window.width, rel=1e-9)
+        assert m["output_tokens"] == tokens_between(res.records, window.start, window.end) > 0
+        assert m[J_PER_TOKEN] * m["output_tokens"] == pytest.approx(m[ENERGY_J], rel=1e-12)
         # a stage's activity is the power above idle of its GPUs (both replicas, both TP ranks)
         for s, a in enumerate(stages):
             mine = [gpus[r * 4 + s * 2 + t] for r in range(2) for t in range(2)]

@@ -39,6 +39,13 @@ class LoadPoint:
     requests ``duration_s`` after the first measured send and the requests in flight then finish;
     open loop sends every request whose scheduled time falls within ``duration_s`` of the first
     measured one (the count is fixed by the schedule, so it is known up front).
+
+    ``ramp_s`` (closed loop): the streams enter one by one, stream k at ``k / C * ramp_s`` seconds (a
+    parasweep trial sets it to about one request's predicted duration); 0: all at once (a burst).
+
+    ``ci_target``: stop the point early once its throughput is known to within this fraction (the
+    relative half-width of the 95 % confidence interval of its window's batch means, e.g. 0.03), the
+    request count and ``duration_s`` then being upper bounds. None: run the whole count.
     """
 
     num_requests: int | None = None
@@ -49,6 +56,8 @@ class LoadPoint:
     warmup_requests: int = 0
     seed: int = 0  # seeds the Poisson arrival schedule
     duration_s: float | None = None
+    ramp_s: float = 0.0
+    ci_target: float | None = None
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate is None):
@@ -69,6 +78,10 @@ class LoadPoint:
             raise ValueError("warmup_requests must be >= 0")
         if self.duration_s is not None and not (self.duration_s > 0 and np.isfinite(self.duration_s)):
             raise ValueError("duration_s must be a positive number of seconds")
+        if not (self.ramp_s >= 0 and np.isfinite(self.ramp_s)):
+            raise ValueError("ramp_s must be a number of seconds >= 0")
+        if self.ci_target is not None and not 0 < self.ci_target < 1:
+            raise ValueError("ci_target must be a fraction between 0 and 1, e.g. 0.03 (or None)")
 
     @property
     def point_label(self) -> PointLabel:

@@ -26,6 +26,8 @@ import numpy as np
 from vocab.load import LoadPoint
 from vocab.records import ERROR_KINDS, RequestRecord
 
+from .window import Window, ended_between, output_rate_interval, sent_in, steady_window, tokens_between
+
 NAN = float("nan")
 STATS: tuple[str, ...] = ("mean", "p50", "p90", "p95", "p99", "max")
 LATENCIES: tuple[str, ...] = ("ttft", "itl", "itl_chunk", "tpot", "e2e")
@@ -159,6 +161,62 @@ def _peak_in_flight(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
+def _window_metrics(recs: list[RequestRecord], in_window: list[RequestRecord], window: Window | None,
+                    slo: SLO | None) -> dict[str, float]:
+    """Throughput, goodput and the phases of the point (ramp, window, drain), over the window."""
+    keys = ["duration_s", "window_s", "ramp_s", "drain_s", "window_steady", "ramp_requests",
+            "window_requests", "drain_requests", "ramp_output_tok_s", "drain_output_tok_s",
+            "output_tokens", "input_tokens", "output_tok_s", "input_tok_s", "total_tok_s", "request_s",
+            "output_tok_s_ci95", "output_tok_s_ci95_rel", "window_batches"]
+    if slo is not None:
+        keys += ["goodput_req_s", "goodput_tok_s", "slo_attainment"]
+    if window is None:
+        return dict.fromkeys(keys, NAN) | {"output_tokens": 0.0, "input_tokens": 0.0}
+    width = window.width
+    first_measured = min(r.send_time for r in recs if not r.warmup)  # type: ignore[type-var]
+    ramp = window.start - window.first_send
+    drain = window.last_end - window.end
+    out_tok = tokens_between(recs, window.start, window.end)
+    # a request's prompt counts where its prefill finished (its first token)
+    in_tok = sum(r.input_tokens for r in recs if r.error is None and r.first_token_time is not None
+                 and window.holds(r.first_token_time))
+    done = ended_between(recs, window.start, window.end)
+    interval = output_rate_interval(recs, window)
+    m = {
+        "duration_s": window.last_end - first_measured,
+        "window_s": width,
+        "ramp_s": ramp,
+        "drain_s": drain,
+        "window_steady": 1.0 if window.steady else 0.0,
+        "ramp_requests": float(sum(1 for r in recs if r.send_time < window.start)),  # type: ignore[operator]
+        "window_requests": float(len(in_window)),
+        "drain_requests": float(sum(1 for r in recs if r.end_time > window.end)),  # type: ignore[operator]
+        "ramp_output_tok_s": tokens_between(recs, window.first_send, window.start, closed=False) / ramp
+        if ramp > 0 else NAN,
+        "drain_output_tok_s": (tokens_between(recs, window.end, window.last_end)
+                               - tokens_between(recs, window.end, window.end)) / drain if drain > 0 else NAN,
+        "output_tokens": float(out_tok),
+        "input_tokens": float(in_tok),
+        "output_tok_s": out_tok / width if width > 0 else NAN,
+        "input_tok_s": in_tok / width if width > 0 else NAN,
+        "total_tok_s": (in_tok + out_tok) / width if width > 0 else NAN,
+        "request_s": len(done) / width if width > 0 else NAN,
+        "output_tok_s_ci95": interval.half_width,
+        "output_tok_s_ci95_rel": interval.relative,
+        "window_batches": float(interval.batches),
+    }
+    if slo is not None:
+        # the share of the window's requests that met every bound (failures count against it), applied
+        # to the window's rates
+        good = [r for r in in_window if slo.met_by(r)]
+        all_tokens = sum(r.output_tokens for r in in_window if r.error is None)
+        m["slo_attainment"] = len(good) / len(in_window) if in_window else NAN
+        m["goodput_req_s"] = m["request_s"] * m["slo_attainment"] if in_window else NAN
+        m["goodput_tok_s"] = (m["output_tok_s"] * sum(r.output_tokens for r in good) / all_tokens
+                              if all_tokens else (0.0 if in_window else NAN))
+    return m
+
+
 def summarize(
     records: Iterable[RequestRecord | None],
     point: LoadPoint,
@@ -175,7 +233,11 @@ def summarize(
     """
     recs = [r for r in records if r is not None and r.send_time is not None and r.end_time is not None]
     measured = [r for r in recs if not r.warmup]
-    ok = [r for r in measured if r.error is None]
+    ok_all = [r for r in measured if r.error is None]
+    window = steady_window(recs, point)
+    # latencies describe the requests sent while the offered load held (docs/loadgen.md, "Window")
+    in_window = sent_in(recs, window) if window is not None else []
+    ok = [r for r in in_window if r.error is None]
     m: dict[str, float] = {}
 
     samples = latency_samples(ok)
@@ -185,42 +247,16 @@ def summarize(
 
     n_measured = len(measured)
     m["num_requests"] = float(n_measured)
-    m["completed"] = float(len(ok))
-    m["errors"] = float(n_measured - len(ok))
+    m["completed"] = float(len(ok_all))
+    m["errors"] = float(n_measured - len(ok_all))
     for kind in ERROR_KINDS:
         m[f"errors_{kind}"] = float(sum(1 for r in measured if r.error_kind == kind))
-
-    in_tok = sum(r.input_tokens for r in ok)
-    out_tok = sum(r.output_tokens for r in ok)
-    m["input_tokens"] = float(in_tok)
-    m["output_tokens"] = float(out_tok)
-    if measured:
-        t_first_send = min(r.send_time for r in measured)  # type: ignore[type-var]
-        t_last_send = max(r.send_time for r in measured)  # type: ignore[type-var]
-        t_last_end = max(r.end_time for r in measured)  # type: ignore[type-var]
-        duration = t_last_end - t_first_send
-    else:
-        t_first_send = t_last_send = t_last_end = duration = NAN
-    m["duration_s"] = duration
-    ok_duration = duration > 0
-    m["output_tok_s"] = out_tok / duration if ok_duration else NAN
-    m["input_tok_s"] = in_tok / duration if ok_duration else NAN
-    m["total_tok_s"] = (in_tok + out_tok) / duration if ok_duration else NAN
-    m["request_s"] = len(ok) / duration if ok_duration else NAN
-    if slo is not None:
-        good = [r for r in ok if slo.met_by(r)]
-        m["goodput_req_s"] = len(good) / duration if ok_duration else NAN
-        m["goodput_tok_s"] = sum(r.output_tokens for r in good) / duration if ok_duration else NAN
-        m["slo_attainment"] = len(good) / n_measured if n_measured else NAN
+    m.update(_window_metrics(recs, in_window, window, slo))
 
     # In flight counts every request (warmup included: it loads the server just the same).
     intervals = [(r.send_time, r.end_time) for r in recs]
-    if measured:
-        # Steady window: first -> last measured send; the closed-loop drain tail is excluded.
-        t_end = t_last_send
-        if not t_end > t_first_send:
-            t_end = min(r.end_time for r in measured)  # type: ignore[type-var]
-        m["achieved_concurrency"] = _time_weighted_in_flight(intervals, t_first_send, t_end)  # type: ignore[arg-type]
+    if window is not None and window.width > 0:
+        m["achieved_concurrency"] = _time_weighted_in_flight(intervals, window.start, window.end)  # type: ignore[arg-type]
     else:
         m["achieved_concurrency"] = NAN
     m["peak_concurrency"] = float(_peak_in_flight(intervals)) if intervals else NAN  # type: ignore[arg-type]

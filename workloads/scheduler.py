@@ -1,7 +1,10 @@
 """Load modes: *when* each request is sent. Knows nothing about HTTP.
 
-* Closed loop: C workers; each sends its next request as soon as its previous one ends, so the
-  server always has C requests (the classic "concurrency C" point).
+* Closed loop: C workers (streams); each sends its next request as soon as its previous one ends, so
+  the server always has C requests (the classic "concurrency C" point). With ``LoadPoint.ramp_s`` > 0
+  the streams enter one by one (the *ramp*), stream k at ``k / C * ramp_s``: over about one request's
+  duration, their requests are spread out instead of starting, prefilling and finishing together wave
+  after wave (which fixed lengths would otherwise repeat for ever). 0 starts every stream at once.
 * Open loop: requests leave at precomputed offsets from one schedule start (Poisson or evenly
   spaced). We sleep until each *absolute* send time, so a late wake-up is caught up on the next
   request instead of accumulating (the cause of vLLM's 183-of-200 QPS under-delivery, vllm#21104).
@@ -23,6 +26,8 @@ from . import clock
 
 # send(index, scheduled_epoch_time_or_None) performs one request; it must not raise.
 SendFn = Callable[[int, float | None], Awaitable[None]]
+# enough(): the point's stop rule says its throughput is known well enough: send nothing more
+EnoughFn = Callable[[], bool]
 
 
 def shard_share(total: int, shard: int, shards: int) -> int:
@@ -37,21 +42,24 @@ async def drive(
     shard: int = 0,
     shards: int = 1,
     start_perf: float | None = None,
+    enough: EnoughFn | None = None,
 ) -> None:
     """Run every request of ``point`` through ``send`` according to its load mode.
 
     With ``shards`` > 1 this process runs only request indices ``i % shards == shard``, with its
     share of the concurrency (or of ``max_concurrency``); open-loop shards share one schedule that
-    starts at ``start_perf`` (a ``time.perf_counter`` value), so together they send the point.
+    starts at ``start_perf`` (a ``time.perf_counter`` value), so together they send the point. With
+    ``enough``, nothing more is sent once it returns True (the requests in flight finish).
     """
     if point.open_loop:
-        await _open_loop(point, send, shard, shards, start_perf)
+        await _open_loop(point, send, shard, shards, start_perf, enough)
     else:
-        await _closed_loop(point, send, shard, shards, start_perf)
+        await _closed_loop(point, send, shard, shards, start_perf, enough)
 
 
 async def _closed_loop(
-    point: LoadPoint, send: SendFn, shard: int, shards: int, start_perf: float | None
+    point: LoadPoint, send: SendFn, shard: int, shards: int, start_perf: float | None,
+    enough: EnoughFn | None,
 ) -> None:
     assert point.concurrency is not None
     if start_perf is not None:
@@ -68,6 +76,8 @@ async def _closed_loop(
     async def worker() -> None:
         nonlocal next_index, deadline
         while limit is None or next_index < limit:
+            if enough is not None and enough():
+                return
             i = next_index
             if i >= warmup and duration is not None:
                 now = time.perf_counter()
@@ -79,11 +89,27 @@ async def _closed_loop(
             await send(i, None)
 
     n_workers = workers if limit is None else min(workers, max(0, (limit - shard + shards - 1) // shards))
-    await asyncio.gather(*(worker() for _ in range(n_workers)))
+    if n_workers == 0:
+        return
+    ramp_start = time.perf_counter()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for k in range(n_workers):
+            # this stream's place among every shard's streams, so the shards interleave their entries
+            delay = ramp_start + point.ramp_s * (k * shards + shard) / point.concurrency - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(worker()))
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _open_loop(
-    point: LoadPoint, send: SendFn, shard: int, shards: int, start_perf: float | None
+    point: LoadPoint, send: SendFn, shard: int, shards: int, start_perf: float | None,
+    enough: EnoughFn | None,
 ) -> None:
     offsets = point.send_offsets()
     cap = point.max_concurrency
@@ -105,6 +131,8 @@ async def _open_loop(
     perf = time.perf_counter
     try:
         for i in range(shard, len(offsets), shards):
+            if enough is not None and enough():
+                break
             off = float(offsets[i])
             delay = start_perf + off - perf()
             if delay > 0:

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,11 +26,13 @@ from typing import Any, TypeVar
 from vocab.load import LoadPoint, RequestSpec
 from vocab.records import STOPPED_EARLY, PointResult, RecordWriter, RequestRecord
 
+from . import clock
 from .backend import fetch_model, send_request
 from .fasthttp import Pool
 from .metrics import DEFAULT_LAG_THRESHOLD_MS, SLO, summarize, validity_reasons
 from .payloads import PreparedRequest, build_request
 from .scheduler import LagMonitor, drive, shard_share
+from .window import StabilityTracker
 
 ProgressFn = Callable[[int, int], None]
 RecordFn = Callable[[RequestRecord], None]
@@ -45,6 +47,9 @@ GC_THRESHOLD0 = 20_000
 # How often a point asks its ``should_stop`` whether to stop: one timer per period on the loop, no
 # cost per request; a dead engine is noticed within this (plus the caller's own detection time).
 STOP_POLL_S = 0.2
+# How often a point with a ``ci_target`` asks whether its throughput is known well enough (one pass
+# over the point's token times in numpy each time; nothing per request)
+STABLE_CHECK_S = 0.5
 
 
 def prepare_requests(
@@ -164,6 +169,7 @@ async def run_shard(
         get_request = prepare_requests(spec, point, shard, shards)
     api = spec.api
     pool = Pool(base, read_timeout=sock_read_timeout, read_timeout_setting=read_timeout_setting)
+    rule = StopRule(point)
 
     async def send(i: int, scheduled: float | None) -> None:
         if stop is not None and stop.reason is not None:
@@ -172,6 +178,7 @@ async def run_shard(
         rec = RequestRecord(
             point=label, index=i, warmup=i < warmup, scheduled_time=scheduled, input_tokens=req.input_tokens
         )
+        rule.sent(rec)
         try:
             await send_request(pool, req, api, rec)
         except asyncio.CancelledError:
@@ -180,6 +187,7 @@ async def run_shard(
                 rec.error_kind, rec.error = "aborted", f"aborted: {stop.reason}"
                 on_record(rec)
             raise
+        rule.ended(rec)
         on_record(rec)
         if rec.error_kind == "connect" and stop is not None and not stop.check():
             # A refused connection: the engine may be dying. Its port closes a moment before its exit
@@ -196,13 +204,52 @@ async def run_shard(
         with quiet_gc():
             lag.start()
             try:
-                sending = drive(point, send, shard=shard, shards=shards, start_perf=start_perf)
-                await (sending if stop is None else stop.watch(sending))
+                sending = drive(point, send, shard=shard, shards=shards, start_perf=start_perf,
+                                enough=rule.enough)
+                async with rule.watching():
+                    await (sending if stop is None else stop.watch(sending))
             finally:
                 await lag.stop()
     finally:
         pool.close()
     return lag.samples_ms
+
+
+class StopRule:
+    """The point's stop rule on the live loop: every :data:`STABLE_CHECK_S` it asks the
+    :class:`~workloads.window.StabilityTracker` (when the point has a ``ci_target``) and, once the
+    window's throughput is known well enough, tells the scheduler to send nothing more."""
+
+    def __init__(self, point: LoadPoint) -> None:
+        self.tracker = StabilityTracker(point, point.ci_target) if point.ci_target is not None else None
+        self.reached = False
+
+    def sent(self, rec: RequestRecord) -> None:
+        if self.tracker is not None:
+            self.tracker.sent(rec.index, clock.now(), rec.warmup)
+
+    def ended(self, rec: RequestRecord) -> None:
+        if self.tracker is not None:
+            self.tracker.ended(rec)
+
+    def enough(self) -> bool:
+        return self.reached
+
+    @contextlib.asynccontextmanager
+    async def watching(self) -> AsyncIterator[None]:
+        task = asyncio.create_task(self._watch()) if self.tracker is not None else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _watch(self) -> None:
+        assert self.tracker is not None
+        while not self.reached:
+            await asyncio.sleep(STABLE_CHECK_S)
+            self.reached = self.tracker.stable(clock.now())
 
 
 async def resolve_model(base: str, spec: RequestSpec) -> RequestSpec:

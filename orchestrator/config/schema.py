@@ -107,6 +107,14 @@ class WorkloadConf:
     # closed loop: warm-up requests per stream instead (1: the opening wave of C simultaneous requests
     # is warm-up, and with fixed lengths the measured requests then fill whole waves); null: the count
     warmup_per_concurrency: float | None = None
+    # closed loop: how the C streams enter. "auto": one by one over the point's predicted mean request
+    # duration (the simulator's model, in virtual time), so fixed lengths do not march in step; a
+    # number: over that many seconds; 0: all at once (a burst test)
+    ramp: Any = "auto"
+    # stop a point once its throughput's 95 % confidence interval is within this fraction of its mean
+    # (the request count, and max_point_s, are then upper bounds); null: always the whole count
+    ci_target: float | None = 0.03
+    max_point_s: float | None = None  # measured sends stop after this long (null: the count decides)
     seed: int = 0
     # a request that receives nothing for this long fails as stalled (the point goes on)
     stall_timeout_s: float = 300.0

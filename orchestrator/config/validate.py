@@ -297,3 +297,12 @@ def _validate_workload(cfg: ParasweepConf) -> None:
         raise ConfigError("workload.stall_timeout_s", w.stall_timeout_s, "seconds > 0")
     if w.point_timeout_s is not None and not (math.isfinite(w.point_timeout_s) and w.point_timeout_s > 0):
         raise ConfigError("workload.point_timeout_s", w.point_timeout_s, "seconds > 0, or null for no limit")
+    ramp_ok = w.ramp == "auto" or (isinstance(w.ramp, int | float) and not isinstance(w.ramp, bool)
+                                   and math.isfinite(w.ramp) and w.ramp >= 0)
+    if not ramp_ok:
+        raise ConfigError("workload.ramp", w.ramp, "auto, or seconds >= 0 (0: every stream at once)")
+    if w.ci_target is not None and not 0 < w.ci_target < 1:
+        raise ConfigError("workload.ci_target", w.ci_target,
+                          "a fraction between 0 and 1 (e.g. 0.03: ±3 %), or null for a fixed request count")
+    if w.max_point_s is not None and not (math.isfinite(w.max_point_s) and w.max_point_s > 0):
+        raise ConfigError("workload.max_point_s", w.max_point_s, "seconds > 0, or null for no limit")

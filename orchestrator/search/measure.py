@@ -30,7 +30,8 @@ RUN_PY = Path(__file__).resolve().parents[2] / "run.py"
 STOP_GRACE_S = 60.0  # a trial asked to stop ends its engine and closes its run within this
 # keys the measured trial sets itself: a base override of any of them is dropped
 OWN_KEYS = ("search", "workload.concurrency", "workload.rate", "workload.warmup_per_concurrency",
-            "workload.requests_per_concurrency", "workload.requests_per_point", "tracking.parent_run_id",
+            "workload.requests_per_concurrency", "workload.requests_per_point", "workload.ramp",
+            "workload.ci_target", "tracking.parent_run_id",
             "tracking.label", "hydra.run.dir", "predict", "dry_run")
 
 
@@ -78,7 +79,8 @@ def trial_argv(task: Sequence[str], change: dict[str, Any], loads: list[int], pa
     return [sys.executable, str(RUN_PY), *base_overrides(task, change), *changed,
             f"workload.concurrency=[{','.join(str(c) for c in loads)}]", "workload.rate=[]",
             "workload.warmup_per_concurrency=1", "workload.requests_per_concurrency=2",
-            "workload.requests_per_point=null", "search.name=null",
+            "workload.requests_per_point=null", "workload.ramp=0", "workload.ci_target=null",
+            "search.name=null",
             f"tracking.parent_run_id={parent_run_id}", f"tracking.label='{label}'",
             f"hydra.run.dir={run_dir}"]
 

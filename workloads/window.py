@@ -1,0 +1,247 @@
+"""The steady-state window of a load point, and how sure its throughput is.
+
+One definition, used by every consumer of a point's numbers (the load generator's metrics, its stop
+rule, the simulator's prediction in virtual time, and through the metrics the summary table, the
+report, ``compare``, calibration and the search):
+
+* **ramp**: from the point's first send until the offered load first holds. Closed loop: the first
+  instant ``C`` requests are in flight (the streams enter one by one, see :mod:`workloads.scheduler`);
+  it ends no earlier than the first measured (non-warm-up) send. Open loop: there is no ramp beyond
+  the warm-up requests; the window opens at the first measured send.
+* **window**: from the end of the ramp until the offered load stops holding. Closed loop: the end
+  of the first request whose stream was not replaced (with S sends, every send after the first C
+  replaced an ended request, in the order they ended, so it is the (S - C + 1)-th end; from then on
+  fewer than C requests are in flight). Open loop: the point's last send.
+* **drain**: from the window's end until the last request ends.
+
+The window is closed at both ends (a token or a send at either bound is inside it); the ramp ends just
+before it and the drain starts just after it.
+
+Inside the window, throughput counts the output tokens *delivered* in it (each streamed chunk at its
+arrival time) over its width, so a request that straddles a bound contributes the part it delivered
+inside. Latency statistics come from the requests *sent* inside the window (they started while the
+offered load held). A point too short to have a window (its ramp never ended before its drain began)
+falls back to its whole measured span, and says so (``window_steady`` = 0).
+
+The uncertainty of the window's throughput is a 95 % confidence interval from batch means: the window
+is cut into equal batches, each batch's output rate is one sample, and Student's t over the batch
+rates gives the half-width. A batch is at least one mean request duration long: requests that run
+together (a micro-batch, a wave of fixed-length requests) deliver in cycles about that long, and a
+shorter batch would sample the cycle instead of the rate. The window holds at most
+:data:`MAX_BATCHES` batches; fewer than :data:`MIN_BATCHES` give no interval (NaN: the window is
+shorter than three request durations, and its noise is not known).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from vocab.load import LoadPoint
+from vocab.records import RequestRecord
+
+NAN = float("nan")
+MAX_BATCHES = 10
+MIN_BATCHES = 3
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Window:
+    """A point's phases on the records' clock. ``steady`` is False when the point had no window and
+    ``start``/``end`` are its whole measured span instead."""
+
+    first_send: float
+    start: float
+    end: float
+    last_end: float
+    steady: bool
+
+    @property
+    def width(self) -> float:
+        return self.end - self.start
+
+    def holds(self, t: float) -> bool:
+        return self.start <= t <= self.end
+
+
+def _in_flight_reaches(intervals: Sequence[tuple[float, float]], target: int) -> float | None:
+    """The first instant ``target`` intervals overlap (ends sort before starts at the same instant)."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    cur = 0
+    for t, d in events:
+        cur += d
+        if cur >= target:
+            return t
+    return None
+
+
+def steady_window(records: Sequence[RequestRecord], point: LoadPoint) -> Window | None:
+    """The window of ``point`` from its finished records (None: no measured request ended)."""
+    done = [r for r in records if r.send_time is not None and r.end_time is not None]
+    measured = [r for r in done if not r.warmup]
+    if not measured:
+        return None
+    first_send = min(r.send_time for r in done)  # type: ignore[type-var]
+    first_measured = min(r.send_time for r in measured)  # type: ignore[type-var]
+    last_end = max(r.end_time for r in done)  # type: ignore[type-var]
+    start: float | None = first_measured
+    if point.concurrency is not None:
+        target = point.concurrency if point.measured_requests is None else min(point.concurrency,
+                                                                               point.total_requests)
+        reached = _in_flight_reaches([(r.send_time, r.end_time) for r in done], target)  # type: ignore[misc]
+        start = None if reached is None else max(reached, first_measured)
+        # the first stream not replaced. Every send after the first C replaced an ended request, and a
+        # closed loop replaces its requests in the order they end: the first S - C ends (S sends) were
+        # replaced and the next one was not
+        ends = sorted(r.end_time for r in done)  # type: ignore[type-var]
+        end = ends[min(len(ends) - 1, max(0, len(done) - target))]
+    else:
+        end = max(r.send_time for r in done)  # type: ignore[type-var]
+    if start is None or not end > start:
+        return Window(first_send, first_measured, max(r.end_time for r in measured),  # type: ignore[type-var]
+                      last_end, steady=False)
+    return Window(first_send, start, end, last_end, steady=True)
+
+
+def tokens_between(records: Sequence[RequestRecord], t0: float, t1: float, *, closed: bool = True) -> int:
+    """Output tokens of successful requests whose chunk arrived in ``[t0, t1]`` (``[t0, t1)`` when not
+    ``closed``)."""
+    return sum(k for r in records if r.error is None
+               for t, k in zip(r.chunk_times, r.chunk_tokens, strict=True)
+               if t0 <= t and (t <= t1 if closed else t < t1))
+
+
+def ended_between(records: Sequence[RequestRecord], t0: float, t1: float) -> list[RequestRecord]:
+    """Successful requests that ended in ``[t0, t1]``."""
+    return [r for r in records if r.error is None and r.end_time is not None and t0 <= r.end_time <= t1]
+
+
+def sent_in(records: Sequence[RequestRecord], window: Window) -> list[RequestRecord]:
+    """Measured requests sent inside the window: the ones its latency statistics describe."""
+    return [r for r in records if not r.warmup and r.send_time is not None and window.holds(r.send_time)]
+
+
+@dataclass(frozen=True)
+class RateInterval:
+    """The window's mean output rate and the half-width of its confidence interval (NaN: fewer than
+    :data:`MIN_BATCHES` batches), from ``batches`` batch means."""
+
+    mean: float
+    half_width: float
+    batches: int
+
+    @property
+    def relative(self) -> float:
+        return self.half_width / self.mean if self.mean > 0 and math.isfinite(self.half_width) else NAN
+
+
+def _t_quantile(dof: int) -> float:
+    from scipy.stats import t  # imported late: scipy is large and only this needs it
+
+    return float(t.ppf(0.5 + CONFIDENCE / 2, dof))
+
+
+def rate_interval(times: np.ndarray, tokens: np.ndarray, window: Window, floor_s: float) -> RateInterval:
+    """Output rate over ``window`` from token arrival ``times`` (with their ``tokens``), cut into equal
+    batches at least ``floor_s`` wide and at most :data:`MAX_BATCHES` of them."""
+    width = window.width
+    if not width > 0:
+        return RateInterval(NAN, NAN, 0)
+    batch = max(width / MAX_BATCHES, floor_s)
+    n = max(1, min(MAX_BATCHES, int(width / batch + 1e-9)))
+    edges = np.linspace(window.start, window.end, n + 1)
+    counts, _ = np.histogram(times, bins=edges, weights=tokens)
+    rates = counts / (width / n)
+    mean = float(rates.mean())
+    if n < MIN_BATCHES:
+        return RateInterval(mean, NAN, n)
+    return RateInterval(mean, _t_quantile(n - 1) * float(rates.std(ddof=1)) / math.sqrt(n), n)
+
+
+def batch_floor_s(durations: Sequence[float]) -> float:
+    """The shortest batch worth a sample: one mean request duration (0 without any)."""
+    return float(np.mean(durations)) if len(durations) else 0.0
+
+
+def output_rate_interval(records: Sequence[RequestRecord], window: Window) -> RateInterval:
+    """The window's output tokens per second with its batch-means confidence interval."""
+    ok = [r for r in records if r.error is None]
+    times = np.fromiter((t for r in ok for t in r.chunk_times), dtype=float)
+    tokens = np.fromiter((k for r in ok for k in r.chunk_tokens), dtype=float)
+    durations = [r.end_time - r.send_time for r in sent_in(ok, window)  # type: ignore[operator]
+                 if r.end_time is not None]
+    return rate_interval(times, tokens, window, batch_floor_s(durations))
+
+
+class StabilityTracker:
+    """The stop rule, asked while a point runs (live on the load generator's loop, or in virtual time):
+    is the window's throughput known to within ``target`` (relative half-width of its 95 % interval)?
+
+    It is told of every request as it is sent (:meth:`sent`) and as it ends (:meth:`ended`). Only
+    ended requests' tokens are counted, so the window is judged up to the *settled horizon*: the
+    earliest send among the requests still in flight (every token before it has been counted). The
+    window must hold at least ``C`` ended requests (each stream replaced about once) and
+    :data:`MIN_BATCHES` batches. Each call costs one pass over the point's token arrival times in
+    numpy (kept as arrays as requests end), nothing per token in Python."""
+
+    def __init__(self, point: LoadPoint, target: float) -> None:
+        self.point = point
+        self.target = target
+        self._in_flight: dict[int, float] = {}  # request index -> send time
+        self._events: list[tuple[float, int]] = []  # (time, +1 send / -1 end), in arrival order
+        self._first_measured: float | None = None
+        self._ramp_end: float | None = None
+        self._count = 0
+        self._times: list[np.ndarray] = []
+        self._tokens: list[np.ndarray] = []
+        self._sends: list[float] = []  # of ended measured requests
+        self._durations: list[float] = []
+        target_c = point.concurrency
+        if target_c is not None and point.measured_requests is not None:
+            target_c = min(target_c, point.total_requests)
+        self._target_c = target_c
+
+    def sent(self, index: int, t: float, warmup: bool) -> None:
+        self._in_flight[index] = t
+        if not warmup and self._first_measured is None:
+            self._first_measured = t
+        self._count += 1
+        if self._target_c is not None and self._ramp_end is None and self._count >= self._target_c:
+            self._ramp_end = t
+
+    def ended(self, rec: RequestRecord) -> None:
+        self._in_flight.pop(rec.index, None)
+        self._count -= 1
+        if rec.error is not None or rec.send_time is None or rec.end_time is None:
+            return
+        self._times.append(np.asarray(rec.chunk_times, dtype=float))
+        self._tokens.append(np.asarray(rec.chunk_tokens, dtype=float))
+        if not rec.warmup:
+            self._sends.append(rec.send_time)
+            self._durations.append(rec.end_time - rec.send_time)
+
+    def stable(self, now: float) -> bool:
+        if self._first_measured is None:
+            return False
+        start = self._first_measured
+        if self.point.concurrency is not None:
+            if self._ramp_end is None:
+                return False
+            start = max(start, self._ramp_end)
+        horizon = min([now, *self._in_flight.values()])
+        if not horizon > start:
+            return False
+        window = Window(start, start, horizon, horizon, steady=True)
+        sends = np.asarray(self._sends)
+        inside = (sends >= start) & (sends < horizon)
+        durations = np.asarray(self._durations)[inside]
+        if int(inside.sum()) < (self.point.concurrency or 1):
+            return False
+        floor = batch_floor_s(durations)
+        times = np.concatenate(self._times) if self._times else np.empty(0)
+        tokens = np.concatenate(self._tokens) if self._tokens else np.empty(0)
+        return rate_interval(times, tokens, window, floor).relative <= self.target
