@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from analysis.noise import NAN, Estimate, Verdict, judge
 from analysis.store import StoreError, checked_store, default_tracking_uri, masked
 from analysis.store import client as store_client
 from vocab.metric_keys import Prefix, point_metrics
@@ -337,6 +338,15 @@ class SloChoice:
     closest: pd.Series | None
     misses: dict[str, float]
     among: str
+    runner_up: pd.Series | None = None  # the next best that meets every SLO
+    verdict: Verdict | None = None  # whether ``best`` beats it beyond the noise of both
+
+
+def _estimate(row: pd.Series) -> Estimate:
+    """A row's tok/s per GPU with its interval (the window's relative interval of its throughput)."""
+    rel = row.get("output_tok_s_ci95_rel", NAN)
+    value = float(row["tok_s_per_gpu"])
+    return Estimate(value, float(rel) * value if pd.notna(rel) else NAN)
 
 
 def best_under(df: pd.DataFrame, slos: Sequence[Slo]) -> SloChoice:
@@ -353,7 +363,11 @@ def best_under(df: pd.DataFrame, slos: Sequence[Slo]) -> SloChoice:
         meets &= slo.met(valid)
     ok = valid[meets & valid["tok_s_per_gpu"].notna()]
     if not ok.empty:
-        return SloChoice(ok.loc[ok["tok_s_per_gpu"].idxmax()], None, {}, among)
+        ranked = ok.sort_values("tok_s_per_gpu", ascending=False, kind="stable")
+        if len(ranked) < 2:
+            return SloChoice(ranked.iloc[0], None, {}, among)
+        best, second = ranked.iloc[0], ranked.iloc[1]
+        return SloChoice(best, None, {}, among, second, judge([_estimate(best), _estimate(second)]))
     if valid.empty:
         return SloChoice(None, None, {}, among)
     gaps = pd.DataFrame({str(slo): slo.shortfall(valid) for slo in slos}, index=valid.index)
@@ -434,6 +448,12 @@ def print_choice(choice: SloChoice, slos: Sequence[Slo], console: Console) -> No
     wanted = f"{', '.join(str(s) for s in slos)} (among {choice.among} rows)"
     if choice.best is not None:
         console.print(f"Best under {wanted}: " + escape(_describe_row(choice.best)))
+        if choice.runner_up is not None and choice.verdict is not None:
+            nxt = escape(_describe_row(choice.runner_up))
+            if choice.verdict.clear:
+                console.print(f"  ahead of the next, beyond the noise of both: {nxt}")
+            else:
+                console.print(f"  {choice.verdict.text()} of the next, so not measurably better: {nxt}")
     elif choice.closest is not None:
         misses = ", ".join(f"{k} by {v * 100:.0f} %" for k, v in choice.misses.items())
         console.print(f"No valid configuration meets {wanted}. Closest: "

@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from analysis.diagnose import overrides_text
+from analysis.noise import NAN, Estimate, judge, point_estimate
 from vocab.findings import SEVERITIES
 from vocab.metric_keys import MetricKey, point_metrics
 from vocab.status import Tag
@@ -101,6 +102,7 @@ class _Cell:
     eligible: bool
     text: str = ""
     after: str = ""
+    estimate: Estimate = field(default_factory=lambda: Estimate(NAN))
 
 
 @dataclass
@@ -157,7 +159,8 @@ def sweep_table(runs: list[Any]) -> tuple[Table, list[str]]:
                     value = None  # no source: not a number to print
                 text = _fmt(value, col.fmt)
                 # compared as printed: a difference in the fourth digit is no "best"
-                cell = _Cell(None if text == "-" else float(text), ok and valid and text != "-", text)
+                cell = _Cell(None if text == "-" else float(text), ok and valid and text != "-", text,
+                             estimate=point_estimate(m, col.metric))
                 if col.metric == J_PER_TOKEN and value is not None and len(energy_sources) > 1 \
                         and _energy_source(run) == GpuSource.SIMULATED:
                     cell.text = "~" + cell.text
@@ -167,9 +170,13 @@ def sweep_table(runs: list[Any]) -> tuple[Table, list[str]]:
                     cell.after = f" ({_fmt(predicted[label]['output_tok_s'], col.fmt)})"
                 col.cells.setdefault(label, []).append(cell)
     marked = False
+    unclear: dict[str, list[str]] = {}  # point -> the columns whose best is within noise
     for col in columns:
-        for cells in col.cells.values():
-            marked |= _mark_best(cells, col.lower_is_better)
+        for label, cells in col.cells.items():
+            mark, noise = _mark_best(cells, col.lower_is_better)
+            marked |= mark
+            if noise:
+                unclear.setdefault(label, []).append(f"{col.header.split(' (')[0]} {noise}")
 
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
     table.add_column("point", no_wrap=True)
@@ -187,7 +194,9 @@ def sweep_table(runs: list[Any]) -> tuple[Table, list[str]]:
                 row.append(Text.assemble((cell.text, "bold" if cell.text.endswith("*") else ""), cell.after))
             table.add_row(*row, end_section=i == len(runs) - 1)
     if marked:
-        notes.append("* best of the trials at that load point")
+        notes.append("* best of the trials at that load point, beyond the noise of both (95 % intervals)")
+    for label, cols in unclear.items():
+        notes.append(f"{label}: within noise, no trial marked: " + "; ".join(cols))
     if with_pred:
         notes.append("(pred) = the simulator's prediction for the same configuration")
     if energy_sources and energy_sources != {GpuSource.NVML.value}:
@@ -199,17 +208,22 @@ def sweep_table(runs: list[Any]) -> tuple[Table, list[str]]:
     return table, notes
 
 
-def _mark_best(cells: list[_Cell], lower_is_better: bool) -> bool:
+def _mark_best(cells: list[_Cell], lower_is_better: bool) -> tuple[bool, str]:
     """Append ``*`` to the best eligible value (ties: all of them), a space to the others so numbers
-    stay aligned. Marks only when there is something to tell apart (two values or more, not all
-    equal)."""
-    values = [c.value for c in cells if c.eligible and c.value is not None]
+    stay aligned, when it beats the runner-up beyond the noise of both (:mod:`analysis.noise`).
+    Returns whether it marked, and the noise (``±x %``) when there was something to tell apart that
+    noise could explain."""
+    eligible = [c for c in cells if c.eligible and c.value is not None]
+    values = [c.value for c in eligible]
     if len(values) < 2 or len(set(values)) == 1:
-        return False
-    best = min(values) if lower_is_better else max(values)
+        return False, ""
+    verdict = judge([c.estimate for c in eligible], lower_is_better)
+    if verdict is None or not verdict.clear:
+        return False, verdict.noise() if verdict is not None else ""
+    best = min(values) if lower_is_better else max(values)  # type: ignore[type-var]
     for c in cells:
         c.text += "*" if c.eligible and c.value == best else ("" if c.text.endswith("!") else " ")
-    return True
+    return True, ""
 
 
 def _trial_label(run: Any) -> str:

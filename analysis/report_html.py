@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from analysis.diagnose import overrides_text
+from analysis.noise import NAN, judge, point_estimate
 from analysis.report import finding_key, merge_findings, merge_texts
 from analysis.store import StoreError, checked_store, default_tracking_uri, masked
 from analysis.store import client as store_client
@@ -431,8 +432,21 @@ def _best(trials: Sequence[Trial]) -> str:
     if best is None:
         return ""
     value, trial, point = best
-    return (f"Highest output throughput at a valid point: <b>{_num(value)} tok/s</b> at {_e(point)} "
-            f"({_e(trial.label)}).")
+    head = f"Highest output throughput at a valid point: <b>{_num(value)} tok/s</b> at {_e(point)}"
+    # the other trials at that point: is it better than the next beyond the noise of both?
+    here = [(t, t.measured[point]) for t in trials if point in t.measured
+            and t.measured[point].get("valid", 1.0) == 1.0
+            and math.isfinite(t.measured[point].get("output_tok_s", NAN))]
+    if len(here) < 2:
+        return f"{head} ({_e(trial.label)})."
+    verdict = judge([point_estimate(m, "output_tok_s") for _, m in here])
+    if verdict is None:
+        return f"{head} ({_e(trial.label)})."
+    second = here[verdict.runner_up] if verdict.runner_up is not None else None
+    if verdict.clear or second is None:
+        return f"{head} ({_e(trial.label)}), ahead of the next trial beyond noise."
+    return (f"{head} ({_e(trial.label)}), {verdict.text()} of {_e(second[0].label)} "
+            f"({_num(second[1]['output_tok_s'])} tok/s): no trial is measurably faster there.")
 
 
 def _config(trials: Sequence[Trial]) -> str:

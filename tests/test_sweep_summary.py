@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from analysis.noise import judge, point_estimate
 from analysis.report import MAX_WIDTH, finding_lines, merge_findings, merge_texts, print_sweep_summary
 from orchestrator import sweep
 from orchestrator.cli import finish
@@ -76,6 +77,15 @@ def _assert_fits(text: str, width: int = MAX_WIDTH) -> None:
     assert not too_wide, f"lines over {width} columns: {too_wide}"
 
 
+def test_a_difference_within_the_noise_crowns_nothing(tmp_path: Path) -> None:
+    # 140 against 100 tok/s, each ±30: the gap (40) is within their combined half-width (42)
+    tracker, parent, _ = _measured_sweep(tmp_path / "mlflow.db", 30.0)
+    text = _printed(tracker.children(parent), width=100)
+    assert "*" not in text.split("Where")[0].replace("* best", "")
+    flat = " ".join(text.split())
+    assert "c8: within noise, no trial marked: tok/s ±30 %; TTFT p99 ms ±4 %; J/tok ±30 %" in flat
+
+
 def test_summary_fits_names_the_engine_and_marks_the_best(predicted_sweep) -> None:
     tracker, sweep_id, _ = predicted_sweep
     runs = tracker.children(sweep_id)
@@ -84,15 +94,20 @@ def test_summary_fits_names_the_engine_and_marks_the_best(predicted_sweep) -> No
     assert all(r.data.tags[Tag.ENGINE_REASON] == "predict=true" for r in runs)
     header = "Simulated engine in virtual time (predict=true): the simulator's predictions, not measured"
     assert header in text.splitlines()
-    # the c4 section: one row per trial; the highest tok/s carries the mark, and only it
+    # the c4 section: one row per trial; the highest tok/s carries the mark, and only it, when it beats
+    # the next beyond the noise of both
     section = text[text.index("\nc4 "):].split("\n\n")[0].splitlines()
     rows = {int(m.group(1)): line for line in section if (m := re.search(r"#(\d) pp\.async_depth", line))}
     assert len(rows) == 3
     tok = {int(r.data.tags[Tag.TRIAL_NUM]): round(_at(r, "c4")["output_tok_s"], 1) for r in runs}
     best = max(tok.values())
+    verdict = judge([point_estimate(_at(r, "c4"), "output_tok_s") for r in sorted(
+        runs, key=lambda r: int(r.data.tags[Tag.TRIAL_NUM]))])
+    clear = verdict is not None and verdict.clear
     for num, line in rows.items():
         cell = f"{tok[num]:.1f}*"
-        assert (cell in line) == (tok[num] == best and len(set(tok.values())) > 1), line
+        assert (cell in line) == (clear and tok[num] == best and len(set(tok.values())) > 1), line
+    assert clear or len(set(tok.values())) == 1 or "c4: within noise, no trial marked: tok/s" in text
     # J/token from the simulator's power model is shown, and says so
     assert "J/tok (sim)" in text and "simulator's power model, not measured" in text
 
@@ -158,10 +173,10 @@ def test_merging_rules() -> None:
     assert all(len(line) <= 40 for line in finding_lines(merged, 3, 40))
 
 
-def test_measured_trials_show_measured_energy_and_failures_within_the_width(tmp_path: Path) -> None:
-    """Trials as an SGLang sweep with NVML telemetry records them: J/token plain, the lowest marked;
-    a failed trial's reason on its own line; a long label folds inside its column."""
-    tracker = Tracker(sqlite_store(tmp_path / "mlflow.db"), EXPERIMENT)
+def _measured_sweep(db: Path, half_width: float) -> tuple[Tracker, str, str]:
+    """Trials as an SGLang sweep with NVML telemetry records them, each number with a 95 % interval of
+    ``half_width`` tok/s (and a TTFT p99 interval as wide in ms)."""
+    tracker = Tracker(sqlite_store(db), EXPERIMENT)
     parent = tracker.start_run("sweep", {Tag.KIND: RunKind.SWEEP.value})
     long_label = "parallelism=tp2pp4 server.max_running_requests=512 workload.concurrency=[8,32,128]"
     trials = [(100.0, 2.5, "ok"), (140.0, 1.9, "ok"), (0.0, 0.0, "failed")]
@@ -173,15 +188,28 @@ def test_measured_trials_show_measured_energy_and_failures_within_the_width(tmp_
             Tag.GPU_TELEMETRY: "nvml", **({Tag.ERROR: "Traceback\nEngineStartError: out of memory"}
                                           if status == "failed" else {})}, parent)
         if status == "ok":
-            tracker.log_metrics(run_id, [("c8/output_tok_s", tok, 0), ("c8/ttft_p99_ms", 900.0 - tok, 0),
+            ttft = 900.0 - tok
+            tracker.log_metrics(run_id, [("c8/output_tok_s", tok, 0), ("c8/ttft_p99_ms", ttft, 0),
+                                         ("c8/output_tok_s_ci95", half_width, 0),
+                                         ("c8/output_tok_s_ci95_rel", half_width / tok, 0),
+                                         ("c8/ttft_p99_ms_ci95_lo", ttft - half_width, 0),
+                                         ("c8/ttft_p99_ms_ci95_hi", ttft + half_width, 0),
                                          ("c8/itl_p99_ms", 30.0, 0), ("c8/j_per_output_token", joule, 0),
                                          ("c8/valid", 1.0, 0), ("pred/c8/output_tok_s", tok * 0.9, 0)])
+    return tracker, parent, long_label
+
+
+def test_measured_trials_show_measured_energy_and_failures_within_the_width(tmp_path: Path) -> None:
+    """Trials as an SGLang sweep with NVML telemetry records them: J/token plain, the lowest marked;
+    a failed trial's reason on its own line; a long label folds inside its column."""
+    tracker, parent, long_label = _measured_sweep(tmp_path / "mlflow.db", 2.0)
     text = _printed(tracker.children(parent), width=80)
     _assert_fits(text, 80)
     assert "Engine sglang 0.5.4 (engine=auto: 8 GPU(s) and SGLang on this node): measured" in text
     assert "Simulated" not in text and "(sim)" not in text and "J/tok" in text
     assert "140.0* (126.0)" in text and "1.90*" in text and "2.50*" not in text
     assert "ITL p99" in text and "30.0*" not in text  # all equal: nothing to mark
+    assert "within noise" not in text
     flat = " ".join(text.split())  # the failure line wraps at 80 columns
     assert f"failed #2 {long_label} pp.async_depth=2: EngineStartError: out of memory" in flat
 

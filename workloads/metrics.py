@@ -73,12 +73,35 @@ class SLO:
         return not (tpot_bad and (e2e - ttft) / (r.output_tokens - 1) > self.tpot_ms)  # type: ignore[operator]
 
 
+# the latencies whose p99 carries a 95 % interval (the summary table's columns)
+P99_INTERVALS: tuple[str, ...] = ("ttft", "itl")
+
+
+def quantile_interval(values: np.ndarray, q: float) -> tuple[float, float]:
+    """A distribution-free 95 % interval of the ``q`` quantile: the order statistics whose ranks bound
+    a Binomial(n, q) count with 95 % probability (with few samples the upper one is the maximum)."""
+    from scipy.stats import binom  # imported late: scipy is large
+
+    arr = np.sort(values)
+    n = len(arr)
+    lo = int(binom.ppf(0.025, n, q))
+    hi = int(binom.ppf(0.975, n, q)) + 1
+    return float(arr[max(0, min(n - 1, lo - 1))]), float(arr[max(0, min(n - 1, hi - 1))])
+
+
 def _stats(name: str, values: Sequence[float]) -> dict[str, float]:
     if len(values) == 0:
-        return {f"{name}_{s}_ms": NAN for s in STATS}
+        out = {f"{name}_{s}_ms": NAN for s in STATS}
+        if name in P99_INTERVALS:
+            out |= {f"{name}_p99_ms_ci95_lo": NAN, f"{name}_p99_ms_ci95_hi": NAN}
+        return out
     arr = np.asarray(values, dtype=float)
     p50, p90, p95, p99 = np.percentile(arr, [50, 90, 95, 99])  # linear, as bench_serving
-    return {
+    extra = {}
+    if name in P99_INTERVALS:
+        lo, hi = quantile_interval(arr, 0.99)
+        extra = {f"{name}_p99_ms_ci95_lo": min(lo, float(p99)), f"{name}_p99_ms_ci95_hi": max(hi, float(p99))}
+    return extra | {
         f"{name}_mean_ms": float(arr.mean()),
         f"{name}_p50_ms": float(p50),
         f"{name}_p90_ms": float(p90),
