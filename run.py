@@ -50,6 +50,15 @@ def _terminate(_signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
 
+def repeated(args: list[str]) -> bool:
+    """Whether the command line asks for more than one repeat of each trial (``repeats=N``, N > 1)."""
+    for arg in args:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key == "repeats" and value.strip().isdigit() and int(value) > 1:
+            return True
+    return False
+
+
 def main() -> int:
     # let configuration errors reach us as exceptions, so each becomes one readable line
     os.environ["HYDRA_FULL_ERROR"] = "1"
@@ -64,6 +73,8 @@ def main() -> int:
         sys.argv[1:] = expand_reproduce(sys.argv[1:])  # reproduce=<RUN_ID> -> that run's overrides
         # Hydra's argparse rejects overrides on both sides of -m; users write them either way
         flags = [a for a in sys.argv[1:] if a in ("-m", "--multirun")]
+        if not flags and repeated(sys.argv[1:]):
+            flags = ["-m"]  # repeats=N runs N trials: a sweep, even of one configuration
         sys.argv[1:] = flags + [a for a in sys.argv[1:] if a not in ("-m", "--multirun")]
         preflight_overrides(sys.argv[1:])
         trial()

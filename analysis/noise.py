@@ -66,7 +66,10 @@ class Verdict:
 
     def noise(self) -> str:
         """``±x %`` (the larger relative half-width of the two), or ``noise unknown``."""
-        return f"±{self.noise_rel * 100:.0f} %" if math.isfinite(self.noise_rel) else "noise unknown"
+        if not math.isfinite(self.noise_rel):
+            return "noise unknown"
+        pct = self.noise_rel * 100
+        return f"±{pct:.0f} %" if pct >= 1 else f"±{pct:.1g} %"
 
     def text(self) -> str:
         return f"within noise ({self.noise()})"

@@ -28,6 +28,7 @@ from rich.text import Text
 
 from analysis.diagnose import overrides_text
 from analysis.noise import NAN, Estimate, judge, point_estimate
+from analysis.repeats import combine_repeats, repeats_of
 from vocab.findings import SEVERITIES
 from vocab.metric_keys import MetricKey, point_metrics
 from vocab.status import Tag
@@ -127,8 +128,10 @@ def _energy_source(run: Any) -> str:
 
 
 def sweep_table(runs: list[Any]) -> tuple[Table, list[str]]:
-    """The table and its footnotes (what the marks mean)."""
-    runs = _ordered(runs)
+    """The table and its footnotes (what the marks mean). Repeats of one configuration are one row: the
+    median of each number, judged by the repeats' 95 % interval (:mod:`analysis.repeats`)."""
+    repeated = repeats_of(runs) > 1
+    runs = _ordered(combine_repeats(runs))
     labels = point_labels(runs) or [""]
     with_pred = any(point_metrics(r.data.metrics, "pred") for r in runs)
     # J/token only where a source wrote it; a simulated one is labelled so (decision: shown, because
@@ -197,6 +200,9 @@ def sweep_table(runs: list[Any]) -> tuple[Table, list[str]]:
         notes.append("* best of the trials at that load point, beyond the noise of both (95 % intervals)")
     for label, cols in unclear.items():
         notes.append(f"{label}: within noise, no trial marked: " + "; ".join(cols))
+    if repeated:
+        notes.append("×N = N repeats, each on a fresh engine: the median, judged by the 95 % interval of "
+                     "their mean")
     if with_pred:
         notes.append("(pred) = the simulator's prediction for the same configuration")
     if energy_sources and energy_sources != {GpuSource.NVML.value}:
@@ -211,14 +217,14 @@ def sweep_table(runs: list[Any]) -> tuple[Table, list[str]]:
 def _mark_best(cells: list[_Cell], lower_is_better: bool) -> tuple[bool, str]:
     """Append ``*`` to the best eligible value (ties: all of them), a space to the others so numbers
     stay aligned, when it beats the runner-up beyond the noise of both (:mod:`analysis.noise`).
-    Returns whether it marked, and the noise (``±x %``) when there was something to tell apart that
-    noise could explain."""
+    Returns whether it marked, and the noise (``±x %``) when two values or more could be told apart
+    and noise could explain their difference (equal values: within any noise)."""
     eligible = [c for c in cells if c.eligible and c.value is not None]
     values = [c.value for c in eligible]
-    if len(values) < 2 or len(set(values)) == 1:
+    if len(values) < 2:
         return False, ""
     verdict = judge([c.estimate for c in eligible], lower_is_better)
-    if verdict is None or not verdict.clear:
+    if verdict is None or not verdict.clear or len(set(values)) == 1:
         return False, verdict.noise() if verdict is not None else ""
     best = min(values) if lower_is_better else max(values)  # type: ignore[type-var]
     for c in cells:

@@ -82,9 +82,12 @@ def test_batch_means_know_a_steady_rate_and_say_nothing_of_a_short_window() -> N
     interval = output_rate_interval(recs, window)
     assert interval.mean == pytest.approx(20.0) and interval.batches == 10
     assert interval.relative < 1e-9
-    # two request durations of window: fewer than three batches, no interval
-    short = steady_window(recs[:4], LoadPoint(concurrency=2, num_requests=4))
-    assert short is not None and math.isnan(output_rate_interval(recs[:4], short).half_width)
+    # a window of 1.5 request durations: fewer than four half-duration batches, no interval
+    few = [_rec(0, 0.0, 1.0, tokens=10, at=0.5), _rec(1, 0.0, 1.5, tokens=10, at=0.5),
+           _rec(2, 1.0, 2.0, tokens=10, at=0.5)]
+    short = steady_window(few, LoadPoint(concurrency=2, num_requests=3))
+    assert short is not None and short.width == 1.5
+    assert math.isnan(output_rate_interval(few, short).half_width)
 
 
 # -- the closed loop's ramp on the load generator's scheduler ------------------------------------------

@@ -25,11 +25,13 @@ falls back to its whole measured span, and says so (``window_steady`` = 0).
 
 The uncertainty of the window's throughput is a 95 % confidence interval from batch means: the window
 is cut into equal batches, each batch's output rate is one sample, and Student's t over the batch
-rates gives the half-width. A batch is at least one mean request duration long: requests that run
-together (a micro-batch, a wave of fixed-length requests) deliver in cycles about that long, and a
-shorter batch would sample the cycle instead of the rate. The window holds at most
-:data:`MAX_BATCHES` batches; fewer than :data:`MIN_BATCHES` give no interval (NaN: the window is
-shorter than three request durations, and its noise is not known).
+rates gives the half-width. A batch is at least half a mean request duration long: requests that run
+together (a micro-batch, a wave of fixed-length requests) deliver in cycles about one duration long.
+Batches much shorter than that would be positively correlated (a prefill-heavy stretch followed by
+another), which makes an interval too narrow; half a cycle makes neighbouring batches, if anything,
+anti-correlated, which only widens it. The window holds at most :data:`MAX_BATCHES` batches; fewer
+than :data:`MIN_BATCHES` give no interval (NaN: the window is shorter than two request durations,
+and its noise is not known).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from vocab.records import RequestRecord
 
 NAN = float("nan")
 MAX_BATCHES = 10
-MIN_BATCHES = 3
+MIN_BATCHES = 4
 CONFIDENCE = 0.95
 
 
@@ -163,8 +165,8 @@ def rate_interval(times: np.ndarray, tokens: np.ndarray, window: Window, floor_s
 
 
 def batch_floor_s(durations: Sequence[float]) -> float:
-    """The shortest batch worth a sample: one mean request duration (0 without any)."""
-    return float(np.mean(durations)) if len(durations) else 0.0
+    """The shortest batch worth a sample: half a mean request duration (0 without any)."""
+    return 0.5 * float(np.mean(durations)) if len(durations) else 0.0
 
 
 def output_rate_interval(records: Sequence[RequestRecord], window: Window) -> RateInterval:

@@ -75,6 +75,14 @@ def short_names(job_overrides: list[list[str]]) -> list[str]:
     return [trial_label(overrides, common) for overrides in job_overrides]
 
 
+def with_repeats(job_overrides: list[list[str]], repeats: int) -> list[list[str]]:
+    """Each job ``repeats`` times in a row, as ``repeat=0`` ... ``repeat=N-1`` (a trial each, on a fresh
+    engine); unchanged for one repeat."""
+    if repeats <= 1:
+        return job_overrides
+    return [[*overrides, f"repeat={k}"] for overrides in job_overrides for k in range(repeats)]
+
+
 def _job_return(sc: DictConfig, status: JobStatus, value: Any) -> JobReturn:
     ret = JobReturn(overrides=list(sc.hydra.overrides.task), cfg=sc, hydra_cfg=sc)
     ret.status = status
@@ -107,6 +115,7 @@ class ParasweepRayLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()  # resolve ${now:} once, here
 
         jobs: list[CheckedJob] = []
+        job_overrides = with_repeats([list(o) for o in job_overrides], self._repeats(job_overrides))
         names = short_names([list(o) for o in job_overrides])
         for i, (overrides, name) in enumerate(zip(job_overrides, names, strict=True)):
             # compose, validate and preflight every job before starting any
@@ -150,6 +159,17 @@ class ParasweepRayLauncher(Launcher):
             for job, ret in self._run(todo, sweep, sweep_dir):
                 results[job.index] = ret
         return [results[j.index] for j in jobs]
+
+    def _repeats(self, job_overrides: Sequence[Sequence[str]]) -> int:
+        """``repeats`` of the sweep (a sweep-wide key: the first job's value; the others are checked
+        with the rest of the sweep-wide keys)."""
+        from orchestrator.config.validate import typed_config
+
+        assert self.config is not None and self.hydra_context is not None
+        if not job_overrides:
+            return 1
+        sc = self.hydra_context.config_loader.load_sweep_config(self.config, list(job_overrides[0]))
+        return int(typed_config(sc).repeats)
 
     def _run(self, todo: list[Any], sweep: Any, sweep_dir: Path) -> list[tuple[Any, JobReturn]]:
         from orchestrator.config.schema import trial_nodes, world_size

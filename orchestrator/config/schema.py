@@ -223,7 +223,7 @@ class RayConf:
 # Keys that configure a sweep as a whole, not one trial: they may not vary between a sweep's trials
 # (the launcher refuses that) and never appear in a trial's label.
 SWEEP_WIDE_KEYS = ("tracking.uri", "tracking.experiment", "ray.address", "ray.num_gpus", "ray.num_cpus",
-                   "resume", "dry_run", "predict", "reproduce")
+                   "resume", "dry_run", "predict", "reproduce", "repeats")
 
 
 @dataclass
@@ -248,6 +248,10 @@ class ParasweepConf:
     # sweeps: skip trials whose resolved config already succeeded in this experiment (false: run all)
     resume: bool = True
     reproduce: str | None = None  # an MLflow run id: re-run that trial or sweep (orchestrator/reproduce.py)
+    # sweeps: run every trial this many times, each on a fresh engine (a sweep dimension repeat=0..N-1;
+    # the summary, the report and compare aggregate the repeats: median and 95 % interval)
+    repeats: int = 1
+    repeat: int = 0  # which repeat this trial is (set by the launcher)
 
 
 def register_configs() -> None:

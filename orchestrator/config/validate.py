@@ -120,6 +120,10 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
     """Check one trial's config; the engine it will run on and why (``resolve_engine_reason``)."""
     if cfg.engine.name not in ENGINES:
         raise ConfigError("engine.name", cfg.engine.name, ", ".join(ENGINES))
+    if not isinstance(cfg.repeats, int) or cfg.repeats < 1:
+        raise ConfigError("repeats", cfg.repeats, "an integer >= 1 (each trial run that many times)")
+    if not isinstance(cfg.repeat, int) or not 0 <= cfg.repeat < max(cfg.repeats, 1):
+        raise ConfigError("repeat", cfg.repeat, f"0 to {cfg.repeats - 1} (set by the launcher from repeats)")
     engine, reason = resolve_engine_reason(cfg)
     _validate_sim_faults(cfg, engine, reason)
     if cfg.engine.time_scale <= 0 or (engine == "sglang" and cfg.engine.time_scale != 1.0):
