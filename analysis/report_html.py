@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 
 from analysis.diagnose import overrides_text
 from analysis.noise import NAN, judge, point_estimate
+from analysis.repeats import combine_repeats
 from analysis.report import finding_key, merge_findings, merge_texts
 from analysis.store import StoreError, checked_store, default_tracking_uri, masked
 from analysis.store import client as store_client
@@ -410,7 +411,7 @@ def _header(run: Any, parent: Any, trials: Sequence[Trial]) -> str:
     command = tags.get(Tag.COMMAND) or (parent.data.tags.get(Tag.COMMAND) if parent is not None else None)
     if command:
         out.append(f"<p>Command: <code>{_e(command)}</code></p>")
-    best = _best(trials)
+    best = headline(trials)
     if best:
         out.append(f"<p>{best}</p>")
     out.append('<nav><a href="#config">Configuration</a><a href="#results">Results</a>'
@@ -419,10 +420,14 @@ def _header(run: Any, parent: Any, trials: Sequence[Trial]) -> str:
     return "\n".join(out)
 
 
-def _best(trials: Sequence[Trial]) -> str:
-    """The highest output tok/s among valid points, the one-line answer most readers look for."""
+def headline(trials: Sequence[Trial]) -> str:
+    """The highest output tok/s among valid points, the one-line answer most readers look for, and
+    whether it beats the next trial at that point beyond the noise of both (repeats of a configuration
+    count as one, judged by their spread: :mod:`analysis.repeats`)."""
+    rows = [Trial(run, point_metrics(run.data.metrics), {})
+            for run in combine_repeats([t.run for t in trials])]
     best: tuple[float, Trial, PointLabel] | None = None
-    for trial in trials:
+    for trial in rows:
         for point, m in trial.measured.items():
             value = m.get("output_tok_s")
             if value is None or not math.isfinite(value) or m.get("valid", 1.0) != 1.0:
@@ -434,17 +439,16 @@ def _best(trials: Sequence[Trial]) -> str:
     value, trial, point = best
     head = f"Highest output throughput at a valid point: <b>{_num(value)} tok/s</b> at {_e(point)}"
     # the other trials at that point: is it better than the next beyond the noise of both?
-    here = [(t, t.measured[point]) for t in trials if point in t.measured
+    here = [(t, t.measured[point]) for t in rows if point in t.measured
             and t.measured[point].get("valid", 1.0) == 1.0
             and math.isfinite(t.measured[point].get("output_tok_s", NAN))]
-    if len(here) < 2:
+    verdict = judge([point_estimate(m, "output_tok_s") for _, m in here]) if len(here) > 1 else None
+    if verdict is None or verdict.runner_up is None:
         return f"{head} ({_e(trial.label)})."
-    verdict = judge([point_estimate(m, "output_tok_s") for _, m in here])
-    if verdict is None:
-        return f"{head} ({_e(trial.label)})."
-    second = here[verdict.runner_up] if verdict.runner_up is not None else None
-    if verdict.clear or second is None:
-        return f"{head} ({_e(trial.label)}), ahead of the next trial beyond noise."
+    second = here[verdict.runner_up]
+    if verdict.clear:
+        return (f"{head} ({_e(trial.label)}), ahead of the next ({_e(second[0].label)}, "
+                f"{_num(second[1]['output_tok_s'])} tok/s) beyond the noise of both.")
     return (f"{head} ({_e(trial.label)}), {verdict.text()} of {_e(second[0].label)} "
             f"({_num(second[1]['output_tok_s'])} tok/s): no trial is measurably faster there.")
 
