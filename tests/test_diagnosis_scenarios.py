@@ -83,15 +83,18 @@ def test_dense_pp8_gets_no_micro_batch_suggestion(tmp_path: Path) -> None:
 
 def test_kimi_pp8_gets_the_micro_batch_suggestion(tmp_path: Path) -> None:
     cfg = scenario("kimi-k2", "rtx-pro-6000-pcie-x8", pp=8, concurrency=32)
-    # The roofline's verdict. With the measured step costs the same change is predicted as a trade-off
-    # (+134 % tok/s, ITL p99 +139 %: Marlin's INT4 MoE time grows with every token of a micro-batch), so
-    # the check offers the next alternative instead (docs/simulator.md, "Measured step costs").
+    # The roofline's verdict: more micro-batches raise the throughput by more than half. In a steady
+    # closed loop (streams ramped in, the window after the ramp) it also lengthens the ITL tail (new
+    # streams' prefills interrupt four decoding micro-batches instead of one), so it may come back as a
+    # trade-off with the next alternative offered beside it (docs/simulator.md, "Measured step costs").
     cfg.simulator.step_costs = "roofline"
     found = diagnosed(cfg, tmp_path)
     micro = found["too_few_microbatches"]
-    assert micro.change == {"pp.micro_batch_size": 4}
-    assert micro.predicted_effect["change_pct"]["output_tok_s"] > 50
-    assert "Predicted at c32" in micro.suggestion
+    effect = micro.predicted_effect
+    first = effect if micro.change == {"pp.micro_batch_size": 4} else effect["instead_of"]
+    assert first["change"] == {"pp.micro_batch_size": 4}
+    assert first["change_pct"]["output_tok_s"] > 50
+    assert "Predicted at c32" in micro.suggestion or "trade-off" in micro.suggestion
     assert "simulated GPU telemetry, not measured" in found["pp_bubble"].evidence
 
 

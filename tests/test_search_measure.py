@@ -4,6 +4,7 @@ agreement, and the Pareto front of the search's plots."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from orchestrator.search.measure import (
     trial_argv,
     trial_points,
 )
+from vocab.hardware import load_hardware
 
 SETTINGS = Settings("output_tok_s_per_gpu", {"itl_p99_ms": 50.0, "ttft_p99_ms": 2000.0}, 256)
 
@@ -44,27 +46,33 @@ def test_a_measured_trial_is_run_py_with_the_search_overrides_and_the_candidate(
     assert argv[2:] == [
         "experiment=search-llama-70b-h100", "tracking.experiment=mine",
         "++tp.size=8", "++pp.micro_batch_size=null", "++server.extra_args.enable-mixed-chunk=true",
-        "workload.concurrency=[39,44,49]", "workload.rate=[]", "workload.warmup_per_concurrency=1",
-        "workload.requests_per_concurrency=2", "workload.requests_per_point=null", "workload.ramp=0",
+        "workload.concurrency=[39,44,49]", "workload.rate=[]", "workload.warmup_per_concurrency=0",
+        "workload.requests_per_concurrency=4", "workload.requests_per_point=null", "workload.ramp=auto",
         "workload.ci_target=null", "search.name=null",
         "tracking.parent_run_id=abc123", "tracking.label='search #1 tp.size=8'",
         "hydra.run.dir=/o/measured/1"]
-    # the points it runs are the search's own: two measured requests per stream after the opening wave
-    points = trial_points([39, 44, 49])
-    assert [(p.concurrency, p.num_requests, p.warmup_requests) for p in points.values()] == [
-        (39, 78, 39), (44, 88, 44), (49, 98, 49)]
-    assert list(points.values()) == [closed_point(c) for c in (39, 44, 49)]
 
 
 def test_the_trials_load_plan_is_the_searchs_points() -> None:
     from orchestrator.config.schema import ParasweepConf
     from orchestrator.load_plan import load_points
+    from orchestrator.trial.modelled import point_predictor
 
     cfg = ParasweepConf()
-    cfg.workload.concurrency, cfg.workload.warmup_per_concurrency = [3, 44], 1.0
-    cfg.workload.requests_per_concurrency = 2
-    cfg.workload.ramp, cfg.workload.ci_target = 0, None  # what the search's measured trials set
-    assert load_points(cfg) == [closed_point(3), closed_point(44)]
+    cfg.engine.name = "sim"
+    cfg.model.name, cfg.model.path = "tiny-test", "models/tiny-test"
+    cfg.hardware = load_hardware("h200-nvlink-x8")
+    # what trial_argv sets: the trial's load plan is then the search's points (four requests per stream,
+    # no warm-up wave), their ramp included
+    cfg.workload.concurrency, cfg.workload.warmup_per_concurrency = [3, 44], 0.0
+    cfg.workload.requests_per_concurrency, cfg.workload.ci_target = 4, None
+    points = trial_points([3, 44], point_predictor(cfg, {}))
+    assert [(p.concurrency, p.num_requests, p.warmup_requests) for p in points.values()] == [
+        (3, 12, 0), (44, 176, 0)]
+    assert all(p.ramp_s > 0 for p in points.values())
+    assert load_points(cfg) == list(points.values())
+    assert [closed_point(c) for c in (3, 44)] == [
+        dataclasses.replace(p, ramp_s=0.0) for p in points.values()]
 
 
 def _measured(score: float, loads: dict[int, dict[str, float]]) -> Measured:

@@ -4,11 +4,10 @@ closed-loop load at which it meets every SLO, and what does it score there.
 * **Possible.** The changed config is validated as a trial's would be, and the simulated engine
   configured with it; a layout that cannot run is *rejected* with the first line of the reason (does
   not fit in memory, tp does not divide the heads, more GPUs than the node has, ...).
-* **Steady state.** Each load point C sends C warm-up requests first, the opening wave of C
-  simultaneous prefills, and judges only the 2·C (at least 8) requests after them, which arrive as
-  earlier ones finish: with fixed lengths, two whole waves of C. A closed loop's opening burst is a
-  benchmark's artefact, not its steady state: on a 128-request point it can dominate the TTFT p99.
-  Every number is the simulator's prediction in virtual time.
+* **Steady state.** Each load point C sends 4·C requests (at least 8), its streams entering one by one
+  over one predicted request duration (``orchestrator.ramp``), as a trial's points do, and is judged
+  on its steady-state window (``workloads.window``: after the ramp, before the drain), as every
+  measured point is. Every number is the simulator's prediction in virtual time.
 * **Highest load within the SLOs.** From its starting load the concurrency steps up while every SLO
   holds (or down until they do), by strides that double, then is bisected between the last point that
   held and the first that did not, to within an eighth. Feasibility is taken to fall with load
@@ -39,6 +38,7 @@ OBJECTIVES = ("output_tok_s_per_gpu", "goodput_req_s_per_gpu")
 # the latency statistics every load point reports (workloads/metrics.py), per-token ITL only
 SLO_METRICS = tuple(f"{lat}_{stat}_ms" for lat in ("ttft", "itl", "tpot", "e2e") for stat in STATS)
 MIN_MEASURED = 8  # measured requests of the smallest point (as a trial's load plan: load_plan.py)
+REQUESTS_PER_STREAM = 4  # a point's requests per stream: one ramp, about three durations of window
 UNGUESSED_START = 8  # where the load search starts without a guess (highest_load)
 RESOLUTION = 8  # bisection stops within an eighth of the load
 
@@ -107,8 +107,16 @@ def rejection_category(exc: Exception) -> str:
 
 
 def closed_point(c: int) -> LoadPoint:
-    """Concurrency ``c`` in steady state: the opening wave is warm-up (module docstring)."""
-    return LoadPoint(concurrency=c, num_requests=max(MIN_MEASURED, 2 * c), warmup_requests=c)
+    """Concurrency ``c`` as the search judges it, before its ramp is known (module docstring)."""
+    return LoadPoint(concurrency=c, num_requests=max(MIN_MEASURED, REQUESTS_PER_STREAM * c),
+                     warmup_requests=0)
+
+
+def steady_point(c: int, predict: Callable[[LoadPoint], PointResult]) -> LoadPoint:
+    """:func:`closed_point` with its ramp: over the request duration ``predict`` gives."""
+    from orchestrator.ramp import ramped
+
+    return ramped(closed_point(c), predict)
 
 
 def ms(value: float) -> str:
@@ -218,7 +226,7 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings) -> Out
 
     def holds(c: int) -> bool:
         if c not in results:
-            results[c] = predict(closed_point(c))
+            results[c] = predict(steady_point(c, predict))
             outcome.predictions += 1
         worst = worst_ratio(results[c].metrics, settings.slo)
         return worst is None or worst[1] <= 1.0
@@ -254,7 +262,7 @@ def highest_load(holds: Callable[[int], bool], limit: int, start: int | None = N
     fails at 1. From ``start`` (a guess) it steps up (or down) by strides of a quarter of it that double
     until ``holds`` flips, then bisects between the last load that held and the first that did not.
     Without a guess it doubles from ``UNGUESSED_START``: a point below it costs more decode steps, not
-    fewer (at least ``MIN_MEASURED`` requests, a few at a time: ``closed_point``). Feasibility is taken
+    fewer (at least ``MIN_MEASURED`` requests: ``closed_point``). Feasibility is taken
     to fall with load."""
     first = min(max(1, start or UNGUESSED_START), limit)
     stride = max(1, first // 4) if start else first

@@ -20,6 +20,7 @@ from orchestrator.search.measure import (
     Measured,
     candidate_label,
     judge,
+    judged_points,
     loads_around,
     measured_rows,
     rank_agreement,
@@ -135,7 +136,7 @@ def _measure(cfg: ParasweepConf, settings: Settings, outcome: Any, rank: int, ru
     m.engine = run.data.tags.get(Tag.ENGINE, "?")
     m.measured = {p.concurrency: v for p, v in point_metrics(run.data.metrics).items() if p.concurrency}
     predict = point_predictor(*apply_change(cfg, outcome.change))
-    m.predicted = {c: predict(point).metrics for c, point in trial_points(m.loads).items()}
+    m.predicted = {c: predict(point).metrics for c, point in trial_points(m.loads, predict).items()}
     good = ({} if settings.objective == "output_tok_s_per_gpu"
             else _measured_goodput(run_dir, m.loads, settings))
     judge(m, settings, outcome.gpus, good)
@@ -154,7 +155,7 @@ def _measured_goodput(run_dir: Path, loads: list[int], settings: Settings) -> di
     for c in loads:
         mine = [r for r in records if r.point == f"c{c}"]
         if mine:
-            out[c] = goodput(mine, trial_points(loads)[c], settings.slo)
+            out[c] = goodput(mine, judged_points(loads)[c], settings.slo)
     return out
 
 

@@ -17,14 +17,23 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from analysis.diagnose import overrides_text
-from orchestrator.search.evaluate import RESOLUTION, Outcome, Settings, closed_point, worst_ratio
+from orchestrator.search.evaluate import (
+    REQUESTS_PER_STREAM,
+    RESOLUTION,
+    Outcome,
+    Settings,
+    closed_point,
+    steady_point,
+    worst_ratio,
+)
 from vocab.load import LoadPoint
+from vocab.records import PointResult
 
 RUN_PY = Path(__file__).resolve().parents[2] / "run.py"
 STOP_GRACE_S = 60.0  # a trial asked to stop ends its engine and closes its run within this
@@ -65,9 +74,15 @@ def base_overrides(task: Sequence[str], change: dict[str, Any]) -> list[str]:
     return [o for o in task if not any(key(o) == k or key(o).startswith(k + ".") for k in own)]
 
 
-def trial_points(loads: list[int]) -> dict[int, LoadPoint]:
+def trial_points(loads: list[int], predict: Callable[[LoadPoint], PointResult]) -> dict[int, LoadPoint]:
     """The load points the measured trial runs (``trial_argv``'s workload keys), by concurrency: the
-    search's own points (``closed_point``), so predicted and measured are of the same thing."""
+    search's own points (``steady_point``, ramped by ``predict``), so predicted and measured are of the
+    same thing."""
+    return {c: steady_point(c, predict) for c in loads}
+
+
+def judged_points(loads: list[int]) -> dict[int, LoadPoint]:
+    """The same points as the window reads them (their ramp does not change which requests count)."""
     return {c: closed_point(c) for c in loads}
 
 
@@ -78,8 +93,8 @@ def trial_argv(task: Sequence[str], change: dict[str, Any], loads: list[int], pa
     changed = [f"++{overrides_text({k: v}).lstrip('+')}" for k, v in change.items()]
     return [sys.executable, str(RUN_PY), *base_overrides(task, change), *changed,
             f"workload.concurrency=[{','.join(str(c) for c in loads)}]", "workload.rate=[]",
-            "workload.warmup_per_concurrency=1", "workload.requests_per_concurrency=2",
-            "workload.requests_per_point=null", "workload.ramp=0", "workload.ci_target=null",
+            "workload.warmup_per_concurrency=0", f"workload.requests_per_concurrency={REQUESTS_PER_STREAM}",
+            "workload.requests_per_point=null", "workload.ramp=auto", "workload.ci_target=null",
             "search.name=null",
             f"tracking.parent_run_id={parent_run_id}", f"tracking.label='{label}'",
             f"hydra.run.dir={run_dir}"]
