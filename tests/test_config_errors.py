@@ -125,3 +125,15 @@ def test_unwritable_sqlite_location_is_one_line(workdir: Path) -> None:
     assert lines[0].startswith(f"parasweep: tracking.uri={uri}: invalid (cannot create ")
     assert "is a file, not a directory" in lines[0]
     assert not list(workdir.rglob("progress.json"))
+
+
+def test_a_search_slo_on_any_statistic_from_the_command_line(workdir: Path) -> None:
+    # a bound on a statistic the preset does not name is given as a mapping, and a preset's removed
+    result = run_cli(["search=tiny", *TINY, "search.slo={ttft_mean_ms: 1000, tpot_mean_ms: 30}",
+                      "~search.slo.itl_p99_ms", "--cfg", "job"], workdir)
+    assert result.returncode == 0, result.stderr
+    slo = result.stdout[result.stdout.index("  slo:"):].splitlines()[1:4]
+    assert slo[:2] == ["    ttft_mean_ms: 1000.0", "    tpot_mean_ms: 30.0"] and "itl_p99" not in slo[2]
+    # a statistic no point reports is still refused, in one line naming the key
+    bad = run_cli(["search=tiny", *TINY, "search.slo={ttft_foo_ms: 1000}"], workdir)
+    assert bad.returncode == 2 and bad.stderr.startswith("parasweep: search.slo.ttft_foo_ms=1000.0: invalid")

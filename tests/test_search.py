@@ -24,7 +24,7 @@ from orchestrator.search.evaluate import (
     screen,
 )
 from orchestrator.search.judge import evaluate_all
-from orchestrator.search.runner import run_search, search_base
+from orchestrator.search.runner import command_lines, run_search, search_base
 from orchestrator.search.space import Dimension, candidates, parse_space
 from vocab.hardware import load_hardware
 
@@ -143,6 +143,26 @@ def test_a_search_whose_answer_is_known(tmp_path: Path) -> None:
     assert len(pd.read_csv(tmp_path / "search" / "candidates.csv")) == 6
 
 
+def test_the_answer_says_how_to_serve_the_real_model(tmp_path: Path) -> None:
+    cfg = tiny(tmp_path, {"itl_p99_ms": 5.0})
+    cfg.model.weights = "meta-llama/Llama-3.1-8B-Instruct"
+    measured, real = command_lines(cfg, {"tp.size": 2}, 16)[1:]
+    assert "--load-format dummy" in measured and "--skip-tokenizer-init" in measured
+    assert real.startswith("  SGLang serving the real model (meta-llama/Llama-3.1-8B-Instruct): python -m ")
+    assert "--model-path meta-llama/Llama-3.1-8B-Instruct" in real and "--tp-size 2" in real
+    assert "dummy" not in real and "--skip-tokenizer-init" not in real and "models/tiny-test" not in real
+
+
+def test_a_cap_on_load_is_per_replica_and_said_when_it_held(tmp_path: Path) -> None:
+    # no SLO the tiny model can miss at these loads: the cap holds every candidate
+    cfg = tiny(tmp_path, {"ttft_p99_ms": 60_000.0})
+    cfg.search.space, cfg.search.max_concurrency = ["dp.size=1,2"], 8
+    outcomes = {o.change["dp.size"]: o for o in run_search(cfg, tmp_path, show_progress=False).outcomes}
+    assert outcomes[1].concurrency == 8 and outcomes[2].concurrency == 16  # 8 per replica
+    assert outcomes[1].limit == "the cap search.max_concurrency=8, not an SLO"
+    assert outcomes[2].limit == "the cap search.max_concurrency=8 per replica (16 in all), not an SLO"
+
+
 def test_no_candidate_meets_the_slos_names_the_closest(tmp_path: Path) -> None:
     with pytest.raises(UserError) as e:
         run_search(tiny(tmp_path, {"itl_p99_ms": 0.5}), tmp_path, show_progress=False)
@@ -170,9 +190,11 @@ def test_the_search_from_the_command_line(tmp_path: Path) -> None:
     assert "Best: server.cuda_graph=true tp.size=1 at concurrency " in out
     assert "  python run.py server.cuda_graph=true tp.size=1 workload.concurrency=[" in out
     # the winner as SGLang would be launched with it
-    command = next(line for line in out.splitlines() if line.startswith("  SGLang (0.5.23's flags): "))
+    command = next(line for line in out.splitlines() if line.startswith("  SGLang as parasweep measures it"))
     assert "python -m sglang.launch_server --model-path " in command and "--tp-size 1" in command
     assert "--disable-cuda-graph" not in command and "--host 127.0.0.1" in command
+    assert "random weights of the config folder" in command and "--load-format dummy" in command
+    assert "  To serve the real model: --model-path the weights' folder or Hugging Face id" in out
     assert "Rejected 2: tp.size*pp.size*dp.size: valid at most 8 (hardware h200-nvlink-x8 has 8 GPUs)" in out
     assert len(pd.read_csv(tmp_path / "out" / "search" / "candidates.csv")) == 6
     # then the best two measured, each as a trial of the search's one MLflow run, on the simulated engine

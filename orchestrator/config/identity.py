@@ -12,7 +12,7 @@ from orchestrator.config.schema import ParasweepConf
 
 # top-level groups, or dotted keys, that do not change the measurement
 HASH_EXCLUDE = ("tracking", "ray", "search", "dry_run", "predict", "resume", "reproduce", "repeats",
-                "engine.startup_timeout_s", "engine.stop_grace_s", "engine.python")
+                "engine.startup_timeout_s", "engine.stop_grace_s", "engine.python", "model.weights")
 
 
 def resolved_config_dict(cfg: ParasweepConf, engine: str) -> dict[str, Any]:

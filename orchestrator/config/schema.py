@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from vocab.hardware import HardwareConf
 
@@ -48,6 +49,9 @@ class ModelConf:
     name: str = "???"
     path: str = "???"  # HF config directory; relative paths are relative to the project root
     load_format: str = "dummy"  # real SGLang: random weights, no download
+    # where the real weights are (a Hugging Face id or a local folder): only for the command a search
+    # prints to serve the model for real; parasweep itself never downloads or loads them
+    weights: str | None = None
     skip_tokenizer_init: bool = True  # drive /generate with input_ids; no tokenizer files needed
     # config.json fields to override, e.g. {num_hidden_layers: 4} to shrink a model for a smoke test
     override_args: dict[str, Any] = field(default_factory=dict)
@@ -254,7 +258,14 @@ class ParasweepConf:
     repeat: int = 0  # which repeat this trial is (set by the launcher)
 
 
+# Mappings whose keys are the user's to choose: ``search.slo={ttft_mean_ms: 1000}`` on the command line
+# may name any metric (validation checks them), where the rest of the schema refuses unknown keys
+OPEN_MAPPINGS = ("search.slo",)
+
+
 def register_configs() -> None:
     """Make the schema known to Hydra; ``conf/config.yaml`` lists ``parasweep_schema`` first."""
-    cs = ConfigStore.instance()
-    cs.store(name="parasweep_schema", node=ParasweepConf)
+    node = OmegaConf.structured(ParasweepConf)
+    for path in OPEN_MAPPINGS:
+        OmegaConf.set_struct(OmegaConf.select(node, path), False)
+    ConfigStore.instance().store(name="parasweep_schema", node=node)

@@ -9,7 +9,8 @@ closed-loop load at which it meets every SLO, and what does it score there.
   on its steady-state window (``workloads.window``: after the ramp, before the drain), as every
   measured point is. Every number is the simulator's prediction in virtual time.
 * **Highest load within the SLOs.** From its starting load the concurrency steps up while every SLO
-  holds (or down until they do), by strides that double, then is bisected between the last point that
+  holds (or down until they do), up to ``search.max_concurrency`` per DP replica, by strides that
+  double, then is bisected between the last point that
   held and the first that did not, to within an eighth. Feasibility is taken to fall with load
   (latency grows with it). A candidate that misses an SLO at concurrency 1 is
   *over the SLOs*, with how far it missed (the worst ratio of metric to bound).
@@ -66,6 +67,7 @@ class Outcome:
     predictions: int = 0
     ceiling: float | None = None  # the objective no load of this candidate can beat (cost model)
     limit: str = ""  # what stops a higher load: the SLO it breaks just above, or search.max_concurrency
+    max_load: int = 0  # the highest load tried: search.max_concurrency per DP replica
     same_as: str = ""  # a candidate the simulated engine cannot tell from this one, judged in its stead
 
 
@@ -166,7 +168,7 @@ def screen(base: ParasweepConf, change: Mapping[str, Any], settings: Settings) -
     except (UserError, ValueError) as exc:
         return _rejected(change, exc)
     gpus = cfg.tp.size * cfg.pp.size * cfg.dp.size
-    ceiling, start = _ceiling(engine, cfg, settings, gpus)
+    ceiling, start = _ceiling(engine, cfg, settings, gpus, max_load(settings, cfg))
     return Screened(dict(change), gpus, ceiling, start, engine_key(engine, env))
 
 
@@ -188,7 +190,14 @@ def itl_bounds(slo: Mapping[str, float]) -> list[tuple[float, float]]:
             if metric.startswith("itl_") and metric.split("_")[1] in shares]
 
 
-def _ceiling(engine: Any, cfg: ParasweepConf, settings: Settings, gpus: int) -> tuple[float, int | None]:
+def max_load(settings: Settings, cfg: ParasweepConf) -> int:
+    """The highest load a candidate is tried at: ``search.max_concurrency`` per DP replica (a cap on the
+    total would hold eight replicas to an eighth of what one replica is allowed)."""
+    return settings.max_concurrency * max(1, cfg.dp.size)
+
+
+def _ceiling(engine: Any, cfg: ParasweepConf, settings: Settings, gpus: int,
+             limit: int) -> tuple[float, int | None]:
     """The objective no load of this candidate can beat, and where its load search starts. Output
     tokens are the decoded ones plus each request's first, which its prefill makes: with fixed lengths
     of ``out`` tokens that is out / (out - 1) times the decoded rate. Varying lengths: no bound."""
@@ -196,12 +205,11 @@ def _ceiling(engine: Any, cfg: ParasweepConf, settings: Settings, gpus: int) -> 
 
     w = cfg.workload
     bounds = itl_bounds(settings.slo) or [(None, 1.0)]
-    ceilings = [decode_ceiling(engine, w.input_len, settings.max_concurrency, bound, share)
-                for bound, share in bounds]
+    ceilings = [decode_ceiling(engine, w.input_len, limit, bound, share) for bound, share in bounds]
     # where the ITL bound holds the load down, start there; elsewhere another SLO (or none) decides,
     # and doubling from UNGUESSED_START spends less than stepping down from the top
     starts = [c.concurrency for c in ceilings if c.concurrency is not None]
-    start = max(1, min(starts)) if starts and min(starts) < settings.max_concurrency else None
+    start = max(1, min(starts)) if starts and min(starts) < limit else None
     if w.input_dist != "fixed" or w.output_dist != "fixed" or w.output_len < 2:
         return math.inf, start
     decoded = min(c.tok_s for c in ceilings)
@@ -231,7 +239,8 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings) -> Out
         worst = worst_ratio(results[c].metrics, settings.slo)
         return worst is None or worst[1] <= 1.0
 
-    best = highest_load(holds, settings.max_concurrency, screened.start)
+    outcome.max_load = max_load(settings, cfg)
+    best = highest_load(holds, outcome.max_load, screened.start)
     if best is None:
         metric, ratio = worst_ratio(results[1].metrics, settings.slo) or ("?", math.inf)
         outcome.status, outcome.miss = OVER_SLO, ratio
@@ -240,7 +249,7 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings) -> Out
         return outcome
     result = results[best]
     outcome.concurrency, outcome.metrics = best, dict(result.metrics)
-    outcome.limit = _limit(results, best, settings)
+    outcome.limit = _limit(results, best, settings, outcome.max_load)
     per_gpu = 1.0 / max(1, outcome.gpus)
     outcome.score = per_gpu * (result.metrics.get("output_tok_s", 0.0)
                                if settings.objective == "output_tok_s_per_gpu"
@@ -248,10 +257,12 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings) -> Out
     return outcome
 
 
-def _limit(results: Mapping[int, PointResult], best: int, settings: Settings) -> str:
+def _limit(results: Mapping[int, PointResult], best: int, settings: Settings, limit: int) -> str:
     above = [c for c in results if c > best]
     if not above:
-        return f"search.max_concurrency {settings.max_concurrency}"
+        replicas = limit // settings.max_concurrency
+        each = f" per replica ({limit} in all)" if replicas > 1 else ""
+        return f"the cap search.max_concurrency={settings.max_concurrency}{each}, not an SLO"
     c = min(above)
     metric, _ = worst_ratio(results[c].metrics, settings.slo) or ("?", math.nan)
     return f"{metric} {ms(results[c].metrics[metric])} ms > {ms(settings.slo[metric])} at concurrency {c}"

@@ -121,7 +121,8 @@ def _measure(cfg: ParasweepConf, settings: Settings, outcome: Any, rank: int, ru
     """One candidate measured as a child trial of the search run."""
     from orchestrator.trial.modelled import apply_change, point_predictor
 
-    m = Measured(outcome, rank, loads_around(outcome.concurrency or 1, settings.max_concurrency))
+    cap = outcome.max_load or settings.max_concurrency
+    m = Measured(outcome, rank, loads_around(outcome.concurrency or 1, cap))
     label = candidate_label(rank, outcome.change)
     run_dir = out_dir / "measured" / str(rank)
     print(f"[parasweep] measuring #{rank} {overrides_text(outcome.change)} at concurrency "

@@ -170,21 +170,52 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings) -
 def command_lines(cfg: ParasweepConf, change: dict[str, Any], concurrency: int | None) -> list[str]:
     """A candidate as a person runs it: its ``run.py`` command line at ``concurrency`` and its SGLang
     launch command."""
-    return [f"  python run.py {overrides_text(change)} workload.concurrency=[{concurrency}]",
-            f"  SGLang (0.5.23's flags): {sglang_command(cfg, change)}"]
+    lines = [f"  python run.py {overrides_text(change)} workload.concurrency=[{concurrency}]",
+             f"  SGLang as parasweep measures it (0.5.23's flags; random weights of the config folder, "
+             f"no tokenizer): {sglang_command(cfg, change)}"]
+    if cfg.model.weights:
+        lines.append(f"  SGLang serving the real model ({cfg.model.weights}): "
+                     f"{sglang_command(cfg, change, cfg.model.weights)}")
+    else:
+        lines.append("  To serve the real model: --model-path the weights' folder or Hugging Face id, "
+                     "without --load-format dummy and --skip-tokenizer-init (model.weights names them)")
+    return lines
 
 
-def sglang_command(cfg: ParasweepConf, change: dict[str, Any]) -> str:
+def sglang_command(cfg: ParasweepConf, change: dict[str, Any], weights: str | None = None) -> str:
     """The SGLang launch command of ``cfg`` with ``change``, as parasweep would start it (port 30000,
-    secrets masked)."""
+    secrets masked); with ``weights`` (a local folder or Hugging Face id), serving those real weights
+    with their tokenizer instead of random weights from a config-only folder."""
     from orchestrator.engines.base import sglang_flags
     from orchestrator.redact import redact_argv
     from orchestrator.trial.modelled import apply_change
 
     changed, env = apply_change(cfg, change)
-    argv = ["python", "-m", "sglang.launch_server", *sglang_flags(changed, 30000)]
+    flags = sglang_flags(changed, 30000)
+    if weights:
+        flags = _serving(flags, weights)
+    argv = ["python", "-m", "sglang.launch_server", *flags]
     prefix = [f"{k}={v}" for k, v in env.items()]  # engine environment variables the change sets
     return shlex.join([*prefix, *redact_argv(argv)])
+
+
+def _serving(flags: list[str], weights: str) -> list[str]:
+    """Flags that load ``weights`` and their tokenizer: the model path replaced, the dummy load format
+    and the skipped tokenizer dropped."""
+    out: list[str] = []
+    skip = 0
+    for i, flag in enumerate(flags):
+        if skip:
+            skip -= 1
+            continue
+        if flag == "--model-path":
+            out += [flag, weights]
+            skip = 1
+        elif flag == "--load-format" and i + 1 < len(flags) and flags[i + 1] == "dummy":
+            skip = 1
+        elif flag != "--skip-tokenizer-init":
+            out.append(flag)
+    return out
 
 
 def _lost(o: Outcome, best: Outcome) -> str:
