@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import os
 import shlex
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.diagnose import overrides_text
+from analysis.noise import Estimate, judge
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.search.evaluate import (
@@ -37,8 +39,8 @@ from orchestrator.search.sampled import sampled_outcomes
 from orchestrator.search.space import candidates, parse_space, size
 
 PREDICTED = "predicted by the simulated engine in virtual time, not measured"
-# what the SLOs are judged on (evaluate.closed_point): a closed loop's opening burst is not its steady state
-STEADY = "each load's opening wave of simultaneous requests is warm-up, not judged"
+# what the SLOs are judged on (evaluate.steady_point): the window after the ramp, before the drain
+STEADY = "each load's streams ramped in over one request duration, the window after the ramp judged"
 SHOWN = ("output_tok_s", "ttft_p99_ms", "itl_p99_ms", "tpot_p50_ms", "e2e_p99_ms")
 
 
@@ -156,6 +158,11 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings) -
         lines.append(f"Best: {overrides_text(best.change)} at concurrency {best.concurrency}: "
                      f"{_scored(best, settings)}; a higher load: {best.limit}")
         lines += command_lines(cfg, best.change, best.concurrency)
+        if len(ranked) > 1:
+            verdict = judge([_score_estimate(best), _score_estimate(ranked[1])])
+            if verdict is not None and not verdict.clear:
+                lines.append(f"  The runner-up ({overrides_text(ranked[1].change)}) is {verdict.text()}: "
+                             "either is the answer as far as the prediction can tell them apart")
         for o in ranked[1:1 + RUNNERS_UP]:
             lines.append(f"Runner-up: {overrides_text(o.change)} at concurrency {o.concurrency}: "
                          f"{_scored(o, settings)}; {_lost(o, best)}")
@@ -216,6 +223,14 @@ def _serving(flags: list[str], weights: str) -> list[str]:
         elif flag != "--skip-tokenizer-init":
             out.append(flag)
     return out
+
+
+def _score_estimate(o: Outcome) -> Estimate:
+    """A candidate's score with the 95 % interval of its window's throughput (batch means of the
+    predicted point: what a steady closed loop of that length can tell apart)."""
+    rel = o.metrics.get("output_tok_s_ci95_rel", float("nan"))
+    score = o.score or 0.0
+    return Estimate(score, score * rel if math.isfinite(rel) else float("nan"))
 
 
 def _lost(o: Outcome, best: Outcome) -> str:
