@@ -18,7 +18,7 @@ from rich.console import Console
 
 from analysis.noise import judge, point_estimate
 from analysis.report import MAX_WIDTH, finding_lines, merge_findings, merge_texts, print_sweep_summary
-from analysis.report_html import Trial, headline
+from analysis.report_view import Trial, headline
 from orchestrator import sweep
 from orchestrator.cli import finish
 from orchestrator.config.schema import ParasweepConf
@@ -92,10 +92,12 @@ def test_the_reports_headline_crowns_only_beyond_noise(tmp_path: Path) -> None:
     def line(half_width: float, db: str) -> str:
         tracker, parent, _ = _measured_sweep(tmp_path / db, half_width)
         runs = tracker.children(parent)
-        return headline([Trial(r, point_metrics(r.data.metrics), {}) for r in runs])
+        line = headline([Trial(r, point_metrics(r.data.metrics), {}) for r in runs])
+        assert line is not None
+        return line.text
 
     clear = line(2.0, "narrow.db")
-    assert clear.startswith("Highest output throughput at a valid point: <b>140")
+    assert clear.startswith("Highest output throughput at a valid point: 140")
     assert "ahead of the next" in clear
     noisy = line(30.0, "wide.db")
     assert "within noise (±30 %) of #0" in noisy and "no trial is measurably faster there" in noisy
