@@ -42,6 +42,7 @@ def _positive(v: float) -> bool:
 positive_int = checked(int, lambda v: v >= 1, "a positive integer")
 non_negative_int = checked(int, lambda v: v >= 0, "an integer >= 0")
 positive_float = checked(float, _positive, "a positive number")
+non_negative_float = checked(float, lambda v: v >= 0 and math.isfinite(v), "a number >= 0")
 # A list of integers must not be empty; an empty list of numbers is allowed (calibrate: skip the rates).
 positive_int_list = checked(
     _comma_list(int),

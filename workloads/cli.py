@@ -14,7 +14,7 @@ import orjson
 from vocab.load import APIS, LoadPoint, RequestSpec
 from vocab.records import ERROR_KINDS, PointResult
 
-from .argtypes import non_negative_int, positive_float, positive_int
+from .argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 from .backend import ServerCheckError, normalize_url, probe_server
 from .metrics import DEFAULT_LAG_THRESHOLD_MS, LATENCIES, SLO, STATS
 from .runner import run_point
@@ -83,6 +83,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-concurrency", type=positive_int, help="open loop: cap on requests in flight")
     p.add_argument(
+        "--ramp-s",
+        type=non_negative_float,
+        default=0.0,
+        help="closed loop: the streams enter one by one over this many seconds, about one request's "
+        "duration (default 0: all at once, a burst)",
+    )
+    p.add_argument(
+        "--ci-target",
+        type=positive_float,
+        help="stop once the steady window's throughput is known to this fraction (95 %% interval, e.g. "
+        "0.03); --requests and --duration are then upper bounds",
+    )
+    p.add_argument(
         "--vocab-size",
         type=positive_int,
         default=32000,
@@ -133,8 +146,10 @@ def _print_tables(result: PointResult, url: str, spec: RequestSpec) -> None:
     point = result.point
     console.print(
         f"[bold]{point.label}[/] {spec.api} against {url}: {m['completed']:.0f}/{m['num_requests']:.0f} "
-        f"completed, input {m['input_tokens']:.0f} / output {m['output_tokens']:.0f} tokens, "
-        f"{m['duration_s']:.2f} s"
+        f"completed in {m['duration_s']:.2f} s; steady window {m['window_s']:.2f} s after a "
+        f"{m['ramp_s']:.2f} s ramp, before a {m['drain_s']:.2f} s drain"
+        + ("" if m.get("window_steady") == 1.0 else " (no steady state: the whole span instead)")
+        + f": input {m['input_tokens']:.0f} / output {m['output_tokens']:.0f} tokens in it"
     )
     lat = Table(title="Latency (ms)")
     lat.add_column("metric")
@@ -147,7 +162,7 @@ def _print_tables(result: PointResult, url: str, spec: RequestSpec) -> None:
     summary = Table(title="Throughput and load")
     summary.add_column("metric")
     summary.add_column("value", justify="right")
-    keys = ["request_s", "output_tok_s", "input_tok_s", "total_tok_s"]
+    keys = ["request_s", "output_tok_s", "output_tok_s_ci95", "input_tok_s", "total_tok_s"]
     keys += ["achieved_concurrency", "peak_concurrency"]
     keys += (
         ["offered_rate", "scheduled_rate", "achieved_rate", "schedule_lag_p99_ms"]
@@ -199,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             warmup_requests=args.warmup,
             seed=args.seed,
             duration_s=args.duration,
+            ramp_s=args.ramp_s,
+            ci_target=args.ci_target,
         )
         slo = None
         if args.slo_ttft_ms or args.slo_tpot_ms or args.slo_e2e_ms:

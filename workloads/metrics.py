@@ -271,6 +271,7 @@ def summarize(
     n_measured = len(measured)
     m["num_requests"] = float(n_measured)
     m["completed"] = float(len(ok_all))
+    m["output_tokens_total"] = float(sum(r.output_tokens for r in ok_all))  # ramp and drain too
     m["errors"] = float(n_measured - len(ok_all))
     for kind in ERROR_KINDS:
         m[f"errors_{kind}"] = float(sum(1 for r in measured if r.error_kind == kind))

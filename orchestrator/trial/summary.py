@@ -17,13 +17,14 @@ log = logging.getLogger("parasweep")
 
 
 def measured_window(result: PointResult) -> tuple[float, float]:
-    """The point's measured requests, first send to last end (warm-up excluded, as the throughput
-    and the token counts are): the window its telemetry is summarised over."""
-    times = [(r.send_time, r.end_time) for r in result.records
-             if not r.warmup and r.send_time is not None and r.end_time is not None]
-    if not times:
+    """The point's steady window (``workloads.window``: after the ramp, before the drain), the one its
+    throughput and token counts come from: the window its telemetry is summarised over too."""
+    from workloads.window import steady_window
+
+    window = steady_window(result.records, result.point)
+    if window is None:
         return result.start, result.end
-    return min(t[0] for t in times), max(t[1] for t in times)
+    return window.start, window.end
 
 
 def trial_facts(cfg: ParasweepConf, resolved: dict[str, Any], results: list[PointResult],
