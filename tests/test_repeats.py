@@ -40,6 +40,10 @@ def test_repeats_run_each_trial_n_times_and_say_within_noise(tmp_path: Path) -> 
     tok = sorted(r.data.metrics["c4/output_tok_s"] for r in first)
     assert combined[0].data.metrics["c4/output_tok_s"] == tok[1]
     assert combined[0].data.metrics["c4/output_tok_s_ci95"] >= 0
-    # the same engine twice: nothing is crowned, the summary says so
+    # the same engine twice: nothing is crowned, and the summary says so, unless a repeat's client fell
+    # behind on a busy machine (the configuration's point is then not valid, and not compared at all)
     assert "#0 server.random_seed=0 ×3" in out and "×N = N repeats" in out
-    assert "c4: within noise, no trial marked: tok/s" in " ".join(out.split())
+    table = out[out.index("point "):out.index("×N = N repeats")]
+    assert "* best" not in out and not any(cell.endswith("*") for cell in table.split())
+    c4 = table[table.index("\nc4 "):].split("\nc4:")[0]
+    assert "c4: within noise, no trial marked: tok/s" in " ".join(out.split()) or "!" in c4

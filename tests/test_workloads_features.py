@@ -57,7 +57,7 @@ def test_simulated_engine_all_apis(simulator: str, api: str) -> None:
     assert (m["completed"], m["errors"]) == (12, 0), [r.error for r in res.records if r.error]
     assert all(r.output_tokens == 8 and r.finish_reason == "length" for r in res.records)
     # TPOT can be 0: a busy client may read a whole stream at once.
-    assert m["output_tokens"] == 96 and m["ttft_p50_ms"] > 0 and m["tpot_p50_ms"] >= 0
+    assert m["output_tokens_total"] == 96 and m["ttft_p50_ms"] > 0 and m["tpot_p50_ms"] >= 0
     assert _consistent(res), res.invalid_reasons
     if api != "chat":  # exact prompt lengths from token ids; chat counts the template too
         assert all(r.input_tokens == 32 for r in res.records)
@@ -109,7 +109,7 @@ def test_loopback_server_all_apis_and_connection_reuse() -> None:
                 url, LoadPoint(num_requests=40, concurrency=4), RequestSpec(api=api, output_len=5)
             )
             m = res.metrics
-            assert (m["completed"], m["output_tokens"]) == (40, 200), [r.error for r in res.records][:3]
+            assert (m["completed"], m["output_tokens_total"]) == (40, 200), [r.error for r in res.records][:3]
             assert all(sum(r.chunk_tokens) == 5 for r in res.records)
 
 
