@@ -80,10 +80,10 @@ def test_itl_tpot_ttft_e2e_match_hand_computed_values() -> None:
     assert (m["e2e_mean_ms"], m["e2e_max_ms"]) == (750.0, 1000.0)
     # The window: from B (two requests in flight, the first measured send) to the first end of a stream
     # that was not replaced (4 sends, C = 2: the third end, B + 1). Throughput counts what was delivered
-    # in it: 8 output tokens, 20 prompt tokens whose prefill ended in it, 3 requests that ended in it
-    # (the warm-up request ended at B + 0.25, inside: the window is an interval of the server's time).
+    # in it: 8 output tokens, 20 prompt tokens whose prefill ended in it, 2 requests (each successful
+    # one counts the share of its tokens that arrived in it: r1 and r2 whole, the warm-up request none).
     assert (m["window_s"], m["ramp_s"], m["drain_s"], m["window_steady"]) == (1.0, 1.0, 0.0, 1.0)
-    assert (m["duration_s"], m["output_tok_s"], m["input_tok_s"], m["request_s"]) == (1.0, 8.0, 20.0, 3.0)
+    assert (m["duration_s"], m["output_tok_s"], m["input_tok_s"], m["request_s"]) == (1.0, 8.0, 20.0, 2.0)
     assert m["total_tok_s"] == 28.0
     assert (m["ramp_requests"], m["window_requests"], m["drain_requests"]) == (1, 3, 0)
     assert (m["completed"], m["errors"], m["errors_http_5xx"], m["errors_timeout"]) == (2, 1, 1, 0)
@@ -198,10 +198,10 @@ def test_goodput_against_ttft_and_tpot_slos() -> None:
     # were sent in it, two met both bounds
     assert m["window_s"] == pytest.approx(1.3)
     assert m["slo_attainment"] == pytest.approx(2 / 5)
-    # 3 successful requests ended in the window; 24 tokens were delivered in it (11 + 11 + 1 + 1), and
-    # of the window's successful requests' 34 tokens the good ones had 12
-    assert m["request_s"] == pytest.approx(3 / 1.3)
-    assert m["goodput_req_s"] == pytest.approx(3 / 1.3 * 2 / 5)
+    # 24 tokens were delivered in the window (11 + 11 + 1 + 1): requests 0, 1 and 3 whole and 1 of
+    # request 2's 11; of the window's successful requests' 34 tokens the good ones had 12
+    assert m["request_s"] == pytest.approx((3 + 1 / 11) / 1.3)
+    assert m["goodput_req_s"] == pytest.approx((3 + 1 / 11) / 1.3 * 2 / 5)
     assert m["goodput_tok_s"] == pytest.approx(24 / 1.3 * 12 / 34)
     assert "goodput_req_s" not in summarize(records, LoadPoint(num_requests=5, concurrency=2))
     with pytest.raises(ValueError):

@@ -26,7 +26,14 @@ import numpy as np
 from vocab.load import LoadPoint
 from vocab.records import ERROR_KINDS, RequestRecord
 
-from .window import Window, ended_between, output_rate_interval, sent_in, steady_window, tokens_between
+from .window import (
+    Window,
+    output_rate_interval,
+    requests_delivered,
+    sent_in,
+    steady_window,
+    tokens_between,
+)
 
 NAN = float("nan")
 STATS: tuple[str, ...] = ("mean", "p50", "p90", "p95", "p99", "max")
@@ -203,7 +210,7 @@ def _window_metrics(recs: list[RequestRecord], in_window: list[RequestRecord], w
     # a request's prompt counts where its prefill finished (its first token)
     in_tok = sum(r.input_tokens for r in recs if r.error is None and r.first_token_time is not None
                  and window.holds(r.first_token_time))
-    done = ended_between(recs, window.start, window.end)
+    delivered = requests_delivered(recs, window)
     interval = output_rate_interval(recs, window)
     m = {
         "duration_s": window.last_end - first_measured,
@@ -223,7 +230,7 @@ def _window_metrics(recs: list[RequestRecord], in_window: list[RequestRecord], w
         "output_tok_s": out_tok / width if width > 0 else NAN,
         "input_tok_s": in_tok / width if width > 0 else NAN,
         "total_tok_s": (in_tok + out_tok) / width if width > 0 else NAN,
-        "request_s": len(done) / width if width > 0 else NAN,
+        "request_s": delivered / width if width > 0 else NAN,
         "output_tok_s_ci95": interval.half_width,
         "output_tok_s_ci95_rel": interval.relative,
         "window_batches": float(interval.batches),

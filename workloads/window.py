@@ -116,9 +116,18 @@ def tokens_between(records: Sequence[RequestRecord], t0: float, t1: float, *, cl
                if t0 <= t and (t <= t1 if closed else t < t1))
 
 
-def ended_between(records: Sequence[RequestRecord], t0: float, t1: float) -> list[RequestRecord]:
-    """Successful requests that ended in ``[t0, t1]``."""
-    return [r for r in records if r.error is None and r.end_time is not None and t0 <= r.end_time <= t1]
+def requests_delivered(records: Sequence[RequestRecord], window: Window) -> float:
+    """Requests delivered in the window: each successful request counts the share of its output tokens
+    that arrived in it (a request wholly inside counts 1). Counting the requests that *ended* inside
+    would be off by up to C at the window's edges: with requests in step, a window that opens with a
+    wave of sends and closes at the first end of the last wave holds one wave of ends too few."""
+    total = 0.0
+    for r in records:
+        if r.error is not None or r.output_tokens <= 0:
+            continue
+        inside = sum(k for t, k in zip(r.chunk_times, r.chunk_tokens, strict=True) if window.holds(t))
+        total += inside / r.output_tokens
+    return total
 
 
 def sent_in(records: Sequence[RequestRecord], window: Window) -> list[RequestRecord]:
