@@ -52,10 +52,11 @@ def test_json_output_has_contract_keys(server: FakeServer, tmp_path: Path) -> No
         assert key in out and (out[key] is None or isinstance(out[key], int | float)), key
     assert all(f"errors_{kind}" in out for kind in ERROR_KINDS)
     # The fake server answers every request: all of them completed, with every token counted (the
-    # window's share of them is what its throughput is computed from).
+    # window's share of them, warm-up requests' tokens delivered in it included, is what its throughput
+    # is computed from).
     counts = (out["num_requests"], out["completed"], out["errors"], out["output_tokens_total"])
     assert counts == (12, 12, 0, 96)
-    assert 0 < out["output_tokens"] <= 96 and out["output_tok_s"] == pytest.approx(
+    assert 0 < out["output_tokens"] <= (12 + 2) * 8 and out["output_tok_s"] == pytest.approx(
         out["output_tokens"] / out["window_s"])
     assert all(math.isfinite(out[k]) and out[k] > 0 for k in ("output_tok_s", "request_s", "ttft_p50_ms"))
     # The verdict and its reasons agree, whatever the machine's load made the verdict.
@@ -82,7 +83,8 @@ def test_a_ramped_point_stops_once_its_throughput_is_known(server: FakeServer) -
     out = orjson.loads(p.stdout)
     assert out["num_requests"] < 3000  # stopped by the rule, not the bound
     assert out["window_steady"] == 1 and out["window_s"] > 0 and out["ramp_s"] > 0
-    assert 0 <= out["output_tok_s_ci95_rel"] < 0.05 * 1.5
+    # the rule judged the settled part; the whole window, to its drain, can be a little wider
+    assert 0 <= out["output_tok_s_ci95_rel"] < 0.05 * 2
     bad = cli("--url", server.url, "--concurrency", "4", "--ci-target", "1.5")
     assert bad.returncode == 2 and "ci_target must be a fraction between 0 and 1" in bad.stderr
 
