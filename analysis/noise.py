@@ -47,7 +47,7 @@ def point_estimate(metrics: Mapping[str, float], metric: str) -> Estimate:
     half = metrics.get(f"{metric}_ci95")
     if half is None and f"{metric}_ci95_hi" in metrics:
         lo, hi = float(metrics[f"{metric}_ci95_lo"]), float(metrics[f"{metric}_ci95_hi"])
-        half = max(value - lo, hi - value)
+        half = max(value - lo, hi - value) if math.isfinite(lo) and math.isfinite(hi) else NAN
     if half is None and metric.startswith("j_per_output_token"):
         rel = metrics.get("output_tok_s_ci95_rel", NAN)
         half = rel * value if math.isfinite(rel) else NAN

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from vocab.metric_keys import CONTRACT_METRICS
@@ -307,3 +308,15 @@ def test_the_ttft_split_from_the_servers_queue_times() -> None:
     for r in records:
         r.server_queue_s = None
     assert "ttft_queue_share" not in summarize(records, LoadPoint(concurrency=4, num_requests=4))
+
+
+def test_a_p99_interval_needs_samples_beyond_its_upper_rank() -> None:
+    from workloads.metrics import quantile_interval
+
+    rng = np.random.default_rng(0)
+    # 100 samples: the interval's upper rank is past the largest sample, so it is not known
+    assert all(math.isnan(v) for v in quantile_interval(rng.exponential(size=100), 0.99))
+    # 2,000 samples: a closed interval around the p99, below the maximum
+    big = rng.exponential(size=2000)
+    lo, hi = quantile_interval(big, 0.99)
+    assert lo < np.percentile(big, 99) < hi < big.max()

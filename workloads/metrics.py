@@ -86,14 +86,18 @@ P99_INTERVALS: tuple[str, ...] = ("ttft", "itl")
 
 def quantile_interval(values: np.ndarray, q: float) -> tuple[float, float]:
     """A distribution-free 95 % interval of the ``q`` quantile: the order statistics whose ranks bound
-    a Binomial(n, q) count with 95 % probability (with few samples the upper one is the maximum)."""
+    a Binomial(n, q) count with 95 % probability. (NaN, NaN) when the upper rank lies beyond the
+    largest sample (for the p99, fewer than about 400 samples): the interval is open above, so the
+    percentile's noise is not known, and no difference is called real on it."""
     from scipy.stats import binom  # imported late: scipy is large
 
     arr = np.sort(values)
     n = len(arr)
     lo = int(binom.ppf(0.025, n, q))
     hi = int(binom.ppf(0.975, n, q)) + 1
-    return float(arr[max(0, min(n - 1, lo - 1))]), float(arr[max(0, min(n - 1, hi - 1))])
+    if hi > n:
+        return NAN, NAN
+    return float(arr[max(0, lo - 1)]), float(arr[hi - 1])
 
 
 def _stats(name: str, values: Sequence[float]) -> dict[str, float]:
@@ -107,7 +111,8 @@ def _stats(name: str, values: Sequence[float]) -> dict[str, float]:
     extra = {}
     if name in P99_INTERVALS:
         lo, hi = quantile_interval(arr, 0.99)
-        extra = {f"{name}_p99_ms_ci95_lo": min(lo, float(p99)), f"{name}_p99_ms_ci95_hi": max(hi, float(p99))}
+        extra = {f"{name}_p99_ms_ci95_lo": min(lo, float(p99)) if lo == lo else NAN,
+                 f"{name}_p99_ms_ci95_hi": max(hi, float(p99)) if hi == hi else NAN}
     return extra | {
         f"{name}_mean_ms": float(arr.mean()),
         f"{name}_p50_ms": float(p50),
