@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.noise import NAN, Estimate, Verdict, judge
+from analysis.noise import Estimate, Verdict, judge
 from analysis.store import StoreError, checked_store, default_tracking_uri, masked
 from analysis.store import client as store_client
 from vocab.metric_keys import Prefix, point_metrics
@@ -344,9 +344,8 @@ class SloChoice:
 
 def _estimate(row: pd.Series) -> Estimate:
     """A row's tok/s per GPU with its interval (the window's relative interval of its throughput)."""
-    rel = row.get("output_tok_s_ci95_rel", NAN)
-    value = float(row["tok_s_per_gpu"])
-    return Estimate(value, float(rel) * value if pd.notna(rel) else NAN)
+    rel = row.get("output_tok_s_ci95_rel")
+    return Estimate.scaled(float(row["tok_s_per_gpu"]), None if pd.isna(rel) else float(rel))
 
 
 def best_under(df: pd.DataFrame, slos: Sequence[Slo]) -> SloChoice:

@@ -25,6 +25,13 @@ class Estimate:
     value: float
     half_width: float = NAN
 
+    @classmethod
+    def scaled(cls, value: float, relative: float | None) -> Estimate:
+        """``value`` with the relative half-width of another number's interval (a per-GPU score or J
+        per token: their noise is the throughput's)."""
+        rel = NAN if relative is None else float(relative)
+        return cls(value, rel * value if math.isfinite(rel) else NAN)
+
     @property
     def relative(self) -> float:
         if self.value and math.isfinite(self.half_width):
@@ -49,8 +56,7 @@ def point_estimate(metrics: Mapping[str, float], metric: str) -> Estimate:
         lo, hi = float(metrics[f"{metric}_ci95_lo"]), float(metrics[f"{metric}_ci95_hi"])
         half = max(value - lo, hi - value) if math.isfinite(lo) and math.isfinite(hi) else NAN
     if half is None and metric.startswith("j_per_output_token"):
-        rel = metrics.get("output_tok_s_ci95_rel", NAN)
-        half = rel * value if math.isfinite(rel) else NAN
+        return Estimate.scaled(value, metrics.get("output_tok_s_ci95_rel"))
     return Estimate(value, NAN if half is None else float(half))
 
 

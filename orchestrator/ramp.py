@@ -47,14 +47,12 @@ def predicted_durations(cfg: ParasweepConf, points: list[Any], spec_of: Callable
                         ) -> dict[str, float]:
     """Point label -> predicted request duration in seconds ({} where the model cannot predict the
     config). ``spec_of`` gives the config's request spec (asked inside: it reads the model)."""
-    from orchestrator.engines.sim import SimEngine
+    from orchestrator.engines.sim import prediction_argv
     from simulator.predict import VirtualTrial, load_config
 
     try:
         with tempfile.TemporaryDirectory(prefix="parasweep-ramp-") as tmp:
-            sim = SimEngine()
-            sim.prepare(cfg, Path(tmp))
-            engine = load_config(sim.simulator_flags(cfg, 30000, Path(tmp)))
+            engine = load_config(prediction_argv(cfg, Path(tmp)))
             spec = spec_of(cfg)
             return {p.label: probe_duration(VirtualTrial(engine).run_point(duration_probe(p), spec))
                     for p in points}

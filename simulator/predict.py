@@ -346,7 +346,8 @@ class _VirtualClient:
                 sim.schedule(t0 + off, self._open_send, i, t0 + off)
         else:
             assert point.concurrency is not None
-            workers = point.concurrency if self.limit is None else min(point.concurrency, self.limit)
+            workers = point.streams
+            assert workers is not None
             self.window_target = workers
             # stream k enters at k / C * ramp_s; a burst (ramp_s 0) leaves the load generator's one
             # event loop ~20 µs apart (CLIENT_SEND_SPACING_S)

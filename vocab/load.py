@@ -107,6 +107,15 @@ class LoadPoint:
         return self.num_requests
 
     @property
+    def streams(self) -> int | None:
+        """Closed loop: the requests kept in flight once every stream has entered, the concurrency or
+        the point's whole count where that is smaller (None: open loop)."""
+        if self.concurrency is None:
+            return None
+        return self.concurrency if self.measured_requests is None else min(self.concurrency,
+                                                                          self.total_requests)
+
+    @property
     def total_requests(self) -> int:
         """Warmup plus measured requests; for a closed-loop point bounded only by duration, the
         warmup plus the concurrency (the least it can send; it sends more)."""

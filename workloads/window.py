@@ -91,8 +91,8 @@ def steady_window(records: Sequence[RequestRecord], point: LoadPoint) -> Window 
     last_end = max(r.end_time for r in done)  # type: ignore[type-var]
     start: float | None = first_measured
     if point.concurrency is not None:
-        target = point.concurrency if point.measured_requests is None else min(point.concurrency,
-                                                                               point.total_requests)
+        target = point.streams
+        assert target is not None
         reached = _in_flight_reaches([(r.send_time, r.end_time) for r in done], target)  # type: ignore[misc]
         start = None if reached is None else max(reached, first_measured)
         # the first stream not replaced. Every send after the first C replaced an ended request, and a
@@ -214,10 +214,7 @@ class StabilityTracker:
         self._tokens: list[np.ndarray] = []
         self._sends: list[float] = []  # of ended measured requests
         self._durations: list[float] = []
-        target_c = point.concurrency
-        if target_c is not None and point.measured_requests is not None:
-            target_c = min(target_c, point.total_requests)
-        self._target_c = target_c
+        self._target_c = point.streams
 
     def sent(self, index: int, t: float, warmup: bool) -> None:
         self._in_flight[index] = t

@@ -121,3 +121,11 @@ class SimEngine(Engine):
             out = self.model_copy(trial_dir)
             out.mkdir(parents=True, exist_ok=True)
             (out / "config.json").write_text(json.dumps(config, indent=1))
+
+
+def prediction_argv(cfg: ParasweepConf, workdir: Path) -> list[str]:
+    """The simulator's flags for ``cfg``, its files (hardware, calibration, model overrides) written
+    under ``workdir``: what a prediction in virtual time parses. Its port is never listened on."""
+    sim = SimEngine()
+    sim.prepare(cfg, workdir)
+    return sim.simulator_flags(cfg, 30000, workdir)

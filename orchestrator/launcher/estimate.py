@@ -32,7 +32,7 @@ class TrialPrediction:
 
 def predict_trials(cfgs: list[ParasweepConf], scratch: Path,
                    budget_s: float = 10.0) -> list[TrialPrediction | None]:
-    from orchestrator.engines.sim import SimEngine
+    from orchestrator.engines.sim import prediction_argv
     from orchestrator.load_plan import load_points, request_spec
 
     try:
@@ -47,10 +47,7 @@ def predict_trials(cfgs: list[ParasweepConf], scratch: Path,
             out.append(None)
             continue
         try:
-            sim = SimEngine()
-            trial_dir = scratch / f"predict-{i}"
-            sim.prepare(cfg, trial_dir)
-            argv = sim.simulator_flags(cfg, 30000, trial_dir)
+            argv = prediction_argv(cfg, scratch / f"predict-{i}")
             points = load_points(cfg)
             results = predict_trial(argv, points, request_spec(cfg))
         except Exception as exc:  # e.g. a layout the simulator cannot model

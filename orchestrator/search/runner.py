@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import os
 import shlex
 from dataclasses import dataclass
@@ -228,9 +227,7 @@ def _serving(flags: list[str], weights: str) -> list[str]:
 def _score_estimate(o: Outcome) -> Estimate:
     """A candidate's score with the 95 % interval of its window's throughput (batch means of the
     predicted point: what a steady closed loop of that length can tell apart)."""
-    rel = o.metrics.get("output_tok_s_ci95_rel", float("nan"))
-    score = o.score or 0.0
-    return Estimate(score, score * rel if math.isfinite(rel) else float("nan"))
+    return Estimate.scaled(o.score or 0.0, o.metrics.get("output_tok_s_ci95_rel"))
 
 
 def _lost(o: Outcome, best: Outcome) -> str:

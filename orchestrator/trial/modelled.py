@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from analysis.diagnose import ENV_PREFIX, StepEstimate
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.validate import validate
-from orchestrator.engines.sim import SimEngine
+from orchestrator.engines.sim import prediction_argv
 from orchestrator.errors import ConfigError
 from orchestrator.load_plan import load_points, request_spec
 from simulator.sim_config import SimConfig
@@ -91,19 +91,13 @@ def _engine_env(env: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _sim_argv(cfg: ParasweepConf, workdir: Path) -> list[str]:
-    sim = SimEngine()
-    sim.prepare(cfg, workdir)
-    return sim.simulator_flags(cfg, 30000, workdir)
-
-
 def predict_at(cfg: ParasweepConf, env: Mapping[str, str], point: LoadPoint | None) -> dict[str, float]:
     """The prediction of one load point (``None``: the config's first point) in virtual time."""
     from simulator.predict import predict_point
 
     point = point or load_points(cfg)[0]
     with tempfile.TemporaryDirectory(prefix="parasweep-predict-") as tmp, _engine_env(env):
-        return predict_point(_sim_argv(cfg, Path(tmp)), point, request_spec(cfg)).metrics
+        return predict_point(prediction_argv(cfg, Path(tmp)), point, request_spec(cfg)).metrics
 
 
 def configured_engine(cfg: ParasweepConf, env: Mapping[str, str]) -> SimConfig:
@@ -113,7 +107,7 @@ def configured_engine(cfg: ParasweepConf, env: Mapping[str, str]) -> SimConfig:
     from simulator.predict import load_config
 
     with tempfile.TemporaryDirectory(prefix="parasweep-predict-") as tmp, _engine_env(env):
-        return load_config(_sim_argv(cfg, Path(tmp)))
+        return load_config(prediction_argv(cfg, Path(tmp)))
 
 
 def point_predictor(cfg: ParasweepConf, env: Mapping[str, str]) -> Callable[[LoadPoint], PointResult]:
@@ -137,7 +131,7 @@ def modelled_steps(cfg: ParasweepConf, concurrency: Mapping[str, int], resolved:
 
     sim_cfg = apply_change(cfg, {})[0]
     with tempfile.TemporaryDirectory(prefix="parasweep-estimate-") as tmp:
-        model = load_config(_sim_argv(sim_cfg, Path(tmp)))
+        model = load_config(prediction_argv(sim_cfg, Path(tmp)))
     cap = int_or_none(resolved.get("pp_max_micro_batch_size")) or model.pp_max_micro_batch_size
     context = cfg.workload.input_len + cfg.workload.output_len // 2
     slots = cfg.pp.size + cfg.pp.async_depth
