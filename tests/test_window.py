@@ -146,3 +146,14 @@ def test_the_stop_rule_ends_a_point_once_its_throughput_is_known() -> None:
     # a fixed count stays possible: without a target every request is sent
     fixed = predict_point(TINY, LoadPoint(concurrency=8, num_requests=300, ramp_s=0.06), SPEC)
     assert len(fixed.records) == 300
+
+
+def test_the_t_table_is_students_t() -> None:
+    # the stop rule's table (kept off the event loop's import path) against scipy's distribution
+    from scipy.stats import t
+
+    from workloads.window import MAX_BATCHES, T975
+
+    assert sorted(T975) == list(range(1, MAX_BATCHES))
+    for dof, value in T975.items():
+        assert value == pytest.approx(float(t.ppf(0.975, dof)), abs=5e-4)
