@@ -63,9 +63,11 @@ def test_summary_of_a_real_sweep_fits_100_columns_and_explains(sweep) -> None:
     assert re.search(r"^\[parasweep\] step costs: (measured \(aiconfigurator-core [\d.]+: "
                      r"rtx_pro_6000_server|roofline \()", out, re.M), out
     assert re.search(r"^Step costs: (measured|roofline) \(", out, re.M), out
-    # each cell is marked: "*" the best trial at a point, "!" a point whose client fell behind (the
-    # load generator shares the machine with the engines; on a busy machine it can fall behind)
-    assert "tok/s (pred)" in out and ("* best of the trials" in out or "!" in out)
+    # each point is judged: "*" the best trial beyond the noise of both, or "within noise" where none
+    # is, and "!" a point whose client fell behind (the load generator shares the machine with the
+    # engines; on a busy machine it can fall behind)
+    assert "tok/s (pred)" in out
+    assert "* best of the trials" in out or "within noise, no trial marked" in out or "!" in out
     # the micro-batch finding, once for both trials, then the change and what it is predicted to do
     found = re.search(r"^(CRITICAL|warning): all 2 trials: .*micro-batch.*\n(  → .*\n(    .*\n)?)", out, re.M)
     assert found, out
