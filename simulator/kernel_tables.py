@@ -329,14 +329,42 @@ class KernelTables:
         return self._once(self._build_allreduce, gpus, graph)
 
     def _build_allreduce(self, gpus: int, graph: bool) -> Curve | None:
+        points = self.allreduce_points(gpus, graph)
+        if not points:
+            return None
+        other = self.allreduce_points(gpus, not graph)
+        kept = {x: y for x, y in points.items() if x not in uncorroborated_spikes(points, other)}
+        return Curve(kept)
+
+    def allreduce_points(self, gpus: int, graph: bool) -> dict[float, float]:
+        """The measured all-reduce rows as they are: message size in bf16 elements -> seconds."""
         f = self._file("comm", "custom_allreduce_perf")
         if f is None:
-            return None
+            return {}
         keys = (("num_gpus", "=", gpus), ("backend", "=", "sglang_graph" if graph else "sglang_eager"),
                 ("allreduce_dtype", "=", "bfloat16"))
         rows = _read(f.path, keys, ("message_size", "latency"))
-        points = {float(r["message_size"]): float(r["latency"]) * 1e-3 for r in rows}
-        return Curve(points) if points else None
+        return {float(r["message_size"]): float(r["latency"]) * 1e-3 for r in rows}
+
+
+# A point counts as a spike when it is this much slower than the slower of its neighbours: well past the
+# few per cent the flat, latency-bound part of these tables wanders from size to size.
+SPIKE_RATIO = 1.2
+
+
+def uncorroborated_spikes(points: dict[float, float], other: dict[float, float]) -> set[float]:
+    """Sizes where ``points`` is ``SPIKE_RATIO`` slower than both neighbours while ``other`` (the same
+    all-reduce measured the other way: replayed from a CUDA graph against launched eagerly) is not: a
+    one-sample hiccup, since a larger message never completes sooner under the same algorithm and
+    protocol. A step the two measurements share is the collective library switching protocol (on the
+    PCIe box NCCL keeps its low-latency protocol up to 512 KB and changes to Simple above it), so it is
+    real and kept (docs/simulator.md, "The all-reduce table")."""
+    def spike(table: dict[float, float], a: float, x: float, b: float) -> bool:
+        return all(k in table for k in (a, x, b)) and table[x] > SPIKE_RATIO * max(table[a], table[b])
+
+    xs = sorted(points)
+    return {x for a, x, b in zip(xs, xs[1:], xs[2:], strict=False)
+            if spike(points, a, x, b) and not spike(other, a, x, b)}
 
 
 def _one_source(rows: list[dict[str, object]], preferred: str) -> list[dict[str, object]]:
