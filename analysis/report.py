@@ -400,7 +400,8 @@ _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
 def merge_texts(texts: list[str], first: str = "the first", max_ranges: int = 3) -> str:
     """Texts that differ only in up to ``max_ranges`` of their numbers become one text with ranges
-    (``idle 79–86%``); texts that differ otherwise: the first one, naming whose (``first``)."""
+    (``idle 79–86%``); texts that differ otherwise: the first one, saying first whose it is (``first``), so
+    that a text cut short for width still says it is one of several."""
     distinct = list(dict.fromkeys(texts))
     if len(distinct) == 1:
         return distinct[0]
@@ -416,7 +417,7 @@ def merge_texts(texts: list[str], first: str = "the first", max_ranges: int = 3)
             out.append(low if low == high else f"{low}–{high.lstrip('+') if low.startswith('+') else high}")
             out.append(piece)
         return "".join(out)
-    return f"{distinct[0]} ({first}; others differ)"
+    return f"({first}; others differ) {distinct[0]}"
 
 
 def finding_lines(merged: list[MergedFinding], n_trials: int, width: int = MAX_WIDTH) -> list[str]:

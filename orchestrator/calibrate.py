@@ -36,7 +36,8 @@ from orchestrator.errors import UserError
 BOUNDS = {
     "eta_mem": (0.05, 1.0), "eta_expert": (0.05, 1.0), "eta_compute": (0.05, 1.0),
     "kernel_floor_us": (0.5, 20.0), "sched_base_us": (50.0, 20000.0), "sched_per_req_us": (0.5, 500.0),
-    "pp_return_host_us": (10.0, 5000.0), "host_op_us": (2.0, 200.0), "allreduce_latency_us": (1.0, 500.0),
+    "prepare_base_us": (20.0, 20000.0), "process_base_us": (20.0, 20000.0),
+    "gloo_latency_us": (5.0, 5000.0), "host_op_us": (2.0, 200.0), "allreduce_latency_us": (1.0, 500.0),
     "kernel_launch_us": (1.0, 50.0), "graph_launch_us": (2.0, 500.0), "link_latency_us": (1.0, 500.0),
     "scale_gemm": (0.2, 5.0), "scale_attention": (0.2, 5.0), "scale_moe": (0.2, 5.0),
     "scale_comm": (0.2, 5.0),

@@ -53,15 +53,37 @@ class CostParams:
     # = 20 + 5. It depends on the CPU's single-thread speed and the Python/PyTorch versions: fit it per
     # deployment (calibration profiles override it).
     host_op_us: float = 20.0
-    # Host work of one scheduler iteration (build the batch, process results, stream outputs): paid on
-    # the critical path unless the overlap scheduler (pp=1) or pp_async_batch_depth>0 hides it. It runs
-    # on the same thread that dispatches an eager forward, so beside a host-bound eager step nothing
-    # hides it (replica.py serialises the two).
-    sched_base_us: float = 800.0
-    sched_per_req_us: float = 15.0
-    # PP: the output dict (sampled ids) goes back from the last stage to stage 0 through the CPU (gloo)
-    # group as a pickle; the request list is relayed stage by stage the same way.
-    pp_return_host_us: float = 150.0
+    # Host work of one scheduler iteration with a batch, in the parts SGLang's loop runs them
+    # (docs/simulator.md, "What each stage's host does"). Their sum, 800 us + 15 us a request, is one
+    # iteration of SGLang's Python scheduler at small batch (0.5-1.5 ms: why the overlap scheduler
+    # exists). pp=1 pays the sum once per step (hidden beside the GPU by the overlap scheduler); under PP
+    # every stage pays poll, schedule, prepare and process for every micro-batch, stage 0 also streams.
+    # get_next_batch_to_run with a batch: merge and filter the running batch, prepare_for_decode (KV
+    # slots, sequence lengths)
+    sched_base_us: float = 300.0
+    sched_per_req_us: float = 5.0
+    # run_batch up to the launch: ForwardBatch from the ScheduleBatch, host-to-device copies, the
+    # attention backend's metadata for the replay
+    prepare_base_us: float = 250.0
+    prepare_per_req_us: float = 4.0
+    # process_batch_result: the ids to the host, each request's tokens, stop checks, freeing, the log line
+    process_base_us: float = 170.0
+    process_per_req_us: float = 5.0
+    # stream_output: the batch's new tokens to the detokenizer over ZMQ (PP rank 0 only)
+    stream_base_us: float = 50.0
+    stream_per_req_us: float = 1.0
+    # every pass of the loop, with a batch or without: poll the tokenizer socket (or receive the relay),
+    # get_next_batch_to_run finding nothing to do
+    poll_us: float = 30.0
+    # PP: the CPU (gloo) group's point-to-point messages, TCP on localhost within a node. gloo_latency:
+    # from the sender's post to the blocked receiver returning; gloo_send / gloo_recv: the host time one
+    # side spends on a request-list relay (pickle, size and payload); object_send / object_recv: the same
+    # for a tensor dict's metadata (send_object / recv_object), the NCCL part of which is on the GPU.
+    gloo_latency_us: float = 30.0
+    gloo_send_us: float = 15.0
+    gloo_recv_us: float = 10.0
+    object_send_us: float = 25.0
+    object_recv_us: float = 20.0
     # Measured step costs only (simulator/measured_costs.py): a calibration profile's scale on each
     # operator family's measured time, for a deployment whose kernels run faster or slower than the GPU
     # the tables were measured on (clocks, power cap, driver).
@@ -340,17 +362,28 @@ class CostModel:
         """Every stage boundary's hop, in order (empty without PP)."""
         return [self.hop_time(shape, b) for b in range(self.par.pp - 1)]
 
-    def return_time(self) -> float:
-        """Last stage -> stage 0: sampled token ids, via the CPU group (pp>1 only); across the network
-        when the pipeline spans nodes."""
-        if self.par.pp == 1:
-            return 0.0
-        return (self.hw.link_latency_us + self.p.pp_return_host_us) * 1e-6 + (
-            self._inter_latency if self._return_inter else 0.0)
+    def output_time(self, sender: int) -> float:
+        """The NCCL send of a micro-batch's sampled ids (a few bytes a request) from stage ``sender`` to the
+        next stage round the ring (the last stage's go to stage 0): the link's latency, the network's too
+        when the two stages sit on different nodes."""
+        last = self.par.pp - 1
+        inter = self._return_inter if sender == last else bool(self._hop_inter) and self._hop_inter[sender]
+        return self.hw.link_latency_us * 1e-6 + (self._inter_latency if inter else 0.0)
+
+    def host_costs(self) -> HostCosts:
+        """The host side of SGLang's PP loop, per stage (``simulator/pp_loop.py``)."""
+        p, last = self.p, self.par.pp - 1
+        # a gloo message between stages on different nodes crosses the network (TCP) too
+        latency = [p.gloo_latency_us * 1e-6 + (
+            self._inter_latency if (self._return_inter if k == last else self._hop_inter[k]) else 0.0)
+            for k in range(self.par.pp)] if self.par.pp > 1 else [0.0]
+        return HostCosts(p, latency)
 
     def sched_time(self, num_reqs: int) -> float:
-        """Host time of one scheduler iteration for a batch of ``num_reqs`` requests."""
-        return (self.p.sched_base_us + self.p.sched_per_req_us * num_reqs) * 1e-6
+        """Host time of one scheduler iteration of a batch of ``num_reqs`` requests on one process: poll,
+        schedule, prepare the forward, process the result and stream it (pp=1)."""
+        h = self.host_costs()
+        return h.poll + h.schedule(num_reqs) + h.prepare(num_reqs) + h.process(num_reqs) + h.stream(num_reqs)
 
     # -- analytic helpers (diagnostics, tests, predictions) ---------------------------------------------
 
@@ -358,12 +391,61 @@ class CostModel:
         """One micro-batch's trip from stage-0 launch back to its next launch, with no queueing.
 
         ``overlap``: pp=1 with the overlap scheduler, where the scheduler's host work runs beside the GPU
-        step on the thread that also dispatches the forward, so the step is max(GPU side, host side)."""
+        step on the thread that also dispatches the forward, so the step is max(GPU side, host side).
+        Under PP the stages' forwards and hops, the sampled ids back to stage 0 (its gloo metadata and
+        NCCL send) and stage 0's host work between the ids landing and the next launch: process the
+        result and stream it, poll, schedule, prepare (docs/simulator.md, "What each stage's host
+        does"; ``pp_loop.py`` has the rest, which depends on what else is in flight)."""
         if overlap and self.par.pp == 1:
             return max(self.stage_time(0, shape), self.sched_time(shape.seqs) + self.host_time(0, shape))
-        t = sum(self.stage_time(s, shape) for s in range(self.par.pp))
-        t += sum(self.hop_times(shape)) + self.return_time()
-        return t + self.sched_time(shape.seqs)
+        if self.par.pp == 1:
+            return self.stage_time(0, shape) + self.sched_time(shape.seqs)
+        h, b, last = self.host_costs(), shape.seqs, self.par.pp - 1
+        t = sum(self.stage_time(s, shape) for s in range(self.par.pp)) + sum(self.hop_times(shape))
+        t += max(self.output_time(last), h.gloo_latency[last] + h.object_recv)
+        return t + h.process(b) + h.stream(b) + h.poll + h.schedule(b) + h.prepare(b)
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """Seconds of host work in SGLang's scheduler loop, by part (``CostParams`` has the microseconds and
+    why). ``gloo_latency[k]``: a gloo message from stage k to the next stage round the ring."""
+
+    p: CostParams
+    gloo_latency: list[float]
+
+    @property
+    def poll(self) -> float:
+        return self.p.poll_us * 1e-6
+
+    def schedule(self, reqs: int) -> float:
+        """get_next_batch_to_run: nothing to build for an empty slot (the pass's poll covers it)."""
+        return (self.p.sched_base_us + self.p.sched_per_req_us * reqs) * 1e-6 if reqs else 0.0
+
+    def prepare(self, reqs: int) -> float:
+        return (self.p.prepare_base_us + self.p.prepare_per_req_us * reqs) * 1e-6
+
+    def process(self, reqs: int) -> float:
+        return (self.p.process_base_us + self.p.process_per_req_us * reqs) * 1e-6
+
+    def stream(self, reqs: int) -> float:
+        return (self.p.stream_base_us + self.p.stream_per_req_us * reqs) * 1e-6
+
+    @property
+    def gloo_send(self) -> float:
+        return self.p.gloo_send_us * 1e-6
+
+    @property
+    def gloo_recv(self) -> float:
+        return self.p.gloo_recv_us * 1e-6
+
+    @property
+    def object_send(self) -> float:
+        return self.p.object_send_us * 1e-6
+
+    @property
+    def object_recv(self) -> float:
+        return self.p.object_recv_us * 1e-6
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,13 @@
-"""The PP loop: the discrete-event model of one SGLang engine replica (all its PP stages), following
-SGLang's PP event loop as docs/simulator.md restates it ("What the model follows: SGLang's scheduler";
-the model itself: "The scheduler model").
+"""One engine replica in the discrete-event model: requests in, tokens out, the scheduler's decisions.
 
-Stage 0's scheduler visits the L = pp_size + pp_async_batch_depth micro-batch slots round-robin
-(``_turn``). A slot whose previous micro-batch has not come back around the ring blocks the loop
-(SGLang's blocking receive), which is what lock-steps micro-batches and opens bubbles.
+With pp > 1 the timing is SGLang's PP event loop on every rank (``pp_loop.py``): this class makes stage
+0's decisions for it (``decide``: the slot's next batch, from ``admission.py``) and takes each processed
+result (``complete``: tokens streamed, finished requests freed, the decode log). docs/simulator.md, "What
+each stage's host does" and "The scheduler model".
 
-Each visit of a free slot builds one batch (``_build_batch``: prefill first, from ``admission.py``,
-else a decode step of the slot's running requests). The batch is pushed through the stages in FIFO
-order, so its whole timeline is known at launch (``_launch``): stage k starts at max(arrival from k-1,
-stage k free). Two events follow: tokens are emitted when the step leaves the last stage (``_emit``),
-and the slot is free again once the sampled ids are back at stage 0 (``_return``).
-
-Stage 0's host is one serial resource: each turn costs ``CostModel.sched_time`` (process the slot's
-result, build its next batch), paid between the slot's return and its next launch, plus the dispatch of
-stage 0's forward (``CostModel.host_time``: one graph replay, or every kernel of an eager forward). With
-depth 0 every slot is in that position every turn, so the host time is a bubble on each; extra slots
-(depth > 0) keep the GPUs fed while it runs. pp=1 with the overlap scheduler runs it beside the GPU step
-instead, so the step is the longer of the GPU step and scheduler + dispatch.
+pp = 1 is plain continuous batching on one process (``_turn``, ``_launch``): the step's GPU time and
+the scheduler iteration's host time (``CostModel.sched_time``), side by side under the overlap
+scheduler (SGLang's default), one after the other with ``--disable-overlap-schedule``.
 """
 
 from __future__ import annotations
@@ -28,6 +18,7 @@ from typing import Protocol
 from simulator.admission import Admission
 from simulator.costs import decode_shape, prefill_shape
 from simulator.entities import Batch, Request, Slot, StageBusy
+from simulator.pp_loop import PipelineLoop
 from simulator.sim_config import SimConfig
 from simulator.timebase import Simulation
 
@@ -65,7 +56,7 @@ class ReplicaModel:
         self.cursor = 0
         self.cpu_free = 0.0
         self.turn_pending = False
-        self.gpu_free = [0.0] * cfg.pp
+        self.gpu_free = 0.0  # pp = 1: when the GPU finishes the step launched last
         self.busy = [StageBusy() for _ in range(cfg.pp)]
         self.in_flight = 0
         self.peak_in_flight = 0  # most micro-batches ever in flight at once (tests, predictions)
@@ -83,6 +74,8 @@ class ReplicaModel:
         self._vocab = cfg.spec.vocab
         self._eos = set(cfg.spec.eos_token_ids)
         self.output_hook: Callable[[], None] | None = None  # called once per emission event (health)
+        self.pipeline = (PipelineLoop(cfg.cost, cfg.pp, cfg.depth, sim, self, self.busy) if cfg.pp > 1
+                         else None)
 
     # -- requests in -------------------------------------------------------------------------------------
 
@@ -112,9 +105,37 @@ class ReplicaModel:
         adm = self.admission
         return req in adm.waiting or adm.chunked_req is req or any(req in s.reqs for s in self.slots)
 
-    # -- stage-0 scheduler loop --------------------------------------------------------------------------
+    # -- pp > 1: stage 0's part in the PP loop ------------------------------------------------------------
+
+    def decide(self, slot: int) -> Batch | None:
+        """Slot ``slot``'s next micro-batch, built now (get_next_batch_to_run on stage 0; every stage
+        makes the same decision)."""
+        batch = self._build_batch(self.slots[slot])
+        if batch is None:
+            return None
+        self.admission.store_kv(batch)
+        batch.cuda_graph = self.cost.uses_cuda_graph(batch.shape)  # type: ignore[arg-type]
+        self.slots[slot].in_flight = batch
+        self.in_flight += 1
+        if self.in_flight > self.peak_in_flight:
+            self.peak_in_flight = self.in_flight
+        return batch
+
+    def complete(self, slot: int, batch: Batch) -> None:
+        """Stage 0 has processed ``batch``'s result: its tokens go out, and the slot is free again."""
+        self._emit(batch)
+        self._return(self.slots[slot], batch)
+
+    def on_idle(self) -> None:
+        if self.observer is not None and self.in_flight == 0 and not self.admission.waiting:
+            self.observer.on_idle(self)
+
+    # -- pp = 1: one scheduler process ---------------------------------------------------------------------
 
     def _wake(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.wake()
+            return
         if not self.turn_pending:
             self.turn_pending = True
             self.sim.schedule(max(self.sim.now, self.cpu_free), self._turn)
@@ -183,21 +204,16 @@ class ReplicaModel:
         else:
             t = now + host
             self.cpu_free = t + dispatch
-        hops = cost.hop_times(shape)
-        gpu_free = self.gpu_free
-        last = self.pp - 1
-        for s in range(self.pp):
-            start = t if t > gpu_free[s] else gpu_free[s]
-            end = start + cost.stage_time(s, shape)
-            gpu_free[s] = end
-            self.busy[s].add(start, end)
-            t = end + hops[s] if s < last else end
+        start = max(t, self.gpu_free)
+        end = start + cost.stage_time(0, shape)
+        self.gpu_free = end
+        self.busy[0].add(start, end)
         slot.in_flight = batch
         self.in_flight += 1
         if self.in_flight > self.peak_in_flight:
             self.peak_in_flight = self.in_flight
-        self.sim.schedule(t, self._emit, batch)
-        self.sim.schedule(t + cost.return_time(), self._return, slot, batch)
+        self.sim.schedule(end, self._emit, batch)
+        self.sim.schedule(end, self._return, slot, batch)
 
     # -- results -----------------------------------------------------------------------------------------
 
@@ -257,7 +273,8 @@ class ReplicaModel:
             self.forward_ct_decode += 1
             if self.forward_ct_decode % self.cfg.args.decode_log_interval == 0:
                 self._decode_log(len(batch.reqs), batch.cuda_graph)
-        self._wake()
+        if self.pipeline is None:
+            self._wake()
 
     def _decode_log(self, batch_size: int, cuda_graph: bool) -> None:
         now = self.sim.now

@@ -103,23 +103,30 @@ def test_micro_batch_size_1_fills_the_ring(monkeypatch: pytest.MonkeyPatch) -> N
     # * default cap: all 8 share one micro-batch, so each token costs one ring trip of a batch of 8:
     #   non-expert weights 21.09 GB at 0.75 x 1,792 GB/s = 15.69 ms, plus 60 MoE layers x 59.5 experts
     #   touched x 24.77 MB at 0.60 x 1,792 GB/s = 82.28 ms, plus KV reads, graph launches, 7 hops, the
-    #   return and the host turn (1.45 ms): 99.4 ms;
+    #   return and stage 0's host work between the ids landing and the next launch (1.45 ms): 99.4 ms;
     # * micro-batch size 1: 8 micro-batches of one request; the last stage (8 MoE layers and the LM head:
     #   4.715 GB / 1,344 GB/s = 3.51 ms, 8 layers x 8 experts x 24.77 MB / 1,075 GB/s = 1.47 ms, graph
-    #   launch 0.015 ms: 5.0 ms per step) is the slowest and paces the ring: a token every 8 x 5.0 ms.
+    #   launch 0.015 ms: 5.0 ms per step) is the slowest and paces the ring. At depth 0 its host waits for
+    #   each forward to end (the ids it sends are queued behind it) before processing a result and building,
+    #   receiving and preparing the next micro-batch: about 0.77 ms with nothing on its GPU, so a token
+    #   every 8 x (5.0 + 0.77) ms.
     base = predict_point(KIMI_PP8, closed(8), DECODE, AT_ONCE).metrics
     full = predict_point(mb1, closed(8), DECODE, AT_ONCE).metrics
+    cfg = load_config(mb1)
+    h = cfg.cost.host_costs()
+    gap = h.process(1) + h.gloo_recv + h.schedule(1) + h.object_recv + h.prepare(1)
+    last = cfg.cost.stage_time(7, decode_shape([160]))
     assert base["tpot_p50_ms"] == pytest.approx(99.4, rel=0.02)
-    assert full["tpot_p50_ms"] == pytest.approx(40.0, rel=0.03)
+    assert full["tpot_p50_ms"] / 1e3 == pytest.approx(8 * (last + gap), rel=0.03)
     assert base["sim_peak_microbatches_in_flight"] == 1 and full["sim_peak_microbatches_in_flight"] == 8
-    assert full[STAGE_ACTIVITY_MAX] > 0.95  # the pacing stage never waits
-    assert 2.2 < full["output_tok_s"] / base["output_tok_s"] < 3.0
+    assert full[STAGE_ACTIVITY_MAX] == pytest.approx(last / (last + gap), abs=0.02)
+    assert 2.0 < full["output_tok_s"] / base["output_tok_s"] < 3.0
     # Balanced stages (the LM-head stage gets 5 layers): the pacing stage is lighter, so the same change
-    # gains more, at least 3x.
+    # gains more.
     monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", BALANCED)
     base_b = predict_point(KIMI_PP8, closed(8), DECODE, AT_ONCE).metrics["output_tok_s"]
     full_b = tok_s(mb1, closed(8))
-    assert full_b / base_b >= 3.0
+    assert full_b / base_b >= 2.5
     assert full_b / base_b > full["output_tok_s"] / base["output_tok_s"]
     assert resolved_server_info(mb1)["sim_stage_layers"] == [8, 8, 8, 8, 8, 8, 8, 5]
 
@@ -191,13 +198,20 @@ def test_async_depth_helps_only_when_per_step_overheads_are_exposed(
     def gain(argv: list[str]) -> float:
         return tok_s([*argv, "--pp-async-batch-depth", "4"], point) / tok_s(argv, point)
 
-    # Hidden: on the PCIe box the LM-head stage paces the ring (8 x 5.0 ms > the 28 ms ring trip), so
-    # hops and host time already overlap other micro-batches; 4 more slots change nothing.
+    # The last stage's own wait: on the PCIe box the LM-head stage paces the ring (8 x 5.0 ms > the 28 ms
+    # ring trip). At depth 0 its host waits for each of its forwards to end before building the next, a
+    # gap of about 0.77 ms on that GPU every step; at depth 4 the ids it sends are those of a forward 4
+    # passes old, so it launches the next forward while this one runs and never idles.
     hidden = [*KIMI_PP8, *mb1]
     cfg = load_config(hidden)
     sh = decode_shape([160])
-    assert cfg.cost.ring_trip(sh) < 8 * max(cfg.cost.stage_time(s, sh) for s in range(8))
-    assert gain(hidden) == pytest.approx(1.0, abs=0.02)
+    h = cfg.cost.host_costs()
+    gap = h.process(1) + h.gloo_recv + h.schedule(1) + h.object_recv + h.prepare(1)
+    last = cfg.cost.stage_time(7, sh)
+    assert cfg.cost.ring_trip(sh) < 8 * last
+    assert gain(hidden) == pytest.approx((last + gap) / last, rel=0.03)
+    deep = predict_point([*hidden, "--pp-async-batch-depth", "4"], point, DECODE).metrics
+    assert deep[STAGE_ACTIVITY_MAX] > 0.97
     # Exposed: balanced stages and slow PP hops (0.3 ms each, as across nodes): the ring trip is longer
     # than 8 stage times, so depth 0 leaves every stage idle part of each period; depth 4 fills it.
     monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", BALANCED)
@@ -208,7 +222,7 @@ def test_async_depth_helps_only_when_per_step_overheads_are_exposed(
     exposed = ["--model-path", KIMI, "--pp-size", "8", "--sim-hardware", str(path), *mb1]
     cfg = load_config(exposed)
     assert cfg.cost.ring_trip(sh) > 1.1 * 8 * max(cfg.cost.stage_time(s, sh) for s in range(8))
-    assert gain(exposed) > 1.12
+    assert gain(exposed) > 1.05
 
 
 def test_prediction_api_matches_workloads_semantics() -> None:
@@ -270,7 +284,13 @@ def test_request_lengths_follow_the_spec_as_the_load_generator_sends_them() -> N
     assert len({n_in for n_in, _ in want}) > 5  # the distribution really varies the lengths
 
 
-def test_four_trial_demo_sweep_is_valid_and_depth_never_lowers_throughput() -> None:
+def test_four_trial_demo_sweep_is_valid_and_depth_costs_little_with_nothing_to_hide() -> None:
+    """The demo's loads put one or two micro-batches in the ring (the first request alone, then the rest:
+    256-token prompts fit one prefill), too few for the last stage's wait to matter. Depth then buys
+    nothing; it costs a little: at depth > 0 each stage receives the next slot's outputs before its
+    forward, on the stream the forward waits for, and the stage before passes them on behind the hidden
+    states it is itself waiting for, so a small micro-batch waits at stage k for the bigger one behind it
+    to finish at stage k - 2 (docs/simulator.md, "What each stage's host does")."""
     spec = RequestSpec(api="generate", input_len=256, output_len=32)
     points = [
         LoadPoint(num_requests=n, concurrency=c, warmup_requests=2) for c, n in ((1, 8), (8, 16), (32, 64))
@@ -281,4 +301,5 @@ def test_four_trial_demo_sweep_is_valid_and_depth_never_lowers_throughput() -> N
     assert all(r.metrics["valid"] == 1.0 for trial in results for r in trial)
     for i in range(len(points)):
         tput = [trial[i].metrics["output_tok_s"] for trial in results]
-        assert all(b >= 0.98 * a for a, b in itertools.pairwise(tput)), tput
+        assert all(b <= 1.01 * tput[0] for b in tput[1:]), tput
+        assert all(b >= 0.92 * tput[0] for b in tput[1:]), tput

@@ -176,7 +176,11 @@ def test_pp8_ring_and_bubbles_in_virtual_time() -> None:
     p = _predict([*base, "--pp-max-micro-batch-size", "1"], concurrency=8, input_len=200, output_len=256,
                  requests=8)
     last = mb1.cost.stage_time(7, decode_shape([328]))
-    assert p["tpot_p50_ms"] / 1e3 == pytest.approx(8 * last, rel=0.1)
+    # at depth 0 the last stage's host waits for its own forward (its output send is queued behind it),
+    # then processes a result and builds, receives and prepares the next micro-batch before launching it
+    h = mb1.cost.host_costs()
+    gap = h.process(1) + h.gloo_recv + h.schedule(1) + h.object_recv + h.prepare(1)
+    assert p["tpot_p50_ms"] / 1e3 == pytest.approx(8 * (last + gap), rel=0.05)
     assert p[STAGE_ACTIVITY_MAX] > 0.8
 
 
