@@ -66,6 +66,7 @@ class PipelineLoop:
         self._ready: deque[tuple[StageLoop, float | None]] = deque()
         self._sleeping = False
         self._tick_pending = False
+        self._outputs_sent: list[tuple[tuple, float] | None] = [None] * pp  # per stage, as below
         self._loops = [self._rank(k) for k in range(pp)]
         self._ready.extend((loop, None) for loop in self._loops)  # None: a generator's first resumption
         self._drain()
@@ -124,6 +125,10 @@ class PipelineLoop:
         host = sched = fwd_free = 0.0  # host thread, schedule stream, forward stream
         fwd_end: dict[int, float] = {}  # pass -> when this stage's forward of it ended
         holding = False  # outputs received last pass, to pass on this pass (not the last stage)
+        # the last gloo sends of the request list and of the hidden states' metadata, not yet waited
+        # for: (message key, when it was sent)
+        reqs_sent: tuple[tuple, float] | None = None
+        proxy_sent: tuple[tuple, float] | None = None
         # stage 0: passes in a row that launched nothing (the engine starts idle: it sleeps until the
         # first request arrives)
         empty_passes = slots
@@ -148,16 +153,21 @@ class PipelineLoop:
                     self.unprocessed += 1
                 empty_passes = 0 if batch is not None else empty_passes + 1
             else:
+                self._post(("posted", "reqs", prev, n), host)
                 yield ("msg", ("reqs", prev, n))
                 sent, _ = self._take(("reqs", prev, n))
                 host = max(host, sent + h.gloo_latency[prev]) + h.gloo_recv
                 batch = self.batches[n]
             if not last:
+                if reqs_sent is not None:  # the previous pass's relay must have been received
+                    host = yield from self._commit(k, *reqs_sent, host)
                 host += h.gloo_send
-                self._post(("reqs", k, n), host)
+                reqs_sent = (("reqs", k, n), host)
+                self._post(reqs_sent[0], host)
             host += h.schedule(requests(batch))
             # 3. the hidden states of this micro-batch from the stage before
             if batch is not None and not first:
+                self._post(("posted", "proxy", prev, n), host)
                 yield ("msg", ("proxy", prev, n))
                 sent, arrives = self._take(("proxy", prev, n))
                 host = max(host, sent + h.gloo_latency[prev]) + h.object_recv
@@ -166,6 +176,9 @@ class PipelineLoop:
             if depth > 0:  # 4. the output exchange before the forward
                 host, sched, d2h, holding = yield from self._exchange(
                     k, n, prev, send_first, host, sched, holding, fwd_end)
+            if proxy_sent is not None:  # the last hidden states sent must have been received
+                host = yield from self._commit(k, *proxy_sent, host)
+                proxy_sent = None
             # 5. the forward
             if batch is not None:
                 assert batch.shape is not None
@@ -194,6 +207,7 @@ class PipelineLoop:
                 assert batch.shape is not None
                 host += h.object_send
                 sched = max(sched, fwd_end[n]) + cost.hop_time(batch.shape, k)
+                proxy_sent = (("proxy", k, n), host)
                 self._post(("proxy", k, n), host, sched)
             fwd_end.pop(n - 2 * slots, None)
             if first and n % slots == 0:
@@ -210,16 +224,22 @@ class PipelineLoop:
         h, pp, slots, depth = self.h, self.pp, self.slots, self.depth
         d2h = sched
         received = False
+        pending = self._outputs_sent[k]
+        if pending is not None:  # the outputs sent last time must have been received
+            host = yield from self._commit(k, *pending, host)
+            self._outputs_sent[k] = None
         for step in (("send", "recv") if send_first else ("recv", "send")):
             if step == "send":
                 if k == pp - 1:  # the sampled ids of the micro-batch launched ``depth`` passes ago
                     if n - depth >= 0 and self.batches.get(n - depth) is not None:
                         host += h.object_send
                         sched = max(sched, fwd_end[n - depth]) + self.cost.output_time(k)
+                        self._outputs_sent[k] = (("out", k, n), host)
                         self._post(("out", k, n), host, sched)
                 elif holding:  # what arrived last pass goes on to the next stage
                     host += h.object_send
                     sched += self.cost.output_time(k)
+                    self._outputs_sent[k] = (("out", k, n), host)
                     self._post(("out", k, n), host, sched)
             else:
                 done = n + 1 - slots
@@ -227,6 +247,7 @@ class PipelineLoop:
                     # the previous stage sends a micro-batch's outputs one pass after receiving them; the
                     # last stage sends micro-batch m on pass m + depth
                     src = n + 1 - pp if prev == pp - 1 else n + 1
+                    self._post(("posted", "out", prev, src), host)
                     yield ("msg", ("out", prev, src))
                     sent, arrives = self._take(("out", prev, src))
                     host = max(host, sent + h.gloo_latency[prev]) + h.object_recv
@@ -234,6 +255,15 @@ class PipelineLoop:
                     d2h = sched
                     received = True
         return host, sched, d2h, received and k != pp - 1
+
+    def _commit(self, k: int, key: tuple, sent: float, host: float) -> Generator[Wait, float, float]:
+        """Stage ``k`` waits for a gloo send of its to complete (``_pp_commit_comm_work``): a gloo send
+        completes only once the receiver has posted its receive, so a stage cannot run far ahead of the
+        next one. Returns the host clock after the wait."""
+        ack = ("posted", *key)
+        yield ("msg", ack)
+        posted, _ = self._take(ack)
+        return max(host, max(sent, posted) + self.h.gloo_latency[k])
 
     def _forget(self, n: int) -> None:
         """Drop micro-batches every stage has processed (the slowest stage is at least this far)."""
