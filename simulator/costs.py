@@ -377,7 +377,9 @@ class CostModel:
         latency = [p.gloo_latency_us * 1e-6 + (
             self._inter_latency if (self._return_inter if k == last else self._hop_inter[k]) else 0.0)
             for k in range(self.par.pp)] if self.par.pp > 1 else [0.0]
-        return HostCosts(p, latency)
+        # with tp > 1 the relayed list also goes to the stage's other TP ranks: a gloo broadcast
+        broadcast = (p.gloo_latency_us + p.gloo_recv_us) * 1e-6 if self.par.tp > 1 else 0.0
+        return HostCosts(p, latency, broadcast)
 
     def sched_time(self, num_reqs: int) -> float:
         """Host time of one scheduler iteration of a batch of ``num_reqs`` requests on one process: poll,
@@ -413,6 +415,7 @@ class HostCosts:
 
     p: CostParams
     gloo_latency: list[float]
+    tp_broadcast: float = 0.0  # the request list to the stage's other TP ranks, every pass (tp > 1)
 
     @property
     def poll(self) -> float:

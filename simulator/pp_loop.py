@@ -158,6 +158,7 @@ class PipelineLoop:
                 sent, _ = self._take(("reqs", prev, n))
                 host = max(host, sent + h.gloo_latency[prev]) + h.gloo_recv
                 batch = self.batches[n]
+            host += h.tp_broadcast
             if not last:
                 if reqs_sent is not None:  # the previous pass's relay must have been received
                     host = yield from self._commit(k, *reqs_sent, host)

@@ -68,11 +68,11 @@ def test_gpu_rows_place_gpus_like_sglang_and_integrate_the_power_model() -> None
     n_in, n_out = 64, 8
     req = Request("r0", n_in, n_out, 7)
     reps[0].submit(req, 0.0)  # replica 1 gets nothing: its GPUs idle throughout
-    # halfway through the prefill on stage 0, which starts after stage 0's pass has polled, relayed the
-    # request to stage 1, built the batch and prepared its forward
+    # halfway through the prefill on stage 0, which starts after stage 0's pass has polled, shared the
+    # request with its other TP rank, relayed it to stage 1, built the batch and prepared its forward
     prefill_0 = cfg.cost.stage_time(0, prefill_shape([(n_in, 0)]))
     h = cfg.cost.host_costs()
-    mid = h.poll + h.gloo_send + h.schedule(1) + h.prepare(1) + prefill_0 / 2
+    mid = h.poll + h.tp_broadcast + h.gloo_send + h.schedule(1) + h.prepare(1) + prefill_0 / 2
     sim.run_until(mid)
     busy_now = gpu_rows(cfg, reps, mid)
     sim.run_until(100.0)
