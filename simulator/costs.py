@@ -75,15 +75,18 @@ class CostParams:
     # every pass of the loop, with a batch or without: poll the tokenizer socket (or receive the relay),
     # get_next_batch_to_run finding nothing to do
     poll_us: float = 30.0
-    # PP: the CPU (gloo) group's point-to-point messages, TCP on localhost within a node. gloo_latency:
-    # from the sender's post to the blocked receiver returning; gloo_send / gloo_recv: the host time one
-    # side spends on a request-list relay (pickle, size and payload); object_send / object_recv: the same
-    # for a tensor dict's metadata (send_object / recv_object), the NCCL part of which is on the GPU.
-    gloo_latency_us: float = 30.0
-    gloo_send_us: float = 15.0
-    gloo_recv_us: float = 10.0
-    object_send_us: float = 25.0
-    object_recv_us: float = 20.0
+    # PP: the CPU (gloo) group's point-to-point messages, TCP on 127.0.0.1, as SGLang sends them (a size,
+    # then the pickle): measured by scripts/gloo_p2p.py (data/host/gloo_p2p.json; docs/simulator.md,
+    # "Host costs"), the 10th percentile of 2,000 repetitions on a 2-vCPU VM, an upper bound for a GPU
+    # server's cores. gloo_send / gloo_recv: the host time one side spends on a request-list relay (an
+    # empty list in steady decode: one message); object_send / object_recv: on a tensor dict's metadata
+    # (send_object / recv_object: two messages), the NCCL part of which runs on the GPU. gloo_latency:
+    # what a message takes beyond those two sides' own time (within the measurement's resolution here).
+    gloo_latency_us: float = 10.0
+    gloo_send_us: float = 94.0
+    gloo_recv_us: float = 156.0
+    object_send_us: float = 150.0
+    object_recv_us: float = 265.0
     # Measured step costs only (simulator/measured_costs.py): a calibration profile's scale on each
     # operator family's measured time, for a deployment whose kernels run faster or slower than the GPU
     # the tables were measured on (clocks, power cap, driver).

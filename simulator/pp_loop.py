@@ -118,6 +118,7 @@ class PipelineLoop:
     def _rank(self, k: int) -> StageLoop:
         """Stage ``k``'s scheduler process, pass after pass (the release's ``event_loop_pp``)."""
         cost, h, pp, depth, slots = self.cost, self.h, self.pp, self.depth, self.slots
+        posted = self._posted
         first, last = k == 0, k == pp - 1
         prev = (k - 1) % pp
         send_first = k % 2 == 0
@@ -154,7 +155,8 @@ class PipelineLoop:
                 empty_passes = 0 if batch is not None else empty_passes + 1
             else:
                 self._post(("posted", "reqs", prev, n), host)
-                yield ("msg", ("reqs", prev, n))
+                if ("reqs", prev, n) not in posted:  # (a message already there is read without yielding)
+                    yield ("msg", ("reqs", prev, n))
                 sent, _ = self._take(("reqs", prev, n))
                 host = max(host, sent + h.gloo_latency[prev]) + h.gloo_recv
                 batch = self.batches[n]
@@ -169,7 +171,8 @@ class PipelineLoop:
             # 3. the hidden states of this micro-batch from the stage before
             if batch is not None and not first:
                 self._post(("posted", "proxy", prev, n), host)
-                yield ("msg", ("proxy", prev, n))
+                if ("proxy", prev, n) not in posted:
+                    yield ("msg", ("proxy", prev, n))
                 sent, arrives = self._take(("proxy", prev, n))
                 host = max(host, sent + h.gloo_latency[prev]) + h.object_recv
                 sched = max(sched, arrives)
@@ -249,7 +252,8 @@ class PipelineLoop:
                     # last stage sends micro-batch m on pass m + depth
                     src = n + 1 - pp if prev == pp - 1 else n + 1
                     self._post(("posted", "out", prev, src), host)
-                    yield ("msg", ("out", prev, src))
+                    if ("out", prev, src) not in self._posted:
+                        yield ("msg", ("out", prev, src))
                     sent, arrives = self._take(("out", prev, src))
                     host = max(host, sent + h.gloo_latency[prev]) + h.object_recv
                     sched = max(sched, arrives)
@@ -262,7 +266,8 @@ class PipelineLoop:
         completes only once the receiver has posted its receive, so a stage cannot run far ahead of the
         next one. Returns the host clock after the wait."""
         ack = ("posted", *key)
-        yield ("msg", ack)
+        if ack not in self._posted:
+            yield ("msg", ack)
         posted, _ = self._take(ack)
         return max(host, max(sent, posted) + self.h.gloo_latency[k])
 

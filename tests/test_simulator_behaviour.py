@@ -108,8 +108,8 @@ def test_micro_batch_size_1_fills_the_ring(monkeypatch: pytest.MonkeyPatch) -> N
     #   4.715 GB / 1,344 GB/s = 3.51 ms, 8 layers x 8 experts x 24.77 MB / 1,075 GB/s = 1.47 ms, graph
     #   launch 0.015 ms: 5.0 ms per step) is the slowest and paces the ring. At depth 0 its host waits for
     #   each forward to end (the ids it sends are queued behind it) before processing a result and building,
-    #   receiving and preparing the next micro-batch: about 0.77 ms with nothing on its GPU, so a token
-    #   every 8 x (5.0 + 0.77) ms.
+    #   receiving and preparing the next micro-batch: about 1.2 ms with nothing on its GPU, so a token
+    #   every 8 x (5.0 + 1.2) ms.
     base = predict_point(KIMI_PP8, closed(8), DECODE, AT_ONCE).metrics
     full = predict_point(mb1, closed(8), DECODE, AT_ONCE).metrics
     cfg = load_config(mb1)
@@ -120,13 +120,13 @@ def test_micro_batch_size_1_fills_the_ring(monkeypatch: pytest.MonkeyPatch) -> N
     assert full["tpot_p50_ms"] / 1e3 == pytest.approx(8 * (last + gap), rel=0.03)
     assert base["sim_peak_microbatches_in_flight"] == 1 and full["sim_peak_microbatches_in_flight"] == 8
     assert full[STAGE_ACTIVITY_MAX] == pytest.approx(last / (last + gap), abs=0.02)
-    assert 2.0 < full["output_tok_s"] / base["output_tok_s"] < 3.0
+    assert 1.8 < full["output_tok_s"] / base["output_tok_s"] < 3.0
     # Balanced stages (the LM-head stage gets 5 layers): the pacing stage is lighter, so the same change
     # gains more.
     monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", BALANCED)
     base_b = predict_point(KIMI_PP8, closed(8), DECODE, AT_ONCE).metrics["output_tok_s"]
     full_b = tok_s(mb1, closed(8))
-    assert full_b / base_b >= 2.5
+    assert full_b / base_b >= 2.2
     assert full_b / base_b > full["output_tok_s"] / base["output_tok_s"]
     assert resolved_server_info(mb1)["sim_stage_layers"] == [8, 8, 8, 8, 8, 8, 8, 5]
 
@@ -200,7 +200,7 @@ def test_async_depth_helps_only_when_per_step_overheads_are_exposed(
 
     # The last stage's own wait: on the PCIe box the LM-head stage paces the ring (8 x 5.0 ms > the 28 ms
     # ring trip). At depth 0 its host waits for each of its forwards to end before building the next, a
-    # gap of about 0.77 ms on that GPU every step; at depth 4 the ids it sends are those of a forward 4
+    # gap of about 1.2 ms on that GPU every step; at depth 4 the ids it sends are those of a forward 4
     # passes old, so it launches the next forward while this one runs and never idles.
     hidden = [*KIMI_PP8, *mb1]
     cfg = load_config(hidden)
@@ -264,7 +264,7 @@ def test_closed_loop_bounded_by_duration_stops_sending_when_the_window_closes() 
     # the window opens at the first measured send; nothing is sent after it closes, and the workers
     # keep the server busy until then (so it takes many more than the minimum of warmup + C requests)
     assert measured[-1] - measured[0] < 0.5 <= measured[-1] - measured[0] + 0.1
-    assert len(r.records) > 5 * point.total_requests
+    assert len(r.records) > 4 * point.total_requests
     assert sorted(rec.index for rec in r.records) == list(range(len(r.records)))
     assert r.metrics["valid"] == 1.0 and r.metrics["num_requests"] == len(r.records) - 3
     # a count bound that comes first wins
