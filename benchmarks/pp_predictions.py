@@ -1,8 +1,9 @@
 """Predicted throughput of Kimi K2 on the PCIe box: PP8 at C = 1, 8 and 32, pp_async_batch_depth 0 and 8,
 CUDA graphs on and off, with every stage's busy fraction over the steady window, and TP8 beside it.
 
-Virtual time only (``predict_point``), measured step costs (the box's kernel tables). The table of
-docs/simulator.md, "Per-stage host costs: before and after", is this script's output:
+Virtual time only (``predict_point``), measured step costs (the box's kernel tables), 4·C requests of
+1,024 prompt and 256 output tokens each, sent at once. The "after" columns of docs/simulator.md,
+"Per-stage host costs: before and after", are this script's output:
 
     .venv/bin/python benchmarks/pp_predictions.py
 """
@@ -10,7 +11,6 @@ docs/simulator.md, "Per-stage host costs: before and after", is this script's ou
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 from simulator.predict import predict_point
@@ -31,21 +31,19 @@ def argv(layout: str, depth: int, graphs: bool) -> list[str]:
 
 def row(layout: str, depth: int, graphs: bool, c: int) -> str:
     point = LoadPoint(concurrency=c, num_requests=4 * c, warmup_requests=0, ramp_s=0.0)
-    started = time.perf_counter()
     m = predict_point(argv(layout, depth, graphs), point, SPEC).metrics
-    took = time.perf_counter() - started
     pp = 1 if layout == "tp8" else 8
     busy = " ".join(f"{100 * m[per_stage(s, 'activity_mean')]:.0f}" for s in range(pp))
     name = "TP8" if layout == "tp8" else f"PP8 d{depth}"
     return (f"| {name} | {'on' if graphs else 'off'} | {c} | {m['output_tok_s']:.0f} | "
-            f"{m['tpot_mean_ms']:.1f} | {busy} | {took:.1f} s |")
+            f"{m['tpot_mean_ms']:.1f} | {busy} |")
 
 
 def main() -> int:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
                             ).parse_args()
-    print("| layout | graphs | C | output tok/s | TPOT ms | stage busy % (0 … 7) | predicted in |")
-    print("|---|---|---|---|---|---|---|")
+    print("| layout | graphs | C | output tok/s | TPOT ms | stage busy % (0 … 7) |")
+    print("|---|---|---|---|---|---|")
     for graphs in (True, False):
         for depth in (0, 8):
             for c in CONCURRENCY:
