@@ -78,12 +78,14 @@ def test_dense_pp8_gets_no_micro_batch_suggestion(tmp_path: Path) -> None:
     rejected = micro.predicted_effect["instead_of"]
     assert rejected["verdict"] != "helps" and rejected["change_pct"]["output_tok_s"] < 5
     assert "is predicted not to help" in micro.suggestion and "Instead:" in micro.suggestion
-    assert "pp_bubble" in found and "gpu_underused" in found  # read from simulated GPU power
+    assert "simulated GPU telemetry, not measured" in found["pp_bubble"].evidence  # read from its power
 
 
 def test_kimi_pp8_gets_the_micro_batch_suggestion(tmp_path: Path) -> None:
     cfg = scenario("kimi-k2", "rtx-pro-6000-pcie-x8", pp=8, concurrency=32)
-    # The roofline's verdict: more micro-batches raise the throughput by more than half. In a steady
+    # The roofline's verdict: more micro-batches raise the throughput by about a third (each of the four
+    # pays every stage's host work per micro-batch, and the last stage idles through its host work
+    # between forwards at depth 0, docs/simulator.md, "What each stage's host does"). In a steady
     # closed loop (streams ramped in, the window after the ramp) it also lengthens the ITL tail (new
     # streams' prefills interrupt four decoding micro-batches instead of one), so it may come back as a
     # trade-off with the next alternative offered beside it (docs/simulator.md, "Measured step costs").
@@ -93,23 +95,27 @@ def test_kimi_pp8_gets_the_micro_batch_suggestion(tmp_path: Path) -> None:
     effect = micro.predicted_effect
     first = effect if micro.change == {"pp.micro_batch_size": 4} else effect["instead_of"]
     assert first["change"] == {"pp.micro_batch_size": 4}
-    assert first["change_pct"]["output_tok_s"] > 50
+    assert first["change_pct"]["output_tok_s"] > 25
     assert "Predicted at c32" in micro.suggestion or "trade-off" in micro.suggestion
     assert "simulated GPU telemetry, not measured" in found["pp_bubble"].evidence
 
 
-def test_kimi_pp8_micro_batches_are_a_trade_off_with_measured_step_costs(tmp_path: Path) -> None:
+def test_kimi_pp8_micro_batches_do_not_pay_with_measured_step_costs(tmp_path: Path) -> None:
+    """Under the measured tables the INT4 MoE layer costs almost as much for 4 tokens as for 32, so four
+    micro-batches of 4 each pay nearly a full stage, and each also pays every stage's host work: the
+    change is predicted to lower the throughput, and the next alternative is offered instead."""
     cfg = scenario("kimi-k2", "rtx-pro-6000-pcie-x8", pp=8, concurrency=32)
     cfg.simulator.step_costs = "measured"
     found = diagnosed(cfg, tmp_path)
     micro = found["too_few_microbatches"]
     first = micro.predicted_effect["instead_of"]
-    assert first["change"] == {"pp.micro_batch_size": 4} and first["verdict"] == "trade-off"
-    assert first["change_pct"]["output_tok_s"] > 25 and first["change_pct"]["itl_p99_ms"] > 50
+    assert first["change"] == {"pp.micro_batch_size": 4} and first["verdict"] == "worse"
+    assert first["change_pct"]["output_tok_s"] < 0
+    assert micro.change and "pp.micro_batch_size" not in micro.change
     assert "step costs: measured (aiconfigurator-core" in micro.predicted_effect["source"]
-    # the summary says what the first change trades instead of calling it useless
+    # the summary says what the first change does before offering the other
     line = advice_text(micro.to_dict())
-    assert line.startswith("pp.micro_batch_size=4 is a trade-off (") and "; instead set " in line
+    assert line.startswith("pp.micro_batch_size=4 ") and "; instead set " in line
 
 
 def test_admission_cap(tmp_path: Path) -> None:
