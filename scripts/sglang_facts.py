@@ -8,9 +8,10 @@ Nothing is installed or imported from the wheel: its Python files are parsed (``
 zip, so this runs anywhere, without a GPU, torch or SGLang's dependencies. What it extracts:
 
 - ``flags``: every option the server's argument parser accepts (``ServerArgs.add_cli_args``), with its
-  argparse ``dest`` and whether it takes a value. Older releases call ``parser.add_argument``; newer
-  ones declare annotated fields (``A[type, Arg(...)]``) in namespace classes that a helper turns into
-  arguments; both are read the way the release itself would register them.
+  argparse ``dest`` and whether it takes a value. Up to 0.5.13 the release calls ``parser.add_argument``;
+  0.5.14 to 0.5.19 declare annotated fields (``A[type, Arg(...)]``) on ``ServerArgs`` itself, and from
+  0.5.20 in the namespace classes ``_INPUT_NAMESPACES`` lists, which a helper turns into arguments; each
+  is read the way the release itself registers it.
 - ``routes``: the HTTP server's paths and methods (decorators, ``add_api_route``, the ``/metrics`` mount).
 - ``metrics``: Prometheus metric names as exposed (a counter gains ``_total``), their type and literal
   label names, and the label keys the scheduler attaches to its metrics.
@@ -194,38 +195,40 @@ def _namespace_classes(files: dict[str, str]) -> dict[str, ast.ClassDef]:
 def _field_flags(cls: ast.ClassDef, classes: dict[str, ast.ClassDef], custom: dict[str, object]
                  ) -> list[dict[str, object]]:
     """The arguments a namespace class's ``A[T, "help"]`` / ``A[T, Arg(...)]`` fields register (bases
-    first, as a struct inherits its bases' fields)."""
-    flags = []
+    first, as a struct inherits its bases' fields). A field declared twice is registered once, as
+    declared last (0.5.16's ServerArgs declares ``dcp_size`` twice; the dataclass keeps the second)."""
+    by_field: dict[str, dict[str, object] | None] = {}
     for base in cls.bases:
         if _name(base) in classes:
-            flags += _field_flags(classes[_name(base)], classes, custom)
+            by_field |= {str(f["dest"]): f for f in _field_flags(classes[_name(base)], classes, custom)}
     for stmt in cls.body:
-        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
-            continue
-        ann = stmt.annotation
-        if not (isinstance(ann, ast.Subscript) and _name(ann.value) == "A"
-                and isinstance(ann.slice, ast.Tuple)):
-            continue
-        typ, meta = ann.slice.elts[0], ann.slice.elts[1]
-        field = stmt.target.id
-        if isinstance(meta, ast.Constant) and isinstance(meta.value, str):
-            arg: ast.Call | None = None
-        elif isinstance(meta, ast.Call) and _name(meta.func) == "Arg":
-            arg = meta
-        else:
-            continue  # Derived(...) and the like: not a command-line input
-        if arg is not None and _literal(_kw(arg, "no_cli")) is True:
-            continue
-        cli = (_literal(_kw(arg, "cli_name")) if arg is not None else None) or "--" + field.replace("_", "-")
-        aliases = (_literal(_kw(arg, "aliases")) if arg is not None else None) or []
-        action = _name(_kw(arg, "action")) if arg is not None else ""
-        nargs = _kw(arg, "nargs") if arg is not None else None
-        takes = _takes_value(action, nargs, custom) if action else not _is_bool(typ)
-        options = [cli, *aliases]
-        if action == "BooleanOptionalAction":  # argparse adds the --no- forms itself
-            options += [f"--no-{o[2:]}" for o in options if o.startswith("--")]
-        flags.append({"options": options, "dest": field, "takes_value": takes})
-    return flags
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            by_field[stmt.target.id] = _field_flag(stmt.target.id, stmt.annotation, custom)
+    return [f for f in by_field.values() if f is not None]
+
+
+def _field_flag(field: str, ann: ast.expr, custom: dict[str, object]) -> dict[str, object] | None:
+    """The argument one annotated field registers; None where it registers none."""
+    if not (isinstance(ann, ast.Subscript) and _name(ann.value) == "A" and isinstance(ann.slice, ast.Tuple)):
+        return None
+    typ, meta = ann.slice.elts[0], ann.slice.elts[1]
+    if isinstance(meta, ast.Constant) and isinstance(meta.value, str):
+        arg: ast.Call | None = None
+    elif isinstance(meta, ast.Call) and _name(meta.func) == "Arg":
+        arg = meta
+    else:
+        return None  # Derived(...) and the like: not a command-line input
+    if arg is not None and _literal(_kw(arg, "no_cli")) is True:
+        return None
+    cli = (_literal(_kw(arg, "cli_name")) if arg is not None else None) or "--" + field.replace("_", "-")
+    aliases = (_literal(_kw(arg, "aliases")) if arg is not None else None) or []
+    action = _name(_kw(arg, "action")) if arg is not None else ""
+    nargs = _kw(arg, "nargs") if arg is not None else None
+    takes = _takes_value(action, nargs, custom) if action else not _is_bool(typ)
+    options = [cli, *aliases]
+    if action == "BooleanOptionalAction":  # argparse adds the --no- forms itself
+        options += [f"--no-{o[2:]}" for o in options if o.startswith("--")]
+    return {"options": options, "dest": field, "takes_value": takes}
 
 
 def _is_bool(typ: ast.AST) -> bool:
@@ -251,11 +254,14 @@ def flags(files: dict[str, str]) -> list[dict[str, object]]:
         classes = _namespace_classes(files)
         listed = next((n.value for n in tree.body if isinstance(n, ast.Assign)
                        and any(_name(t) == "_INPUT_NAMESPACES" for t in n.targets)), None)
-        if not isinstance(listed, ast.List):
+        if listed is None:  # 0.5.14 to 0.5.19: the annotated fields are ServerArgs's own
+            found += _field_flags(server_args, classes, custom)
+        elif not isinstance(listed, ast.List):
             raise SystemExit("sglang_facts: ServerArgs is built from namespaces, "
                              "but _INPUT_NAMESPACES is not a list")
-        for ns in listed.elts:
-            found += _field_flags(classes[_name(ns)], classes, custom)
+        else:
+            for ns in listed.elts:
+                found += _field_flags(classes[_name(ns)], classes, custom)
     found += _add_argument_flags(add_cli, custom)
     return sorted(found, key=lambda f: f["options"][0])  # type: ignore[index]
 

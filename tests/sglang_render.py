@@ -25,7 +25,7 @@ CONVERSIONS = {115: str, 114: repr, 97: ascii}
 def format_strings(version: str, anchor: str, file_suffix: str = "", starts: bool = False) -> list[str]:
     """The release's recorded format strings (source text) whose fixed text contains ``anchor`` (begins
     with it, with ``starts``), in files whose path ends with ``file_suffix``."""
-    data = _record(version)
+    data = release_record(version)
     def fits(source: str) -> bool:
         text = fixed_text(source)
         return text.startswith(anchor) if starts else anchor in text
@@ -36,7 +36,7 @@ def format_strings(version: str, anchor: str, file_suffix: str = "", starts: boo
 
 
 @functools.cache
-def _record(version: str) -> dict:
+def release_record(version: str) -> dict:
     return json.loads((RELEASES / f"sglang-{version}.json").read_text())
 
 
@@ -84,7 +84,7 @@ def render(source: str, values: Mapping[str, object] | None = None, percent: tup
 def matches_a_format(version: str, message: str) -> bool:
     """Whether a whole log message could have come from one of the release's recorded format strings
     (each placeholder, or %-conversion, standing for any text)."""
-    for entry in _record(version)["log_formats"]:
+    for entry in release_record(version)["log_formats"]:
         parts = re.split(r"\{\}|%(?:\.\d+)?[dsf]", fixed_text(entry["source"]))
         pattern = ".*?".join(re.escape(p) for p in parts)
         if (len(parts) > 1 or parts[0]) and re.fullmatch(pattern, message, flags=re.S):

@@ -23,7 +23,10 @@ NEWEST_KNOWN = "0.5.23"  # the newest SGLang whose facts are recorded in this pa
 # SGLANG_LOG_MS), and 0.4.6.post5 answers /health before warm-up and labels its scheduler metrics
 # without pp_rank, so every PP stage would collapse into one series.
 OLDEST_SUPPORTED = "0.5.9"
-RECORDED = ("0.5.9", "0.5.23")  # releases/sglang-<v>.json of the supported range (older ones: evidence)
+# releases/sglang-<v>.json of the supported range (older ones: evidence): both ends, and the releases on
+# either side of each version threshold below (docs/sglang-adapter.md, "Releases recorded")
+RECORDED = ("0.5.9", "0.5.10", "0.5.12", "0.5.13", "0.5.14", "0.5.16", "0.5.19", "0.5.20", "0.5.21", "0.5.22",
+            "0.5.23")
 
 
 def parse_version(text: str) -> Version:
