@@ -100,11 +100,12 @@ def _values(value: Any) -> list[str]:
 
 
 def _attn_dp_old_style(args: list[Arg], key: str, size: Any, cfg: ParasweepConf, version: str) -> None:
-    """Before --attn-dp-size, attention DP was --enable-dp-attention with --dp-size = the group count."""
+    """Before --attn-dp-size (0.5.22), attention DP was --enable-dp-attention with --dp-size = the group
+    count."""
     if cfg.dp.size > 1:
         raise ConfigError(key, size, f"dp.size=1 when attention DP is on with SGLang {version}",
-                          "before 0.5.20 --dp-size counts attention-DP groups, so model replicas and "
-                          "attention DP cannot be combined")
+                          "before 0.5.22 (--attn-dp-size) --dp-size counts attention-DP groups, so model "
+                          "replicas and attention DP cannot be combined")
     dp = next(a for a in args if a.key == "dp.size")
     dp.values, dp.key, dp.optional = [str(size)], key, False
     args.append(Arg("--enable-dp-attention", [], key, size))
@@ -115,8 +116,8 @@ def refuse_what_sglang_refuses(cfg: ParasweepConf) -> None:
     refuse on the GPU node is refused here in one line. Each mirrors an assertion or error of SGLang's
     server-argument code (recorded per release under "checks" in releases/sglang-<version>.json):
     ':' in served_model_name (0.5.9 and 0.5.23), and attention DP's size: positive, a divisor of
-    tp_size, and never together with dp_size > 1 (0.5.23's parallel_hook.py; before 0.5.20 the same
-    holds for the --dp-size that --enable-dp-attention reinterprets)."""
+    tp_size, and never together with dp_size > 1 (parallel_hook.py of 0.5.22 and later; before 0.5.22
+    the same holds for the --dp-size that --enable-dp-attention reinterprets)."""
     name = cfg.model.name
     if ":" in name:
         raise ConfigError("model.name", name, "a name without ':'",
@@ -147,7 +148,7 @@ def _extra(args: list[Arg], cfg: ParasweepConf, version: str, flags: FlagSet | N
         if canonical == "enable_dp_attention" and value:
             raise ConfigError(key, value, "server.extra_args.attn_dp_size=N (parasweep maps it to each "
                               "version's spelling)", "--enable-dp-attention changes what --dp-size means, "
-                              "so dp.size would no longer count GPUs; deprecated in SGLang 0.5.23")
+                              "so dp.size would no longer count GPUs; deprecated from SGLang 0.5.22")
         if value is False or value is None:
             continue
         flag = spelling(canonical, version, flags)

@@ -63,8 +63,9 @@ RENAMES: dict[str, tuple[Spelling, ...]] = {
     # renamed between 0.5.9 and 0.5.23
     "incremental_streaming_output": (Spelling("--incremental-streaming-output", (0, 5, 10)),
                                      Spelling("--stream-output", until=(0, 5, 10))),
-    # new after 0.5.19; older releases express attention DP as --enable-dp-attention + --dp-size N
-    "attn_dp_size": (Spelling("--attn-dp-size", (0, 5, 20)),),
+    # new in 0.5.22 (with the alias --attention-data-parallel-size); 0.5.21 has neither, and releases
+    # before 0.5.22 express attention DP as --enable-dp-attention with --dp-size N
+    "attn_dp_size": (Spelling("--attn-dp-size", (0, 5, 22)),),
 }
 # Older names users may write in server.extra_args -> canonical name.
 ALIASES: dict[str, str] = {
