@@ -24,6 +24,7 @@ from orchestrator.engines.sglang_compat import (
     flags_from_help,
     recorded_flag_set,
 )
+from orchestrator.engines.sglang_compat.versions import ReleaseFacts
 from orchestrator.errors import ConfigError, UserError
 from vocab.assets import model_dir
 
@@ -272,6 +273,30 @@ def test_preflight_reads_installed_version_and_caches_its_flags(tmp_path: Path,
     with pytest.raises(ConfigError, match=r"^pp\.async_depth=8: invalid .*0\.5\.7"):
         engine.preflight(cfg)
     detect._TARGETS.pop(python)
+
+
+def test_the_flag_cache_keeps_whether_each_option_string_takes_a_value(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 0.5.16: --disable-piecewise-cuda-graph, --enable-breakable-cuda-graph and
+    # --enforce-piecewise-cuda-graph take no value but store into the dest of --cuda-graph-backend-prefill,
+    # which takes one; the cached flag set must say so per option string, as the parser did
+    monkeypatch.setenv("PARASWEEP_CACHE_DIR", str(tmp_path / "cache"))
+    parsed = ReleaseFacts.load("0.5.16").flags
+    monkeypatch.setattr(detect, "_probe_flags", lambda python, version: parsed)
+    # a cache written before the format kept this per option string (one action per dest) is probed again
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "sglang-flags-0.5.16.json").write_text(json.dumps(
+        {"sglang_version": "0.5.16", "how": "parser", "actions": [
+            {"options": ["--cuda-graph-backend-prefill", "--disable-piecewise-cuda-graph"],
+             "dest": "cuda_graph_backend_prefill", "takes_value": True}]}))
+    cfg = conf(pp=8)
+    cfg.server.extra_args = {"disable_piecewise_cuda_graph": True}
+    for read in ("probed", "cached"):
+        flags = detect.flag_set("python", "0.5.16")
+        assert flags.source.startswith("cached") == (read == "cached")
+        argv = sglang_flags(cfg, PORT, SGLangTarget("0.5.16", flags, True, "python"))
+        assert argv[-1] == "--disable-piecewise-cuda-graph", read
+        assert flags.takes_value == parsed.takes_value, read
 
 
 def test_a_release_older_than_the_supported_range_is_refused(tmp_path: Path,

@@ -25,6 +25,9 @@ from orchestrator.engines.sglang_compat.versions import (
 from orchestrator.errors import ConfigError, UserError
 
 PROBE_TIMEOUT_S = 180.0  # importing sglang (and torch) on a cold node file system can take a while
+# the cached flag set's format: 2 keeps whether a value follows per option string; a file without it
+# kept that per dest, wrong where the options of one dest differ, and is probed again
+CACHE_FORMAT = 2
 _MARK = "PARASWEEP_FLAGS "  # SGLang may print warnings on stdout; our line is the marked one
 _VERSION_CODE = "import sglang; print(sglang.__version__)"
 # The parser is built exactly as SGLang builds it (present from 0.4.x to 0.5.23; see
@@ -139,14 +142,16 @@ def flag_set(python: str, version: str) -> FlagSet:
     safe = re.sub(r"[^\w.+-]", "_", version)  # a version string from the install becomes a file name
     path = cache_dir() / f"sglang-flags-{safe}.json"
     try:
-        return FlagSet.from_json(json.loads(path.read_text()), source=f"cached flag set ({path})")
-    except (OSError, ValueError, KeyError):
+        cached = json.loads(path.read_text())
+        if cached.get("cache_format") == CACHE_FORMAT:
+            return FlagSet.from_json(cached, source=f"cached flag set ({path})")
+    except (OSError, ValueError, KeyError, AttributeError):
         pass
     flags = _probe_flags(python, version)
     try:  # atomic: trials starting side by side may write the same file
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
-            json.dump(flags.to_json(), tmp)
+            json.dump({**flags.to_json(), "cache_format": CACHE_FORMAT}, tmp)
         os.replace(tmp.name, path)
     except OSError:
         pass  # a read-only home only costs the probe next time

@@ -96,12 +96,11 @@ class FlagSet:
         return sorted(o for o in self.options if o.startswith(flag) and o != flag)
 
     def to_json(self) -> dict[str, object]:
-        by_dest: dict[str, list[str]] = {}
-        for opt, dest in self.options.items():
-            by_dest.setdefault(dest, []).append(opt)
+        """One entry per option string: options of one dest may differ in whether a value follows
+        (0.5.16's bare --disable-piecewise-cuda-graph stores into --cuda-graph-backend-prefill's dest)."""
         return {"sglang_version": self.version, "how": self.source,
-                "actions": [{"options": opts, "dest": d, "takes_value": self.takes_value.get(opts[0], True)}
-                            for d, opts in by_dest.items()]}
+                "actions": [{"options": [opt], "dest": dest, "takes_value": self.takes_value.get(opt, True)}
+                            for opt, dest in self.options.items()]}
 
     @classmethod
     def from_json(cls, data: dict, source: str | None = None) -> FlagSet:
