@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.engines.sglang_compat.versions import RECORDED
 from orchestrator.telemetry.server_log import (
     merge_resolved,
     parse_log_line,
@@ -171,6 +172,36 @@ def test_startup_facts_from_0_5_23s_own_format_strings() -> None:
                   percent=("torch.bfloat16", 700000, 15.2, 3.1))
     r = resolved_from_startup_log("\n".join([upper, sized]))
     assert r["kv_cache_tokens"] == 700000 and r["kv_cache_dtype"] == "torch.bfloat16"
+
+
+# The decode CUDA-graph capture line that lists the batch sizes, by the fixed text of its format string
+# and its file, and the releases that print it (each recorded release prints exactly one of them)
+DECODE_CAPTURE = [
+    ("Capture cuda graph bs ", "model_executor/cuda_graph_runner.py"),  # 0.5.9 to 0.5.13
+    # the "begin" line, in ModelRunner (0.5.14, 0.5.15) and then capture_decode_graph of
+    # model_runner_components/cuda_graph_setup.py (0.5.16 to 0.5.21); their "end" line has no sizes
+    ("num_tokens_per_bs={}, bs={}", "model_executor/model_runner.py"),
+    ("num_tokens_per_req={}, bs={}", "model_runner_components/cuda_graph_setup.py"),
+    ("end. bs={}", "model_runner_components/cuda_graph_setup.py"),  # 0.5.22 and later: the "end" line
+]
+CAPTURED = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64]
+CAPTURE_VALUES: dict[str, object] = {
+    "self.capture_bs": CAPTURED, "capture_bs": CAPTURED, "runner.capture_bs": CAPTURED,
+    "capture_name": "target decode", GRAPH_KIND: "CUDA graph", "graph_backend[self.device]": "CUDA graph",
+    "decode_backend": "full", "num_tokens_per_bs": 1, "num_tokens_per_req": 1, "self.topk": 4,
+    "before_mem": 31.25, "capture_time": 14.0, "memory_usage_gb": 1.2, "after_mem": 30.05}
+
+
+@pytest.mark.parametrize("version", RECORDED)
+def test_decode_capture_sizes_from_each_releases_own_line(version: str) -> None:
+    printed = [(text, file) for text, file in DECODE_CAPTURE if format_strings(version, text, file)]
+    assert len(printed) == 1, printed
+    text, file = printed[0]
+    r = resolved_from_startup_log(_line(version, text, CAPTURE_VALUES, file=file))
+    assert r["cuda_graph_bs_decode"] == CAPTURED and r["cuda_graph_max_bs_decode_captured"] == 64
+    # a speculative draft model's capture (its own "Capture draft decode ..." line) is not the target's
+    for draft in format_strings(version, "Capture draft decode CUDA graph begin.", "eagle_worker_v2.py"):
+        assert "cuda_graph_bs_decode" not in resolved_from_startup_log(STAMP + render(draft, CAPTURE_VALUES))
 
 
 def test_merge_resolved_prefers_server_info_and_internal_states() -> None:

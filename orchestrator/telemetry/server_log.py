@@ -133,8 +133,13 @@ def stage_series(frame: pd.DataFrame, field: str, kind: str = "decode") -> dict[
 _LIMITS = re.compile(r"^max_total_num_tokens=")
 _PAIR = re.compile(r"(\w+)=([^,]+)")
 _GRAPH_BS = (
-    re.compile(r"Capture target (?P<phase>\w+) CUDA graph end\. bs=\[(?P<bs>[\d,\s]*)\]"),  # 0.5.23
-    re.compile(r"Capture cuda graph bs \[(?P<bs>[\d,\s]*)\]"),  # 0.5.9 and earlier: decode only
+    # the target model's sizes per phase (a draft model's line says "draft"): 0.5.22 and later list them
+    # on the "end" line ("Capture target decode CUDA graph end. bs=[...], elapsed=..."), 0.5.14 to 0.5.21
+    # on the "begin" line ("... begin. backend=full, num_tokens_per_req=1, bs=[...], avail mem=...";
+    # num_tokens_per_bs in 0.5.14 and 0.5.15), whose "end" line has none
+    re.compile(r"Capture target (?P<phase>\w+) \S+ graph "
+               r"(?:end\. |begin\. backend=[^,]*, num_tokens_per_\w+=\d+, )bs=\[(?P<bs>[\d,\s]*)\]"),
+    re.compile(r"Capture cuda graph bs \[(?P<bs>[\d,\s]*)\]"),  # 0.5.13 and earlier: decode only
 )
 _FACTS: list[tuple[re.Pattern[str], Any]] = [
     (re.compile(r"Attention backend not specified\. Use (\S+) backend by default"),
