@@ -380,9 +380,17 @@ class CostModel:
         latency = [p.gloo_latency_us * 1e-6 + (
             self._inter_latency if (self._return_inter if k == last else self._hop_inter[k]) else 0.0)
             for k in range(self.par.pp)] if self.par.pp > 1 else [0.0]
-        # with tp > 1 the relayed list also goes to the stage's other TP ranks: a gloo broadcast
-        broadcast = (p.gloo_latency_us + p.gloo_recv_us) * 1e-6 if self.par.tp > 1 else 0.0
-        return HostCosts(p, latency, broadcast)
+        us = 1e-6
+        return HostCosts(
+            gloo_latency=latency, poll=p.poll_us * us, gloo_send=p.gloo_send_us * us,
+            gloo_recv=p.gloo_recv_us * us, object_send=p.object_send_us * us,
+            object_recv=p.object_recv_us * us,
+            # with tp > 1 the relayed list also goes to the stage's other TP ranks: a gloo broadcast
+            tp_broadcast=(p.gloo_latency_us + p.gloo_recv_us) * us if self.par.tp > 1 else 0.0,
+            sched_base=p.sched_base_us * us, sched_per_req=p.sched_per_req_us * us,
+            prepare_base=p.prepare_base_us * us, prepare_per_req=p.prepare_per_req_us * us,
+            process_base=p.process_base_us * us, process_per_req=p.process_per_req_us * us,
+            stream_base=p.stream_base_us * us, stream_per_req=p.stream_per_req_us * us)
 
     def sched_time(self, num_reqs: int) -> float:
         """Host time of one scheduler iteration of a batch of ``num_reqs`` requests on one process: poll,
@@ -416,42 +424,34 @@ class HostCosts:
     """Seconds of host work in SGLang's scheduler loop, by part (``CostParams`` has the microseconds and
     why). ``gloo_latency[k]``: a gloo message from stage k to the next stage round the ring."""
 
-    p: CostParams
     gloo_latency: list[float]
-    tp_broadcast: float = 0.0  # the request list to the stage's other TP ranks, every pass (tp > 1)
-
-    @property
-    def poll(self) -> float:
-        return self.p.poll_us * 1e-6
+    poll: float
+    gloo_send: float
+    gloo_recv: float
+    object_send: float
+    object_recv: float
+    tp_broadcast: float  # the request list to the stage's other TP ranks, every pass (tp > 1)
+    sched_base: float
+    sched_per_req: float
+    prepare_base: float
+    prepare_per_req: float
+    process_base: float
+    process_per_req: float
+    stream_base: float
+    stream_per_req: float
 
     def schedule(self, reqs: int) -> float:
         """get_next_batch_to_run: nothing to build for an empty slot (the pass's poll covers it)."""
-        return (self.p.sched_base_us + self.p.sched_per_req_us * reqs) * 1e-6 if reqs else 0.0
+        return self.sched_base + self.sched_per_req * reqs if reqs else 0.0
 
     def prepare(self, reqs: int) -> float:
-        return (self.p.prepare_base_us + self.p.prepare_per_req_us * reqs) * 1e-6
+        return self.prepare_base + self.prepare_per_req * reqs
 
     def process(self, reqs: int) -> float:
-        return (self.p.process_base_us + self.p.process_per_req_us * reqs) * 1e-6
+        return self.process_base + self.process_per_req * reqs
 
     def stream(self, reqs: int) -> float:
-        return (self.p.stream_base_us + self.p.stream_per_req_us * reqs) * 1e-6
-
-    @property
-    def gloo_send(self) -> float:
-        return self.p.gloo_send_us * 1e-6
-
-    @property
-    def gloo_recv(self) -> float:
-        return self.p.gloo_recv_us * 1e-6
-
-    @property
-    def object_send(self) -> float:
-        return self.p.object_send_us * 1e-6
-
-    @property
-    def object_recv(self) -> float:
-        return self.p.object_recv_us * 1e-6
+        return self.stream_base + self.stream_per_req * reqs
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,9 @@ class Batch:
     mixed: list[Request] = field(default_factory=list)
     shape: BatchShape | None = None
     cuda_graph: bool = False
+    # the requests the scheduler's host work scales with: a decode step's, or a prefill's prompts plus
+    # the running requests decoding beside them (set when the batch is launched)
+    size: int = 0
 
 
 @dataclass

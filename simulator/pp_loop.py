@@ -61,8 +61,12 @@ class PipelineLoop:
         self.batches: dict[int, Batch | None] = {}  # pass -> the micro-batch launched (None: empty slot)
         self.passes = [0] * pp  # the pass each stage is in
         self.unprocessed = 0  # micro-batches launched and not yet processed by stage 0
-        self._posted: dict[tuple, tuple[float, float]] = {}  # (kind, stage, pass) -> (host time, data time)
-        self._parked: dict[tuple, StageLoop] = {}
+        # messages: (kind, sender, sender's pass) -> (when sent, when its NCCL part lands on the GPU);
+        # acks: the same key -> when the receiver posted its receive
+        self._msgs: dict[tuple, tuple[float, float]] = {}
+        self._acks: dict[tuple, float] = {}
+        self._parked_msg: dict[tuple, StageLoop] = {}
+        self._parked_ack: dict[tuple, StageLoop] = {}
         self._ready: deque[tuple[StageLoop, float | None]] = deque()
         self._sleeping = False
         self._tick_pending = False
@@ -82,10 +86,20 @@ class PipelineLoop:
             self.sim.schedule(self.sim.now, self._resume_at, self._loops[0])
 
     def _post(self, key: tuple, host: float, data: float = 0.0) -> None:
-        self._posted[key] = (host, data)
-        loop = self._parked.pop(key, None)
-        if loop is not None:
-            self._ready.append((loop, 0.0))
+        self._msgs[key] = (host, data)
+        if self._parked_msg:
+            loop = self._parked_msg.pop(key, None)
+            if loop is not None:
+                self._ready.append((loop, 0.0))
+
+    def _posted_receive(self, key: tuple, host: float) -> None:
+        """The receiver of message ``key`` has posted its receive at ``host``: the sender's wait for it
+        can complete."""
+        self._acks[key] = host
+        if self._parked_ack:
+            loop = self._parked_ack.pop(key, None)
+            if loop is not None:
+                self._ready.append((loop, 0.0))
 
     def _resume_at(self, loop: StageLoop) -> None:
         self._tick_pending = False
@@ -99,29 +113,30 @@ class PipelineLoop:
             wait = loop.send(value)  # type: ignore[arg-type]
             kind = wait[0]
             if kind == "msg":
-                key = wait[1]
-                if key in self._posted:
-                    ready.append((loop, 0.0))  # already there: the loop reads it at once
+                if wait[1] in self._msgs:
+                    ready.append((loop, 0.0))
                 else:
-                    self._parked[key] = loop
+                    self._parked_msg[wait[1]] = loop
+            elif kind == "ack":
+                if wait[1] in self._acks:
+                    ready.append((loop, 0.0))
+                else:
+                    self._parked_ack[wait[1]] = loop
             elif kind == "at":
                 self._tick_pending = True
                 self.sim.schedule(wait[1], self._resume_at, loop)
             else:
                 self._sleeping = True
 
-    def _take(self, key: tuple) -> tuple[float, float]:
-        return self._posted.pop(key)
-
     # -- one PP rank's loop ---------------------------------------------------------------------------
 
     def _rank(self, k: int) -> StageLoop:
         """Stage ``k``'s scheduler process, pass after pass (the release's ``event_loop_pp``)."""
         cost, h, pp, depth, slots = self.cost, self.h, self.pp, self.depth, self.slots
-        posted = self._posted
+        msgs, acks, batches, owner, sim = self._msgs, self._acks, self.batches, self.owner, self.sim
         first, last = k == 0, k == pp - 1
         prev = (k - 1) % pp
-        send_first = k % 2 == 0
+        latency = h.gloo_latency[prev]  # of a message from the stage before
         busy = self.busy[k]
         host = sched = fwd_free = 0.0  # host thread, schedule stream, forward stream
         fwd_end: dict[int, float] = {}  # pass -> when this stage's forward of it ended
@@ -142,100 +157,115 @@ class PipelineLoop:
                 if self.unprocessed == 0 and empty_passes >= slots:
                     # a whole round launched nothing and nothing is on its way back: only an arrival
                     # changes anything (SGLang spins here; the model sleeps)
-                    self.owner.on_idle()
+                    owner.on_idle()
                     yield ("idle",)
-                    host = max(host, self.sim.now)
+                    host = max(host, sim.now)
                 # the pass drains the tokenizer socket as it starts: what has arrived by then is
                 # scheduled this pass (get_next_batch_to_run decides on it, here at the same instant)
                 host = max(host, (yield ("at", host))) + h.poll
-                batch = self.owner.decide(slot)
-                self.batches[n] = batch
+                batch = owner.decide(slot)
+                batches[n] = batch
                 if batch is not None:
                     self.unprocessed += 1
-                empty_passes = 0 if batch is not None else empty_passes + 1
+                    empty_passes = 0
+                else:
+                    empty_passes += 1
             else:
-                self._post(("posted", "reqs", prev, n), host)
-                if ("reqs", prev, n) not in posted:  # (a message already there is read without yielding)
-                    yield ("msg", ("reqs", prev, n))
-                sent, _ = self._take(("reqs", prev, n))
-                host = max(host, sent + h.gloo_latency[prev]) + h.gloo_recv
-                batch = self.batches[n]
+                key = ("reqs", prev, n)
+                self._posted_receive(key, host)
+                if key not in msgs:  # (a message already there is read without yielding)
+                    yield ("msg", key)
+                sent = msgs.pop(key)[0]
+                host = max(host, sent + latency) + h.gloo_recv
+                batch = batches[n]
             host += h.tp_broadcast
             if not last:
                 if reqs_sent is not None:  # the previous pass's relay must have been received
-                    host = yield from self._commit(k, *reqs_sent, host)
+                    if reqs_sent[0] not in acks:
+                        yield ("ack", reqs_sent[0])
+                    host = max(host, max(reqs_sent[1], acks.pop(reqs_sent[0])) + h.gloo_latency[k])
                 host += h.gloo_send
                 reqs_sent = (("reqs", k, n), host)
                 self._post(reqs_sent[0], host)
-            host += h.schedule(requests(batch))
-            # 3. the hidden states of this micro-batch from the stage before
-            if batch is not None and not first:
-                self._post(("posted", "proxy", prev, n), host)
-                if ("proxy", prev, n) not in posted:
-                    yield ("msg", ("proxy", prev, n))
-                sent, arrives = self._take(("proxy", prev, n))
-                host = max(host, sent + h.gloo_latency[prev]) + h.object_recv
-                sched = max(sched, arrives)
+            if batch is not None:
+                host += h.sched_base + h.sched_per_req * batch.size
+                # 3. the hidden states of this micro-batch from the stage before
+                if not first:
+                    key = ("proxy", prev, n)
+                    self._posted_receive(key, host)
+                    if key not in msgs:
+                        yield ("msg", key)
+                    sent, arrives = msgs.pop(key)
+                    host = max(host, sent + latency) + h.object_recv
+                    if arrives > sched:
+                        sched = arrives
             d2h = sched
-            if depth > 0:  # 4. the output exchange before the forward
-                host, sched, d2h, holding = yield from self._exchange(
-                    k, n, prev, send_first, host, sched, holding, fwd_end)
+            # the exchange has nothing to do when this stage has no send to wait for, nothing to send and
+            # nothing to receive (most passes of a ring with empty slots)
+            exchanging = (holding or self._outputs_sent[k] is not None
+                          or batches.get(n + 1 - slots) is not None
+                          or (last and batches.get(n - depth) is not None))
+            if depth > 0 and exchanging:  # 4. the output exchange before the forward
+                host, sched, d2h, holding = yield from self._exchange(k, n, host, sched, holding, fwd_end)
             if proxy_sent is not None:  # the last hidden states sent must have been received
-                host = yield from self._commit(k, *proxy_sent, host)
+                if proxy_sent[0] not in acks:
+                    yield ("ack", proxy_sent[0])
+                host = max(host, max(proxy_sent[1], acks.pop(proxy_sent[0])) + h.gloo_latency[k])
                 proxy_sent = None
             # 5. the forward
             if batch is not None:
-                assert batch.shape is not None
-                ready = host + h.prepare(requests(batch))
+                shape = batch.shape
+                assert shape is not None
+                ready = host + h.prepare_base + h.prepare_per_req * batch.size
                 start = max(ready, fwd_free, sched)
-                end = start + cost.stage_time(k, batch.shape)
+                end = start + cost.stage_time(k, shape)
                 busy.add(start, end)
                 fwd_free = fwd_end[n] = end
-                host = ready + cost.host_time(k, batch.shape)
-            if depth == 0:  # 4. the output exchange after the forward
-                host, sched, d2h, holding = yield from self._exchange(
-                    k, n, prev, send_first, host, sched, holding, fwd_end)
+                host = ready + cost.host_time(k, shape)
+            if depth == 0 and exchanging:  # 4. the output exchange after the forward
+                host, sched, d2h, holding = yield from self._exchange(k, n, host, sched, holding, fwd_end)
             # 6. the next slot's result, on every stage
-            done = n + 1 - slots
-            finished = self.batches.get(done) if done >= 0 else None
+            finished = batches.get(n + 1 - slots)
             if finished is not None:
                 host = max(host, d2h, sched)  # d2h_event.synchronize(), then .tolist() on the schedule stream
-                count = requests(finished)
-                host += h.process(count) + (h.stream(count) if first else 0.0)
+                host += h.process_base + h.process_per_req * finished.size
                 if first:
+                    host += h.stream_base + h.stream_per_req * finished.size
                     host = max(host, (yield ("at", host)))
                     self.unprocessed -= 1
-                    self.owner.complete((slot + 1) % slots, finished)
+                    owner.complete((slot + 1) % slots, finished)
             # 7. this micro-batch's hidden states to the next stage
             if batch is not None and not last:
                 assert batch.shape is not None
                 host += h.object_send
                 sched = max(sched, fwd_end[n]) + cost.hop_time(batch.shape, k)
                 proxy_sent = (("proxy", k, n), host)
-                self._post(("proxy", k, n), host, sched)
+                self._post(proxy_sent[0], host, sched)
             fwd_end.pop(n - 2 * slots, None)
-            if first and n % slots == 0:
-                self._forget(n)
+            if first and slot == 0:
+                self._forget()
             n += 1
 
-    def _exchange(self, k: int, n: int, prev: int, send_first: bool, host: float, sched: float,
-                  holding: bool, fwd_end: dict[int, float]
+    def _exchange(self, k: int, n: int, host: float, sched: float, holding: bool, fwd_end: dict[int, float]
                   ) -> Generator[Wait, float, tuple[float, float, float, bool]]:
         """The output exchange of pass ``n`` on stage ``k``: send, then receive on even ranks; receive, then
         send on odd ones (the release orders them by rank parity so that no ring of sends deadlocks).
         Returns the host and schedule-stream clocks, when the received outputs land, and whether this
         stage now holds outputs to pass on."""
-        h, pp, slots, depth = self.h, self.pp, self.slots, self.depth
+        h, pp, depth = self.h, self.pp, self.depth
+        last = k == pp - 1
         d2h = sched
         received = False
         pending = self._outputs_sent[k]
         if pending is not None:  # the outputs sent last time must have been received
-            host = yield from self._commit(k, *pending, host)
+            if pending[0] not in self._acks:
+                yield ("ack", pending[0])
+            host = max(host, max(pending[1], self._acks.pop(pending[0])) + h.gloo_latency[k])
             self._outputs_sent[k] = None
-        for step in (("send", "recv") if send_first else ("recv", "send")):
-            if step == "send":
-                if k == pp - 1:  # the sampled ids of the micro-batch launched ``depth`` passes ago
-                    if n - depth >= 0 and self.batches.get(n - depth) is not None:
+        for sending in ((True, False) if k % 2 == 0 else (False, True)):
+            if sending:
+                if last:  # the sampled ids of the micro-batch launched ``depth`` passes ago
+                    if self.batches.get(n - depth) is not None:
                         host += h.object_send
                         sched = max(sched, fwd_end[n - depth]) + self.cost.output_time(k)
                         self._outputs_sent[k] = (("out", k, n), host)
@@ -245,43 +275,23 @@ class PipelineLoop:
                     sched += self.cost.output_time(k)
                     self._outputs_sent[k] = (("out", k, n), host)
                     self._post(("out", k, n), host, sched)
-            else:
-                done = n + 1 - slots
-                if done >= 0 and self.batches.get(done) is not None:
-                    # the previous stage sends a micro-batch's outputs one pass after receiving them; the
-                    # last stage sends micro-batch m on pass m + depth
-                    src = n + 1 - pp if prev == pp - 1 else n + 1
-                    self._post(("posted", "out", prev, src), host)
-                    if ("out", prev, src) not in self._posted:
-                        yield ("msg", ("out", prev, src))
-                    sent, arrives = self._take(("out", prev, src))
-                    host = max(host, sent + h.gloo_latency[prev]) + h.object_recv
-                    sched = max(sched, arrives)
-                    d2h = sched
-                    received = True
-        return host, sched, d2h, received and k != pp - 1
+            elif self.batches.get(n + 1 - self.slots) is not None:
+                # the previous stage sends a micro-batch's outputs one pass after receiving them; the
+                # last stage sends micro-batch m on pass m + depth
+                prev = (k - 1) % pp
+                key = ("out", prev, n + 1 - pp if prev == pp - 1 else n + 1)
+                self._posted_receive(key, host)
+                if key not in self._msgs:
+                    yield ("msg", key)
+                sent, arrives = self._msgs.pop(key)
+                host = max(host, sent + h.gloo_latency[prev]) + h.object_recv
+                sched = max(sched, arrives)
+                d2h = sched
+                received = True
+        return host, sched, d2h, received and not last
 
-    def _commit(self, k: int, key: tuple, sent: float, host: float) -> Generator[Wait, float, float]:
-        """Stage ``k`` waits for a gloo send of its to complete (``_pp_commit_comm_work``): a gloo send
-        completes only once the receiver has posted its receive, so a stage cannot run far ahead of the
-        next one. Returns the host clock after the wait."""
-        ack = ("posted", *key)
-        if ack not in self._posted:
-            yield ("msg", ack)
-        posted, _ = self._take(ack)
-        return max(host, max(sent, posted) + self.h.gloo_latency[k])
-
-    def _forget(self, n: int) -> None:
+    def _forget(self) -> None:
         """Drop micro-batches every stage has processed (the slowest stage is at least this far)."""
         oldest = min(self.passes) - 2 * self.slots
         for m in [m for m in self.batches if m < oldest]:
             del self.batches[m]
-
-
-
-def requests(batch: Batch | None) -> int:
-    """The requests a micro-batch carries (host costs scale with them): a decode step's, or a prefill's
-    prompts plus the running requests decoding beside them (mixed chunk)."""
-    if batch is None:
-        return 0
-    return len(batch.reqs) if batch.decode else len(batch.items) + len(batch.mixed)

@@ -115,6 +115,7 @@ class ReplicaModel:
             return None
         self.admission.store_kv(batch)
         batch.cuda_graph = self.cost.uses_cuda_graph(batch.shape)  # type: ignore[arg-type]
+        batch.size = len(batch.reqs) if batch.decode else len(batch.items) + len(batch.mixed)
         self.slots[slot].in_flight = batch
         self.in_flight += 1
         if self.in_flight > self.peak_in_flight:
