@@ -23,7 +23,9 @@ from orchestrator.engines.sglang_compat import args_to_argv, build_args, check_a
 from orchestrator.engines.sglang_compat.versions import (
     OLDEST_SUPPORTED,
     RECORDED,
+    RENAMES,
     ReleaseFacts,
+    parse_version,
     release_facts,
     supported,
 )
@@ -108,6 +110,39 @@ def test_every_variable_the_adapter_sets_is_read_by_the_release(facts: ReleaseFa
     assert [v for v in ENV_USED if v not in facts.env] == []
 
 
+# 0.5.3 is below the range but recorded: the release before the 0.5.4 and 0.5.7 thresholds
+WITH_0_5_3 = [ReleaseFacts.load("0.5.3"), *SUPPORTED]
+
+
+@pytest.mark.parametrize("facts", WITH_0_5_3, ids=_ids(WITH_0_5_3))
+def test_every_spelling_is_in_range_exactly_where_the_release_has_it(facts: ReleaseFacts) -> None:
+    # versions.py's thresholds (what decides where no flag set is at hand) against each recorded parser
+    v = parse_version(facts.version)
+    wrong = {s.flag: f"in range: {s.in_range(v)}, in the flag set: {s.flag in facts.flags}"
+             for spellings in RENAMES.values() for s in spellings if s.in_range(v) != (s.flag in facts.flags)}
+    assert not wrong, f"SGLang {facts.version}: {wrong}"
+
+
+def test_each_threshold_sits_between_two_recorded_releases() -> None:
+    # with the test above: the newest recorded release below a threshold lacks the spelling's change and
+    # the oldest at or above it has it; inside the supported range that oldest one is the threshold itself
+    recorded = sorted(parse_version(f.version) for f in WITH_0_5_3)
+    thresholds = {t for spellings in RENAMES.values() for s in spellings for t in (s.since, s.until)
+                  if t not in (None, (0,))}
+    for t in thresholds:
+        below = [r for r in recorded if r < t]
+        above = [r for r in recorded if r >= t]
+        assert below and above, t
+        if t >= parse_version(OLDEST_SUPPORTED):
+            assert above[0] == t, t
+
+
+@pytest.mark.parametrize("facts", SUPPORTED, ids=_ids(SUPPORTED))
+def test_the_context_length_gauge_is_exported_from_0_5_11(facts: ReleaseFacts) -> None:
+    # 0.5.10 has no sglang:context_len; the 0.5.11 wheel (read, not recorded) and every later one has
+    assert ("sglang:context_len" in facts.metrics) == (parse_version(facts.version) >= (0, 5, 11))
+
+
 def _conf(model: str, hardware: str, tp: int = 1, pp: int = 1, ep: int = 1, dp: int = 1,
           **extra: object) -> ParasweepConf:
     cfg = ParasweepConf()
@@ -125,6 +160,9 @@ LAYOUTS = {
     "EP8": _conf("kimi-k2", "h200-nvlink-x8", tp=8, ep=8),
     "DP2xTP4": _conf("llama-3.1-70b", "h100-sxm-x8", tp=4, dp=2),
     "attention DP": _conf("kimi-k2", "h200-nvlink-x8", tp=8, attn_dp_size=8),
+    # old names of renamed flags, spelt per release
+    "renamed extra args": _conf("llama-3.1-8b", "h100-sxm-x8", tp=2, cuda_graph_max_bs=64,
+                                cuda_graph_bs=[1, 2], stream_output=True),
 }
 
 

@@ -55,14 +55,15 @@ RENAMES: dict[str, tuple[Spelling, ...]] = {
                                 Spelling("--max-micro-batch-size", until=(0, 5, 4))),
     # new in 0.5.7; absent in 0.5.4-0.5.6
     "pp_async_batch_depth": (Spelling("--pp-async-batch-depth", (0, 5, 7)),),
-    # the -decode/-prefill split appeared by 0.5.15; the old names are an ambiguous prefix in 0.5.23
-    "cuda_graph_max_bs_decode": (Spelling("--cuda-graph-max-bs-decode", (0, 5, 15)),
-                                 Spelling("--cuda-graph-max-bs", until=(0, 5, 23))),
-    "cuda_graph_bs_decode": (Spelling("--cuda-graph-bs-decode", (0, 5, 15)),
-                             Spelling("--cuda-graph-bs", until=(0, 5, 23))),
-    # renamed between 0.5.9 and 0.5.23
+    # the -decode/-prefill split is new in 0.5.14; the old names stay deprecated aliases of the decode
+    # flags up to 0.5.19 and are gone from 0.5.20, where they are ambiguous prefixes of the split ones
+    "cuda_graph_max_bs_decode": (Spelling("--cuda-graph-max-bs-decode", (0, 5, 14)),
+                                 Spelling("--cuda-graph-max-bs", until=(0, 5, 20))),
+    "cuda_graph_bs_decode": (Spelling("--cuda-graph-bs-decode", (0, 5, 14)),
+                             Spelling("--cuda-graph-bs", until=(0, 5, 20))),
+    # renamed in 0.5.10; the old name stays a deprecated alias up to 0.5.19 and is gone from 0.5.20
     "incremental_streaming_output": (Spelling("--incremental-streaming-output", (0, 5, 10)),
-                                     Spelling("--stream-output", until=(0, 5, 10))),
+                                     Spelling("--stream-output", until=(0, 5, 20))),
     # new in 0.5.22 (with the alias --attention-data-parallel-size); 0.5.21 has neither, and releases
     # before 0.5.22 express attention DP as --enable-dp-attention with --dp-size N
     "attn_dp_size": (Spelling("--attn-dp-size", (0, 5, 22)),),
