@@ -251,53 +251,67 @@ POOLS = {  # decode-line usage of each KV pool kind: what the parser must make o
 }
 
 
-def _usage_0_5_23(pool: str, prefill: bool) -> str:
-    f = "pool_stats_observer.py"
-    full = {"self.full_num_used": 5120, "self.full_token_usage": 0.31}
-    parts = []
-    if pool == "plain":
-        parts = [_piece("0.5.23", "token usage: {}" if prefill else "#token: {}", full, f)]
-    else:
-        if not prefill:
-            parts.append(_piece("0.5.23", "#full token: {}", full, f))
-        parts.append(_piece("0.5.23", "full token usage: {}", full, f))
-        if pool == "swa":
-            if not prefill:
-                parts.append(_piece("0.5.23", "#swa token: {}", {"self.swa_num_used": 2048}, f))
-            parts.append(_piece("0.5.23", "swa token usage: {}", {"self.swa_token_usage": 0.62}, f))
-        else:
-            if not prefill:
-                parts.append(_piece("0.5.23", "mamba num: {}", {"self.mamba_num_used": 12}, f))
-            parts.append(_piece("0.5.23", "mamba usage: {}", {"self.mamba_usage": 0.75}, f))
-    return ", ".join(parts) + ", "  # as pool_stats_observer's callers join them
+def _files(version: str) -> tuple[str, str]:
+    """Where a release keeps its batch-line pieces and its KV-usage pieces: the scheduler's metrics
+    mixin up to 0.5.12 (whose usage pieces moved to its runtime-checker mixin in 0.5.12), then
+    metrics_reporter.py with pool_stats_observer.py from 0.5.13."""
+    batch = next(f for f in ("metrics_reporter.py", "scheduler_metrics_mixin.py")
+                 if format_strings(version, "Decode batch", f, starts=True))
+    usage = next(f for f in ("pool_stats_observer.py", "scheduler_runtime_checker_mixin.py",
+                             "scheduler_metrics_mixin.py")
+                 if format_strings(version, "#token: {}", f, starts=True))
+    return batch, usage
 
 
-def _usage_0_5_9(pool: str, prefill: bool) -> str:
-    f = "scheduler_metrics_mixin.py"
-    values = {"num_used": 5120, "token_usage": 0.31, "full_num_used": 5120, "full_token_usage": 0.31,
-              "swa_num_used": 2048, "swa_token_usage": 0.62, "mamba_used": 12, "mamba_usage": 0.75}
-    if pool == "plain":
-        return _piece("0.5.9", "token usage: {}" if prefill else "#token: {}", values, f)
-    second = "swa token usage" if pool == "swa" else "mamba usage"
-    first = "full token usage: {}" if prefill else "#full token: {}"
-    found = [s for s in format_strings("0.5.9", first, f, starts=True) if second in s]
-    return render(found[0], values)
+# the KV-usage fields of each pool kind, in the order every recorded release prints them, and a value
+# for each placeholder any release uses in them
+USAGE_FIELDS = {
+    ("plain", False): ["#token: {}"], ("plain", True): ["token usage: {}"],
+    ("swa", False): ["#full token: {}", "full token usage: {}", "#swa token: {}", "swa token usage: {}"],
+    ("swa", True): ["full token usage: {}", "swa token usage: {}"],
+    ("mamba", False): ["#full token: {}", "full token usage: {}", "mamba num: {}", "mamba usage: {}"],
+    ("mamba", True): ["full token usage: {}", "mamba usage: {}"],
+}
+USAGE_VALUES: dict[str, object] = {
+    **{k: 5120 for k in ("num_used", "full_num_used", "num_used_m", "self.full_num_used")},
+    **{k: 0.31 for k in ("tok", "token_usage", "full_tok", "full_tok_m", "full_token_usage",
+                         "self.full_token_usage")},
+    **{k: 2048 for k in ("swa_num_used", "self.swa_num_used")},
+    **{k: 0.62 for k in ("swa_token_usage", "self.swa_token_usage")},
+    **{k: 12 for k in ("mamba_used", "mamba_num", "self.mamba_num_used")},
+    **{k: 0.75 for k in ("mamba_usage", "self.mamba_usage")},
+}
+
+
+def _usage(version: str, pool: str, prefill: bool) -> str:
+    """The KV-usage part of a batch line. 0.5.9 prints each pool kind from one format string ending in
+    ", "; later releases keep one piece per field, which the caller joins with ", " and ends with ", "
+    (scheduler_metrics_mixin.py in 0.5.10, the usage-parts methods of 0.5.12's runtime-checker mixin,
+    pool_stats_observer.py from 0.5.13)."""
+    _, f = _files(version)
+    fields = USAGE_FIELDS[(pool, prefill)]
+    whole = [x for x in format_strings(version, fields[0], f, starts=True)
+             if all(field[:-4] in fixed_text(x) for field in fields)]
+    if whole and fixed_text(whole[0]).endswith(", "):
+        return render(whole[0], USAGE_VALUES)
+    return ", ".join(_piece(version, field, USAGE_VALUES, f) for field in fields) + ", "
+
+
+# the placeholders of the graph label and the queue length, as each family of releases spells them
+GRAPH_AND_QUEUE = {"self._graph_backend_label": "cuda graph", "graph_backend[self.device]": "cuda graph",
+                   "len(self.scheduler.waiting_queue)": 4, "len(self.waiting_queue)": 4}
 
 
 def _decode_line(version: str, pool: str) -> str:
-    new = version == "0.5.23"
-    f = "metrics_reporter.py" if new else "scheduler_metrics_mixin.py"
+    f, _ = _files(version)
     head = _piece(version, "Decode batch", {"iter_msg": "", "num_running_reqs": 16,
-                                            "token_usage_msg": (_usage_0_5_23 if new else _usage_0_5_9)(
-                                                pool, False)}, f)
-    graph = "self._graph_backend_label" if new else "graph_backend[self.device]"
-    queue = "len(self.scheduler.waiting_queue)" if new else "len(self.waiting_queue)"
-    tail = _piece(version, "{}: {}, gen throughput", {graph: "cuda graph", "can_run_cuda_graph": True,
-                                                       "self.last_gen_throughput": 901.77, queue: 4}, f)
+                                            "token_usage_msg": _usage(version, pool, False)}, f)
+    tail = _piece(version, "{}: {}, gen throughput", {**GRAPH_AND_QUEUE, "can_run_cuda_graph": True,
+                                                       "self.last_gen_throughput": 901.77}, f)
     return head + tail
 
 
-@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+@pytest.mark.parametrize("version", RECORDED)
 @pytest.mark.parametrize("pool", list(POOLS))
 def test_decode_lines_rendered_from_each_release(version: str, pool: str) -> None:
     row = parse_log_line("[2026-12-01 10:00:01.250 PP1 TP0] " + _decode_line(version, pool))
@@ -307,25 +321,23 @@ def test_decode_lines_rendered_from_each_release(version: str, pool: str) -> Non
     assert {k: row.get(k) for k in expected} == expected
 
 
-@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+@pytest.mark.parametrize("version", RECORDED)
 def test_prefill_lines_rendered_from_each_release(version: str) -> None:
-    new = version == "0.5.23"
-    f = "metrics_reporter.py" if new else "scheduler_metrics_mixin.py"
+    f, _ = _files(version)
     stats = {"iter_msg": "", "prefill_stats.num_new_seqs": 2, "prefill_stats.log_input_tokens": 4096,
-             "prefill_stats.log_hit_tokens": 0,
-             "token_usage_msg": (_usage_0_5_23 if new else _usage_0_5_9)("plain", True),
+             "prefill_stats.log_hit_tokens": 0, "token_usage_msg": _usage(version, "plain", True),
              "prefill_stats.num_running_reqs.total": 6, "prefill_stats.running_bs": 6,
              "len(self.scheduler.waiting_queue)": 3, "len(self.waiting_queue)": 3,
              "prefill_stats.num_pending_tokens": 0}
     line = _piece(version, "Prefill batch", stats, f)
-    graph = {"self._graph_backend_label" if new else "graph_backend[self.device]": "cuda graph",
-             "can_run_cuda_graph": False}
+    graph = {**GRAPH_AND_QUEUE, "can_run_cuda_graph": False}
     throughput = _piece(version, "input throughput", {"self.last_input_throughput": 12345.6}, f)
-    # the graph label alone: "{label}: {bool}, " (0.5.23, before the throughput) or "{label}: {bool}"
-    # (0.5.9, last)
-    label = next(render(x, graph) for x in format_strings(version, "{}: {}", f, starts=True)
-                 if fixed_text(x) == ("{}: {}, " if new else "{}: {}"))
-    line += label + throughput if new else throughput + label
+    # the graph label alone: "{label}: {bool}, " (before the throughput: 0.5.23) or "{label}: {bool}"
+    # (last: 0.5.9)
+    labels = {fixed_text(x): render(x, graph) for x in format_strings(version, "{}: {}", f, starts=True)
+              if fixed_text(x) in ("{}: {}, ", "{}: {}")}
+    assert len(labels) == 1, labels
+    line += labels["{}: {}, "] + throughput if "{}: {}, " in labels else throughput + labels["{}: {}"]
     row = parse_log_line("[2026-12-01 10:00:02.500 PP0 TP0] " + line)
     assert row is not None and row["kind"] == "prefill"
     expected = {"new_seq": 2, "new_token": 4096, "cached_token": 0, "token_usage": 0.31, "running_req": 6,
