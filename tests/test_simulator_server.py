@@ -400,13 +400,20 @@ def test_pp8_depth0_default_cap_is_one_microbatch_per_ring(kimi_pp8: Server, kim
         assert t == pytest.approx(ring, rel=0.05)
     # With one request per slot, 8 micro-batches share the ring: expert work per step shrinks (the
     # roofline: D(1) = 8 vs D(8) = 59.5 experts read per layer; the measured INT4 Marlin MoE: 0.18 ms for
-    # one token against 1.07 ms for eight) so aggregate throughput is about twice as high or more.
-    # (Prefill is left out: eight 100-token prefills touch most experts either way.)
+    # one token against 1.07 ms for eight). The last stage then paces the ring, and at depth 0 its host
+    # waits for each of its forwards before building the next: a token every 8 x (its step + that host
+    # work), about 1.6x the default's throughput. (Prefill is left out: eight 100-token prefills touch
+    # most experts either way.)
     mb1 = _batch_run(kimi_pp8_mb1, 8, prompt, out)
     decode_tput_default = sum(1 / _itl(m, out) for m in default)
     decode_tput_mb1 = sum(1 / _itl(m, out) for m in mb1)
     assert decode_tput_default == pytest.approx(8 / ring, rel=0.05)
-    assert decode_tput_mb1 > 1.8 * decode_tput_default
+    cfg = load_config([*PP8, "--pp-max-micro-batch-size", "1"])
+    shape, h = decode_shape([prompt + out // 2]), cfg.cost.host_costs()
+    gap = h.process(1) + h.gloo_recv + h.schedule(1) + h.object_recv + h.prepare(1)
+    paced = max(cfg.cost.ring_trip(shape), 8 * (cfg.cost.stage_time(7, shape) + gap))
+    assert decode_tput_mb1 == pytest.approx(8 / paced, rel=0.1)
+    assert decode_tput_mb1 > 1.4 * decode_tput_default
     lines = kimi_pp8_mb1.log().splitlines()
     decode = [x for x in lines if "Decode batch, " in x]
     assert decode and all("#running-req: 1," in x for x in decode)
