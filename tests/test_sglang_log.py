@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.engines.sglang_compat.versions import RECORDED
+from orchestrator.engines.sglang_compat.versions import RECORDED, parse_version
 from orchestrator.telemetry.server_log import (
     merge_resolved,
     parse_log_line,
@@ -202,6 +202,16 @@ def test_decode_capture_sizes_from_each_releases_own_line(version: str) -> None:
     # a speculative draft model's capture (its own "Capture draft decode ..." line) is not the target's
     for draft in format_strings(version, "Capture draft decode CUDA graph begin.", "eagle_worker_v2.py"):
         assert "cuda_graph_bs_decode" not in resolved_from_startup_log(STAMP + render(draft, CAPTURE_VALUES))
+
+
+@pytest.mark.parametrize("version", RECORDED)
+def test_which_releases_log_the_lowered_request_cap_and_the_pp_prefill_graph(version: str) -> None:
+    # docs/sglang-adapter.md, "Startup lines the parser reads": the two lines appear in 0.5.14 and 0.5.19
+    v = parse_version(version)
+    assert bool(format_strings(version, "max_running_requests was reduced from the requested")) == (
+        v >= (0, 5, 14))
+    pp_prefill = "Disabling breakable prefill CUDA graph by default for pipeline"
+    assert bool(format_strings(version, pp_prefill)) == (v >= (0, 5, 19))
 
 
 def test_merge_resolved_prefers_server_info_and_internal_states() -> None:
