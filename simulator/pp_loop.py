@@ -47,6 +47,7 @@ class Stage0(Protocol):
 
     def decide(self, slot: int) -> Batch | None: ...
     def complete(self, slot: int, batch: Batch) -> None: ...
+    def idle(self) -> bool: ...
     def on_idle(self) -> None: ...
 
 
@@ -154,9 +155,10 @@ class PipelineLoop:
             slot = n % slots
             # 1. requests: polled by stage 0, relayed down the pipeline by blocking receives
             if first:
-                if self.unprocessed == 0 and empty_passes >= slots:
-                    # a whole round launched nothing and nothing is on its way back: only an arrival
-                    # changes anything (SGLang spins here; the model sleeps)
+                if self.unprocessed == 0 and (empty_passes >= slots or owner.idle()):
+                    # nothing on its way back and nothing to do (no request anywhere, or a whole round
+                    # launched nothing): only an arrival changes anything. SGLang spins here; the model
+                    # sleeps, so a point after an idle spell starts as on a fresh engine
                     owner.on_idle()
                     yield ("idle",)
                     host = max(host, sim.now)

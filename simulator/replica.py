@@ -127,6 +127,11 @@ class ReplicaModel:
         self._emit(batch)
         self._return(self.slots[slot], batch)
 
+    def idle(self) -> bool:
+        """No request waits, is being prefilled or runs in any slot."""
+        adm = self.admission
+        return not adm.waiting and adm.chunked_req is None and not any(s.reqs for s in self.slots)
+
     def on_idle(self) -> None:
         if self.observer is not None and self.in_flight == 0 and not self.admission.waiting:
             self.observer.on_idle(self)
