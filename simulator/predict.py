@@ -468,8 +468,9 @@ def predict_trial(argv: list[str], points: list[LoadPoint], spec: RequestSpec,
 
     Each point starts the instant the previous one drained (a live trial also starts the next point
     only after the previous one's requests ended). The engine's memory state does not carry over: a
-    drained engine holds no running request and no KV (there is no prefix cache), so a point's result
-    does not depend on the points before it; only virtual time and the scheduler's slot cursor do.
+    drained engine holds no running request and no KV (there is no prefix cache), and its PP loop sleeps
+    until the next arrival, so a point's result does not depend on the points before it; only virtual
+    time and the pass each stage is in do.
     """
     trial = VirtualTrial(load_config(argv))
     trial.send_spacing = send_spacing_s
