@@ -430,7 +430,7 @@ def finding_lines(merged: list[MergedFinding], n_trials: int, width: int = MAX_W
                f"{_who(m.trials, n_trials)}: {merge_texts(m.titles, f'trial #{m.trials[0]}')}"
         lines += textwrap.wrap(head, width, subsequent_indent="    ")
         advice = merge_texts(m.advice, f"trial #{m.trials[0]}")
-        text = f"the same change as above ({merge_texts(m.changes)})" if advice in shown else advice
+        text = f"the same change as above: {merge_texts(m.changes)}" if advice in shown else advice
         shown.add(advice)
         lines += textwrap.wrap(f"→ {text}", width, initial_indent="  ", subsequent_indent="    ",
                                max_lines=2, placeholder=" …")

@@ -193,7 +193,7 @@ def test_merging_rules() -> None:
         "CRITICAL: all 3 trials: Only 1 at c32",
         "  → set pp.micro_batch_size=4: predicted 91 → 243 tok/s (+167%), TTFT p99 -41%",
         "CRITICAL: trials #0, #1: Idle 79–86% at c32",
-        "  → the same change as above (pp.micro_batch_size=4)"]
+        "  → the same change as above: pp.micro_batch_size=4"]
     assert lines[4:] == ["warning: trial #0: Queue at c8", "  → Raise the cap"]
     assert all(len(line) <= 40 for line in finding_lines(merged, 3, 40))
 
