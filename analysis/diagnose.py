@@ -205,17 +205,11 @@ def _suggest(why: str, change: Mapping[str, Any]) -> str:
     return why + (f" Set {overrides_text(change)}." if change else "")
 
 
-def _more_load(f: TrialFacts, label: str) -> dict[str, Any] | None:
+def _more_load(f: TrialFacts, label: str) -> int | None:
+    """Twice the point's concurrency: where the configuration is predicted for what it needs to fill
+    (said apart from the fix: a user seldom chooses the traffic)."""
     c = f.concurrency.get(label)
-    return {"workload.concurrency": [2 * c]} if c else None
-
-
-def _all_tp(f: TrialFacts) -> dict[str, Any] | None:
-    """The pipeline folded into TP. Only over NVLink: over PCIe the TP collectives of every layer would
-    cross the slow links, which is what PP avoids there."""
-    if f.pp_size <= 1 or f.interconnect == "pcie":
-        return None
-    return {"tp.size": f.tp_size * f.pp_size, "pp.size": 1}
+    return 2 * c if c else None
 
 
 def _some(*changes: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -262,16 +256,19 @@ def too_few_microbatches(f: TrialFacts) -> list[Finding]:
     idle = 1 - m / f.pp_size
     severity = "critical" if idle >= 0.5 else "warning"
     change = {"pp.micro_batch_size": max(1, math.ceil(per / f.pp_size))}
-    alternatives = _some(_more_load(f, label), _all_tp(f))
+    alternatives = _some({"pp.micro_batch_size": max(1, math.ceil(per / slots))} if slots > f.pp_size
+                         else None, {"pp.async_depth": f.async_depth + 1})
     replica = f" per DP replica ({f.dp_size} replicas)" if f.dp_size > 1 else ""
+    fills = (f.pp_size - 1) * cap + 1  # requests one replica needs for pp micro-batches of at most cap
     return [Finding(
         "too_few_microbatches", severity,
         f"Only {m} micro-batch{'es' if m > 1 else ''} in flight for {f.pp_size} pipeline stages at {label}",
         f"pp_max_micro_batch_size={cap} ({RESOLVED}) puts all {per} requests{replica} of {label} into "
-        f"{m} slot(s) of {slots}; each stage idles at least {idle:.0%} of the time",
+        f"{m} slot(s) of {slots}; each stage idles at least {idle:.0%} of the time; with this cap all "
+        f"{f.pp_size} stages fill only at {fills:,} or more requests in flight{replica}",
         _suggest(f"Spread the {per} requests{replica} of {label} over all {f.pp_size} stages "
                  f"(micro-batch cap ceil(C/pp)).", change),
-        point=label, change=change, alternatives=alternatives)]
+        point=label, change=change, alternatives=alternatives, more_load=_more_load(f, label))]
 
 
 def admission_cap(f: TrialFacts) -> list[Finding]:
@@ -313,13 +310,15 @@ def pp_bubble(f: TrialFacts) -> list[Finding]:
     else:
         change = {"pp.async_depth": f.async_depth + 1}
         why = "Hide the per-step overhead behind one more micro-batch in flight (check outputs against pp=1)."
-    alternatives = _some(_more_load(f, label), _all_tp(f))
+    alternatives = [c for c in ({"pp.micro_batch_size": max(1, math.ceil(_per_replica(f, c) / f.pp_size))},
+                                {"pp.async_depth": f.async_depth + 1}) if c != change]
     return [Finding(
         "pp_bubble", "warning" if activity >= 0.3 else "critical",
         f"Pipeline stages idle {1 - activity:.0%} of the time at {label}",
         f"mean stage activity {activity:.2f} at {label} (power above idle as a fraction of the idle-to-"
         f"limit range, averaged over each stage's GPUs) {evidence}",
-        _suggest(why, change), point=label, change=change, alternatives=alternatives)]
+        _suggest(why, change), point=label, change=change, alternatives=alternatives,
+        more_load=_more_load(f, label))]
 
 
 def _rebalance(layers: Sequence[int], activity: Sequence[float]) -> list[int] | None:
@@ -431,15 +430,13 @@ def gpu_underused(f: TrialFacts) -> list[Finding]:
     threshold = idle + 0.25 * (1 - idle)
     if frac >= threshold:
         return []
-    change = _more_load(f, label) or {}
-    alternatives = _some(_all_tp(f))
     return [Finding(
         "gpu_underused", "warning", f"GPUs draw {frac:.0%} of their power limit at {label}",
         f"mean GPU power {frac:.0%} of the limit at {label} {evidence}, below {threshold:.0%} (idle "
         f"{idle:.0%} + a quarter of the range to the limit)",
-        _suggest("The GPUs mostly wait: see the other findings (micro-batches in flight, communication), "
-                 "or offer more load.", change),
-        point=label, change=change, alternatives=alternatives)]
+        "The GPUs mostly wait: see the other findings (micro-batches in flight, communication); another "
+        "split of the same GPUs may keep them busier.",
+        point=label, more_load=_more_load(f, label))]
 
 
 
@@ -559,8 +556,9 @@ def kv_capacity(f: TrialFacts) -> list[Finding]:
     ``mem_fraction_static`` by 0.05 (at most 0.95) while it is known and below 0.9; the alternatives,
     predicted when it does not help: a ``max_running_requests`` that keeps the pool about 90 % full
     (when it ran full or retracted: the running requests x 0.9 / usage, usage 1 after a retraction), an
-    FP8 KV cache (half the bytes per token), twice the TP size (weights spread thinner leave more room
-    for KV) and twice the DP replicas (fewer concurrent requests per replica).
+    FP8 KV cache (half the bytes per token). The advice check adds every split of the same GPUs (a wider
+    TP group spreads the weights thinner and leaves more room for KV; more replicas take fewer requests
+    each).
     """
     mrr = int_or_none(f.resolved.get("max_running_requests"))
     fired: dict[str, tuple[list[str], int | None, bool]] = {}
@@ -595,8 +593,8 @@ def kv_capacity(f: TrialFacts) -> list[Finding]:
                  else None)
     fp8 = (None if str(f.resolved.get("kv_cache_dtype") or "auto").startswith(("fp8", "mxfp8"))
            else {f"{EXTRA_ARGS_PREFIX}kv-cache-dtype": "fp8_e4m3"})
-    candidates = _some(raise_mfs, lower_mrr, fp8, {"tp.size": 2 * f.tp_size}, {"dp.size": 2 * f.dp_size})
-    change, alternatives = candidates[0], candidates[1:]
+    candidates = _some(raise_mfs, lower_mrr, fp8)
+    change, alternatives = (candidates[0], candidates[1:]) if candidates else ({}, [])
     split = _ttft_split_at(f, label)
     return [Finding(
         "kv_capacity", "critical" if retracting else "warning",
@@ -713,8 +711,10 @@ def ttft_queueing(f: TrialFacts) -> list[Finding]:
     the median request's (when the server reported per-request times: a tail alone is a burst), and
     neither the KV pool (:func:`_kv_bound`, and the ``kv_capacity`` finding) nor ``max_running_requests``
     holds admission back there (those findings carry the split themselves). What remains is a server
-    that takes requests in slower than they come: the change doubles the DP replicas, the alternative
-    doubles TP; both are predicted for TTFT p99 (their goal)."""
+    that takes requests in slower than they come. Its own change doubles the chunked-prefill size (fewer,
+    larger prefill batches take prompts in faster) where the engine resolved one; the advice check adds
+    every split of the same GPUs (more data-parallel replicas among them), all predicted for TTFT p99
+    (its goal)."""
     mrr = int_or_none(f.resolved.get("max_running_requests"))
     for label in _by_load(f, [x for x in f.points if f.points[x].get("valid", 1) != 0]):
         split = _ttft_split_at(f, label)
@@ -727,14 +727,15 @@ def ttft_queueing(f: TrialFacts) -> list[Finding]:
         c = f.concurrency.get(label)
         if _kv_bound(f, label) or (mrr and c and _per_replica(f, c) > mrr):
             return []
-        change = {"dp.size": 2 * f.dp_size}
+        chunk = int_or_none(f.resolved.get("chunked_prefill_size"))
+        change = {"server.chunked_prefill_size": 2 * chunk} if chunk and chunk > 0 else {}
         return [Finding(
             "ttft_queueing", "warning", f"Requests wait in the queue for most of their TTFT at {label}",
             f"{split.text()} at {label}; no admission cap or KV limit holds them back: the server "
             "admits requests as fast as it can prefill and run them",
-            _suggest("Add replicas (or a wider layout) to take requests in faster, or offer less load "
-                     "per replica.", change),
-            point=label, change=change, alternatives=[{"tp.size": 2 * f.tp_size}], goal="ttft_p99_ms")]
+            _suggest("Take requests in faster (larger prefill batches, or more replicas: a wider split of "
+                     "the GPUs, or more GPUs), or offer less load per replica.", change),
+            point=label, change=change, goal="ttft_p99_ms")]
     return []
 
 

@@ -6,7 +6,10 @@ landed), for a reader who has never seen parasweep before, within 100 columns:
    prediction in brackets, TTFT p99, ITL p99 and J per output token, the best of each column at that
    point marked ``*``. Sections by point (not by trial) put the numbers to compare under each other;
 3. the findings that matter: every trial's ``diagnosis.json``, merged by finding id and load point
-   across trials, each with its suggested change and that change's predicted effect, critical first.
+   across trials, each with its suggested change and that change's predicted effect, the runner-up,
+   and apart from them the load the configuration needs, critical first;
+4. what to run instead, when a configuration of the same GPUs the sweep did not run is predicted
+   better than every trial at its loads (``instead_lines``; computed by the orchestrator).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ MAX_WIDTH = 100  # the widest line printed: a README, a CI log and an 80-100 col
 MAX_FINDINGS = 5  # more is a wall of text; the rest are one command away (the report, diagnosis.json)
 # Findings the summary does not repeat: a failed trial's reason is printed on its own line already
 NOT_REPEATED = ("trial_failed",)
+LATENCIES = (("ttft_p99_ms", "TTFT p99"), ("itl_p99_ms", "ITL p99"))  # as a finding's effect names them
 
 
 def points_from_metrics(metrics: dict[str, float]) -> dict[int, dict[str, float]]:
@@ -323,6 +327,7 @@ class MergedFinding:
     titles: list[str]
     advice: list[str]  # one line per trial: the change and its predicted effect
     changes: list[str]  # per trial: the change suggested in the end, as overrides
+    loads: list[str] = field(default_factory=list)  # per trial: the load it needs ("" when none)
 
     @property
     def rank(self) -> tuple[int, int]:
@@ -351,6 +356,7 @@ def merge_findings(per_run: list[tuple[int, list[dict[str, Any]]]]) -> list[Merg
                 m.advice.append(advice_text(f))
                 effect = f.get("predicted_effect") or {}
                 m.changes.append(overrides_text(effect.get("change") or f.get("change") or {}))
+                m.loads.append(load_text(effect.get("load")))
             severity = str(f.get("severity", "info"))
             if severity in SEVERITIES and SEVERITIES.index(severity) > SEVERITIES.index(m.severity):
                 m.severity = severity
@@ -358,11 +364,18 @@ def merge_findings(per_run: list[tuple[int, list[dict[str, Any]]]]) -> list[Merg
 
 
 def advice_text(finding: dict[str, Any]) -> str:
-    """The suggestion in one line: the change, then what the simulator predicts it does."""
+    """The suggestion in one line: the change, what the simulator predicts it does, and the runner-up."""
     effect = finding.get("predicted_effect") or {}
     change = finding.get("change") or {}
     if "change_pct" in effect:
         text = f"set {overrides_text(effect.get('change') or change)}: predicted {_effect_numbers(effect)}"
+        runner = effect.get("runner_up")
+        if isinstance(runner, dict) and runner.get("change"):
+            behind = runner.get("behind_pct", NAN)
+            how = (f"{behind:.0f}% behind" if isinstance(behind, int | float) and math.isfinite(behind)
+                   else "behind")
+            noise = ", within noise" if runner.get("within_noise") else ""
+            text += f"; runner-up {overrides_text(runner['change'])} ({how}{noise})"
         instead = effect.get("instead_of")
         if instead:
             # "would not help" only when it would not: a trade-off says what it trades
@@ -379,6 +392,17 @@ def advice_text(finding: dict[str, Any]) -> str:
     # no change to predict (the measurement itself, or advice that is not a config change)
     suggestion = str(finding.get("suggestion", "")).strip()
     return suggestion.split(". ")[0].rstrip(".") if suggestion else "see the trial's diagnosis.json"
+
+
+def load_text(load: Any) -> str:
+    """The load a finding's configuration needs, apart from the fix: ``at c64 this configuration is
+    predicted at 227 tok/s (+42%), TTFT p99 +107%`` ("" when the finding names none)."""
+    if not isinstance(load, dict) or "change_pct" not in load:
+        return ""
+    p, pct = load.get("predicted", {}), load["change_pct"]
+    lat = "".join(f", {name} {pct[k]:+.0f}%" for k, name in LATENCIES if k in pct)
+    return (f"at {load.get('predicted_at')} this configuration is predicted at "
+            f"{p.get('output_tok_s', NAN):.0f} tok/s ({pct.get('output_tok_s', 0.0):+.0f}%){lat}")
 
 
 def _effect_numbers(effect: dict[str, Any]) -> str:
@@ -433,7 +457,13 @@ def finding_lines(merged: list[MergedFinding], n_trials: int, width: int = MAX_W
         text = f"the same change as above: {merge_texts(m.changes)}" if advice in shown else advice
         shown.add(advice)
         lines += textwrap.wrap(f"→ {text}", width, initial_indent="  ", subsequent_indent="    ",
-                               max_lines=2, placeholder=" …")
+                               max_lines=3, placeholder=" …")
+        loads = [x for x in m.loads if x]
+        load = merge_texts(loads, f"trial #{m.trials[0]}") if loads else ""
+        if load and load not in shown:
+            shown.add(load)
+            lines += textwrap.wrap(f"more load, not a fix: {load}", width, initial_indent="    ",
+                                   subsequent_indent="      ", max_lines=2, placeholder=" …")
     if len(merged) > MAX_FINDINGS:
         lines.append(f"... {len(merged) - MAX_FINDINGS} more: each trial's diagnosis.json, or the report")
     return lines
@@ -479,3 +509,32 @@ def print_sweep_summary(runs: list[Any], title: str, console: Console | None = N
         for line in finding_lines(merged, len(runs), width):
             style = "red" if line.startswith("CRITICAL") else "yellow" if line.startswith("warning") else ""
             console.print(line, highlight=False, markup=False, width=width, style=style)
+
+
+# -- 4. what to run instead ----------------------------------------------------------------------
+
+def instead_lines(answer: dict[str, Any], width: int = MAX_WIDTH) -> list[str]:
+    """The end of a sweep's "run this instead" (``orchestrator/search/instead.py``) within ``width``,
+    without its command lines (the caller prints those whole): a headline, one line per load point,
+    where the numbers come from."""
+    if "recommend" not in answer:
+        text = answer.get("none") or ""
+        return textwrap.wrap(f"Run this instead: nothing; {text}", width, subsequent_indent="  ") \
+            if text else []
+    r = answer["recommend"]
+    loads = r.get("loads", [])
+    where = ", ".join(loads[:-1]) + (" and " if len(loads) > 1 else "") + (loads[-1] if loads else "")
+    lines = textwrap.wrap(f"Run this instead: {overrides_text(r['change'])}, predicted better than every "
+                          f"trial at {where} on the same {r.get('gpus', '?')} GPUs:", width,
+                          subsequent_indent="  ")
+    for label in loads:
+        one = r["per_load"][label]
+        p, b, pct = one["predicted"], one["trial_predicted"], one["change_pct"]
+        lat = "".join(f", {name} {b[k]:,.0f} → {p[k]:,.0f} ms" for k, name in LATENCIES if k in p and k in b)
+        tok = f"{b.get('output_tok_s', NAN):,.0f} → {p.get('output_tok_s', NAN):,.0f} tok/s"
+        lines += textwrap.wrap(f"{label}: {tok} ({pct.get('output_tok_s', 0.0):+.0f}%){lat}; against "
+                               f"{one['best_trial']}, the best trial there", width, initial_indent="  ",
+                               subsequent_indent="    ")
+    lines += textwrap.wrap(f"Both sides predicted: {r.get('source', '')}", width, initial_indent="  ",
+                           subsequent_indent="    ")
+    return lines

@@ -168,7 +168,7 @@ def _with_constants(cfg: Any, values: dict[str, float], name: str) -> Any:
 
 def predict_trial_points(cfg: Any, labels: list[str]) -> dict[str, dict[str, float]]:
     from orchestrator.load_plan import load_points
-    from orchestrator.trial.modelled import predict_at
+    from orchestrator.prediction.modelled import predict_at
 
     points = {p.label: p for p in load_points(cfg)}
     return {label: predict_at(cfg, {}, points[label]) for label in labels if label in points}
@@ -181,7 +181,7 @@ def default_names(trials: list[TrialData]) -> list[str]:
     (the efficiencies would only touch the few operators the tables miss). Whether the points can tell
     each apart is checked before fitting (``fit_run``)."""
     from orchestrator.config.model_info import model_info
-    from orchestrator.trial.modelled import step_costs_label
+    from orchestrator.prediction.modelled import step_costs_label
 
     measured = step_costs_label(trials[0].cfg).startswith("measured")
     names = ["scale_gemm" if measured else "eta_mem", "sched_base_us"]

@@ -234,8 +234,13 @@ def _show_sweep(state: SweepState, runs: list[Any], status: str) -> None:
     console = Console(width=min(Console().width, MAX_WIDTH) if sys.stdout.isatty() else MAX_WIDTH)
     tracker = Tracker(state.uri, state.experiment)
     what = "prediction (virtual time, simulated engine)" if state.mode == "prediction" else "sweep"
+    instead: dict[str, Any] = {}
+    if state.mode != "search":  # a search's own answer is its end
+        _guarded("predict what to run instead", lambda: instead.update(_run_instead(state, runs, tracker)))
     _guarded("show the summary table", lambda: print_sweep_summary(
         runs, f"{what} {state.run_id}: {len(runs)} trial(s), status {status}", console, state.uri))
+    if instead:
+        _guarded("show what to run instead", lambda: _show_instead(instead, console))
     sweep_dir = Path(state.sweep_dir)
     _log_plots(tracker, state.run_id, runs, sweep_dir)
     _describe_sweep(tracker, state.run_id, runs, status, _search_answer(state))
@@ -253,6 +258,49 @@ def _show_sweep(state: SweepState, runs: list[Any], status: str) -> None:
     console.print("\n".join([f"Browse the runs in the MLflow UI{where}:",
                              *_shell_lines(ui_command(ui), console.width), f"  then open {url}"]),
                   highlight=False, markup=False, soft_wrap=True)
+
+
+def _run_instead(state: SweepState, runs: list[Any], tracker: Any) -> dict[str, Any]:
+    """What to run instead (``orchestrator/search/instead.py``), kept as ``instead.json`` in the sweep
+    directory and the sweep run, where the HTML report finds it."""
+    import json
+
+    from orchestrator.prediction.at_load import shared_cache
+    from orchestrator.search.instead import run_instead, sweep_trials
+
+    sweep_dir = Path(state.sweep_dir)
+    answer = run_instead(sweep_trials(runs, state.uri), shared_cache(sweep_dir))
+    path = sweep_dir / "instead.json"
+    path.write_text(json.dumps(answer, indent=1))
+    tracker.log_artifact(state.run_id, path)
+    return answer
+
+
+def _show_instead(answer: dict[str, Any], console: Any) -> None:
+    """The lines of ``analysis.report.instead_lines``, then the command lines, each printed whole."""
+    from analysis.report import instead_lines
+
+    lines = instead_lines(answer, console.width)
+    if not lines:
+        return
+    console.print()
+    for line in lines:
+        style = "bold" if line.startswith("Run this") else "dim" if line.startswith("  Both") else ""
+        console.print(line, highlight=False, markup=False, style=style)
+    r = answer.get("recommend")
+    if not r:
+        return
+    commands = [("", r["run_py"]),
+                ("  SGLang as parasweep measures it (0.5.23's flags, random weights, no tokenizer):",
+                 r["sglang"])]
+    if r.get("sglang_weights"):
+        commands.append(("  SGLang serving the real model:", r["sglang_weights"]))
+    for head, command in commands:
+        if head:
+            console.print(head, highlight=False, markup=False)
+        indent = "    " if head else "  "
+        console.print("\n".join(_shell_lines(command, console.width, indent, indent + "    ")),
+                      highlight=False, markup=False, soft_wrap=True)
 
 
 def _guarded(doing: str, step: Callable[[], object]) -> None:

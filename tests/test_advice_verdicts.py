@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.trial.advice import verdict
+from orchestrator.prediction.verdict import verdict
 
 
 @pytest.mark.parametrize(("pct", "expected"), [

@@ -109,11 +109,13 @@ def test_too_few_microbatches() -> None:
     x = f["too_few_microbatches"]
     assert x.point == "c32" and x.severity == "critical"  # 1 micro-batch for 4 stages
     assert x.change == {"pp.micro_batch_size": 8}  # ceil(32 / 4)
-    assert x.alternatives == [{"workload.concurrency": [64]}, {"tp.size": 8, "pp.size": 1}]
+    # its own knobs only: other layouts come from the advice check's neighbourhood, on any link
+    assert x.alternatives == [{"pp.async_depth": 1}]
+    # more load is what the pipeline needs, said apart: never the change
+    assert x.more_load == 64 and "fill only at 193 or more requests in flight" in x.evidence
     assert "(resolved by the engine)" in x.evidence
-    # over PCIe folding the pipeline into TP is not offered
     assert found(facts(resolved={"pp_max_micro_batch_size": 64}, interconnect="pcie"))[
-        "too_few_microbatches"].alternatives == [{"workload.concurrency": [64]}]
+        "too_few_microbatches"].alternatives == [{"pp.async_depth": 1}]
     # two DP replicas see 16 requests each: one micro-batch under a cap of 16; ceil(16 / 4) = 4 each
     dp = found(facts(resolved={"pp_max_micro_batch_size": 16}, dp_size=2))["too_few_microbatches"]
     assert dp.change == {"pp.micro_batch_size": 4} and "per DP replica" in dp.evidence
@@ -134,7 +136,7 @@ def test_pp_bubble_with_enough_micro_batches_raises_async_depth() -> None:
     x = f["pp_bubble"]
     assert x.point == "c32" and x.severity == "warning"
     assert x.change == {"pp.async_depth": 1}
-    assert x.alternatives == [{"workload.concurrency": [64]}, {"tp.size": 8, "pp.size": 1}]
+    assert x.alternatives == [{"pp.micro_batch_size": 8}] and x.more_load == 64
     assert "(NVML, measured)" in x.evidence and "0.40" in x.evidence
     critical = found(facts(c32=stage_activity(0.2, 0.2, 0.2, 0.2)))["pp_bubble"]
     assert critical.severity == "critical"
@@ -207,7 +209,8 @@ def test_gpu_underused() -> None:
     x = f["gpu_underused"]
     # idle 100 / 700 = 14 %; threshold 14 % + a quarter of the 86 % above it = 36 %
     assert x.point == "c32" and "36%" in x.evidence and "30%" in x.evidence
-    assert x.change == {"workload.concurrency": [64]} and x.alternatives == [{"tp.size": 8, "pp.size": 1}]
+    # no knob of its own: the other layouts of the same GPUs are tried, and more load said apart
+    assert x.change == {} and x.alternatives == [] and x.more_load == 64
     assert "gpu_underused" not in found(facts(c32={POWER_FRAC_MEAN: 0.4}))
 
 
@@ -218,15 +221,14 @@ def test_kv_capacity_when_the_pool_runs_full() -> None:
     assert x.point == "c32" and x.severity == "warning" and "(engine log / metrics)" in x.evidence
     assert x.change == {"server.mem_fraction_static": 0.9}
     # 8 per micro-batch x 4 micro-batches = 32 running at 97 %: 32 x 0.9 / 0.97 = 29 keep it at 90 %
-    assert x.alternatives == [{"server.max_running_requests": 29}, FP8_KV, {"tp.size": 4},
-                              {"dp.size": 2}]
+    assert x.alternatives == [{"server.max_running_requests": 29}, FP8_KV]
 
 
 def test_kv_capacity_on_retractions_without_room_to_raise_the_memory_fraction() -> None:
     x = found(facts(c32={RETRACTED: 3.0}, resolved={"mem_fraction_static": 0.92}))["kv_capacity"]
     assert x.severity == "critical" and "3 requests retracted" in x.evidence
     assert x.change == {"server.max_running_requests": 28}  # the pool was full: floor(32 x 0.9)
-    assert x.alternatives == [FP8_KV, {"tp.size": 4}, {"dp.size": 2}]
+    assert x.alternatives == [FP8_KV]
 
 
 def test_kv_bound_admission_below_the_caps_but_not_at_a_cap() -> None:
@@ -241,7 +243,7 @@ def test_kv_bound_admission_below_the_caps_but_not_at_a_cap() -> None:
     assert "the 37,000-token KV pool holds 16 requests" in x.evidence
     assert "(simulated engine's log / metrics, not measured)" in x.evidence
     assert x.change == {"server.mem_fraction_static": 0.9}
-    assert x.alternatives == [FP8_KV, {"tp.size": 4}, {"dp.size": 2}]
+    assert x.alternatives == [FP8_KV]
     # the same queue with room in the pool for two more requests: not the KV cache
     roomy = {**kv, "resolved": {"max_total_num_tokens": 42_000}}
     assert "kv_capacity" not in found(facts(c32=bound, **roomy))
@@ -379,7 +381,9 @@ def test_ttft_queueing() -> None:
     assert x.goal == "ttft_p99_ms" and x.point == "c32"
     assert ("TTFT p99 2.0 s, of which 1.8 s (90%) queueing (each request's queue time, reported by "
             "the engine)") in x.evidence
-    assert x.change == {"dp.size": 2} and x.alternatives == [{"tp.size": 4}]
+    assert x.change == {} and x.alternatives == []  # the layouts of the same GPUs, from the advice check
+    chunked = found(facts(c32=queued(), resolved={"chunked_prefill_size": 4096}))["ttft_queueing"]
+    assert chunked.change == {"server.chunked_prefill_size": 8192}
     # a burst: only the tail waited (the median request was admitted at once)
     assert "ttft_queueing" not in found(facts(c32=queued(server_queue_p50_ms=20.0)))
     # an admission cap holds them back: admission_cap says so, not this

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.trial.modelled import apply_change, predict_at
+from orchestrator.prediction.modelled import apply_change, predict_at
 from simulator.costs import CostParams, decode_shape, prefill_shape
 from simulator.estimates import decode_step
 from simulator.predict import load_config, predict_point

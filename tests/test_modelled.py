@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.trial.modelled import modelled_steps
+from orchestrator.prediction.modelled import modelled_steps
 from vocab.hardware import load_hardware
 
 

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from analysis.search_plots import frontier_table, pareto_front
-from orchestrator.search.evaluate import OK, Outcome, Settings, closed_point
+from orchestrator.prediction.at_load import closed_point
+from orchestrator.search.evaluate import OK, Outcome, Settings
 from orchestrator.search.measure import (
     RUN_PY,
     Measured,
@@ -56,7 +57,7 @@ def test_a_measured_trial_is_run_py_with_the_search_overrides_and_the_candidate(
 def test_the_trials_load_plan_is_the_searchs_points() -> None:
     from orchestrator.config.schema import ParasweepConf
     from orchestrator.load_plan import load_points
-    from orchestrator.trial.modelled import point_predictor
+    from orchestrator.prediction.modelled import point_predictor
 
     cfg = ParasweepConf()
     cfg.engine.name = "sim"

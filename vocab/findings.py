@@ -24,7 +24,9 @@ class Finding:
     ``alternatives`` are further changes worth predicting when ``change`` turns out not to help.
     ``point`` is the load point the finding is about; ``predicted_effect`` is filled in by the check
     that predicts each suggestion before it is made (see ``orchestrator/trial/advice.py``), which
-    judges it on ``goal``.
+    judges it on ``goal``. ``more_load`` is a concurrency at which the same configuration is worth
+    predicting, for what it needs to fill: said apart, never as the fix (a user seldom chooses the
+    traffic).
     """
 
     id: str
@@ -37,6 +39,7 @@ class Finding:
     alternatives: list[dict[str, Any]] = field(default_factory=list)
     predicted_effect: dict[str, Any] | None = None
     goal: Goal = "throughput"
+    more_load: int | None = None
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:

@@ -266,7 +266,7 @@ class ParasweepRayLauncher(Launcher):
             num_cpus = max(os.cpu_count() or 1, int(num_gpus * per_trial))
         cluster = init_ray(sweep.ray_address, num_gpus, num_cpus)
         print(f"[parasweep] {cluster.describe()}", flush=True)
-        from orchestrator.trial.modelled import step_costs_label
+        from orchestrator.prediction.modelled import step_costs_label
 
         costs = "; ".join(sorted({step_costs_label(j.cfg) for j in jobs}))
         print(textwrap.fill(f"[parasweep] step costs: {costs}", 100, subsequent_indent="    "), flush=True)

@@ -30,16 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.slo import check_slo, worst_ratio
 from orchestrator.errors import ConfigError, UserError
+from orchestrator.prediction.at_load import engine_key, steady_point
 from vocab.load import LoadPoint
 from vocab.records import PointResult
-from workloads.metrics import STATS
 
 OBJECTIVES = ("output_tok_s_per_gpu", "goodput_req_s_per_gpu")
-# the latency statistics every load point reports (workloads/metrics.py), per-token ITL only
-SLO_METRICS = tuple(f"{lat}_{stat}_ms" for lat in ("ttft", "itl", "tpot", "e2e") for stat in STATS)
-MIN_MEASURED = 8  # measured requests of the smallest point (as a trial's load plan: load_plan.py)
-REQUESTS_PER_STREAM = 4  # a point's requests per stream: one ramp, about three durations of window
 UNGUESSED_START = 8  # where the load search starts without a guess (highest_load)
 RESOLUTION = 8  # bisection stops within an eighth of the load
 
@@ -87,12 +84,7 @@ def check_settings(cfg: ParasweepConf) -> Settings:
     s = cfg.search
     if s.objective not in OBJECTIVES:
         raise ConfigError("search.objective", s.objective, ", ".join(OBJECTIVES))
-    for metric, bound in s.slo.items():
-        if metric not in SLO_METRICS:
-            raise ConfigError(f"search.slo.{metric}", bound,
-                              f"a bound on one of {', '.join(SLO_METRICS)}", why="unknown metric")
-        if not (isinstance(bound, int | float) and bound > 0 and math.isfinite(bound)):
-            raise ConfigError(f"search.slo.{metric}", bound, "a positive number of milliseconds")
+    check_slo(s.slo)
     if s.max_concurrency < 1:
         raise ConfigError("search.max_concurrency", s.max_concurrency, "an integer >= 1")
     return Settings(s.objective, dict(s.slo), s.max_concurrency)
@@ -108,36 +100,9 @@ def rejection_category(exc: Exception) -> str:
     return first.split(" (", 1)[0].removeprefix("ValueError: ").strip()
 
 
-def closed_point(c: int) -> LoadPoint:
-    """Concurrency ``c`` as the search judges it, before its ramp is known (module docstring)."""
-    return LoadPoint(concurrency=c, num_requests=max(MIN_MEASURED, REQUESTS_PER_STREAM * c),
-                     warmup_requests=0)
-
-
-def steady_point(c: int, predict: Callable[[LoadPoint], PointResult]) -> LoadPoint:
-    """:func:`closed_point` with its ramp: over the request duration ``predict`` gives."""
-    from orchestrator.ramp import ramped
-
-    return ramped(closed_point(c), predict)
-
-
 def ms(value: float) -> str:
     """Milliseconds to read beside a bound: 2,035.6, 52.1, 3.02."""
     return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
-
-
-def worst_ratio(metrics: Mapping[str, float], slo: Mapping[str, float]) -> tuple[str, float] | None:
-    """The SLO missed by the most (metric, metric / bound), or None when all hold. A metric the point
-    has no sample of (no ITL when every request has one token) has nothing to violate."""
-    worst = None
-    for metric, bound in slo.items():
-        value = metrics.get(metric)
-        if value is None or not math.isfinite(value):
-            continue
-        ratio = value / bound
-        if worst is None or ratio > worst[1]:
-            worst = (metric, ratio)
-    return worst
 
 
 def goodput(records: list[Any], point: LoadPoint, slo: Mapping[str, float]) -> float:
@@ -160,7 +125,7 @@ def _rejected(change: Mapping[str, Any], exc: Exception) -> Outcome:
 def screen(base: ParasweepConf, change: Mapping[str, Any], settings: Settings) -> Screened | Outcome:
     """Validate one candidate and bound it from the cost model, without predicting a load: a
     ``Screened`` candidate, or its rejection. Never raises for a candidate that cannot run."""
-    from orchestrator.trial.modelled import apply_change, configured_engine
+    from orchestrator.prediction.modelled import apply_change, configured_engine
 
     try:
         cfg, env = apply_change(base, change)
@@ -170,17 +135,6 @@ def screen(base: ParasweepConf, change: Mapping[str, Any], settings: Settings) -
     gpus = cfg.tp.size * cfg.pp.size * cfg.dp.size
     ceiling, start = _ceiling(engine, cfg, settings, gpus, max_load(settings, cfg))
     return Screened(dict(change), gpus, ceiling, start, engine_key(engine, env))
-
-
-def engine_key(engine: Any, env: Mapping[str, str]) -> str:
-    """The resolved engine's flags, hardware, model and environment: two candidates with the same key
-    are the same engine to the simulator (a micro-batch cap left to its default and the same cap given)."""
-    args = dict(vars(engine.args))
-    args["pp_max_micro_batch_size"] = engine.pp_max_micro_batch_size  # null and its resolved value alike
-    # files the engine was configured from live in a scratch directory per candidate: their contents
-    for path_arg in ("sim_hardware", "model_path"):
-        args.pop(path_arg)
-    return repr((sorted(args.items()), engine.hw, engine.spec, sorted(env.items())))
 
 
 def itl_bounds(slo: Mapping[str, float]) -> list[tuple[float, float]]:
@@ -221,7 +175,7 @@ def _ceiling(engine: Any, cfg: ParasweepConf, settings: Settings, gpus: int,
 def evaluate(base: ParasweepConf, screened: Screened, settings: Settings) -> Outcome:
     """One screened candidate's loads predicted (module docstring). Never raises for a candidate that
     cannot run."""
-    from orchestrator.trial.modelled import apply_change, point_predictor
+    from orchestrator.prediction.modelled import apply_change, point_predictor
 
     change = screened.change
     outcome = Outcome(dict(change), OK, gpus=screened.gpus, ceiling=screened.ceiling)

@@ -119,7 +119,7 @@ def _search_run(cfg: ParasweepConf, result: SearchResult, settings: Settings) ->
 def _measure(cfg: ParasweepConf, settings: Settings, outcome: Any, rank: int, run_id: str,
              task: list[str], out_dir: Path) -> Measured:
     """One candidate measured as a child trial of the search run."""
-    from orchestrator.trial.modelled import apply_change, point_predictor
+    from orchestrator.prediction.modelled import apply_change, point_predictor
 
     cap = outcome.max_load or settings.max_concurrency
     m = Measured(outcome, rank, loads_around(outcome.concurrency or 1, cap))

@@ -23,15 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from analysis.diagnose import overrides_text
-from orchestrator.search.evaluate import (
-    REQUESTS_PER_STREAM,
-    RESOLUTION,
-    Outcome,
-    Settings,
-    closed_point,
-    steady_point,
-    worst_ratio,
-)
+from orchestrator.config.slo import worst_ratio
+from orchestrator.prediction.at_load import REQUESTS_PER_STREAM, closed_point, steady_point
+from orchestrator.search.evaluate import RESOLUTION, Outcome, Settings
 from vocab.load import LoadPoint
 from vocab.records import PointResult
 

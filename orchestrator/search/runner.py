@@ -193,8 +193,8 @@ def sglang_command(cfg: ParasweepConf, change: dict[str, Any], weights: str | No
     secrets masked); with ``weights`` (a local folder or Hugging Face id), serving those real weights
     with their tokenizer instead of random weights from a config-only folder."""
     from orchestrator.engines.base import sglang_flags
+    from orchestrator.prediction.modelled import apply_change
     from orchestrator.redact import redact_argv
-    from orchestrator.trial.modelled import apply_change
 
     changed, env = apply_change(cfg, change)
     flags = sglang_flags(changed, 30000)

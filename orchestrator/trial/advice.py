@@ -1,28 +1,39 @@
-"""Every suggestion checked before it is made: each finding's config change is predicted in virtual
-time on the same load point, and the predicted effect goes into the finding.
+"""Every suggestion searched for and checked before it is made: for each finding, the changes worth
+trying are predicted at the finding's own load point, and the best that helps is suggested, with the
+runner-up and how far behind it is.
 
-Advice that costs a user a GPU-hour to disprove is worse than none. So for each finding with a
-``change``:
+Advice that costs a user a GPU-hour to disprove is worse than none, and so is advice that misses a
+better change nobody predicted. So for each finding with a load point:
 
-1. predict the trial's config as it is, and with the change, at the finding's load point (both on the
-   simulated engine, so the comparison is model against model);
-2. if the change is predicted to help, keep the suggestion and add the effect. What *helps* means
-   follows the finding's ``goal``. Most findings are about capacity (idle stages, idle GPUs, a full
-   KV pool, slow links, eager steps, a queue at the door): *helps* means throughput up by
-   ``MIN_GAIN`` or more, and by more than any p99 latency (TTFT, ITL) gets worse. A gain bought with
-   a larger latency loss is a *trade-off*; a change that only moves latency (throughput within
-   ``MIN_GAIN``, a p99 down by ``MIN_LATENCY_GAIN`` or more) is *latency only*. Both are reported,
-   neither is suggested as the fix. A change of the load itself (more concurrency) is judged on
-   throughput alone: more requests in flight always wait longer, and the finding states that cost.
-   A finding about one latency (decodes stalled by prefills: ITL p99; requests queueing: TTFT p99)
-   is judged on that p99: *helps* when it falls by ``MIN_LATENCY_GAIN`` or more while throughput
-   does not fall by ``MIN_GAIN`` and the other p99 rises by less than the goal falls (in per cent);
-   a larger cost on either side is a *trade-off*;
-3. otherwise predict the finding's ``alternatives`` (more load, another layout, ...) and suggest the
-   best that helps instead, saying that the first change would not; if none helps, say that, with
-   every prediction tried, and suggest no change.
+1. **The changes tried.** The finding's own knobs, as its rule proposes them (``change`` first, then
+   ``alternatives``: the micro-batch cap, async depth, admission cap, chunked prefill, mixed chunks, KV
+   dtype, memory share, CUDA graphs, layer partition...), and every other layout of the same GPUs
+   (``orchestrator/prediction/neighbourhood.py``). None is left out by a rule of thumb: the
+   prediction decides, and a change that cannot run says why.
+2. **Predicted as a search predicts a candidate**, at the finding's load point: validated, each
+   closed-loop load ramped in and judged on its steady window (``orchestrator/prediction/at_load.py``),
+   the trial's own config too, model against model. Each (engine, load) is predicted once per trial
+   and shared with the sweep's other trials and its end through a cache on disk, on every core.
+3. **Judged on the finding's goal.** Most findings are about capacity (idle stages, idle GPUs, a full
+   KV pool, slow links, eager steps): *helps* means throughput up by ``MIN_GAIN`` or more, and by more
+   than any p99 latency (TTFT, ITL) gets worse. A gain bought with a larger latency loss is a
+   *trade-off*; a change that only moves latency (throughput within ``MIN_GAIN``, a p99 down by
+   ``MIN_LATENCY_GAIN`` or more) is *latency only*. A finding about one latency (decodes stalled by
+   prefills: ITL p99; requests queueing: TTFT p99) is judged on that p99: *helps* when it falls by
+   ``MIN_LATENCY_GAIN`` or more while throughput does not fall by ``MIN_GAIN`` and the other p99 rises
+   by less than the goal falls (in per cent); a larger cost on either side is a *trade-off*. Where the
+   sweep declares SLOs (``search.slo``), a change that misses one at the point (one the trial's config
+   met, or by more than it did) is *over the SLOs*, whatever else it does.
+4. **The suggestion** is the change that helps most (its gain on the goal), with the runner-up and how
+   far behind it is (and whether the prediction's noise can tell them apart); when it is not one of
+   the finding's own changes, the best of those that helps is named too (for a user who cannot change
+   the layout). When the rule's own change does not help, the finding says so. When nothing helps, it
+   says that, with every prediction tried, and suggests no change.
+5. **Load is not a fix.** Where the rule names a load the configuration needs (``more_load``: a
+   pipeline that fills only with more requests in flight), the same configuration is predicted there
+   and reported apart, as what it needs, never as the change to make.
 
-The effect is recorded as ``predicted_effect`` (see docs/mlflow-layout.md for its fields). It names its
+The effect is recorded as ``predicted_effect`` (docs/mlflow-layout.md lists its fields). It names its
 source: a prediction of the simulated engine, not a measurement.
 """
 
@@ -32,143 +43,208 @@ import dataclasses
 import logging
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from analysis.diagnose import overrides_text
+from analysis.noise import Estimate, judge
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.errors import UserError
-from orchestrator.load_plan import load_points
-from orchestrator.trial.modelled import apply_change, predict_at, step_costs_label
+from orchestrator.config.slo import worst_ratio
+from orchestrator.prediction.at_load import Load, Predicted, predict_change, predict_changes
+from orchestrator.prediction.modelled import step_costs_label
+from orchestrator.prediction.neighbourhood import layouts
+from orchestrator.prediction.verdict import EFFECT_METRICS, MIN_LATENCY_GAIN, change_pct, gain, verdict
 from vocab.findings import Finding
 from vocab.load import LoadPoint
 
 log = logging.getLogger("parasweep")
 
-MIN_GAIN = 0.05  # a throughput gain below 5 % is within the model's error: not worth a GPU-hour
-MIN_LATENCY_GAIN = 0.10
-MAX_PREDICTIONS = 16  # per trial: the check must stay seconds, not minutes
-EFFECT_METRICS = ("output_tok_s", "ttft_p99_ms", "itl_p99_ms")
 SOURCE = "simulated engine in virtual time (a prediction, not a measurement)"
+OVER_SLO = "over the SLOs"
+NAMES = {"output_tok_s": "tok/s", "ttft_p99_ms": "TTFT p99", "itl_p99_ms": "ITL p99"}
+
+
+def _key(change: Mapping[str, Any]) -> str:
+    return repr(sorted(change.items()))
+
+
+def _unique(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``changes`` without repeats, in their first order."""
+    seen: dict[str, dict[str, Any]] = {}
+    for change in changes:
+        seen.setdefault(_key(change), change)
+    return list(seen.values())
 
 
 class AdviceChecker:
-    """Predicts changes to one trial's config; predictions are cached and capped per trial."""
+    """Predicts the changes worth trying for one trial's findings (``prepare``, once for all of them),
+    then judges each finding (``check``)."""
 
-    def __init__(self, cfg: ParasweepConf, points: list[LoadPoint]) -> None:
+    def __init__(self, cfg: ParasweepConf, points: list[LoadPoint], cache_dir: Path | None = None,
+                 workers: int | None = None) -> None:
         self.cfg = cfg
-        self.points = {p.label: p for p in points}
-        self.predictions = 0
+        self.loads = {p.label: Load.of(p) for p in points}
+        self.slo = dict(cfg.search.slo)
+        self.cache_dir, self.workers = cache_dir, workers
         self.source = f"{SOURCE}; step costs: {step_costs_label(cfg)}"
-        self._cache: dict[str, dict[str, float] | str] = {}
+        self.layouts = layouts(cfg)
+        self._predicted: dict[tuple[str, str], Predicted] = {}  # (change, load label) -> prediction
 
-    def predict(self, change: Mapping[str, Any], label: str) -> dict[str, float] | str:
-        """The predicted metrics of ``change`` at the point ``label`` (or at the changed concurrency),
-        or a one-line reason it could not be predicted."""
-        key = f"{sorted(change.items())!r}@{label}"
-        if key not in self._cache:
-            self._cache[key] = self._predict(change, label)
-        return self._cache[key]
+    def _checkable(self, finding: Finding) -> bool:
+        return bool(finding.point in self.loads and (finding.change or finding.alternatives or self.layouts
+                                                      or finding.more_load))
 
-    def _predict(self, change: Mapping[str, Any], label: str) -> dict[str, float] | str:
-        if self.predictions >= MAX_PREDICTIONS:
-            return "not predicted (limit of predictions per trial reached)"
-        self.predictions += 1
-        try:
-            changed, env = apply_change(self.cfg, change)
-        except UserError as exc:
-            return f"not possible: {exc}"
-        # the same load point, unless the change is the load itself
-        point = None if "workload.concurrency" in change else self.points.get(label)
-        if point is None and "workload.concurrency" not in change:
+    def candidates(self, finding: Finding) -> list[dict[str, Any]]:
+        """The finding's own changes (its rule's, in its order), then every other layout."""
+        own = [c for c in (finding.change, *finding.alternatives) if c]
+        return _unique([*own, *self.layouts])
+
+    def prepare(self, findings: list[Finding]) -> None:
+        """Predict what the findings need, each once: the trial's own config first, in this process
+        (the pool's workers then inherit what it loaded), then every change at each point."""
+        wanted: dict[str, list[dict[str, Any]]] = {}
+        loads: dict[str, Load] = {}
+        for f in findings:
+            if not self._checkable(f):
+                continue
+            wanted.setdefault(f.point, []).extend(self.candidates(f))
+            loads[f.point] = self.loads[f.point]
+            if f.more_load:
+                more = Load.closed(f.more_load)
+                loads.setdefault(more.label, more)
+        if not loads:
+            return
+        base = predict_change(self.cfg, {}, list(loads.values()), self.cache_dir)
+        for label in loads:
+            self._predicted[(_key({}), label)] = base
+        for label, changes in wanted.items():
+            predicted = predict_changes(self.cfg, _unique(changes), [loads[label]], self.cache_dir,
+                                        self.workers)
+            for p in predicted:
+                self._predicted[(_key(p.change), label)] = p
+
+    def _metrics(self, change: Mapping[str, Any], label: str) -> dict[str, float] | str:
+        """The predicted metrics of ``change`` at ``label``, or why there are none."""
+        p = self._predicted.get((_key(change), label))
+        if p is None:
             return f"not predicted: no load point {label}"
-        if point is None:
-            point = load_points(changed)[0]
-        try:
-            metrics = predict_at(changed, env, point)
-        except Exception as exc:  # a config the model cannot run (e.g. weights that do not fit)
-            return f"not possible: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-        return {k: float(metrics[k]) for k in EFFECT_METRICS if k in metrics} | {"point": point.label}
+        return p.metrics[label] if p.ok else p.reason
 
     # -- one finding ---------------------------------------------------------------------------------
     def check(self, finding: Finding) -> Finding:
-        if not finding.change or not finding.point:
+        if not self._checkable(finding):
             return finding
-        baseline = self.predict({}, finding.point)
+        baseline = self._metrics({}, finding.point)
         if isinstance(baseline, str):
             return dataclasses.replace(finding, predicted_effect={"verdict": baseline, "source": self.source})
-        first = self._effect(finding.change, finding.point, baseline, finding.goal)
-        if first["verdict"] == "helps":
-            return dataclasses.replace(
-                finding, suggestion=f"{finding.suggestion} {_says(first)}", predicted_effect=first)
-        tried = [first] + [self._effect(alt, finding.point, baseline, finding.goal)
-                           for alt in finding.alternatives]
-        helping = [e for e in tried[1:] if e["verdict"] == "helps"]
-        not_first = f"{overrides_text(finding.change)} is predicted not to help ({_brief(first)})"
-        if helping:
-            best = max(helping, key=lambda e: _gain(e, finding.goal))
-            return dataclasses.replace(
-                finding, change=best["change"], alternatives=[],
-                suggestion=f"{not_first}. Instead: {overrides_text(best['change'])}. {_says(best)}",
-                predicted_effect={**best, "instead_of": first})
-        others = "; ".join(f"{overrides_text(e['change'])}: {_brief(e)}" for e in tried[1:])
-        return dataclasses.replace(
-            finding, change={}, alternatives=[],
-            suggestion=(f"No change tried is predicted to help at {finding.point}: {not_first}"
-                        + (f"; {others}" if others else "") + f" ({self.source})."),
-            predicted_effect={"verdict": "nothing tried helps", "tried": tried, "source": self.source})
+        goal = finding.goal
+        own = [c for c in (finding.change, *finding.alternatives) if c]
+        effects = [self._effect(c, finding.point, baseline, goal) for c in self.candidates(finding)]
+        tried = [_tried(e) for e in effects]
+        helping = sorted((e for e in effects if e["verdict"] == "helps"), key=lambda e: -gain(e, goal))
+        load = self._load_effect(finding, baseline)
+        why = _why(finding)
+        notes = []
+        first = effects[0] if finding.change else None
+        if first is not None and first["verdict"] != "helps":
+            notes.append(f"{overrides_text(finding.change)} is predicted not to help ({_brief(first)}).")
+        if not helping:
+            effect: dict[str, Any] = {"verdict": "nothing tried helps", "point": finding.point,
+                                      "tried": tried, "source": self.source,
+                                      **({"load": load} if load else {})}
+            text = (f"{why} No change tried is predicted to help at {finding.point} ({len(effects)} tried: "
+                    f"{_tried_text(effects)}; {self.source}).")
+            return dataclasses.replace(finding, change={}, alternatives=[], predicted_effect=effect,
+                                       suggestion=" ".join([text, *notes, *_load_says(load)]))
+        best = helping[0]
+        effect = {**best, "tried": tried}
+        if first is not None and first["verdict"] != "helps":
+            effect["instead_of"] = first
+        if len(helping) > 1:
+            effect["runner_up"] = self._runner_up(best, helping[1], goal)
+            notes.append(_runner_up_says(effect["runner_up"], goal))
+        if all(_key(best["change"]) != _key(c) for c in own):
+            mine = next((e for e in helping if any(_key(e["change"]) == _key(c) for c in own)), None)
+            if mine is not None:
+                effect["own"] = mine
+                notes.append(f"Of this finding's own changes: {overrides_text(mine['change'])} "
+                             f"({_brief(mine)}).")
+        if load:
+            effect["load"] = load
+        text = f"{why} Set {overrides_text(best['change'])}. {_says(best)}"
+        return dataclasses.replace(finding, change=best["change"], alternatives=[], predicted_effect=effect,
+                                   suggestion=" ".join([text, *notes, *_load_says(load)]))
 
     def _effect(self, change: Mapping[str, Any], label: str, baseline: dict[str, float],
-                goal: str = "throughput") -> dict[str, Any]:
-        predicted = self.predict(change, label)
+                goal: str = "throughput", load_change: bool = False, at: str | None = None) -> dict[str, Any]:
+        predicted = self._metrics(change, at or label)
         effect: dict[str, Any] = {"change": dict(change), "point": label, "source": self.source}
         if isinstance(predicted, str):
             return {**effect, "verdict": predicted}
-        # a metric without samples (NaN: no ITL when every request has one output token) moves nothing
-        pct = {k: 100.0 * (predicted[k] - baseline[k]) / baseline[k] for k in EFFECT_METRICS
-               if k in predicted and k in baseline and baseline[k]
-               and math.isfinite(predicted[k] - baseline[k])}
+        pct = change_pct(predicted, baseline)
         effect.update(baseline={k: baseline[k] for k in EFFECT_METRICS if k in baseline},
                       predicted={k: predicted[k] for k in EFFECT_METRICS if k in predicted},
-                      predicted_at=predicted["point"], change_pct=pct,
-                      verdict=verdict(pct, load_change="workload.concurrency" in change, goal=goal))
+                      predicted_at=at or label, change_pct=pct,
+                      verdict=verdict(pct, load_change=load_change, goal=goal))
+        noise = predicted.get("output_tok_s_ci95_rel")
+        if noise is not None and math.isfinite(noise):
+            effect["tok_s_ci95_rel"] = noise
+        miss = self._slo_miss(predicted, baseline)
+        if miss and not load_change:
+            effect.update(verdict=OVER_SLO, slo_miss=miss)
         if goal != "throughput":
             effect["goal"] = goal
         return effect
 
+    def _slo_miss(self, predicted: Mapping[str, float], baseline: Mapping[str, float]) -> str:
+        """The SLO the prediction misses (one the trial's config met, or by more than it did), or ""."""
+        worst = worst_ratio(predicted, self.slo)
+        base = worst_ratio(baseline, self.slo)
+        if worst is None or worst[1] <= max(1.0, base[1] if base else 0.0):
+            return ""
+        metric = worst[0]
+        return f"{metric} {predicted[metric]:,.1f} ms > {self.slo[metric]:g}"
 
-def _gain(effect: Mapping[str, Any], goal: str) -> float:
-    """How much an effect does for the goal: the throughput change, or the fall of the goal's p99 (%)."""
-    pct = effect["change_pct"]
-    return pct.get("output_tok_s", 0.0) if goal == "throughput" else -pct.get(goal, 0.0)
+    def _load_effect(self, finding: Finding, baseline: dict[str, float]) -> dict[str, Any] | None:
+        """The trial's own config at the load its finding says it needs (``more_load``)."""
+        if not finding.more_load:
+            return None
+        at = Load.closed(finding.more_load).label
+        effect = self._effect({}, finding.point, baseline, load_change=True, at=at)
+        return {**effect, "concurrency": finding.more_load}
+
+    @staticmethod
+    def _runner_up(best: dict[str, Any], runner: dict[str, Any], goal: str) -> dict[str, Any]:
+        """The runner-up, how far behind the best it is (per cent of the best's goal metric) and whether
+        the prediction's noise can tell them apart (throughput only: its window's interval)."""
+        metric = "output_tok_s" if goal == "throughput" else goal
+        b, r = best["predicted"].get(metric, math.nan), runner["predicted"].get(metric, math.nan)
+        behind = 100.0 * ((1 - r / b) if goal == "throughput" else (r / b - 1)) if b else math.nan
+        out = {"change": runner["change"], "verdict": runner["verdict"], "change_pct": runner["change_pct"],
+               "behind_pct": behind}
+        if goal == "throughput":
+            call = judge([Estimate.scaled(b, best.get("tok_s_ci95_rel")),
+                          Estimate.scaled(r, runner.get("tok_s_ci95_rel"))])
+            if call is not None and not call.clear:
+                out["within_noise"] = call.noise()
+        return out
 
 
-def _latency_verdict(pct: Mapping[str, float], goal: str) -> str:
-    """``helps`` | ``trade-off`` | ``negligible`` | ``worse`` for a latency goal (module docstring)."""
-    gain = -pct.get(goal, 0.0) / 100
-    tok = pct.get("output_tok_s", 0.0) / 100
-    other = "ttft_p99_ms" if goal == "itl_p99_ms" else "itl_p99_ms"
-    cost = pct.get(other, 0.0) / 100
-    if gain >= MIN_LATENCY_GAIN:
-        return "helps" if tok > -MIN_GAIN and cost < gain else "trade-off"
-    if gain <= -MIN_LATENCY_GAIN or tok <= -MIN_GAIN:
-        return "worse"
-    return "negligible"
+def _why(finding: Finding) -> str:
+    """The rule's reason, without the "Set ..." its suggestion ends with (the check says what to set)."""
+    text = finding.suggestion.strip()
+    tail = f" Set {overrides_text(finding.change)}." if finding.change else ""
+    return text[: -len(tail)] if tail and text.endswith(tail) else text
 
 
-def verdict(pct: Mapping[str, float], load_change: bool = False, goal: str = "throughput") -> str:
-    """``helps`` | ``trade-off`` | ``latency only`` | ``negligible`` | ``worse`` (module docstring)."""
-    if goal != "throughput":
-        return _latency_verdict(pct, goal)
-    tok = pct.get("output_tok_s", 0.0) / 100
-    latencies = [] if load_change else [pct[k] / 100 for k in ("ttft_p99_ms", "itl_p99_ms") if k in pct]
-    worst = max(latencies, default=0.0)
-    if tok >= MIN_GAIN:
-        return "helps" if worst < tok else "trade-off"
-    if tok <= -MIN_GAIN:
-        return "worse"
-    if min(latencies, default=0.0) <= -MIN_LATENCY_GAIN:
-        return "latency only"
-    return "worse" if worst >= MIN_LATENCY_GAIN else "negligible"
+def _tried(effect: Mapping[str, Any]) -> dict[str, Any]:
+    """What the record keeps of a change tried: the change, its verdict (or why it could not be
+    predicted) and its relative changes."""
+    out = {"change": effect["change"], "verdict": effect["verdict"]}
+    for key in ("change_pct", "slo_miss"):
+        if key in effect:
+            out[key] = effect[key]
+    return out
 
 
 def _brief(effect: Mapping[str, Any]) -> str:
@@ -176,31 +252,72 @@ def _brief(effect: Mapping[str, Any]) -> str:
         return str(effect["verdict"])
     pct = effect["change_pct"]
     parts = [f"{pct.get('output_tok_s', 0.0):+.0f}% tok/s"]
-    parts += [f"{pct[k]:+.0f}% {name}" for k, name in (("ttft_p99_ms", "TTFT p99"), ("itl_p99_ms", "ITL p99"))
+    parts += [f"{pct[k]:+.0f}% {NAMES[k]}" for k in ("ttft_p99_ms", "itl_p99_ms")
               if k in pct and abs(pct[k]) >= 100 * MIN_LATENCY_GAIN]
-    return f"{effect['verdict']}: {', '.join(parts)}"
+    miss = f" ({effect['slo_miss']})" if effect.get("slo_miss") else ""
+    return f"{effect['verdict']}{miss}: {', '.join(parts)}"
+
+
+def _tried_text(effects: list[dict[str, Any]]) -> str:
+    """The changes tried, by verdict, the first few of each named."""
+    by: dict[str, list[str]] = {}
+    for e in effects:
+        verdict_ = str(e["verdict"]).split(":")[0]
+        by.setdefault(verdict_, []).append(overrides_text(e["change"]))
+    parts = []
+    for v, changes in by.items():
+        named = ", ".join(changes[:2]) + (f" and {len(changes) - 2} more" if len(changes) > 2 else "")
+        parts.append(f"{v}: {named}")
+    return "; ".join(parts)
 
 
 def _says(effect: Mapping[str, Any]) -> str:
-    """``Predicted at c32 → c32: 229 → 612 tok/s (+167%), TTFT p99 …, ITL p99 … (simulated ...).``"""
+    """``Predicted at c32 → c64: 229 → 612 tok/s (+167%), TTFT p99 …, ITL p99 … (simulated ...).``"""
     b, p, pct = effect["baseline"], effect["predicted"], effect["change_pct"]
     where = effect["point"] if effect["predicted_at"] == effect["point"] else \
         f"{effect['point']} → {effect['predicted_at']}"
     parts = [f"{b['output_tok_s']:.0f} → {p['output_tok_s']:.0f} tok/s ({pct['output_tok_s']:+.0f}%)"]
-    for key, name in (("ttft_p99_ms", "TTFT p99"), ("itl_p99_ms", "ITL p99")):
+    for key in ("ttft_p99_ms", "itl_p99_ms"):
         if key in pct:
-            parts.append(f"{name} {b[key]:.0f} → {p[key]:.0f} ms ({pct[key]:+.0f}%)")
+            parts.append(f"{NAMES[key]} {b[key]:.0f} → {p[key]:.0f} ms ({pct[key]:+.0f}%)")
     return f"Predicted at {where}: {', '.join(parts)}; {effect['source']}."
 
 
-def check_findings(findings: list[Finding], cfg: ParasweepConf, points: list[LoadPoint]) -> list[Finding]:
-    """Each finding with a suggested change, checked by prediction (see the module docstring)."""
-    checker = AdviceChecker(cfg, points)
+def _runner_up_says(runner: Mapping[str, Any], goal: str) -> str:
+    behind = runner["behind_pct"]
+    how = (f"{behind:.0f}% fewer tok/s" if goal == "throughput"
+           else f"its {NAMES.get(goal, goal)} {behind:.0f}% higher")
+    noise = (f"; within the prediction's noise ({runner['within_noise']}): either will do"
+             if runner.get("within_noise") else "")
+    return f"Runner-up: {overrides_text(runner['change'])} ({how}{noise})."
+
+
+def _load_says(load: Mapping[str, Any] | None) -> list[str]:
+    """The load the configuration needs, said apart from the fix."""
+    if not load or "change_pct" not in load:
+        return []
+    p, pct = load["predicted"], load["change_pct"]
+    lat = ", ".join(f"{NAMES[k]} {pct[k]:+.0f}%" for k in ("ttft_p99_ms", "itl_p99_ms") if k in pct)
+    return [f"More load is what this configuration needs, not a fix: at {load['predicted_at']} it is "
+            f"predicted at {p['output_tok_s']:.0f} tok/s ({pct['output_tok_s']:+.0f}%"
+            + (f"; {lat}" if lat else "") + ")."]
+
+
+def check_findings(findings: list[Finding], cfg: ParasweepConf, points: list[LoadPoint],
+                   cache_dir: Path | None = None, workers: int | None = None) -> list[Finding]:
+    """Each finding with a load point, its changes searched and checked by prediction (module
+    docstring). A finding whose prediction fails stands without it rather than being lost."""
+    checker = AdviceChecker(cfg, points, cache_dir, workers)
+    try:
+        checker.prepare(findings)
+    except Exception:
+        log.exception("could not predict the changes the findings suggest")
+        return findings
     out = []
     for finding in findings:
         try:
             out.append(checker.check(finding))
-        except Exception:  # the finding stands without its prediction rather than being lost
+        except Exception:
             log.exception("could not predict the effect of finding %s", finding.id)
             out.append(finding)
     return out

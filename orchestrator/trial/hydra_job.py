@@ -20,6 +20,7 @@ from orchestrator.config.schema import trial_nodes
 from orchestrator.config.validate import typed_config
 from orchestrator.engines.base import NodePlace
 from orchestrator.errors import UserError
+from orchestrator.prediction.at_load import shared_cache
 from orchestrator.progress import DRIVER_RENDERS_PROGRESS_ENV
 from orchestrator.redact import redact_argv
 from orchestrator.trial.plan import (
@@ -69,8 +70,10 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
 
     from orchestrator.sweep import ensure_started
 
+    sweep_dir = hc.sweep.dir if hc.mode == RunMode.MULTIRUN else hc.runtime.output_dir
     settings = TrialRunSettings(
         tracking_uri=cfg.tracking.uri, experiment=cfg.tracking.experiment,
         parent_run_id=cfg.tracking.parent_run_id or ensure_started(),  # a single run: this process
-        reproduces=cfg.reproduce, own_progress_view=not os.environ.get(DRIVER_RENDERS_PROGRESS_ENV))
+        reproduces=cfg.reproduce, own_progress_view=not os.environ.get(DRIVER_RENDERS_PROGRESS_ENV),
+        predictions_dir=shared_cache(Path(sweep_dir).resolve()))
     return execute_trial(plan, settings, task_start).as_job_return()

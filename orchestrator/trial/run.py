@@ -16,15 +16,16 @@ import os
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from orchestrator.engines.base import engine_version
 from orchestrator.environment import joined_placement, placement
 from orchestrator.errors import EngineFailure, EngineStartError
+from orchestrator.prediction.modelled import step_costs_label
 from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
 from orchestrator.tracking import Tracker
 from orchestrator.trial.load_driver import drive_load
-from orchestrator.trial.modelled import step_costs_label
 from orchestrator.trial.plan import TrialPlan
 from orchestrator.trial.recorder import TrialPaths, TrialRecorder, config_tags, run_steps
 from orchestrator.trial.session import EngineSession, LiveSession, VirtualSession
@@ -45,6 +46,8 @@ class TrialRunSettings:
     parent_run_id: str | None = None
     reproduces: str | None = None  # the run id this trial re-runs (reproduce=)
     own_progress_view: bool = True  # False under the Ray launcher: the driver renders progress
+    # the sweep's cache of predictions, shared by its trials' diagnoses and its end (None: no cache)
+    predictions_dir: Path | None = None
 
 
 @dataclass
@@ -118,7 +121,7 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
         timings.update(session.timings)
         recorder.save_argv(session.argv)
         progress.update(status=status.value, message=error.splitlines()[0] if error else "", force=True)
-        _finish(plan, recorder, session, results, status, error, timings, settings.reproduces, where)
+        _finish(plan, recorder, session, results, status, error, timings, settings, where)
     return TrialOutcome(status, run_id, timings, error)
 
 
@@ -162,7 +165,7 @@ def with_placement(samples: Any, layout: list[GpuPlace]) -> Any:
 
 def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, results: list[PointResult],
             status: TrialStatus, error: str, timings: dict[str, float],
-            reproduces: str | None = None, where: dict[str, str] | None = None) -> None:
+            settings: TrialRunSettings, where: dict[str, str] | None = None) -> None:
     """Summarise, diagnose and log what exists; never raise. The order is explicit: each step takes
     what it needs as arguments (telemetry summaries feed the diagnosis, which feeds the description)."""
     from analysis.diagnose import diagnose
@@ -204,7 +207,7 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
     def diagnosis() -> None:
         facts = trial_facts(cfg, session.resolved, results, extras, gpu.source,
                             "sim-predict" if cfg.predict else plan.engine_name)
-        findings.extend(check_findings(diagnose(facts), cfg, plan.points))
+        findings.extend(check_findings(diagnose(facts), cfg, plan.points, settings.predictions_dir))
 
     def environment() -> None:
         engine = "sim-predict" if cfg.predict else plan.engine_name
@@ -215,9 +218,9 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
         """The original and this run side by side (reproduce=): printed and recorded."""
         from orchestrator.reproduce import reproduction_report
 
-        if not reproduces:
+        if not settings.reproduces:
             return
-        lines = reproduction_report(recorder.tracker, reproduces, recorder.run_id)
+        lines = reproduction_report(recorder.tracker, settings.reproduces, recorder.run_id)
         print("\n".join(lines), flush=True)
         recorder.save_reproduction(lines)
 

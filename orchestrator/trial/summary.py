@@ -37,7 +37,7 @@ def trial_facts(cfg: ParasweepConf, resolved: dict[str, Any], results: list[Poin
     steps: dict[str, StepEstimate] = {}
     layers: tuple[int, ...] = ()
     try:
-        from orchestrator.trial.modelled import modelled_steps
+        from orchestrator.prediction.modelled import modelled_steps
 
         steps, layers = modelled_steps(cfg, concurrency, resolved)
     except Exception as exc:  # a model the cost model cannot describe: those rules stay quiet
@@ -68,7 +68,7 @@ def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResu
                    gpu_source: GpuSource, gpu_note: str, where: dict[str, str]) -> list[str]:
     """The run's description (Markdown): the layout, where it ran (``where``: environment.placement;
     empty for a prediction), a table of the points, the findings."""
-    from orchestrator.trial.modelled import step_costs_label
+    from orchestrator.prediction.modelled import step_costs_label
     from vocab.telemetry import ENERGY_J, J_PER_TOKEN, POWER_FRAC_MEAN
 
     c = plan.cfg

@@ -1,0 +1,54 @@
+"""The layouts around a configuration: every other way to split the model over the same GPUs. The
+diagnosis tries them for every finding beside the finding's own knobs, and the end of a sweep tries
+them against the sweep's trials; none is left out because a rule of thumb says it cannot win (over
+PCIe, say): the prediction decides, and a layout that cannot run says why.
+
+For a trial on N GPUs: every tensor x pipeline x data-parallel split of N (each a divisor), and for a
+MoE model each split with tp > 1 also with its experts spread over the TP group (``ep.size = tp``).
+Leaving the pipeline (pp = 1) drops its knobs (async depth 0, the micro-batch cap to the engine's
+default), which mean nothing without it. Attention data parallelism (SGLang's ``--attn-dp-size``,
+for MoE models) is named too, and reported as not predicted: the simulated engine does not model it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.config.model_info import model_info
+from orchestrator.config.schema import ParasweepConf, world_size
+
+ATTN_DP_KEY = "server.extra_args.attn-dp-size"
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(cfg: ParasweepConf) -> list[dict[str, Any]]:
+    """Every other split of ``cfg``'s GPUs, as changes of it (module docstring), the current one left
+    out; at most a few dozen for a node of 8 or 16 GPUs."""
+    gpus = world_size(cfg)
+    moe = model_info(cfg.model.path).is_moe
+    current = (cfg.tp.size, cfg.pp.size, cfg.dp.size, cfg.ep.size)
+    out: list[dict[str, Any]] = []
+    for tp in _divisors(gpus):
+        for pp in _divisors(gpus // tp):
+            dp = gpus // (tp * pp)
+            for ep in sorted({1, tp} if moe else {1}):
+                if (tp, pp, dp, ep) == current:
+                    continue
+                change: dict[str, Any] = {"tp.size": tp, "pp.size": pp}
+                if dp != cfg.dp.size:
+                    change["dp.size"] = dp
+                if ep != cfg.ep.size:
+                    change["ep.size"] = ep
+                if pp == 1 and cfg.pp.async_depth:
+                    change["pp.async_depth"] = 0
+                if pp == 1 and cfg.pp.micro_batch_size is not None:
+                    change["pp.micro_batch_size"] = None
+                out.append(change)
+    if moe and gpus > 1:  # the whole node as one TP/EP group with data-parallel attention
+        out.append({"tp.size": gpus, "pp.size": 1, "ep.size": gpus, ATTN_DP_KEY: gpus,
+                    **({"dp.size": 1} if cfg.dp.size != 1 else {}),
+                    **({"pp.async_depth": 0} if cfg.pp.async_depth else {})})
+    return out
