@@ -165,6 +165,17 @@ def _search(client: Any, run: Any) -> SearchPage:
     return page
 
 
+def _instead(client: Any, run: Any) -> dict[str, Any]:
+    """The sweep's "run this instead" (``instead.json``, written at its end), or {} when it has none."""
+    with tempfile.TemporaryDirectory(prefix="parasweep-report-") as tmp:
+        path = _artifact(client, run.info.run_id, "instead.json", Path(tmp), run.data.tags.get(Tag.SWEEP_DIR))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8")) if path else {}
+        except (OSError, ValueError):
+            return {}
+    return data if isinstance(data, dict) else {}
+
+
 # --------------------------------------------------------------------------------------------------
 # Build
 
@@ -201,7 +212,8 @@ def build_report(run_id: str | None, tracking_uri: str | None, out: Path | None 
     trials = _gather(client, runs)
     experiment_name = _experiment_name(client, run.info.experiment_id)
     search = _search(client, run) if run.data.tags.get(Tag.MODE) == "search" else None
-    page = render(run, parent, trials, uri, experiment_name, search)
+    instead = _instead(client, run) if kind == RunKind.SWEEP else {}
+    page = render(run, parent, trials, uri, experiment_name, search, instead)
     out = out or Path.cwd() / f"report-{run.info.run_id[:8]}.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
@@ -220,7 +232,7 @@ def _experiment_name(client: Any, experiment_id: str) -> str:
 
 
 def render(run: Any, parent: Any, trials: Sequence[Trial], uri: str, experiment: str,
-           search: SearchPage | None = None) -> str:
+           search: SearchPage | None = None, instead: dict[str, Any] | None = None) -> str:
     """The whole page as one string, from ``templates/report.html.j2`` (autoescaped: every text from
     the store is escaped; the CSS of ``templates/report.css`` is inlined)."""
     from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
@@ -231,7 +243,7 @@ def render(run: Any, parent: Any, trials: Sequence[Trial], uri: str, experiment:
     return env.get_template("report.html.j2").render(
         header=view.header(run, parent, trials), search=view.search(search), config=view.config(trials),
         results=view.results(trials), placement=view.placement(trials), plots=figures(trials),
-        findings=view.findings(trials), telemetry=view.telemetry(trials),
+        findings=view.findings(trials), instead=view.instead(instead or {}), telemetry=view.telemetry(trials),
         where=view.where(run, trials, uri, experiment), generated=datetime.now().strftime("%Y-%m-%d %H:%M"))
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from analysis.diagnose import overrides_text
 from analysis.noise import NAN, judge, point_estimate
 from analysis.repeats import combine_repeats
-from analysis.report import finding_key, merge_findings, merge_texts
+from analysis.report import finding_key, instead_lines, load_text, merge_findings, merge_texts
 from analysis.store import masked
 from vocab.metric_keys import PointLabel, point_metrics
 from vocab.status import RunKind, Tag
@@ -317,10 +317,25 @@ def effect_text(effect: Any) -> str:
     instead = effect.get("instead_of")
     if isinstance(instead, Mapping):
         text += f"; chosen instead of {_overrides(instead.get('change'))} ({instead.get('verdict', '?')})"
+    runner = effect.get("runner_up")
+    if isinstance(runner, Mapping):
+        behind = runner.get("behind_pct")
+        how = f", {behind:.0f}% behind" if isinstance(behind, int | float) and math.isfinite(behind) else ""
+        noise = (f", within the prediction's noise ({runner['within_noise']})" if runner.get("within_noise")
+                 else "")
+        text += f"; runner-up {_overrides(runner.get('change'))}{how}{noise}"
+    own = effect.get("own")
+    if isinstance(own, Mapping):
+        text += f"; the finding's own best: {_overrides(own.get('change'))} ({own.get('verdict', '?')})"
+    load = load_text(effect.get("load"))
+    if load:
+        text += f"; more load, not a fix: {load}"
     tried = effect.get("tried")
-    if isinstance(tried, list) and tried:
+    if isinstance(tried, list) and tried and "change_pct" not in effect:  # nothing helped: each one
         text += "; tried: " + "; ".join(f"{_overrides(t.get('change'))} ({t.get('verdict', '?')})"
                                         for t in tried if isinstance(t, Mapping))
+    elif isinstance(tried, list) and tried:
+        text += f"; {len(tried)} changes tried (each in diagnosis.json)"
     if effect.get("source"):
         text += f" [{effect['source']}]"
     return text
@@ -359,6 +374,20 @@ def findings(trials: Sequence[Trial]) -> dict[str, Any]:
         item["effect"], item["effects"] = _one_or_each(effects) if effects else ("", [])
         items.append(item)
     return {"items": items, "recorded": any(t.findings is not None for t in trials)}
+
+
+def instead(answer: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The sweep's "run this instead": its lines as the terminal prints them, and its command lines."""
+    lines = instead_lines(dict(answer), width=10_000)
+    if not lines:
+        return None
+    r = answer.get("recommend") or {}
+    commands = [(label, r[key]) for key, label in (("run_py", "parasweep"),
+                                                   ("sglang", "SGLang as parasweep measures it (0.5.23's "
+                                                              "flags, random weights, no tokenizer)"),
+                                                   ("sglang_weights", "SGLang serving the real model"))
+                if r.get(key)]
+    return {"headline": lines[0], "lines": lines[1:], "commands": commands}
 
 
 # -- telemetry pictures and where the data is ------------------------------------------------------

@@ -268,11 +268,21 @@ def test_finish_prints_where_things_are_and_keeps_the_report(predicted_sweep, mo
     assert "Browse the runs in the MLflow UI (from this directory):" in out
     assert "  mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000" in out
     assert "Trial files: sweep/<n>/" in out
+    # what to run instead, once: the trials' own layout (PP2 of a tiny model on two GPUs) loses to
+    # another split of the same two GPUs at both loads, in prediction, and its command lines follow
+    answer = json.loads((sweep_dir / "instead.json").read_text())
+    change = answer["recommend"]["change"]
+    assert out.count("Run this instead: ") == 1 and "predicted better than every trial at c1 and c4" in out
+    assert change.get("pp.size") == 1 and change.get("pp.async_depth") in (None, 0)
+    assert "  python run.py pp.async_depth=0 workload.concurrency=[1,4] " in out
+    assert "python -m sglang.launch_server" in out
+    names = [a.path for a in tracker.client.list_artifacts(sweep_id)]
+    assert "instead.json" in names
     report = sweep_dir / "report.html"
     if report.exists():  # analysis/report_html.py writes it; finish() goes on without it
         assert "Report: sweep/report.html" in out
-        names = [a.path for a in tracker.client.list_artifacts(sweep_id)]
         assert "report.html" in names
+        assert "Run this instead: " in report.read_text()
 
 
 # -- the real entry point --------------------------------------------------------------------------

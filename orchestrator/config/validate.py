@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator.config.lengths import length_bounds
 from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import ParasweepConf, SimFaultConf, joins_cluster, trial_nodes, world_size
+from orchestrator.config.slo import check_slo
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import local_gpu_count, sglang_installed
 from vocab.load import LengthDist
@@ -178,6 +179,7 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
     _positive("server.decode_log_interval", cfg.server.decode_log_interval, allow_none=True)
 
     _validate_workload(cfg)
+    check_slo(cfg.search.slo)  # a sweep's SLOs judge its suggestions too, not only a search's candidates
     _validate_calibration(cfg)
     _validate_step_costs(cfg)
     _validate_ray(cfg)
