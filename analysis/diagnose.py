@@ -711,10 +711,10 @@ def ttft_queueing(f: TrialFacts) -> list[Finding]:
     the median request's (when the server reported per-request times: a tail alone is a burst), and
     neither the KV pool (:func:`_kv_bound`, and the ``kv_capacity`` finding) nor ``max_running_requests``
     holds admission back there (those findings carry the split themselves). What remains is a server
-    that takes requests in slower than they come. Its own change doubles the chunked-prefill size (fewer,
-    larger prefill batches take prompts in faster) where the engine resolved one; the advice check adds
-    every split of the same GPUs (more data-parallel replicas among them), all predicted for TTFT p99
-    (its goal)."""
+    that takes requests in slower than they come. Its own changes: twice the chunked-prefill size (fewer,
+    larger prefill batches take prompts in faster) where the engine resolved one, and twice the DP
+    replicas (more GPUs, where the node has them: a TTFT bought with GPUs, and the effect says so); the
+    advice check adds every split of the same GPUs. All are predicted for TTFT p99 (its goal)."""
     mrr = int_or_none(f.resolved.get("max_running_requests"))
     for label in _by_load(f, [x for x in f.points if f.points[x].get("valid", 1) != 0]):
         split = _ttft_split_at(f, label)
@@ -728,14 +728,16 @@ def ttft_queueing(f: TrialFacts) -> list[Finding]:
         if _kv_bound(f, label) or (mrr and c and _per_replica(f, c) > mrr):
             return []
         chunk = int_or_none(f.resolved.get("chunked_prefill_size"))
-        change = {"server.chunked_prefill_size": 2 * chunk} if chunk and chunk > 0 else {}
+        own = _some({"server.chunked_prefill_size": 2 * chunk} if chunk and chunk > 0 else None,
+                    {"dp.size": 2 * f.dp_size})  # more replicas: more GPUs, bought for the TTFT
+        change, alternatives = own[0], own[1:]
         return [Finding(
             "ttft_queueing", "warning", f"Requests wait in the queue for most of their TTFT at {label}",
             f"{split.text()} at {label}; no admission cap or KV limit holds them back: the server "
             "admits requests as fast as it can prefill and run them",
             _suggest("Take requests in faster (larger prefill batches, or more replicas: a wider split of "
                      "the GPUs, or more GPUs), or offer less load per replica.", change),
-            point=label, change=change, goal="ttft_p99_ms")]
+            point=label, change=change, alternatives=alternatives, goal="ttft_p99_ms")]
     return []
 
 

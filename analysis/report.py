@@ -371,11 +371,8 @@ def advice_text(finding: dict[str, Any]) -> str:
         text = f"set {overrides_text(effect.get('change') or change)}: predicted {_effect_numbers(effect)}"
         runner = effect.get("runner_up")
         if isinstance(runner, dict) and runner.get("change"):
-            behind = runner.get("behind_pct", NAN)
-            how = (f"{behind:.0f}% behind" if isinstance(behind, int | float) and math.isfinite(behind)
-                   else "behind")
-            noise = ", within noise" if runner.get("within_noise") else ""
-            text += f"; runner-up {overrides_text(runner['change'])} ({how}{noise})"
+            behind = behind_text(runner, effect.get("goal"))
+            text += f"; runner-up {overrides_text(runner['change'])} ({behind})"
         instead = effect.get("instead_of")
         if instead:
             # "would not help" only when it would not: a trade-off says what it trades
@@ -385,13 +382,31 @@ def advice_text(finding: dict[str, Any]) -> str:
         return text
     verdict = str(effect.get("verdict", ""))
     if verdict == "nothing tried helps":
-        tried = ", ".join(overrides_text(e.get("change", {})) for e in effect.get("tried", []))
-        return "no change tried is predicted to help" + (f" (tried {tried})" if tried else "")
+        tried = effect.get("tried", [])
+        names = ", ".join(overrides_text(e.get("change", {})) for e in tried[:3])
+        names += ", …" if len(tried) > 3 else ""
+        text = "no change tried is predicted to help" + (f" ({len(tried)} tried: {names})" if tried else "")
+        trade = effect.get("best_trade_off")
+        if isinstance(trade, dict) and "change_pct" in trade:
+            trade_off = overrides_text(trade.get("change", {}))
+            text += f"; the best trade-off: {trade_off} ({_effect_numbers(trade)})"
+        return text
     if change:
         return f"set {overrides_text(change)}" + (f" (prediction: {verdict})" if verdict else "")
     # no change to predict (the measurement itself, or advice that is not a config change)
     suggestion = str(finding.get("suggestion", "")).strip()
     return suggestion.split(". ")[0].rstrip(".") if suggestion else "see the trial's diagnosis.json"
+
+
+def behind_text(runner: dict[str, Any], goal: str | None) -> str:
+    """How far a runner-up is behind the best: ``11% fewer tok/s, within noise``, or on a latency goal
+    ``ITL p99 +40% against the best``."""
+    behind = runner.get("behind_pct", NAN)
+    if not isinstance(behind, int | float) or not math.isfinite(behind):
+        return "behind"
+    name = dict(LATENCIES).get(goal or "")
+    how = f"{name} {behind:+.0f}% against the best" if name else f"{behind:.0f}% fewer tok/s"
+    return how + (", within noise" if runner.get("within_noise") else "")
 
 
 def load_text(load: Any) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 from analysis.diagnose import overrides_text
 from analysis.noise import NAN, judge, point_estimate
 from analysis.repeats import combine_repeats
-from analysis.report import finding_key, instead_lines, load_text, merge_findings, merge_texts
+from analysis.report import behind_text, finding_key, instead_lines, load_text, merge_findings, merge_texts
 from analysis.store import masked
 from vocab.metric_keys import PointLabel, point_metrics
 from vocab.status import RunKind, Tag
@@ -319,11 +319,8 @@ def effect_text(effect: Any) -> str:
         text += f"; chosen instead of {_overrides(instead.get('change'))} ({instead.get('verdict', '?')})"
     runner = effect.get("runner_up")
     if isinstance(runner, Mapping):
-        behind = runner.get("behind_pct")
-        how = f", {behind:.0f}% behind" if isinstance(behind, int | float) and math.isfinite(behind) else ""
-        noise = (f", within the prediction's noise ({runner['within_noise']})" if runner.get("within_noise")
-                 else "")
-        text += f"; runner-up {_overrides(runner.get('change'))}{how}{noise}"
+        behind = behind_text(dict(runner), effect.get("goal"))
+        text += f"; runner-up {_overrides(runner.get('change'))} ({behind})"
     own = effect.get("own")
     if isinstance(own, Mapping):
         text += f"; the finding's own best: {_overrides(own.get('change'))} ({own.get('verdict', '?')})"

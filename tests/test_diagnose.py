@@ -381,9 +381,10 @@ def test_ttft_queueing() -> None:
     assert x.goal == "ttft_p99_ms" and x.point == "c32"
     assert ("TTFT p99 2.0 s, of which 1.8 s (90%) queueing (each request's queue time, reported by "
             "the engine)") in x.evidence
-    assert x.change == {} and x.alternatives == []  # the layouts of the same GPUs, from the advice check
+    assert x.change == {"dp.size": 2} and x.alternatives == []  # more replicas: more GPUs, for the TTFT
     chunked = found(facts(c32=queued(), resolved={"chunked_prefill_size": 4096}))["ttft_queueing"]
     assert chunked.change == {"server.chunked_prefill_size": 8192}
+    assert chunked.alternatives == [{"dp.size": 2}]
     # a burst: only the tail waited (the median request was admitted at once)
     assert "ttft_queueing" not in found(facts(c32=queued(server_queue_p50_ms=20.0)))
     # an admission cap holds them back: admission_cap says so, not this

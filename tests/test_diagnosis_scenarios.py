@@ -28,6 +28,9 @@ from vocab.findings import Finding
 from vocab.hardware import load_hardware
 from vocab.telemetry import GpuSource
 
+# each scenario predicts the finding's changes and every layout of its GPUs on a pool of processes
+pytestmark = pytest.mark.slow
+
 
 def scenario(model: str, hardware: str, tp: int = 1, pp: int = 1, concurrency: int = 8, input_len: int = 256,
              output_len: int = 32, micro_batch: int | None = None, **server: object) -> ParasweepConf:

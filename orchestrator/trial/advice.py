@@ -48,7 +48,7 @@ from typing import Any
 
 from analysis.diagnose import overrides_text
 from analysis.noise import Estimate, judge
-from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.schema import ParasweepConf, world_size
 from orchestrator.config.slo import worst_ratio
 from orchestrator.prediction.at_load import Load, Predicted, predict_change, predict_changes
 from orchestrator.prediction.modelled import step_costs_label
@@ -154,6 +154,10 @@ class AdviceChecker:
                                       **({"load": load} if load else {})}
             text = (f"{why} No change tried is predicted to help at {finding.point} ({len(effects)} tried: "
                     f"{_tried_text(effects)}; {self.source}).")
+            trades = sorted((e for e in effects if e["verdict"] == "trade-off"), key=lambda e: -gain(e, goal))
+            if trades:  # what it would cost: the user may well take it
+                best = effect["best_trade_off"] = trades[0]
+                notes.append(f"The best trade-off: {overrides_text(best['change'])} ({_brief(best)}).")
             return dataclasses.replace(finding, change={}, alternatives=[], predicted_effect=effect,
                                        suggestion=" ".join([text, *notes, *_load_says(load)]))
         best = helping[0]
@@ -186,6 +190,9 @@ class AdviceChecker:
                       predicted={k: predicted[k] for k in EFFECT_METRICS if k in predicted},
                       predicted_at=at or label, change_pct=pct,
                       verdict=verdict(pct, load_change=load_change, goal=goal))
+        gpus = self._predicted[(_key(change), at or label)].gpus
+        if gpus != world_size(self.cfg):  # a change that buys its effect with more GPUs says so
+            effect["gpus"] = gpus
         noise = predicted.get("output_tok_s_ci95_rel")
         if noise is not None and math.isfinite(noise):
             effect["tok_s_ci95_rel"] = noise
@@ -280,13 +287,14 @@ def _says(effect: Mapping[str, Any]) -> str:
     for key in ("ttft_p99_ms", "itl_p99_ms"):
         if key in pct:
             parts.append(f"{NAMES[key]} {b[key]:.0f} → {p[key]:.0f} ms ({pct[key]:+.0f}%)")
-    return f"Predicted at {where}: {', '.join(parts)}; {effect['source']}."
+    gpus = f" on {effect['gpus']} GPUs" if effect.get("gpus") else ""
+    return f"Predicted at {where}{gpus}: {', '.join(parts)}; {effect['source']}."
 
 
 def _runner_up_says(runner: Mapping[str, Any], goal: str) -> str:
     behind = runner["behind_pct"]
     how = (f"{behind:.0f}% fewer tok/s" if goal == "throughput"
-           else f"its {NAMES.get(goal, goal)} {behind:.0f}% higher")
+           else f"its {NAMES.get(goal, goal)} {behind:+.0f}% against the best's")
     noise = (f"; within the prediction's noise ({runner['within_noise']}): either will do"
              if runner.get("within_noise") else "")
     return f"Runner-up: {overrides_text(runner['change'])} ({how}{noise})."

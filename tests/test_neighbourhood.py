@@ -1,0 +1,75 @@
+"""The changes the diagnosis and the end of a sweep try around a trial: every other split of the same
+GPUs, with nothing ruled out by the link between them; and what "better than every trial" means."""
+
+from __future__ import annotations
+
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.prediction.at_load import Load, Predicted
+from orchestrator.prediction.neighbourhood import ATTN_DP_KEY, layouts
+from orchestrator.search.instead import _judge_one
+from vocab.hardware import load_hardware
+
+
+def config(model: str, hardware: str, tp: int = 1, pp: int = 1, dp: int = 1, depth: int = 0,
+           micro_batch: int | None = None) -> ParasweepConf:
+    cfg = ParasweepConf()
+    cfg.model.name, cfg.model.path = model, f"models/{model}"
+    cfg.hardware = load_hardware(hardware)
+    cfg.tp.size, cfg.pp.size, cfg.dp.size = tp, pp, dp
+    cfg.pp.async_depth, cfg.pp.micro_batch_size = depth, micro_batch
+    return cfg
+
+
+def splits(changes: list[dict]) -> set[tuple[int, int, int, int]]:
+    return {(c.get("tp.size", 1), c.get("pp.size", 1), c.get("dp.size", 1), c.get("ep.size", 1))
+            for c in changes if ATTN_DP_KEY not in c}
+
+
+def test_every_split_of_the_same_gpus_over_pcie_too() -> None:
+    # Kimi K2 (MoE) in PP8 on the PCIe box: TP8 is tried (no rule of thumb keeps TP off PCIe), with and
+    # without its experts over the TP group; the trial's own split is not
+    around = layouts(config("kimi-k2", "rtx-pro-6000-pcie-x8", pp=8, depth=4, micro_batch=4))
+    found = splits(around)
+    assert (8, 1, 1, 1) in found and (8, 1, 1, 8) in found and (4, 2, 1, 4) in found
+    assert (1, 8, 1, 1) not in found
+    assert all(tp * pp * dp == 8 for tp, pp, dp, _ in found)
+    # ten tp x pp x dp splits of 8, the current one left out, and six with experts over tp > 1
+    assert len(found) == 9 + 6
+    # without the pipeline its knobs mean nothing: depth back to 0, the cap to the engine's default
+    tp8 = next(c for c in around if c.get("tp.size") == 8 and "ep.size" not in c and ATTN_DP_KEY not in c)
+    assert tp8 == {"tp.size": 8, "pp.size": 1, "pp.async_depth": 0, "pp.micro_batch_size": None}
+    # attention DP is named, for a MoE model only
+    assert [c[ATTN_DP_KEY] for c in around if ATTN_DP_KEY in c] == [8]
+
+
+def test_a_dense_model_gets_no_expert_or_attention_dp_splits() -> None:
+    around = layouts(config("llama-3.1-70b", "h100-sxm-x8", tp=4))
+    assert all("ep.size" not in c and ATTN_DP_KEY not in c for c in around)
+    assert splits(around) == {(1, 1, 4, 1), (1, 2, 2, 1), (1, 4, 1, 1), (2, 1, 2, 1), (2, 2, 1, 1)}
+    assert layouts(config("llama-3.1-8b", "h200-nvlink-x8")) == []  # one GPU: nothing else to split
+
+
+def predicted(name: str, **by_load: tuple[float, float, float, float]) -> Predicted:
+    """Metrics per load: (tok/s, its relative 95 % interval, TTFT p99, ITL p99)."""
+    return Predicted({"name": name}, {label: {"output_tok_s": t, "output_tok_s_ci95_rel": ci,
+                                              "ttft_p99_ms": ttft, "itl_p99_ms": itl}
+                                      for label, (t, ci, ttft, itl) in by_load.items()})
+
+
+LOADS = [Load.closed(8), Load.closed(32)]
+
+
+def test_better_than_every_trial_means_no_cost_anywhere_and_a_gain_beyond_noise() -> None:
+    trials = {"#0": predicted("pp8", c8=(75, 0.1, 780, 560), c32=(160, 0.2, 890, 770)),
+              "#1": predicted("pp8 d4", c8=(88, 0.1, 610, 540), c32=(155, 0.2, 900, 800))}
+    tp8 = predicted("tp8", c8=(181, 0.16, 120, 125), c32=(384, 0.77, 1540, 47))
+    assert _judge_one(tp8, trials, LOADS, {})
+    # a gain bought with a larger latency loss at one load is a trade-off: not recommended
+    slow_ttft = predicted("x", c8=(181, 0.1, 120, 125), c32=(200, 0.1, 2000, 47))
+    assert not _judge_one(slow_ttft, trials, LOADS, {})
+    # a gain only within the noise of both windows is not enough
+    noisy = predicted("y", c8=(90, 0.5, 600, 500), c32=(170, 0.5, 880, 760))
+    assert not _judge_one(noisy, trials, LOADS, {})
+    # within the sweep's SLOs: a TTFT p99 over 1 s at c32, which every trial meets, rules it out
+    assert not _judge_one(tp8, trials, LOADS, {"ttft_p99_ms": 1000})
+    assert _judge_one(tp8, trials, LOADS, {"itl_p99_ms": 600})  # the trials miss it at c32, tp8 does not
