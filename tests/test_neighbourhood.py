@@ -73,3 +73,16 @@ def test_better_than_every_trial_means_no_cost_anywhere_and_a_gain_beyond_noise(
     # within the sweep's SLOs: a TTFT p99 over 1 s at c32, which every trial meets, rules it out
     assert not _judge_one(tp8, trials, LOADS, {"ttft_p99_ms": 1000})
     assert _judge_one(tp8, trials, LOADS, {"itl_p99_ms": 600})  # the trials miss it at c32, tp8 does not
+
+
+def test_a_finding_about_the_measurement_is_not_answered_with_a_layout() -> None:
+    from orchestrator.prediction.at_load import closed_point
+    from orchestrator.trial.advice import check_findings
+    from vocab.findings import Finding
+
+    cfg = config("kimi-k2", "rtx-pro-6000-pcie-x8", pp=8)
+    cfg.engine.name = "sim"
+    cfg.workload.concurrency = [32]
+    fell_behind = Finding("client_bound", "critical", "The load generator fell behind at c32", "valid=0",
+                          "Do not read those points as server numbers.", point="c32")
+    assert check_findings([fell_behind], cfg, [closed_point(32)]) == [fell_behind]

@@ -44,7 +44,12 @@ def test_sweep_completes_and_prints_summary(sweep) -> None:
     assert "2 trial(s), status ok" in out
     # labels name what varies between trials, never what they share or sweep-wide settings
     assert "#0 pp.async_depth=0" in out and "#1 pp.async_depth=2" in out
-    assert "ray.num_cpus" not in out and "model=tiny-test parallelism" not in out
+    table = out.split("Run this instead")[0]
+    assert "ray.num_cpus" not in table and "model=tiny-test parallelism" not in table
+    # what to run instead is the whole command: the trial's own overrides, not the sweep-wide settings
+    if "Run this instead: " in out and "Run this instead: nothing" not in out:
+        assert "  python run.py model=tiny-test parallelism=pp2 workload=tiny pp.async_depth=" in out
+        assert "ray.num_cpus" not in out
     assert "pp.async_depth=0" in out and "pp.async_depth=2" in out
     assert "mlflow ui --backend-store-uri sqlite:///" in out and "--host 127.0.0.1" in out
     assert "#/experiments/" in out and "workflowType=machine_learning" in out
@@ -69,10 +74,11 @@ def test_summary_of_a_real_sweep_fits_100_columns_and_explains(sweep) -> None:
     assert "tok/s (pred)" in out
     assert "* best of the trials" in out or "within noise, no trial marked" in out or "!" in out
     # the micro-batch finding, once for both trials, then the change and what it is predicted to do
-    found = re.search(r"^(CRITICAL|warning): all 2 trials: .*micro-batch.*\n(  → .*\n(    .*\n)?)", out, re.M)
+    found = re.search(r"^(CRITICAL|warning): all 2 trials: .*micro-batch.*\n(  → .*\n(    .*\n)*)", out, re.M)
     assert found, out
     body = " ".join(found.group(2).split())
-    assert re.search(r"set \S+=\S+: predicted \d+ → \d+ tok/s \(\+\d+%\)", body), out
+    assert re.search(r"set (\S+=\S+ )*\S+=\S+: predicted \d+ → \d+ tok/s \(\+\d+%\)", body), out
+    assert "workload.concurrency" not in body.split("more load, not a fix")[0]  # load is never the fix
     assert "mlflow ui --backend-store-uri sqlite:///runs/mlflow.db" in out
 
 
@@ -167,7 +173,7 @@ def test_records_and_diagnosis_content(sweep) -> None:
         assert "too_few_microbatches" in {f["id"] for f in findings}, findings
         for f in findings:
             assert set(f) == {"id", "severity", "title", "evidence", "suggestion", "point", "change",
-                              "alternatives", "predicted_effect", "goal"}
+                              "alternatives", "predicted_effect", "goal", "more_load"}
             if f["change"]:  # every suggested change was predicted before it was made
                 assert f["predicted_effect"]["verdict"] == "helps", f
         # GPU telemetry of the simulated engine, named as such, on the load's clock

@@ -12,6 +12,9 @@ SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
 # or one latency metric (p99 inter-token latency, p99 time to first token)
 Goal = Literal["throughput", "itl_p99_ms", "ttft_p99_ms"]
 GOALS: tuple[str, ...] = ("throughput", "itl_p99_ms", "ttft_p99_ms")
+# findings about the measurement itself (the client fell behind, the trial failed): no configuration
+# change answers them, so none is searched for
+ABOUT_THE_MEASUREMENT: tuple[str, ...] = ("client_bound", "trial_failed")
 
 
 @dataclass

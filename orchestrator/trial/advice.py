@@ -54,7 +54,7 @@ from orchestrator.prediction.at_load import Load, Predicted, predict_change, pre
 from orchestrator.prediction.modelled import step_costs_label
 from orchestrator.prediction.neighbourhood import layouts
 from orchestrator.prediction.verdict import EFFECT_METRICS, MIN_LATENCY_GAIN, change_pct, gain, verdict
-from vocab.findings import Finding
+from vocab.findings import ABOUT_THE_MEASUREMENT, Finding
 from vocab.load import LoadPoint
 
 log = logging.getLogger("parasweep")
@@ -91,8 +91,8 @@ class AdviceChecker:
         self._predicted: dict[tuple[str, str], Predicted] = {}  # (change, load label) -> prediction
 
     def _checkable(self, finding: Finding) -> bool:
-        return bool(finding.point in self.loads and (finding.change or finding.alternatives or self.layouts
-                                                      or finding.more_load))
+        return finding.id not in ABOUT_THE_MEASUREMENT and finding.point in self.loads and bool(
+            finding.change or finding.alternatives or self.layouts or finding.more_load)
 
     def candidates(self, finding: Finding) -> list[dict[str, Any]]:
         """The finding's own changes (its rule's, in its order), then every other layout."""
