@@ -232,6 +232,7 @@ def test_the_search_from_the_command_line(tmp_path: Path) -> None:
 PRUNABLE = ["server.cuda_graph=true,false", "tp.size=1,2", "pp.size=1,2", "pp.micro_batch_size=null,1,2"]
 
 
+@pytest.mark.slow  # dozens of candidates predicted, on a pool of processes
 def test_the_cost_models_ceiling_bounds_every_prediction(tmp_path: Path) -> None:
     # The ceiling is what lets a search skip a candidate: it must never be below what the candidate is
     # then predicted to score, or the search would skip one that could have won. (The SLO leaves room
@@ -251,6 +252,7 @@ def test_the_cost_models_ceiling_bounds_every_prediction(tmp_path: Path) -> None
     assert judged == 12
 
 
+@pytest.mark.slow  # dozens of candidates predicted, on a pool of processes
 def test_pruning_keeps_the_exhaustive_top(tmp_path: Path) -> None:
     cfg = tiny(tmp_path, {"itl_p99_ms": 3.0})
     cfg.search.max_concurrency = 24
@@ -275,6 +277,7 @@ def test_pruning_keeps_the_exhaustive_top(tmp_path: Path) -> None:
     assert all(o.predictions == 0 for o in twins)
 
 
+@pytest.mark.slow  # dozens of candidates predicted, on a pool of processes
 def test_a_space_larger_than_max_candidates_is_sampled(tmp_path: Path) -> None:
     cfg = tiny(tmp_path, {"itl_p99_ms": 3.0})
     cfg.search.space, cfg.search.max_candidates, cfg.search.workers = PRUNABLE, 10, 2
