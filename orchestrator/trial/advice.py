@@ -68,6 +68,11 @@ def _key(change: Mapping[str, Any]) -> str:
     return repr(sorted(change.items()))
 
 
+def _own(finding: Finding) -> list[dict[str, Any]]:
+    """The changes the finding's rule proposed: its change, then its alternatives."""
+    return [c for c in (finding.change, *finding.alternatives) if c]
+
+
 def _unique(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``changes`` without repeats, in their first order."""
     seen: dict[str, dict[str, Any]] = {}
@@ -96,8 +101,7 @@ class AdviceChecker:
 
     def candidates(self, finding: Finding) -> list[dict[str, Any]]:
         """The finding's own changes (its rule's, in its order), then every other layout."""
-        own = [c for c in (finding.change, *finding.alternatives) if c]
-        return _unique([*own, *self.layouts])
+        return _unique([*_own(finding), *self.layouts])
 
     def prepare(self, findings: list[Finding]) -> None:
         """Predict what the findings need, each once: the trial's own config first, in this process
@@ -138,7 +142,7 @@ class AdviceChecker:
         if isinstance(baseline, str):
             return dataclasses.replace(finding, predicted_effect={"verdict": baseline, "source": self.source})
         goal = finding.goal
-        own = [c for c in (finding.change, *finding.alternatives) if c]
+        own = _own(finding)
         effects = [self._effect(c, finding.point, baseline, goal) for c in self.candidates(finding)]
         tried = [_tried(e) for e in effects]
         helping = sorted((e for e in effects if e["verdict"] == "helps"), key=lambda e: -gain(e, goal))
