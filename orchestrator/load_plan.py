@@ -13,6 +13,7 @@ from typing import Any
 from orchestrator.config.lengths import length_bounds
 from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.traffic import source_of
 from orchestrator.ramp import predicted_durations
 
 
@@ -21,20 +22,32 @@ def load_points(cfg: ParasweepConf) -> list[Any]:
     point's mean request duration (a burst start, in virtual time: milliseconds) and ramps its streams
     in over it; where the model cannot say, the streams start at once and the log says why."""
     from workloads import LoadPoint
+    from workloads.sources import source_requests
 
     w = cfg.workload
     points = []
     ramp = 0.0 if w.ramp == "auto" else float(w.ramp)
+    source = source_requests(request_spec(cfg)) if w.source != "random" else None
     for c in w.concurrency:
         n = w.requests_per_point or max(8, w.requests_per_concurrency * c)
         warmup = (w.warmup_requests if w.warmup_per_concurrency is None
                   else math.ceil(w.warmup_per_concurrency * c))
+        sessions = None
+        if w.multi_turn:
+            assert source is not None
+            sessions, n = whole_sessions(source.session_turns, warmup + n)
+            n -= warmup
         points.append(LoadPoint(concurrency=c, num_requests=n, warmup_requests=warmup, ramp_s=ramp,
-                                ci_target=w.ci_target, duration_s=w.max_point_s))
+                                ci_target=w.ci_target, duration_s=w.max_point_s, sessions=sessions,
+                                think_s=w.think_time_s))
     for r in w.rate:
         n = w.requests_per_point or max(8, math.ceil(w.requests_per_concurrency * r))
         points.append(LoadPoint(rate=float(r), num_requests=n, warmup_requests=w.warmup_requests,
                                 arrival=w.arrival, ci_target=w.ci_target, duration_s=w.max_point_s))
+    if w.arrival == "trace":
+        assert source is not None and source.times_s is not None
+        points += trace_points(source.times_s, w.trace_speed, w.requests_per_point, w.warmup_requests,
+                               w.max_point_s)
     if w.ramp == "auto" and w.concurrency:
         durations = predicted_durations(cfg, [p for p in points if not p.open_loop], request_spec)
         points = [dataclasses.replace(p, ramp_s=durations.get(p.label, 0.0)) for p in points]
@@ -49,4 +62,36 @@ def request_spec(cfg: ParasweepConf) -> Any:
     input_max, output_max = length_bounds(cfg, model.max_context)
     return RequestSpec(api=w.api, input_len=w.input_len, output_len=w.output_len, seed=w.seed,
                        vocab_size=model.vocab_size, model=cfg.model.name, input_dist=w.input_dist,
-                       output_dist=w.output_dist, input_max_len=input_max, output_max_len=output_max)
+                       output_dist=w.output_dist, input_max_len=input_max, output_max_len=output_max,
+                       source=None if w.source == "random" else source_of(cfg))
+
+
+def whole_sessions(turns: tuple[int, ...], requests: int) -> tuple[tuple[int, ...], int]:
+    """The first sessions whose turns add up to at least ``requests`` (a point runs whole sessions,
+    taking them again from the first if it needs more than the source has), and their turn count."""
+    out: list[int] = []
+    total = 0
+    while total < requests:
+        t = turns[len(out) % len(turns)]
+        out.append(t)
+        total += t
+    return tuple(out), total
+
+
+def trace_points(times_s: Any, speeds: list[float], requests: int | None, warmup: int,
+                 max_point_s: float | None) -> list[Any]:
+    """One open-loop point per speed factor, replaying the trace's window on its own timestamps (divided
+    by the speed). Its name is its mean rate; a replay runs whole (no stop rule), cut only by
+    ``requests_per_point`` and ``max_point_s``."""
+    from workloads import LoadPoint
+
+    points = []
+    times = [float(t) for t in times_s[: (warmup + requests) if requests else None]]
+    for speed in speeds:
+        schedule = tuple(t / speed for t in times)
+        span = schedule[-1] - schedule[0]
+        rate = len(schedule) / span if span > 0 else float(len(schedule))
+        points.append(LoadPoint(rate=float(f"{rate:.3g}"), arrival="trace", schedule=schedule,
+                                num_requests=max(1, len(schedule) - warmup),
+                                warmup_requests=min(warmup, len(schedule) - 1), duration_s=max_point_s))
+    return points

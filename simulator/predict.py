@@ -63,6 +63,7 @@ plus two numbers only the simulator knows: ``sim_peak_running_reqs`` and
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 
 from simulator.admission import Admission
@@ -335,6 +336,10 @@ class _VirtualClient:
         self.tracker = StabilityTracker(point, point.ci_target) if point.ci_target is not None else None
         self.enough = False
         self.open_sends_left = 0
+        # closed loop on sessions: each session's first index (and one past the last), the next session
+        # a stream takes
+        self.starts = point.session_starts() if point.sessions is not None else None
+        self.next_session = 0
 
     def start(self) -> None:
         point, sim = self.point, self.sim
@@ -376,15 +381,27 @@ class _VirtualClient:
     def _sending_over(self) -> bool:
         if self.point.open_loop:
             return self.open_sends_left == 0
+        if self.starts is not None and self.next_session >= len(self.starts) - 1:
+            return True
         if self.limit is not None and self.next_index >= self.limit:
             return True
         return self.deadline is not None and self.sim.now >= self.deadline
 
-    def _claim(self, send_at: float) -> int | None:
+    def _claim(self, send_at: float, after: int | None = None) -> int | None:
         """The index a closed-loop worker sends at ``send_at``, or None when the point has sent enough: its
         request count is reached, the duration window (opened by the first measured send) is over, or
-        the stop rule said its throughput is known."""
-        point, i = self.point, self.next_index
+        the stop rule said its throughput is known. With sessions, ``after`` is the index the worker
+        just finished: its session's next turn, else the first turn of the next session."""
+        point = self.point
+        new_session = False
+        if self.starts is None:
+            i = self.next_index
+        elif after is not None and self.next_turn(after) is not None:
+            i = after + 1
+        elif self.next_session < len(self.starts) - 1:
+            i, new_session = self.starts[self.next_session], True
+        else:
+            return None
         if self.enough or (self.limit is not None and i >= self.limit):
             return None
         if i >= point.warmup_requests and point.duration_s is not None:
@@ -392,8 +409,16 @@ class _VirtualClient:
                 self.deadline = send_at + point.duration_s
             elif send_at >= self.deadline:
                 return None
-        self.next_index += 1
+        if self.starts is None:
+            self.next_index += 1
+        elif new_session:
+            self.next_session += 1
         return i
+
+    def next_turn(self, i: int) -> int | None:
+        """With sessions: the index of the turn after request ``i`` in its session (None: its last)."""
+        assert self.starts is not None
+        return i + 1 if i + 1 < self.starts[bisect.bisect_right(self.starts, i)] else None
 
     def _send(self, i: int, scheduled: float | None) -> None:
         now = self.sim.now
@@ -438,7 +463,9 @@ class _VirtualClient:
                 self.tracker.ended(rec)
             if not self.point.open_loop:
                 turnaround = self.trial.turnaround
-                i = self._claim(sim.now + turnaround)
+                if self.starts is not None and self.next_turn(rec.index) is not None:
+                    turnaround += self.point.think_s  # the session's next turn, after its think time
+                i = self._claim(sim.now + turnaround, rec.index)
                 if i is None:
                     if self.window_open and not self.window_closed:
                         self.window_closed = True  # the first stream not replaced closes the window

@@ -1,9 +1,9 @@
-"""Where the shipped data lives: the Hydra config tree (``conf/``, with the hardware profiles) and the
-model directories (``models/<name>/config.json``).
+"""Where the shipped data lives: the Hydra config tree (``conf/``, with the hardware profiles), the
+model directories (``models/<name>/config.json``) and the trace slices (``data/traces/``).
 
-Both are installed as package data (``parasweep_conf`` and ``parasweep_models``, mapped onto the
-checkout's ``conf/`` and ``models/`` folders), so they are found the same way from a source checkout, an
-editable install and a plain ``pip install .``.
+All three are installed as package data (``parasweep_conf``, ``parasweep_models`` and
+``parasweep_traces``, mapped onto the checkout's ``conf/``, ``models/`` and ``data/traces/`` folders), so
+they are found the same way from a source checkout, an editable install and a plain ``pip install .``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,12 @@ def hardware_dir() -> Path:
 @functools.cache
 def models_dir() -> Path:
     return _package_dir("parasweep_models")
+
+
+@functools.cache
+def traces_dir() -> Path:
+    """The trace slices parasweep ships (``data/traces/``)."""
+    return _package_dir("parasweep_traces")
 
 
 def group_options(group: str) -> list[str]:

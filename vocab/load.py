@@ -3,7 +3,9 @@ prediction and the orchestrator's load plan share.
 
 * :class:`LoadPoint`: one load level, closed loop (``concurrency``) or open loop (``rate``), and how
   long it lasts; its :attr:`LoadPoint.label` is the metric prefix (``c8``, ``r2.5``).
-* :class:`RequestSpec`: what each request sends (API, lengths and their distributions, prompts).
+* :class:`RequestSpec`: what each request sends (API, lengths and their distributions, prompts, or a
+  :class:`Source` of real traffic: a dataset or a timed trace).
+* :func:`parse_arrival`: an arrival process as written in a config (``poisson``, ``gamma:CV``, ...).
 """
 
 from __future__ import annotations
@@ -18,7 +20,28 @@ import numpy as np
 from vocab.metric_keys import PointLabel
 from vocab.prompts import load_prompts
 
-Arrival = Literal["poisson", "constant"]
+# Open-loop arrival processes. ``gamma:CV``: gamma-distributed gaps whose coefficient of variation is CV
+# (1 is Poisson, above 1 burstier, below 1 more regular); ``trace``: a trace's own timestamps.
+ARRIVALS: tuple[str, ...] = ("poisson", "gamma:CV", "constant", "trace")
+
+
+def parse_arrival(text: str) -> tuple[str, float]:
+    """``poisson`` -> ("poisson", 1.0); ``gamma:2`` -> ("gamma", 2.0); ``constant``; ``trace``.
+    Raises ValueError naming what would be valid."""
+    kind, _, param = str(text).strip().partition(":")
+    if kind in ("poisson", "constant", "trace") and not param:
+        return kind, 1.0
+    if kind == "gamma":
+        try:
+            cv = float(param)
+        except ValueError:
+            cv = math.nan
+        if cv > 0 and math.isfinite(cv):
+            return kind, cv
+        raise ValueError("gamma needs its coefficient of variation, a number > 0 (e.g. gamma:2), "
+                         f"got {text!r}")
+    raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {text!r}")
+
 
 Api = Literal["generate", "completions", "chat"]
 APIS: tuple[str, ...] = ("generate", "completions", "chat")
@@ -46,18 +69,30 @@ class LoadPoint:
     ``ci_target``: stop the point early once its throughput is known to within this fraction (the
     relative half-width of the 95 % confidence interval of its window's batch means, e.g. 0.03), the
     request count and ``duration_s`` then being upper bounds. None: run the whole count.
+
+    ``schedule`` (``arrival="trace"``): every request's send offset in seconds, warm-up first, taken
+    from a trace (already scaled and windowed); ``rate`` is then the schedule's mean rate, the point's
+    name.
+
+    ``sessions`` (closed loop on sessions): the number of turns of each session, in order. The
+    ``concurrency`` is then the sessions in flight: each stream sends its session's turns one after
+    another, the next ``think_s`` seconds after the previous answer ended, then takes the next session.
+    Request indices run over the sessions' turns in order (session 0's turns first).
     """
 
     num_requests: int | None = None
     concurrency: int | None = None
     rate: float | None = None
-    arrival: Arrival = "poisson"
+    arrival: str = "poisson"  # see ARRIVALS
     max_concurrency: int | None = None
     warmup_requests: int = 0
     seed: int = 0  # seeds the Poisson arrival schedule
     duration_s: float | None = None
     ramp_s: float = 0.0
     ci_target: float | None = None
+    schedule: tuple[float, ...] | None = None
+    sessions: tuple[int, ...] | None = None
+    think_s: float = 0.0
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate is None):
@@ -66,8 +101,19 @@ class LoadPoint:
             raise ValueError("concurrency must be >= 1")
         if self.rate is not None and not (self.rate > 0 and np.isfinite(self.rate)):
             raise ValueError("rate must be a positive finite number of requests per second")
-        if self.arrival not in ("poisson", "constant"):
-            raise ValueError("arrival must be 'poisson' or 'constant'")
+        kind, _ = parse_arrival(self.arrival)
+        if (kind == "trace") != (self.schedule is not None):
+            raise ValueError("a trace's schedule goes with arrival='trace', and only with it")
+        if self.schedule is not None and (not self.schedule or any(
+                b < a for a, b in zip(self.schedule, self.schedule[1:], strict=False))):
+            raise ValueError("a schedule is a non-empty list of non-decreasing send offsets")
+        if self.sessions is not None:
+            if self.concurrency is None:
+                raise ValueError("sessions are run in closed loop (a concurrency of sessions)")
+            if not self.sessions or min(self.sessions) < 1:
+                raise ValueError("sessions: every session has at least one turn")
+        if not (self.think_s >= 0 and np.isfinite(self.think_s)):
+            raise ValueError("think_s must be a number of seconds >= 0")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
         if self.num_requests is None and self.duration_s is None:
@@ -102,7 +148,7 @@ class LoadPoint:
     @property
     def measured_requests(self) -> int | None:
         """Measured requests this point sends, if known before it runs (None: closed loop by duration)."""
-        if self.open_loop and self.duration_s is not None:
+        if self.open_loop and (self.duration_s is not None or self.schedule is not None):
             return len(self.send_offsets()) - self.warmup_requests
         return self.num_requests
 
@@ -112,6 +158,8 @@ class LoadPoint:
         the point's whole count where that is smaller (None: open loop)."""
         if self.concurrency is None:
             return None
+        if self.sessions is not None:
+            return min(self.concurrency, len(self.sessions))
         return self.concurrency if self.measured_requests is None else min(self.concurrency,
                                                                           self.total_requests)
 
@@ -130,22 +178,53 @@ class LoadPoint:
         if self.rate is None:
             raise ValueError("closed-loop points have no send schedule")
         return _offsets(
-            self.rate, self.arrival, self.seed, self.warmup_requests, self.num_requests, self.duration_s
+            self.rate, self.arrival, self.seed, self.warmup_requests, self.num_requests, self.duration_s,
+            self.schedule,
         )
+
+    def session_starts(self) -> tuple[int, ...]:
+        """The request index of each session's first turn (closed loop on sessions), and one past the
+        last turn at the end."""
+        assert self.sessions is not None
+        return _session_starts(self.sessions)
+
+
+@functools.lru_cache(maxsize=8)
+def _session_starts(sessions: tuple[int, ...]) -> tuple[int, ...]:
+    return (0, *np.cumsum(sessions).tolist())
 
 
 @functools.lru_cache(maxsize=32)
 def _offsets(
-    rate: float, arrival: str, seed: int, warmup: int, num: int | None, duration: float | None
+    rate: float, arrival: str, seed: int, warmup: int, num: int | None, duration: float | None,
+    schedule: tuple[float, ...] | None,
 ) -> np.ndarray:
+    kind, cv = parse_arrival(arrival)
+
     def make(n: int) -> np.ndarray:
-        if arrival == "constant":
+        if kind == "trace":
+            assert schedule is not None
+            return np.asarray(schedule[:n], dtype=float)
+        if kind == "constant":
             return np.arange(n, dtype=float) / rate
-        gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
+        rng = np.random.default_rng(seed)
+        if kind == "gamma":
+            # shape 1/CV^2 gives gaps whose coefficient of variation is CV; the scale keeps the mean
+            # gap 1/rate (shape 1 is the exponential: Poisson)
+            shape = 1.0 / (cv * cv)
+            gaps = rng.gamma(shape, 1.0 / (rate * shape), size=n)
+        else:
+            gaps = rng.exponential(1.0 / rate, size=n)
         gaps[0] = 0.0  # the first request opens the schedule
         return np.cumsum(gaps)
 
-    if duration is None:
+    if kind == "trace":
+        assert schedule is not None
+        out = make(len(schedule) if num is None else min(len(schedule), warmup + num))
+        if duration is not None and len(out) > warmup:
+            keep = int(np.searchsorted(out, out[warmup] + duration, side="left"))
+            out = out[:max(keep, warmup + 1)]
+    elif duration is None:
         assert num is not None
         out = make(warmup + num)
     else:
@@ -245,6 +324,49 @@ class LengthDist:
 
 
 
+SOURCES: tuple[str, ...] = ("random", "sharegpt", "mooncake", "azure")
+TRACE_SOURCES: tuple[str, ...] = ("mooncake", "azure")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Real traffic to send instead of generated prompts (``workloads/sources/`` reads it).
+
+    * ``kind``: ``sharegpt`` (conversations: prompts and recorded answers' lengths), ``mooncake``
+      (a JSONL trace: timestamps, lengths, prefix block hashes) or ``azure`` (a CSV trace: timestamps
+      and lengths).
+    * ``path``: the file; None takes the copy parasweep ships (or installs, for ShareGPT).
+    * ``tokenizer``: how text becomes token ids: ``quicktok:<encoding>`` or a ``tokenizer.json`` path.
+    * ``multi_turn`` (ShareGPT): one request per turn, each carrying the conversation so far; else one
+      request per conversation, its first turn.
+    * ``context``: the model's context length: a request longer than it is skipped and counted.
+    * ``start_s`` / ``window_s`` (traces): the part of the trace to replay, from its first timestamp.
+    * ``block_size`` (Mooncake): tokens per prefix block hash.
+    """
+
+    kind: str
+    path: str | None = None
+    tokenizer: str = "quicktok:llama3"
+    multi_turn: bool = False
+    context: int | None = None
+    start_s: float = 0.0
+    window_s: float | None = None
+    block_size: int = 512
+
+    def __post_init__(self) -> None:
+        if self.kind not in SOURCES[1:]:
+            raise ValueError(f"a source is one of {', '.join(SOURCES[1:])}, got {self.kind!r}")
+        if self.multi_turn and self.kind != "sharegpt":
+            raise ValueError("multi-turn sessions come from ShareGPT conversations")
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+
+    @property
+    def timed(self) -> bool:
+        """Whether the source carries arrival times (a trace)."""
+        return self.kind in TRACE_SOURCES
+
+
 @dataclass(frozen=True)
 class RequestSpec:
     """What to send. Every request set is a pure function of these fields and the request index.
@@ -258,6 +380,8 @@ class RequestSpec:
     ``output_max_len`` when set.
     ``prompt_file`` takes prompts from a JSONL file instead (row ``index % rows``, or a
     seeded shuffle with ``shuffle_prompts``); a row's ``output_len`` overrides ``output_len``.
+    ``source`` takes requests from real traffic instead (see :class:`Source`): lengths, prompts and
+    output lengths are then the source's, and token ids beyond ``vocab_size`` are folded into it.
     """
 
     api: Api = "generate"
@@ -274,6 +398,7 @@ class RequestSpec:
     shuffle_prompts: bool = False
     input_max_len: int | None = None  # samples of input_dist / output_dist are clipped at these
     output_max_len: int | None = None
+    source: Source | None = None
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
@@ -288,6 +413,11 @@ class RequestSpec:
             rows = load_prompts(self.prompt_file)
             if self.api == "chat" and any(r.input_ids is not None for r in rows):
                 raise ValueError("prompt rows given as input_ids cannot be sent to the chat API")
+        if self.source is not None and self.prompt_file is not None:
+            raise ValueError("give a prompt file or a source, not both")
+        if self.source is not None and self.source.kind != "sharegpt" and self.api == "chat":
+            raise ValueError(f"a {self.source.kind} trace has token counts, not text: send it with the "
+                             "generate or completions API")
 
     @property
     def path(self) -> str:

@@ -64,6 +64,7 @@ class ModelInfo:
     vocab_size: int
     max_context: int
     num_heads: int  # attention heads (0 when the config does not say)
+    model_type: str = ""  # config.json's model_type (its language model's): picks a tokenizer
 
     @property
     def is_moe(self) -> bool:
@@ -75,7 +76,8 @@ def num_routed_experts(cfg: dict[str, Any]) -> int:
 
 
 def read_model_info(directory: Path) -> ModelInfo:
-    cfg = language_config(read_config_json(directory))
+    raw = read_config_json(directory)
+    cfg = language_config(raw)
     return ModelInfo(
         path=directory,
         num_layers=int(cfg.get("num_hidden_layers", 0)),
@@ -83,4 +85,5 @@ def read_model_info(directory: Path) -> ModelInfo:
         vocab_size=int(cfg.get("vocab_size", 32000)),
         max_context=context_length(cfg),
         num_heads=int(cfg.get("num_attention_heads", 0) or 0),
+        model_type=str(cfg.get("model_type") or raw.get("model_type") or ""),
     )

@@ -65,6 +65,9 @@ class Tag:
     # effects): "measured (aiconfigurator-core <version>: <gpu table set>, SGLang <version>)" or
     # "roofline (why)"
     STEP_COSTS = "parasweep.step_costs"
+    # real traffic (workload.source other than random): what was read, what is sent, what was skipped,
+    # and which tokenizer made ids of text
+    TRAFFIC = "parasweep.traffic"
     GPU_TELEMETRY = "parasweep.gpu_telemetry"  # nvml | simulated | none: where GPU numbers come from
     GPU_TELEMETRY_NOTE = "parasweep.gpu_telemetry_note"  # what was sampled, or why nothing was
     # the process that started the run: a run left "running" whose driver is gone was killed outright

@@ -28,6 +28,7 @@ from vocab.records import ERROR_KINDS, RequestRecord
 
 from .window import (
     Window,
+    load_intervals,
     output_rate_interval,
     requests_delivered,
     sent_in,
@@ -289,8 +290,10 @@ def summarize(
         m[f"errors_{kind}"] = float(sum(1 for r in measured if r.error_kind == kind))
     m.update(_window_metrics(recs, in_window, window, slo))
 
-    # In flight counts every request (warmup included: it loads the server just the same).
-    intervals = [(r.send_time, r.end_time) for r in recs]
+    # In flight counts every request (warmup included: it loads the server just the same); with
+    # sessions, every session from its first send to its last end.
+    intervals = load_intervals(recs, point) if not point.open_loop else [(r.send_time, r.end_time)
+                                                                          for r in recs]
     if window is not None and window.width > 0:
         m["achieved_concurrency"] = _time_weighted_in_flight(intervals, window.start, window.end)  # type: ignore[arg-type]
     else:
@@ -345,10 +348,13 @@ def validity_reasons(
         target = min(point.concurrency, point.total_requests)
         if point.num_requests is None:
             target = point.concurrency
+        if point.sessions is not None:
+            target = point.streams or target
         achieved = metrics.get("achieved_concurrency", NAN)
+        unit = "sessions" if point.sessions is not None else "requests"
         if math.isfinite(achieved) and achieved < CONCURRENCY_TOLERANCE * target:
             reasons.append(
-                f"client kept {achieved:.2f} requests in flight, below 95 % of concurrency {target}"
+                f"client kept {achieved:.2f} {unit} in flight, below 95 % of concurrency {target}"
             )
     else:
         achieved = metrics.get("achieved_rate", NAN)

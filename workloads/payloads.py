@@ -1,7 +1,8 @@
 """Request generation: what each request of a load point sends.
 
 * Lengths come from the spec's length distributions (``RequestSpec.input_lengths()`` /
-  ``output_lengths()``), or from a prompt file's rows.
+  ``output_lengths()``), from a prompt file's rows, or from a source of real traffic
+  (``workloads/sources/``: ShareGPT, Mooncake and Azure traces).
 * Every request is materialised from ``(seed, index)`` alone, so any single request can be
   regenerated without replaying the ones before it.
 
@@ -19,6 +20,8 @@ import orjson
 
 from vocab.load import RequestSpec
 from vocab.prompts import Prompt, load_prompts
+
+from .sources import source_requests
 
 # Short, common English words: most BPE tokenizers (Llama, Qwen, GPT, DeepSeek/Kimi) encode
 # " word" as a single token, so N words ~ N prompt tokens without shipping a tokenizer.
@@ -65,6 +68,8 @@ def build_body(spec: RequestSpec, index: int) -> tuple[dict[str, Any], int, int]
     rng = _rng(spec, index)
     if spec.prompt_file is not None:
         return _body_from_file(spec, index, rng)
+    if spec.source is not None:
+        return _body_from_source(spec, index)
     n_in = spec.input_lengths().sample(rng)
     n_out = spec.output_lengths().sample(rng)
     body: dict[str, Any]
@@ -103,6 +108,18 @@ def _body_from_file(
         msgs = list(row.messages) if row.messages is not None else user
         body = {"messages": msgs}
     return _finish_body(spec, body, n_out), n_in, n_out
+
+
+def _body_from_source(spec: RequestSpec, index: int) -> tuple[dict[str, Any], int, int]:
+    req = source_requests(spec).request(index)
+    body: dict[str, Any]
+    if spec.api == "generate":
+        body = {"input_ids": req.ids.tolist()}
+    elif spec.api == "completions":
+        body = {"prompt": req.ids.tolist()}
+    else:
+        body = {"messages": [dict(m) for m in req.messages]}
+    return _finish_body(spec, body, req.output_len), len(req.ids), req.output_len
 
 
 def _as_text(row: Prompt) -> str:

@@ -5,9 +5,12 @@
   the streams enter one by one (the *ramp*), stream k at ``k / C * ramp_s``: over about one request's
   duration, their requests are spread out instead of starting, prefilling and finishing together wave
   after wave (which fixed lengths would otherwise repeat for ever). 0 starts every stream at once.
-* Open loop: requests leave at precomputed offsets from one schedule start (Poisson or evenly
-  spaced). We sleep until each *absolute* send time, so a late wake-up is caught up on the next
-  request instead of accumulating (the cause of vLLM's 183-of-200 QPS under-delivery, vllm#21104).
+* Closed loop on sessions (multi-turn): C streams, each sending one session's turns in order (the
+  next a think time after the previous answer), then the next session.
+* Open loop: requests leave at precomputed offsets from one schedule start (Poisson, gamma, evenly
+  spaced, or a trace's own timestamps). We sleep until each *absolute* send time, so a late wake-up
+  is caught up on the next request instead of accumulating (the cause of vLLM's 183-of-200 QPS
+  under-delivery, vllm#21104).
   ``max_concurrency`` optionally caps requests in flight (a request past the cap waits, then goes).
 
 Warmup requests are simply the first ``warmup_requests`` indices of the same stream: in closed
@@ -53,6 +56,8 @@ async def drive(
     """
     if point.open_loop:
         await _open_loop(point, send, shard, shards, start_perf, enough)
+    elif point.sessions is not None:
+        await _session_loop(point, send, shard, shards, start_perf, enough)
     else:
         await _closed_loop(point, send, shard, shards, start_perf, enough)
 
@@ -89,7 +94,60 @@ async def _closed_loop(
             await send(i, None)
 
     n_workers = workers if limit is None else min(workers, max(0, (limit - shard + shards - 1) // shards))
-    if n_workers == 0:
+    await _enter_streams(point, n_workers, worker, shard, shards)
+
+
+async def _session_loop(
+    point: LoadPoint, send: SendFn, shard: int, shards: int, start_perf: float | None,
+    enough: EnoughFn | None,
+) -> None:
+    """Closed loop on sessions: each stream takes the next session (this shard's: ``s % shards ==
+    shard``) and sends its turns in order, each ``think_s`` after the previous answer ended."""
+    assert point.concurrency is not None and point.sessions is not None
+    if start_perf is not None:
+        delay = start_perf - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    starts = point.session_starts()
+    limit, warmup, duration = point.total_requests, point.warmup_requests, point.duration_s
+    next_session = shard
+    deadline = float("inf")
+
+    def stop_before(i: int) -> bool:
+        nonlocal deadline
+        if i >= limit or (enough is not None and enough()):
+            return True
+        if i >= warmup and duration is not None:
+            now = time.perf_counter()
+            if deadline == float("inf"):
+                deadline = now + duration  # the first measured send opens the window
+            return now >= deadline
+        return False
+
+    async def worker() -> None:
+        nonlocal next_session
+        while next_session < len(point.sessions or ()):
+            s = next_session
+            next_session += shards  # single-threaded loop: no lock needed between read and increment
+            for i in range(starts[s], starts[s + 1]):
+                if i > starts[s] and point.think_s > 0:
+                    await asyncio.sleep(point.think_s)
+                if stop_before(i):
+                    return
+                await send(i, None)
+
+    sessions = len(range(shard, len(point.sessions), shards))
+    await _enter_streams(point, min(shard_share(point.concurrency, shard, shards), sessions), worker,
+                         shard, shards)
+
+
+async def _enter_streams(
+    point: LoadPoint, n_workers: int, worker: Callable[[], Awaitable[None]], shard: int, shards: int
+) -> None:
+    """Start ``n_workers`` streams running ``worker``, ramped in as ``point.ramp_s`` says, and wait
+    for them all."""
+    assert point.concurrency is not None
+    if n_workers <= 0:
         return
     ramp_start = time.perf_counter()
     tasks: list[asyncio.Task[None]] = []

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,12 +63,28 @@ def prepare_requests(
     n = point.measured_requests
     if n is None:  # closed loop bounded by time: the count is unknown, build each just in time
         return lambda i: build_request(spec, i)
-    indices = range(shard, point.warmup_requests + n, shards)
-    est = len(indices) * (spec.input_len * 7 + 256)
-    if est > PREBUILD_LIMIT_BYTES:
+    indices = shard_indices(point, shard, shards)
+    if spec.source is None and len(indices) * (spec.input_len * 7 + 256) > PREBUILD_LIMIT_BYTES:
         return lambda i: build_request(spec, i)
-    built = {i: build_request(spec, i) for i in indices}
+    built: dict[int, PreparedRequest] = {}
+    size = 0
+    for i in indices:
+        built[i] = req = build_request(spec, i)
+        size += len(req.body)
+        if size > PREBUILD_LIMIT_BYTES:  # a source's lengths are only known once built
+            return lambda i: built[i] if i in built else build_request(spec, i)
     return built.__getitem__
+
+
+def shard_indices(point: LoadPoint, shard: int, shards: int) -> Sequence[int]:
+    """The request indices this shard sends: ``i % shards == shard``, or with sessions the turns of
+    the sessions ``s % shards == shard`` (a session's turns stay in one process, in order)."""
+    total = point.total_requests
+    if point.sessions is None:
+        return range(shard, total, shards)
+    starts = point.session_starts()
+    return [i for s in range(shard, len(point.sessions), shards)
+            for i in range(starts[s], min(starts[s + 1], total))]
 
 
 def connections_ahead(point: LoadPoint, shard: int = 0, shards: int = 1) -> int:
@@ -79,6 +95,8 @@ def connections_ahead(point: LoadPoint, shard: int = 0, shards: int = 1) -> int:
     if point.concurrency is None:
         return 0
     n = shard_share(point.concurrency, shard, shards)
+    if point.sessions is not None:
+        return min(n, len(range(shard, len(point.sessions), shards)))
     if point.num_requests is not None:
         n = min(n, len(range(shard, point.warmup_requests + point.num_requests, shards)))
     return n

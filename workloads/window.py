@@ -8,7 +8,8 @@ report, ``compare``, calibration and the search):
   instant ``C`` requests are in flight (the streams enter one by one, see :mod:`workloads.scheduler`);
   it ends no earlier than the first measured (non-warm-up) send. Open loop: there is no ramp beyond
   the warm-up requests; the window opens at the first measured send.
-* **window**: from the end of the ramp until the offered load stops holding. Closed loop: the end
+* **window**: from the end of the ramp until the offered load stops holding (with sessions, read
+  "request" below as "session", from its first send to its last end). Closed loop: the end
   of the first request whose stream was not replaced (with S sends, every send after the first C
   replaced an ended request, in the order they ended, so it is the (S - C + 1)-th end; from then on
   fewer than C requests are in flight). Open loop: the point's last send.
@@ -36,6 +37,7 @@ and its noise is not known).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,6 +82,22 @@ def _in_flight_reaches(intervals: Sequence[tuple[float, float]], target: int) ->
     return None
 
 
+def load_intervals(records: Sequence[RequestRecord], point: LoadPoint) -> list[tuple[float, float]]:
+    """What a closed loop keeps in flight, as (start, end) intervals of finished records: each request,
+    or with sessions each session, from its first turn's send to its last turn's end (a session thinking
+    between turns is still one of the C in flight)."""
+    done = [r for r in records if r.send_time is not None and r.end_time is not None]
+    if point.sessions is None:
+        return [(r.send_time, r.end_time) for r in done]  # type: ignore[misc]
+    starts = point.session_starts()
+    spans: dict[int, tuple[float, float]] = {}
+    for r in done:
+        s = bisect.bisect_right(starts, r.index) - 1
+        lo, hi = spans.get(s, (r.send_time, r.end_time))  # type: ignore[arg-type]
+        spans[s] = (min(lo, r.send_time), max(hi, r.end_time))  # type: ignore[type-var]
+    return list(spans.values())
+
+
 def steady_window(records: Sequence[RequestRecord], point: LoadPoint) -> Window | None:
     """The window of ``point`` from its finished records (None: no measured request ended)."""
     done = [r for r in records if r.send_time is not None and r.end_time is not None]
@@ -93,13 +111,14 @@ def steady_window(records: Sequence[RequestRecord], point: LoadPoint) -> Window 
     if point.concurrency is not None:
         target = point.streams
         assert target is not None
-        reached = _in_flight_reaches([(r.send_time, r.end_time) for r in done], target)  # type: ignore[misc]
+        intervals = load_intervals(done, point)
+        reached = _in_flight_reaches(intervals, target)
         start = None if reached is None else max(reached, first_measured)
-        # the first stream not replaced. Every send after the first C replaced an ended request, and a
-        # closed loop replaces its requests in the order they end: the first S - C ends (S sends) were
-        # replaced and the next one was not
-        ends = sorted(r.end_time for r in done)  # type: ignore[type-var]
-        end = ends[min(len(ends) - 1, max(0, len(done) - target))]
+        # the first stream not replaced. Every send after the first C replaced an ended request (or
+        # session), and a closed loop replaces them in the order they end: the first S - C ends (S
+        # sends) were replaced and the next one was not
+        ends = sorted(e for _, e in intervals)
+        end = ends[min(len(ends) - 1, max(0, len(intervals) - target))]
     else:
         end = max(r.send_time for r in done)  # type: ignore[type-var]
     if start is None or not end > start:

@@ -95,9 +95,21 @@ class ServerConf:
 class WorkloadConf:
     name: str = "custom"
     api: str = "generate"  # generate | completions | chat
-    concurrency: list[int] = field(default_factory=list)  # closed-loop load points
+    # where requests come from: random (token ids of input_len / output_len), sharegpt (conversations),
+    # mooncake or azure (timed traces); docs/workloads.md
+    source: str = "random"
+    dataset_path: str | None = None  # the source's file (null: the copy parasweep ships or installs)
+    tokenizer: str = "auto"  # ShareGPT's text -> ids: auto | quicktok:<encoding> | a tokenizer.json path
+    multi_turn: bool = False  # sharegpt: each point's streams are sessions sending their turns in order
+    think_time_s: float = 0.0  # multi-turn: seconds between an answer and the session's next question
+    block_size: int = 512  # mooncake: prompt tokens per hash id
+    trace_start_s: float = 0.0  # traces: the window replayed, from the trace's first arrival
+    trace_window_s: float | None = None  # null: to the end of the trace
+    # arrival=trace: one load point per speed factor (2: twice as fast as recorded)
+    trace_speed: list[float] = field(default_factory=lambda: [1.0])
+    concurrency: list[int] = field(default_factory=list)  # closed-loop load points (multi-turn: sessions)
     rate: list[float] = field(default_factory=list)  # open-loop load points, req/s
-    arrival: str = "poisson"  # open loop: poisson | constant
+    arrival: str = "poisson"  # open loop: poisson | gamma:CV | constant | trace (the trace's own times)
     input_len: int = 256
     output_len: int = 64
     # each request's lengths around input_len / output_len (their means): fixed | uniform:R |

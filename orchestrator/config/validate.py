@@ -15,13 +15,13 @@ from orchestrator.config.lengths import length_bounds
 from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import ParasweepConf, SimFaultConf, joins_cluster, trial_nodes, world_size
 from orchestrator.config.slo import check_slo
+from orchestrator.config.traffic import validate_traffic
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import local_gpu_count, sglang_installed
 from vocab.load import LengthDist
 
 ENGINES = ("auto", "sim", "sglang")
 APIS = ("generate", "completions", "chat")
-ARRIVALS = ("poisson", "constant")
 MAX_ASYNC_DEPTH = 64
 
 
@@ -272,9 +272,8 @@ def _validate_workload(cfg: ParasweepConf) -> None:
     w = cfg.workload
     if w.api not in APIS:
         raise ConfigError("workload.api", w.api, ", ".join(APIS))
-    if w.arrival not in ARRIVALS:
-        raise ConfigError("workload.arrival", w.arrival, ", ".join(ARRIVALS))
-    if not w.concurrency and not w.rate:
+    validate_traffic(cfg)
+    if not w.concurrency and not w.rate and str(w.arrival) != "trace":
         raise ConfigError("workload.concurrency", "[]", "a non-empty list of integers >= 1",
                           why="no load points (workload.rate is empty too)")
     for c in w.concurrency:

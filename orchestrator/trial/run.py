@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.traffic import traffic_note
 from orchestrator.engines.base import engine_version
 from orchestrator.environment import joined_placement, placement
 from orchestrator.errors import EngineFailure, EngineStartError
@@ -73,7 +74,8 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
                                                                or f"engine={plan.engine_name}"),
             Tag.CONFIG_HASH: plan.config_hash,
             Tag.TRIAL_NUM: str(ident.num), Tag.OVERRIDES: ident.label,
-            Tag.STEP_COSTS: step_costs_label(cfg)}
+            Tag.STEP_COSTS: step_costs_label(cfg),
+            **({Tag.TRAFFIC: traffic_note(cfg)} if cfg.workload.source != "random" else {})}
     run_id = recorder.open(ident.run_name + (" (predicted)" if virtual else ""),
                            RunKind.PREDICTION if virtual else RunKind.TRIAL, tags,
                            config_tags(plan.resolved_cfg), settings.parent_run_id)

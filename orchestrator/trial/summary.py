@@ -68,6 +68,7 @@ def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResu
                    gpu_source: GpuSource, gpu_note: str, where: dict[str, str]) -> list[str]:
     """The run's description (Markdown): the layout, where it ran (``where``: environment.placement;
     empty for a prediction), a table of the points, the findings."""
+    from orchestrator.config.traffic import traffic_note
     from orchestrator.prediction.modelled import step_costs_label
     from vocab.telemetry import ENERGY_J, J_PER_TOKEN, POWER_FRAC_MEAN
 
@@ -80,7 +81,8 @@ def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResu
              *([f"Ran on host {where['host']}, Ray node {where['ray_node_id']}; "
                 f"GPUs: {where['gpu_uuids']}", ""] if where else []),
              f"GPU telemetry: {gpu_source.describe()} ({gpu_note})", "",
-             f"Step costs of the simulator's numbers and predictions: {step_costs_label(c)}", ""]
+             f"Step costs of the simulator's numbers and predictions: {step_costs_label(c)}", "",
+             *([f"Traffic: {traffic_note(c)}", ""] if c.workload.source != "random" else [])]
     if results:
         lines += ["| point | output tok/s | TTFT p99 ms | ITL p99 ms | power % of limit | J/token | valid |",
                   "|---|---|---|---|---|---|---|"]
