@@ -1,0 +1,105 @@
+"""Real traffic through the real load generator over real HTTP (the fake server: its timing is simple
+and known), then whole sweeps on the simulated engine with their prediction beside the measurement.
+
+Only what holds whatever the machine's load is asserted of the live client: a trace's requests leave at
+their (scaled) timestamps within the client's own measured lag, and a session's turns in order, each
+after the previous answer and its think time. The sweeps compare on the simulated engine's clock
+(``engine.time_scale`` 1): the measured throughput and the prediction of the same requests."""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+
+import numpy as np
+import pytest
+from servers import fake_server
+
+from tests.conftest import run_cli
+from vocab.load import LoadPoint, RequestSpec, Source
+from vocab.metric_keys import PointLabel
+from workloads import run_point
+from workloads.sources import source_requests
+
+pytestmark = pytest.mark.slow
+
+AZURE = RequestSpec(source=Source("azure", context=131072, window_s=60.0), vocab_size=128256)
+SESSIONS = RequestSpec(source=Source("sharegpt", multi_turn=True, context=131072), vocab_size=128256)
+
+
+def test_a_trace_is_sent_on_its_own_timestamps_within_the_clients_lag() -> None:
+    times = source_requests(AZURE).times_s
+    speed = 4.0  # the first minute of the slice in 15 seconds, about 18 requests a second
+    schedule = tuple(float(t) / speed for t in times)
+    point = LoadPoint(rate=len(schedule) / schedule[-1], arrival="trace", schedule=schedule,
+                      num_requests=len(schedule))
+    with fake_server(ttft_ms=5, itl_ms=1) as server:
+        result = run_point(server.url, point, AZURE)
+    recs = sorted(result.records, key=lambda r: r.index)
+    assert len(recs) == len(schedule) > 150 and all(r.error is None for r in recs)
+    start = recs[0].scheduled_time
+    assert start is not None
+    lag_max_s = result.metrics["client_lag_max_ms"] / 1000.0
+    for r, offset in zip(recs, schedule, strict=True):
+        assert r.scheduled_time == pytest.approx(start + offset, abs=1e-6)  # the trace's time, scaled
+        # sent at its time (an event loop may wake a timer up to a millisecond or so early), late by no
+        # more than the client's own event-loop lag plus a millisecond for the send itself
+        late = r.send_time - r.scheduled_time  # type: ignore[operator]
+        assert -2e-3 <= late <= lag_max_s + 1e-3, (r.index, late)
+        assert r.input_tokens == len(source_requests(AZURE).request(r.index).ids)
+
+
+def test_sessions_send_their_turns_in_order_after_each_answer_and_think_time() -> None:
+    turns = source_requests(SESSIONS).session_turns
+    sessions = tuple(turns[:12])
+    think = 0.05
+    point = LoadPoint(concurrency=4, num_requests=sum(sessions), sessions=sessions, think_s=think)
+    with fake_server(ttft_ms=5, itl_ms=0.2) as server:
+        result = run_point(server.url, point, SESSIONS)
+    recs = {r.index: r for r in result.records}
+    assert len(recs) == sum(sessions) and all(r.error is None for r in recs.values())
+    starts = point.session_starts()
+    for s in range(len(sessions)):
+        for i in range(starts[s] + 1, starts[s + 1]):
+            before, after = recs[i - 1], recs[i]
+            assert after.send_time >= before.end_time + think - 1e-3  # type: ignore[operator]
+    # never more than 4 sessions at once: count the sessions open at each send
+    spans = [(min(recs[i].send_time for i in range(starts[s], starts[s + 1])),  # type: ignore[type-var]
+              max(recs[i].end_time for i in range(starts[s], starts[s + 1])))  # type: ignore[type-var]
+             for s in range(len(sessions))]
+    for t0, _ in spans:
+        assert sum(1 for a, b in spans if a <= t0 < b) <= 4
+    assert bisect.bisect_right(starts, 0) == 1 and result.metrics["completed"] == sum(sessions)
+
+
+def _measured_against_predicted(workdir: Path, overrides: list[str]) -> tuple[float, float, str]:
+    result = run_cli(["-m", "model=llama-3.1-8b", "hardware=h100-sxm-x8", "parallelism=tp1",
+                      "ray.num_cpus=2", *overrides], workdir, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'runs' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("parasweep")
+    assert exp is not None
+    (trial,) = [r for r in client.search_runs([exp.experiment_id])
+                if r.data.tags.get("parasweep.kind") == "trial"]
+    m = trial.data.metrics
+    (label,) = {k.split("/")[0] for k in m
+                if k.endswith("/output_tok_s") and PointLabel.parse(k.split("/")[0])}
+    return m[f"{label}/output_tok_s"], m[f"pred/{label}/output_tok_s"], trial.data.tags["parasweep.traffic"]
+
+
+def test_a_sharegpt_sweep_measures_what_it_predicts(tmp_path: Path) -> None:
+    measured, predicted, traffic = _measured_against_predicted(
+        tmp_path, ["workload=sharegpt", "workload.concurrency=[16]"])
+    assert measured == pytest.approx(predicted, rel=0.05)
+    assert "17,671 complete conversations read" in traffic
+    assert "quicktok llama3: the llama family's own vocabulary" in traffic
+
+
+def test_a_mooncake_replay_measures_what_it_predicts(tmp_path: Path) -> None:
+    measured, predicted, traffic = _measured_against_predicted(
+        tmp_path, ["tp.size=4", "workload=mooncake", "workload.trace_window_s=30"])
+    assert measured == pytest.approx(predicted, rel=0.05)
+    assert "mooncake trace" in traffic and "0-30 s of it" in traffic
+    assert np.isfinite(measured)
