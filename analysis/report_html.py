@@ -242,7 +242,8 @@ def render(run: Any, parent: Any, trials: Sequence[Trial], uri: str, experiment:
                       trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     return env.get_template("report.html.j2").render(
         header=view.header(run, parent, trials), search=view.search(search), config=view.config(trials),
-        results=view.results(trials), placement=view.placement(trials), plots=figures(trials),
+        results=view.results(trials), by_length=view.by_length(trials), placement=view.placement(trials),
+        plots=figures(trials),
         findings=view.findings(trials), instead=view.instead(instead or {}), telemetry=view.telemetry(trials),
         where=view.where(run, trials, uri, experiment), generated=datetime.now().strftime("%Y-%m-%d %H:%M"))
 

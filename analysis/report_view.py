@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from analysis.by_length import class_rows
 from analysis.diagnose import overrides_text
 from analysis.noise import NAN, judge, point_estimate
 from analysis.repeats import combine_repeats
@@ -18,6 +19,7 @@ from analysis.report import behind_text, finding_key, instead_lines, load_text, 
 from analysis.store import masked
 from vocab.metric_keys import PointLabel, point_metrics
 from vocab.status import RunKind, Tag
+from workloads.length_classes import CLASSES
 
 SIM_ENGINES = ("sim", "sim-predict")
 COMMON_HIGHLIGHTS = ("model.name", "hardware.name", "hardware.gpu", "tp.size", "pp.size", "dp.size",
@@ -281,6 +283,21 @@ def results(trials: Sequence[Trial]) -> dict[str, Any]:
     return {"head": head, "rows": rows, "with_pred": with_pred,
             "all_predictions": all(t.is_prediction for t in trials),
             "any_invalid": any(m.get("valid", 1.0) != 1.0 for t in trials for m in t.measured.values())}
+
+
+def by_length(trials: Sequence[Trial]) -> dict[str, Any] | None:
+    """TTFT per prompt-length class where a point's lengths varied (None: no point's did)."""
+    rows = class_rows([(t.label, t.run.data.metrics) for t in trials])
+    if not rows:
+        return None
+    classes = [c for c in CLASSES if any(c == cls for r in rows for cls, *_ in r.classes)]
+    body = []
+    for r in rows:
+        per = {cls: (n, p50, p99) for cls, n, p50, p99 in r.classes}
+        body.append({"point": r.point, "trial": r.trial,
+                     "cells": [f"{num(per[c][1], 0)} / {num(per[c][2], 0)} (n={per[c][0]})"
+                               if c in per else "–" for c in classes]})
+    return {"classes": classes, "rows": body}
 
 
 def placement(trials: Sequence[Trial]) -> list[list[str]]:

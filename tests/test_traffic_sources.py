@@ -226,3 +226,33 @@ def test_a_trace_needs_a_token_api_and_sessions_need_sharegpt() -> None:
     assert "workload.trace_speed=[0]" in _error(_cfg("azure", arrival="trace", concurrency=[],
                                                       trace_speed=[0]))
     assert "workload.tokenizer=quicktok:gpt2" in _error(_cfg("sharegpt", tokenizer="quicktok:gpt2"))
+
+
+# --- results per prompt-length class -------------------------------------------------------------------
+
+def test_ttft_per_prompt_length_class_where_lengths_vary(tmp_path: Path) -> None:
+    from analysis.by_length import class_lines, class_rows
+    from simulator.predict import predict_point
+    from workloads.length_classes import length_class
+
+    cfg = _cfg("sharegpt", concurrency=[16], requests_per_concurrency=3)
+    validate(cfg)
+    from orchestrator.engines.sim import prediction_argv
+
+    (point,) = load_points(cfg)
+    argv = prediction_argv(cfg, tmp_path)
+    result = predict_point(argv, point, request_spec(cfg))
+    m = result.metrics
+    classes = sorted({length_class(r.input_tokens) for r in result.records})
+    assert len(classes) >= 2  # ShareGPT's prompts span several classes
+    counted = sum(int(m[k]) for k in m if k.startswith("requests_in_"))
+    assert 0 < counted <= len(result.records)
+    for cls in (c for c in classes if f"requests_in_{c}" in m):
+        assert m[f"ttft_p50_ms_in_{cls}"] <= m[f"ttft_p99_ms_in_{cls}"]
+    lines = class_lines(class_rows([("#0", {f"c16/{k}": v for k, v in m.items()})]), 100)
+    assert lines[0].startswith("TTFT p99 by prompt length") and lines[1].startswith("  c16 #0  0-256: ")
+    assert all(len(line) <= 100 for line in lines)
+    # fixed lengths: nothing new
+    fixed = predict_point(argv, point, RequestSpec(input_len=64, output_len=8))
+    per_class = ("requests_in_", "ttft_p50_ms_in_", "ttft_p99_ms_in_")
+    assert not [k for k in fixed.metrics if k.startswith(per_class)]

@@ -26,6 +26,7 @@ import numpy as np
 from vocab.load import LoadPoint
 from vocab.records import ERROR_KINDS, RequestRecord
 
+from .length_classes import class_metrics
 from .window import (
     Window,
     load_intervals,
@@ -280,6 +281,7 @@ def summarize(
     for name in LATENCIES:
         m.update(_stats(name, samples[name]))
     m.update(ttft_split(ok))
+    m.update(class_metrics(ok))  # per prompt-length class, where lengths vary
 
     n_measured = len(measured)
     m["num_requests"] = float(n_measured)
