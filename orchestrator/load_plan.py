@@ -22,24 +22,20 @@ def load_points(cfg: ParasweepConf) -> list[Any]:
     point's mean request duration (a burst start, in virtual time: milliseconds) and ramps its streams
     in over it; where the model cannot say, the streams start at once and the log says why."""
     from workloads import LoadPoint
-    from workloads.sources import source_requests
+    from workloads.sources import as_sessions, source_requests
 
     w = cfg.workload
     points = []
     ramp = 0.0 if w.ramp == "auto" else float(w.ramp)
-    source = source_requests(request_spec(cfg)) if w.source != "random" else None
+    spec = request_spec(cfg)
+    source = source_requests(spec) if w.source != "random" else None
     for c in w.concurrency:
         n = w.requests_per_point or max(8, w.requests_per_concurrency * c)
         warmup = (w.warmup_requests if w.warmup_per_concurrency is None
                   else math.ceil(w.warmup_per_concurrency * c))
-        sessions = None
-        if w.multi_turn:
-            assert source is not None
-            sessions, n = whole_sessions(source.session_turns, warmup + n)
-            n -= warmup
-        points.append(LoadPoint(concurrency=c, num_requests=n, warmup_requests=warmup, ramp_s=ramp,
-                                ci_target=w.ci_target, duration_s=w.max_point_s, sessions=sessions,
-                                think_s=w.think_time_s))
+        points.append(as_sessions(LoadPoint(concurrency=c, num_requests=n, warmup_requests=warmup,
+                                            ramp_s=ramp, ci_target=w.ci_target, duration_s=w.max_point_s),
+                                  spec))
     for r in w.rate:
         n = w.requests_per_point or max(8, math.ceil(w.requests_per_concurrency * r))
         points.append(LoadPoint(rate=float(r), num_requests=n, warmup_requests=w.warmup_requests,
@@ -64,18 +60,6 @@ def request_spec(cfg: ParasweepConf) -> Any:
                        vocab_size=model.vocab_size, model=cfg.model.name, input_dist=w.input_dist,
                        output_dist=w.output_dist, input_max_len=input_max, output_max_len=output_max,
                        source=None if w.source == "random" else source_of(cfg))
-
-
-def whole_sessions(turns: tuple[int, ...], requests: int) -> tuple[tuple[int, ...], int]:
-    """The first sessions whose turns add up to at least ``requests`` (a point runs whole sessions,
-    taking them again from the first if it needs more than the source has), and their turn count."""
-    out: list[int] = []
-    total = 0
-    while total < requests:
-        t = turns[len(out) % len(turns)]
-        out.append(t)
-        total += t
-    return tuple(out), total
 
 
 def trace_points(times_s: Any, speeds: list[float], requests: int | None, warmup: int,

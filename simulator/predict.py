@@ -208,8 +208,12 @@ class VirtualTrial:
     # -- one point ------------------------------------------------------------------------------------
 
     def run_point(self, point: LoadPoint, spec: RequestSpec) -> PointResult:
+        """One point, after the previous ones. A closed-loop point of multi-turn traffic runs as
+        sessions (``workloads.sources.as_sessions``), as the orchestrator's load plan makes it."""
         from workloads import summarize, validity_reasons
+        from workloads.sources import as_sessions
 
+        point = as_sessions(point, spec)
         sim = self.sim
         for rep in self.replicas:
             rep.peak_in_flight = rep.in_flight
@@ -339,7 +343,11 @@ class _VirtualClient:
         # closed loop on sessions: each session's first index (and one past the last), the next session
         # a stream takes
         self.starts = point.session_starts() if point.sessions is not None else None
+        self.session_firsts = set(self.starts or ())
         self.next_session = 0
+        # what the window's ramp waits for: requests in flight, or with sessions sessions begun and not
+        # ended (a session thinking between turns has nothing in flight and is still one of the C)
+        self.load_held = 0
 
     def start(self) -> None:
         point, sim = self.point, self.sim
@@ -430,12 +438,14 @@ class _VirtualClient:
         req = self.trial.submit(_server_input_len(self.spec, body), n_out)
         req.notify = lambda: self._on_output(req, rec)
         self.in_flight += 1
+        if self.starts is None or i in self.session_firsts:
+            self.load_held += 1
         if self.tracker is not None:
             self.tracker.sent(i, now, warmup)
         if not warmup and not self.first_measured_sent:
             self.first_measured_sent = True
             self.trial.mark("first")
-        if not self.window_open and self.first_measured_sent and self.in_flight >= self.window_target:
+        if not self.window_open and self.first_measured_sent and self.load_held >= self.window_target:
             self.window_open = True  # the ramp is over (``workloads.window``)
             self.trial.mark("open")
         if self.point.open_loop and self.window_open:
@@ -457,6 +467,8 @@ class _VirtualClient:
             rec.finish_reason = (req.finish_reason or {}).get("type", "length")
             req.notify = None
             self.in_flight -= 1
+            if self.starts is None or rec.index + 1 in self.session_firsts:
+                self.load_held -= 1
             if not rec.warmup:
                 self.trial.mark("last")
             if self.tracker is not None:

@@ -96,7 +96,7 @@ def test_turn_k_starts_token_for_token_with_turn_k_minus_1_and_its_recorded_answ
             n = len(prev.ids)
             assert np.array_equal(cur.ids[:n], prev.ids)
             # then the recorded answer, exactly the tokens the previous turn asked the engine to generate
-            answer_text = cur.messages[len(prev.messages)]["content"]
+            answer_text = reqs.messages(i + 1)[len(reqs.messages(i))]["content"]
             answer_ids = enc.encode_batch([answer_text])[0]
             assert np.array_equal(cur.ids[n:n + prev.output_len], answer_ids)
             assert prev.output_len == len(answer_ids)

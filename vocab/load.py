@@ -338,7 +338,8 @@ class Source:
     * ``path``: the file; None takes the copy parasweep ships (or installs, for ShareGPT).
     * ``tokenizer``: how text becomes token ids: ``quicktok:<encoding>`` or a ``tokenizer.json`` path.
     * ``multi_turn`` (ShareGPT): one request per turn, each carrying the conversation so far; else one
-      request per conversation, its first turn.
+      request per conversation, its first turn. ``think_s``: seconds between an answer and the
+      session's next question.
     * ``context``: the model's context length: a request longer than it is skipped and counted.
     * ``start_s`` / ``window_s`` (traces): the part of the trace to replay, from its first timestamp.
     * ``block_size`` (Mooncake): tokens per prefix block hash.
@@ -348,6 +349,7 @@ class Source:
     path: str | None = None
     tokenizer: str = "quicktok:llama3"
     multi_turn: bool = False
+    think_s: float = 0.0
     context: int | None = None
     start_s: float = 0.0
     window_s: float | None = None

@@ -111,14 +111,15 @@ def _body_from_file(
 
 
 def _body_from_source(spec: RequestSpec, index: int) -> tuple[dict[str, Any], int, int]:
-    req = source_requests(spec).request(index)
+    source = source_requests(spec)
+    req = source.request(index)
     body: dict[str, Any]
     if spec.api == "generate":
         body = {"input_ids": req.ids.tolist()}
     elif spec.api == "completions":
         body = {"prompt": req.ids.tolist()}
-    else:
-        body = {"messages": [dict(m) for m in req.messages]}
+    else:  # the same turns as text; the server's chat template and tokenizer count them
+        body = {"messages": [dict(m) for m in source.messages(index)]}
     return _finish_body(spec, body, req.output_len), len(req.ids), req.output_len
 
 

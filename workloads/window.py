@@ -234,18 +234,23 @@ class StabilityTracker:
         self._sends: list[float] = []  # of ended measured requests
         self._durations: list[float] = []
         self._target_c = point.streams
+        self._starts = set(point.session_starts()) if point.sessions is not None else None
 
     def sent(self, index: int, t: float, warmup: bool) -> None:
         self._in_flight[index] = t
         if not warmup and self._first_measured is None:
             self._first_measured = t
-        self._count += 1
+        # the load held: C requests in flight, or with sessions C sessions begun (a session thinking
+        # between turns has nothing in flight and is still one of the C)
+        if self._starts is None or index in self._starts:
+            self._count += 1
         if self._target_c is not None and self._ramp_end is None and self._count >= self._target_c:
             self._ramp_end = t
 
     def ended(self, rec: RequestRecord) -> None:
         self._in_flight.pop(rec.index, None)
-        self._count -= 1
+        if self._starts is None or rec.index + 1 in self._starts:
+            self._count -= 1
         if rec.error is not None or rec.send_time is None or rec.end_time is None:
             return
         self._times.append(np.asarray(rec.chunk_times, dtype=float))

@@ -84,8 +84,8 @@ def source_of(cfg: ParasweepConf) -> Source:
     w = cfg.workload
     model = model_info(cfg.model.path)
     return Source(kind=w.source, path=_path(w), tokenizer=tokenizer_name(cfg), multi_turn=w.multi_turn,
-                  context=model.max_context, start_s=w.trace_start_s, window_s=w.trace_window_s,
-                  block_size=w.block_size)
+                  think_s=w.think_time_s, context=model.max_context, start_s=w.trace_start_s,
+                  window_s=w.trace_window_s, block_size=w.block_size)
 
 
 def tokenizer_name(cfg: ParasweepConf) -> str:

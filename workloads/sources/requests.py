@@ -21,13 +21,14 @@ model's context, an empty prompt or answer in a trace.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from vocab.load import RequestSpec, Source
+from vocab.load import LoadPoint, RequestSpec, Source
 
 from .sharegpt import Conversations, conversations, packaged_path, read_conversations
 from .traces import read_trace
@@ -39,7 +40,6 @@ MIN_TOKENS = 4
 class SourceRequest:
     ids: np.ndarray  # prompt token ids, already within the model's vocabulary
     output_len: int
-    messages: tuple[dict[str, str], ...] = ()  # the same prompt as chat messages (ShareGPT only)
 
 
 @dataclass
@@ -57,6 +57,11 @@ class SourceRequests:
 
     def request(self, i: int) -> SourceRequest:  # pragma: no cover - each kind overrides it
         raise NotImplementedError
+
+    def messages(self, i: int) -> tuple[dict[str, str], ...]:
+        """Request ``i``'s prompt as chat messages (text sources only)."""
+        raise ValueError(f"a {self.source.kind} trace has token counts, not text: send it with the "
+                         "generate or completions API")
 
     def summary(self) -> str:
         """One line for the run: what was read, what is sent, what was skipped."""
@@ -102,22 +107,24 @@ class _ShareGPT(SourceRequests):
             self.session_turns = tuple(int(t) for t in self.turns)
             self.starts = np.concatenate([[0], np.cumsum(self.turns)])
 
-    def request(self, i: int) -> SourceRequest:
+    def _turn(self, i: int) -> tuple[int, int]:
+        """Request ``i``'s conversation and turn."""
         if self.source.multi_turn:
             flat = i % int(self.starts[-1])  # past the last session: from the first again
             s = int(np.searchsorted(self.starts, flat, side="right")) - 1
-            turn = flat - int(self.starts[s])
-        else:
-            s, turn = i % self.count, 0
-        c = int(self.order[s])
+            return int(self.order[s]), flat - int(self.starts[s])
+        return int(self.order[i % self.count]), 0
+
+    def request(self, i: int) -> SourceRequest:
+        c, turn = self._turn(i)
         m0 = int(self.conv.starts[c])
         last = m0 + 2 * turn  # the question this request asks
         ids = self.conv.ids[self.conv.offsets[m0]:self.conv.offsets[last + 1]]
         answer = int(self.conv.offsets[last + 2] - self.conv.offsets[last + 1])
-        return SourceRequest(_fold(np.asarray(ids, dtype=np.int64), self.vocab_size), answer,
-                             self._messages(c, turn))
+        return SourceRequest(_fold(np.asarray(ids, dtype=np.int64), self.vocab_size), answer)
 
-    def _messages(self, c: int, turn: int) -> tuple[dict[str, str], ...]:
+    def messages(self, i: int) -> tuple[dict[str, str], ...]:
+        c, turn = self._turn(i)
         texts = _texts(self.source.path)[c]
         return tuple({"role": "user" if k % 2 == 0 else "assistant", "content": texts[k]}
                      for k in range(2 * turn + 1))
@@ -177,6 +184,22 @@ class _Trace(SourceRequests):
                 0, self.vocab_size, self.source.block_size)
             self._blocks[h] = block
         return block
+
+
+def as_sessions(point: LoadPoint, spec: RequestSpec) -> LoadPoint:
+    """A closed-loop point of a multi-turn source, as sessions: the first whole sessions whose turns
+    reach its request count (taken again from the first if it needs more than the source has), with
+    the source's think time. Any other point is returned as it is."""
+    if (spec.source is None or not spec.source.multi_turn or point.concurrency is None
+            or point.sessions is not None or point.num_requests is None):
+        return point
+    turns = source_requests(spec).session_turns
+    wanted = point.warmup_requests + point.num_requests
+    sessions: list[int] = []
+    while sum(sessions) < wanted:
+        sessions.append(turns[len(sessions) % len(turns)])
+    return dataclasses.replace(point, sessions=tuple(sessions), think_s=spec.source.think_s,
+                               num_requests=sum(sessions) - point.warmup_requests)
 
 
 def _fold(ids: np.ndarray, vocab_size: int) -> np.ndarray:
