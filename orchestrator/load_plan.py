@@ -22,7 +22,7 @@ def load_points(cfg: ParasweepConf) -> list[Any]:
     point's mean request duration (a burst start, in virtual time: milliseconds) and ramps its streams
     in over it; where the model cannot say, the streams start at once and the log says why."""
     from workloads import LoadPoint
-    from workloads.sources import as_sessions, source_requests
+    from workloads.sources import as_sessions, source_requests, trace_point
 
     w = cfg.workload
     points = []
@@ -42,8 +42,8 @@ def load_points(cfg: ParasweepConf) -> list[Any]:
                                 arrival=w.arrival, ci_target=w.ci_target, duration_s=w.max_point_s))
     if w.arrival == "trace":
         assert source is not None and source.times_s is not None
-        points += trace_points(source.times_s, w.trace_speed, w.requests_per_point, w.warmup_requests,
-                               w.max_point_s)
+        points += [trace_point(source.times_s, speed, w.requests_per_point, w.warmup_requests,
+                               w.max_point_s) for speed in w.trace_speed]
     if w.ramp == "auto" and w.concurrency:
         durations = predicted_durations(cfg, [p for p in points if not p.open_loop], request_spec)
         points = [dataclasses.replace(p, ramp_s=durations.get(p.label, 0.0)) for p in points]
@@ -60,22 +60,3 @@ def request_spec(cfg: ParasweepConf) -> Any:
                        vocab_size=model.vocab_size, model=cfg.model.name, input_dist=w.input_dist,
                        output_dist=w.output_dist, input_max_len=input_max, output_max_len=output_max,
                        source=None if w.source == "random" else source_of(cfg))
-
-
-def trace_points(times_s: Any, speeds: list[float], requests: int | None, warmup: int,
-                 max_point_s: float | None) -> list[Any]:
-    """One open-loop point per speed factor, replaying the trace's window on its own timestamps (divided
-    by the speed). Its name is its mean rate; a replay runs whole (no stop rule), cut only by
-    ``requests_per_point`` and ``max_point_s``."""
-    from workloads import LoadPoint
-
-    points = []
-    times = [float(t) for t in times_s[: (warmup + requests) if requests else None]]
-    for speed in speeds:
-        schedule = tuple(t / speed for t in times)
-        span = schedule[-1] - schedule[0]
-        rate = len(schedule) / span if span > 0 else float(len(schedule))
-        points.append(LoadPoint(rate=float(f"{rate:.3g}"), arrival="trace", schedule=schedule,
-                                num_requests=max(1, len(schedule) - warmup),
-                                warmup_requests=min(warmup, len(schedule) - 1), duration_s=max_point_s))
-    return points

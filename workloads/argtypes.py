@@ -56,3 +56,14 @@ positive_float_list = checked(
     "positive numbers",
     malformed="comma-separated numbers",
 )
+
+
+def arrival_type(text: str) -> str:
+    """``--arrival``: poisson, gamma:CV, constant or trace (checked by ``vocab.load.parse_arrival``)."""
+    from vocab.load import parse_arrival
+
+    try:
+        parse_arrival(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text

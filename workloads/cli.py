@@ -11,14 +11,15 @@ from pathlib import Path
 
 import orjson
 
-from vocab.load import APIS, LoadPoint, RequestSpec
+from vocab.load import APIS, SOURCES, TRACE_SOURCES, LoadPoint, RequestSpec, Source
 from vocab.records import ERROR_KINDS, PointResult
 
-from .argtypes import non_negative_float, non_negative_int, positive_float, positive_int
+from .argtypes import arrival_type, non_negative_float, non_negative_int, positive_float, positive_int
 from .backend import ServerCheckError, normalize_url, probe_server
 from .metrics import DEFAULT_LAG_THRESHOLD_MS, LATENCIES, SLO, STATS
 from .runner import run_point
 from .shard import run_sync
+from .sources import as_sessions, source_requests, trace_point
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,9 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="generate",
         help="endpoint: /generate, /v1/completions or /v1/chat/completions (default: generate)",
     )
-    mode = p.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--concurrency", type=positive_int, help="closed loop: requests kept in flight")
-    mode.add_argument("--rate", type=positive_float, help="open loop: requests per second")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--concurrency", type=positive_int,
+                      help="closed loop: requests kept in flight (with --multi-turn: sessions)")
+    mode.add_argument("--rate", type=positive_float,
+                      help="open loop: requests per second (not with --arrival trace)")
     p.add_argument(
         "--requests",
         type=positive_int,
@@ -77,10 +80,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for prompts and arrivals (default 0)")
     p.add_argument(
         "--arrival",
-        choices=("poisson", "constant"),
+        type=arrival_type,
         default="poisson",
-        help="open-loop arrival process (default poisson)",
+        help="open-loop arrivals: poisson, gamma:CV (CV the gaps' coefficient of variation), constant, "
+        "or trace (a --source trace's own timestamps) (default poisson)",
     )
+    traffic = p.add_argument_group("real traffic (docs/workloads.md)")
+    traffic.add_argument("--source", choices=SOURCES[1:],
+                         help="requests from ShareGPT or a Mooncake / Azure trace instead of random ids")
+    traffic.add_argument("--dataset-path", help="the source's file (default: the copy parasweep ships)")
+    traffic.add_argument("--tokenizer", default="quicktok:llama3",
+                         help="ShareGPT text to ids: quicktok:<encoding> or a tokenizer.json "
+                         "(default quicktok:llama3)")
+    traffic.add_argument("--context", type=positive_int,
+                         help="the model's context: longer requests are skipped and counted")
+    traffic.add_argument("--multi-turn", action="store_true",
+                         help="ShareGPT: sessions of turns, each carrying the conversation so far")
+    traffic.add_argument("--think-s", type=non_negative_float, default=0.0,
+                         help="sessions: seconds between an answer and the next question (default 0)")
+    traffic.add_argument("--trace-speed", type=positive_float, default=1.0,
+                         help="--arrival trace: replay this many times faster (default 1)")
+    traffic.add_argument("--trace-start", type=non_negative_float, default=0.0,
+                         help="traces: replay from this many seconds after the first request")
+    traffic.add_argument("--trace-window", type=positive_float, help="traces: replay this many seconds")
+    traffic.add_argument("--block-size", type=positive_int, default=512,
+                         help="Mooncake: prompt tokens per hash id (default 512)")
     p.add_argument("--max-concurrency", type=positive_int, help="open loop: cap on requests in flight")
     p.add_argument(
         "--ramp-s",
@@ -191,7 +215,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return calibrate_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    trace = args.arrival == "trace"
+    if trace and (args.rate or args.concurrency or args.source not in TRACE_SOURCES):
+        parser.error("--arrival trace replays a trace's timestamps: give --source mooncake or azure, "
+                     "and no --rate or --concurrency")
+    if not trace and args.rate is None and args.concurrency is None:
+        parser.error("give --concurrency (closed loop) or --rate (open loop), or --arrival trace")
     try:
+        source = None if args.source is None else Source(
+            kind=args.source, path=args.dataset_path, tokenizer=args.tokenizer, multi_turn=args.multi_turn,
+            think_s=args.think_s, context=args.context, start_s=args.trace_start,
+            window_s=args.trace_window, block_size=args.block_size)
         spec = RequestSpec(
             api=args.api,
             input_len=args.input_len,
@@ -204,8 +238,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             output_dist=args.output_dist,
             prompt_file=args.prompt_file,
             shuffle_prompts=args.shuffle_prompts,
+            source=source,
         )
-        point = LoadPoint(
+        if source is not None:
+            source_requests(spec)  # a missing or malformed file: one line now, not once per request
+        point = trace_point(source_requests(spec).times_s, args.trace_speed, args.requests, args.warmup,
+                            args.duration) if trace else LoadPoint(
             num_requests=args.requests if args.requests or args.duration else 100,
             concurrency=args.concurrency,
             rate=args.rate,
@@ -217,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ramp_s=args.ramp_s,
             ci_target=args.ci_target,
         )
+        point = as_sessions(point, spec)
         slo = None
         if args.slo_ttft_ms or args.slo_tpot_ms or args.slo_e2e_ms:
             slo = SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms, e2e_ms=args.slo_e2e_ms)

@@ -6,6 +6,6 @@
 * ``requests``: request ``i`` of a source (ids, output length), sessions of turns, the trace's times.
 """
 
-from .requests import SourceRequest, SourceRequests, as_sessions, source_requests
+from .requests import SourceRequest, SourceRequests, as_sessions, source_requests, trace_point
 
-__all__ = ["SourceRequest", "SourceRequests", "as_sessions", "source_requests"]
+__all__ = ["SourceRequest", "SourceRequests", "as_sessions", "source_requests", "trace_point"]

@@ -202,6 +202,20 @@ def as_sessions(point: LoadPoint, spec: RequestSpec) -> LoadPoint:
                                num_requests=sum(sessions) - point.warmup_requests)
 
 
+def trace_point(times_s: np.ndarray, speed: float, requests: int | None = None, warmup: int = 0,
+                max_s: float | None = None) -> LoadPoint:
+    """An open-loop point replaying a trace's requests on their own timestamps (``times_s``, from the
+    window's start), divided by ``speed``: the first ``warmup`` + ``requests`` of them (None: all).
+    Its name is its mean rate. A replay runs whole (no stop rule); ``max_s`` ends its sends early."""
+    times = times_s[: (warmup + requests) if requests else None]
+    schedule = tuple(float(t) / speed for t in times)
+    span = schedule[-1] - schedule[0]
+    rate = len(schedule) / span if span > 0 else float(len(schedule))
+    return LoadPoint(rate=float(f"{rate:.3g}"), arrival="trace", schedule=schedule,
+                     num_requests=max(1, len(schedule) - warmup),
+                     warmup_requests=min(warmup, len(schedule) - 1), duration_s=max_s)
+
+
 def _fold(ids: np.ndarray, vocab_size: int) -> np.ndarray:
     # a stand-in tokenizer's ids may exceed a small model's vocabulary: fold them in, keeping every
     # length and every shared prefix (equal ids stay equal)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summary statistics of the trace slices in this folder (stdlib only).
 
-Run from anywhere:  python3 data/traces/slice_stats.py
+Run from anywhere:  python3 scripts/trace_slice_stats.py
 Percentiles use linear interpolation between order statistics (numpy's default).
 """
 import csv
@@ -10,7 +10,7 @@ import statistics
 from datetime import datetime
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "data" / "traces"
 BLOCK_TOKENS = 512  # Mooncake convention: one hash id per 512-token prefix block
 
 
