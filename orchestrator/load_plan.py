@@ -38,8 +38,9 @@ def load_points(cfg: ParasweepConf) -> list[Any]:
                                   spec))
     for r in w.rate:
         n = w.requests_per_point or max(8, math.ceil(w.requests_per_concurrency * r))
-        points.append(LoadPoint(rate=float(r), num_requests=n, warmup_requests=w.warmup_requests,
-                                arrival=w.arrival, ci_target=w.ci_target, duration_s=w.max_point_s))
+        points.append(as_sessions(LoadPoint(rate=float(r), num_requests=n, warmup_requests=w.warmup_requests,
+                                            arrival=w.arrival, ci_target=w.ci_target,
+                                            duration_s=w.max_point_s), spec))
     if w.arrival == "trace":
         assert source is not None and source.times_s is not None
         points += [trace_point(source.times_s, speed, w.requests_per_point, w.warmup_requests,

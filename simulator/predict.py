@@ -352,7 +352,15 @@ class _VirtualClient:
     def start(self) -> None:
         point, sim = self.point, self.sim
         t0 = sim.now
-        if point.open_loop:
+        if point.open_loop and self.starts is not None:
+            # sessions arriving at a rate: each session's first turn on the schedule, the later ones
+            # after its answers (``_on_output``)
+            firsts = [(self.starts[s], off) for s, off in enumerate(point.session_offsets().tolist())
+                      if self.starts[s] < point.total_requests]
+            self.open_sends_left = len(firsts)
+            for i, off in firsts:
+                sim.schedule(t0 + off, self._open_send, i, t0 + off)
+        elif point.open_loop:
             offsets = point.send_offsets().tolist()
             self.open_sends_left = len(offsets)
             for i, off in enumerate(offsets):
@@ -448,8 +456,8 @@ class _VirtualClient:
         if not self.window_open and self.first_measured_sent and self.load_held >= self.window_target:
             self.window_open = True  # the ramp is over (``workloads.window``)
             self.trial.mark("open")
-        if self.point.open_loop and self.window_open:
-            self.trial.mark("close")  # the last send closes an open-loop window
+        if self.point.open_loop and self.window_open and scheduled is not None:
+            self.trial.mark("close")  # the last send on the schedule closes an open-loop window
 
     def _on_output(self, req: Request, rec: RequestRecord) -> None:
         sim = self.sim
@@ -487,6 +495,10 @@ class _VirtualClient:
                     sim.schedule(sim.now + turnaround, self._send, i, None)
                 else:
                     self._send(i, None)
+            elif self.starts is not None:  # a session arriving at a rate: its next turn
+                nxt = self.next_turn(rec.index)
+                if nxt is not None and nxt < self.point.total_requests and not self.enough:
+                    sim.schedule(sim.now + self.trial.turnaround + self.point.think_s, self._send, nxt, None)
             elif self.held:
                 self._send(*self.held.popleft())
 

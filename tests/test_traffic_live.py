@@ -72,7 +72,7 @@ def test_sessions_send_their_turns_in_order_after_each_answer_and_think_time() -
     assert bisect.bisect_right(starts, 0) == 1 and result.metrics["completed"] == sum(sessions)
 
 
-def _measured_against_predicted(workdir: Path, overrides: list[str]) -> tuple[float, float, str]:
+def _measured_against_predicted(workdir: Path, overrides: list[str]) -> tuple[float, float, str, str]:
     result = run_cli(["-m", "model=llama-3.1-8b", "hardware=h100-sxm-x8", "parallelism=tp1",
                       "ray.num_cpus=2", *overrides], workdir, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -86,20 +86,75 @@ def _measured_against_predicted(workdir: Path, overrides: list[str]) -> tuple[fl
     m = trial.data.metrics
     (label,) = {k.split("/")[0] for k in m
                 if k.endswith("/output_tok_s") and PointLabel.parse(k.split("/")[0])}
-    return m[f"{label}/output_tok_s"], m[f"pred/{label}/output_tok_s"], trial.data.tags["parasweep.traffic"]
+    return (m[f"{label}/output_tok_s"], m[f"pred/{label}/output_tok_s"], trial.data.tags["parasweep.traffic"],
+            result.stdout)
 
 
 def test_a_sharegpt_sweep_measures_what_it_predicts(tmp_path: Path) -> None:
-    measured, predicted, traffic = _measured_against_predicted(
+    measured, predicted, traffic, out = _measured_against_predicted(
         tmp_path, ["workload=sharegpt", "workload.concurrency=[16]"])
     assert measured == pytest.approx(predicted, rel=0.05)
     assert "17,671 complete conversations read" in traffic
     assert "quicktok llama3: the llama family's own vocabulary" in traffic
+    # ShareGPT's lengths vary: TTFT by prompt length, in the summary and the report
+    assert "TTFT p99 by prompt length" in out and "  c16 #0  0-256: " in out
+    (report,) = tmp_path.glob("runs/multirun/*/*/report.html")
+    html = report.read_text()
+    assert "TTFT by prompt length" in html and 'id="by-length"' in html
 
 
 def test_a_mooncake_replay_measures_what_it_predicts(tmp_path: Path) -> None:
-    measured, predicted, traffic = _measured_against_predicted(
+    measured, predicted, traffic, _ = _measured_against_predicted(
         tmp_path, ["tp.size=4", "workload=mooncake", "workload.trace_window_s=30"])
     assert measured == pytest.approx(predicted, rel=0.05)
     assert "mooncake trace" in traffic and "0-30 s of it" in traffic
     assert np.isfinite(measured)
+
+
+def test_sessions_arriving_at_a_rate_start_on_the_schedule_and_follow_their_answers() -> None:
+    turns = source_requests(SESSIONS).session_turns
+    sessions = tuple(turns[:10])
+    point = LoadPoint(rate=20.0, arrival="gamma:2", num_requests=sum(sessions), sessions=sessions,
+                      think_s=0.02)
+    with fake_server(ttft_ms=5, itl_ms=0.2) as server:
+        result = run_point(server.url, point, SESSIONS)
+    recs = {r.index: r for r in result.records}
+    assert len(recs) == sum(sessions) and all(r.error is None for r in recs.values())
+    starts, offsets = point.session_starts(), point.session_offsets()
+    first = recs[0].scheduled_time
+    assert first is not None
+    lag_max_s = result.metrics["client_lag_max_ms"] / 1000.0
+    for s in range(len(sessions)):
+        head = recs[starts[s]]
+        assert head.scheduled_time == pytest.approx(first + offsets[s], abs=1e-6)
+        assert -2e-3 <= head.send_time - head.scheduled_time <= lag_max_s + 1e-3  # type: ignore[operator]
+        for i in range(starts[s] + 1, starts[s + 1]):
+            assert recs[i].scheduled_time is None  # a follow-up answers the previous turn, not the clock
+            assert recs[i].send_time >= recs[i - 1].end_time + 0.02 - 1e-3  # type: ignore[operator]
+    # judged against the sessions' schedule, not every turn's send
+    assert result.metrics["scheduled_rate"] == pytest.approx(
+        (len(sessions) - 1) / (offsets[-1] - offsets[0]), rel=1e-6)
+
+
+def test_the_standalone_load_generator_replays_a_trace_and_refuses_a_bad_file(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import orjson
+
+    with fake_server(ttft_ms=2, itl_ms=0.2) as server:
+        ok = subprocess.run([sys.executable, "-m", "workloads", "--url", server.url, "--source", "mooncake",
+                             "--arrival", "trace", "--trace-window", "20", "--trace-speed", "4", "--json"],
+                            capture_output=True, text=True, timeout=120)
+        assert ok.returncode == 0, ok.stderr
+        out = orjson.loads(ok.stdout)
+        expected = int((source_requests(RequestSpec(source=Source("mooncake"))).times_s < 20).sum())
+        assert out["num_requests"] == out["completed"] == expected
+        bad = tmp_path / "trace.jsonl"
+        bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2}\n{"timestamp": 1,\n')
+        fail = subprocess.run([sys.executable, "-m", "workloads", "--url", server.url, "--source", "mooncake",
+                               "--dataset-path", str(bad), "--concurrency", "2"],
+                              capture_output=True, text=True, timeout=120)
+    assert fail.returncode == 2 and "Traceback" not in fail.stderr
+    assert fail.stderr.strip().splitlines()[-1].endswith(f"{bad}:2: not JSON (a Mooncake trace has one JSON "
+                                                         "object per line)")

@@ -6,6 +6,7 @@ cached under $PARASWEEP_CACHE (default ~/.cache/parasweep)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +171,13 @@ def test_sessions_become_closed_loop_points_of_whole_sessions() -> None:
     turns = source_requests(request_spec(cfg)).session_turns
     assert point.sessions == turns[: len(point.sessions)] and point.think_s == 0.5
     assert point.num_requests == sum(point.sessions) >= 20 > sum(point.sessions[:-1])
+    # sessions arriving at a rate: the same whole sessions, their first turns on the arrival process
+    cfg = _cfg("sharegpt", multi_turn=True, concurrency=[], rate=[2.0], arrival="gamma:1.5",
+               requests_per_concurrency=10, warmup_requests=0)
+    validate(cfg)
+    (point,) = load_points(cfg)
+    assert point.rate == 2.0 and point.sessions == turns[: len(point.sessions)]
+    assert len(point.session_offsets()) == len(point.sessions) and point.session_offsets()[0] == 0
 
 
 # --- bad input, one line each ----------------------------------------------------------------------------
@@ -254,5 +262,9 @@ def test_ttft_per_prompt_length_class_where_lengths_vary(tmp_path: Path) -> None
     assert all(len(line) <= 100 for line in lines)
     # fixed lengths: nothing new
     fixed = predict_point(argv, point, RequestSpec(input_len=64, output_len=8))
+    # every class's names are names MLflow accepts (alphanumerics, _ - . space : /)
+    from workloads.length_classes import CLASSES
+
+    assert all(re.fullmatch(r"[\w\-. :/]+", f"c8/ttft_p99_ms_in_{c}") for c in CLASSES)
     per_class = ("requests_in_", "ttft_p50_ms_in_", "ttft_p99_ms_in_")
     assert not [k for k in fixed.metrics if k.startswith(per_class)]

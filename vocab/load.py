@@ -74,10 +74,12 @@ class LoadPoint:
     from a trace (already scaled and windowed); ``rate`` is then the schedule's mean rate, the point's
     name.
 
-    ``sessions`` (closed loop on sessions): the number of turns of each session, in order. The
-    ``concurrency`` is then the sessions in flight: each stream sends its session's turns one after
-    another, the next ``think_s`` seconds after the previous answer ended, then takes the next session.
-    Request indices run over the sessions' turns in order (session 0's turns first).
+    ``sessions`` (multi-turn traffic): the number of turns of each session, in order; a session sends
+    its turns one after another, the next ``think_s`` seconds after the previous answer ended. Closed
+    loop: ``concurrency`` sessions in flight, each stream taking the next session when its session
+    ends. Open loop: sessions arrive at ``rate`` per second (their first turns on the ``arrival``
+    process's schedule, :meth:`session_offsets`). Request indices run over the sessions' turns in order
+    (session 0's turns first).
     """
 
     num_requests: int | None = None
@@ -108,10 +110,13 @@ class LoadPoint:
                 b < a for a, b in zip(self.schedule, self.schedule[1:], strict=False))):
             raise ValueError("a schedule is a non-empty list of non-decreasing send offsets")
         if self.sessions is not None:
-            if self.concurrency is None:
-                raise ValueError("sessions are run in closed loop (a concurrency of sessions)")
             if not self.sessions or min(self.sessions) < 1:
                 raise ValueError("sessions: every session has at least one turn")
+            if self.schedule is not None or self.max_concurrency is not None:
+                raise ValueError("sessions arrive at a rate or run in closed loop: not on a trace's "
+                                 "schedule, and not under a max_concurrency cap")
+            if self.num_requests is None:
+                raise ValueError("sessions need num_requests (their turns, warm-up excluded)")
         if not (self.think_s >= 0 and np.isfinite(self.think_s)):
             raise ValueError("think_s must be a number of seconds >= 0")
         if self.max_concurrency is not None and self.max_concurrency < 1:
@@ -148,7 +153,8 @@ class LoadPoint:
     @property
     def measured_requests(self) -> int | None:
         """Measured requests this point sends, if known before it runs (None: closed loop by duration)."""
-        if self.open_loop and (self.duration_s is not None or self.schedule is not None):
+        if self.sessions is None and self.open_loop and (self.duration_s is not None
+                                                         or self.schedule is not None):
             return len(self.send_offsets()) - self.warmup_requests
         return self.num_requests
 
@@ -181,6 +187,13 @@ class LoadPoint:
             self.rate, self.arrival, self.seed, self.warmup_requests, self.num_requests, self.duration_s,
             self.schedule,
         )
+
+    def session_offsets(self) -> np.ndarray:
+        """Open loop on sessions: when each session's first turn is sent, in seconds from the schedule
+        start (the arrival process at ``rate`` sessions per second)."""
+        if self.rate is None or self.sessions is None:
+            raise ValueError("only an open-loop point of sessions has session arrivals")
+        return _offsets(self.rate, self.arrival, self.seed, 0, len(self.sessions), None, None)
 
     def session_starts(self) -> tuple[int, ...]:
         """The request index of each session's first turn (closed loop on sessions), and one past the

@@ -2,7 +2,7 @@
 long prompt waits for its prefill and a short one does not.
 
 Requests are put in classes by their prompt tokens, with edges at powers of four from 256 on (``0-256``,
-``256-1k``, ``1k-4k``, ``4k-16k``, ``16k-64k``, ``64k+``). For each class that holds a request sent in the
+``256-1k``, ``1k-4k``, ``4k-16k``, ``16k-64k``, ``64k-up``). For each class that holds a request sent in the
 point's window, the point gets ``requests_in_<class>``, ``ttft_p50_ms_in_<class>`` and
 ``ttft_p99_ms_in_<class>`` (MLflow: ``c8/ttft_p99_ms_in_1k-4k``). Only where the window's prompts fall in two
 classes or more: fixed-length points get nothing new.
@@ -27,7 +27,7 @@ def _short(n: int) -> str:
 
 CLASSES: tuple[str, ...] = tuple(
     [f"0-{_short(EDGES[0])}"] + [f"{_short(a)}-{_short(b)}" for a, b in itertools.pairwise(EDGES)]
-    + [f"{_short(EDGES[-1])}+"])
+    + [f"{_short(EDGES[-1])}-up"])
 
 
 def length_class(prompt_tokens: int) -> str:

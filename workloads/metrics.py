@@ -305,7 +305,9 @@ def summarize(
     if point.open_loop:
         assert point.rate is not None
         m["offered_rate"] = float(point.rate)
-        sends = sorted(r.send_time for r in measured)  # type: ignore[type-var]
+        # with sessions the schedule is of sessions: their first turns (the only scheduled sends)
+        sends = sorted(r.send_time for r in measured  # type: ignore[type-var]
+                       if point.sessions is None or r.scheduled_time is not None)
         sched = sorted(r.scheduled_time for r in measured if r.scheduled_time is not None)
         n = len(sends)
         m["achieved_rate"] = (n - 1) / (sends[-1] - sends[0]) if n > 1 and sends[-1] > sends[0] else NAN

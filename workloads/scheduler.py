@@ -6,7 +6,8 @@
   duration, their requests are spread out instead of starting, prefilling and finishing together wave
   after wave (which fixed lengths would otherwise repeat for ever). 0 starts every stream at once.
 * Closed loop on sessions (multi-turn): C streams, each sending one session's turns in order (the
-  next a think time after the previous answer), then the next session.
+  next a think time after the previous answer), then the next session. Open loop on sessions: each
+  session's first turn leaves on the arrival schedule, its later turns as in closed loop.
 * Open loop: requests leave at precomputed offsets from one schedule start (Poisson, gamma, evenly
   spaced, or a trace's own timestamps). We sleep until each *absolute* send time, so a late wake-up
   is caught up on the next request instead of accumulating (the cause of vLLM's 183-of-200 QPS
@@ -54,7 +55,9 @@ async def drive(
     starts at ``start_perf`` (a ``time.perf_counter`` value), so together they send the point. With
     ``enough``, nothing more is sent once it returns True (the requests in flight finish).
     """
-    if point.open_loop:
+    if point.open_loop and point.sessions is not None:
+        await _open_sessions(point, send, shard, shards, start_perf, enough)
+    elif point.open_loop:
         await _open_loop(point, send, shard, shards, start_perf, enough)
     elif point.sessions is not None:
         await _session_loop(point, send, shard, shards, start_perf, enough)
@@ -204,6 +207,51 @@ async def _open_loop(
         # Cancelled (the point was stopped) while sleeping until the next send: the requests in
         # flight belong to this point and must end with it, not run on after it has returned.
         if tasks:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*list(tasks), return_exceptions=True)
+
+
+async def _open_sessions(
+    point: LoadPoint, send: SendFn, shard: int, shards: int, start_perf: float | None,
+    enough: EnoughFn | None,
+) -> None:
+    """Sessions arriving at a rate: session s's first turn leaves at its offset on the schedule (this
+    shard's sessions: ``s % shards == shard``); each later turn ``think_s`` after the previous answer
+    ended. Sessions overlap freely (no cap)."""
+    assert point.sessions is not None
+    offsets = point.session_offsets()
+    starts = point.session_starts()
+    limit = point.total_requests
+    if start_perf is None:
+        start_perf = time.perf_counter()
+    start_epoch = clock.from_perf(start_perf)
+    perf = time.perf_counter
+
+    async def session(s: int) -> None:
+        for i in range(starts[s], min(starts[s + 1], limit)):
+            if i > starts[s]:
+                if enough is not None and enough():
+                    return
+                if point.think_s > 0:
+                    await asyncio.sleep(point.think_s)
+            await send(i, start_epoch + float(offsets[s]) if i == starts[s] else None)
+
+    tasks: set[asyncio.Task[None]] = set()
+    try:
+        for s in range(shard, len(point.sessions), shards):
+            if starts[s] >= limit or (enough is not None and enough()):
+                break
+            delay = start_perf + float(offsets[s]) - perf()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(session(s))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        while tasks:
+            await asyncio.gather(*list(tasks))
+    finally:
+        if tasks:  # cancelled: the sessions' requests in flight end with the point
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*list(tasks), return_exceptions=True)

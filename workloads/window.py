@@ -120,7 +120,10 @@ def steady_window(records: Sequence[RequestRecord], point: LoadPoint) -> Window 
         ends = sorted(e for _, e in intervals)
         end = ends[min(len(ends) - 1, max(0, len(intervals) - target))]
     else:
-        end = max(r.send_time for r in done)  # type: ignore[type-var]
+        # the last arrival on the schedule (with sessions: the last session's first turn; its later
+        # turns follow answers, not the schedule)
+        end = max(r.send_time for r in done  # type: ignore[type-var]
+                  if point.sessions is None or r.scheduled_time is not None)
     if start is None or not end > start:
         return Window(first_send, first_measured, max(r.end_time for r in measured),  # type: ignore[type-var]
                       last_end, steady=False)

@@ -41,14 +41,9 @@ def validate_traffic(cfg: ParasweepConf) -> None:
                 isinstance(v, int | float) and math.isfinite(v) and v > 0 for v in speeds):
             raise ConfigError("workload.trace_speed", speeds,
                               "a list of distinct speed factors > 0 (1: as recorded, 2: twice as fast)")
-    if w.multi_turn:
-        if w.source != "sharegpt":
-            raise ConfigError("workload.multi_turn", True, "false",
-                              why=f"multi-turn sessions come from ShareGPT (workload.source={w.source})")
-        if w.rate:
-            raise ConfigError("workload.rate", list(w.rate), "[] (empty)",
-                              why="multi-turn sessions run in closed loop: workload.concurrency counts "
-                                  "the sessions in flight")
+    if w.multi_turn and w.source != "sharegpt":
+        raise ConfigError("workload.multi_turn", True, "false",
+                          why=f"multi-turn sessions come from ShareGPT (workload.source={w.source})")
     if not (math.isfinite(w.think_time_s) and w.think_time_s >= 0):
         raise ConfigError("workload.think_time_s", w.think_time_s, "seconds >= 0")
     if not (isinstance(w.block_size, int) and w.block_size >= 1):

@@ -187,10 +187,11 @@ class _Trace(SourceRequests):
 
 
 def as_sessions(point: LoadPoint, spec: RequestSpec) -> LoadPoint:
-    """A closed-loop point of a multi-turn source, as sessions: the first whole sessions whose turns
-    reach its request count (taken again from the first if it needs more than the source has), with
-    the source's think time. Any other point is returned as it is."""
-    if (spec.source is None or not spec.source.multi_turn or point.concurrency is None
+    """A point of a multi-turn source, as sessions: the first whole sessions whose turns reach its
+    request count (taken again from the first if it needs more than the source has), with the source's
+    think time; a closed-loop point keeps its concurrency of sessions, an open-loop one its rate, now of
+    sessions per second. Any other point is returned as it is."""
+    if (spec.source is None or not spec.source.multi_turn or point.schedule is not None
             or point.sessions is not None or point.num_requests is None):
         return point
     turns = source_requests(spec).session_turns
