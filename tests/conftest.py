@@ -70,6 +70,18 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def refusal(cfg: object) -> str:
+    """The one-line message ``validate`` refuses ``cfg`` with (the test fails if it accepts it)."""
+    from orchestrator.config.validate import validate
+    from orchestrator.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
 # ---- parallel runs (pytest-xdist, `make test`) -------------------------------------------------------
 # The longest unit of the suite, measured serially on a 2-core machine (docs/testing.md), handed out first
 # so that it does not start last and run alone at the end. Only this one: the suite is CPU-bound on two

@@ -23,7 +23,7 @@ from orchestrator.errors import ConfigError
 from simulator.cli import build_parser
 from simulator.faults import FaultConf
 from simulator.predict import load_config, predict_point
-from tests.conftest import run_cli
+from tests.conftest import refusal, run_cli
 from tests.fake_nvml import FakeGpu, FakeNvml
 from vocab.hardware import load_hardware
 from workloads import LoadPoint, RequestSpec
@@ -44,14 +44,6 @@ def conf(engine: str = "sim", **faults: object) -> ParasweepConf:
     for name, value in faults.items():
         setattr(c.engine.sim_faults, name, value)
     return c
-
-
-def refusal(cfg: ParasweepConf) -> str:
-    with pytest.raises(ConfigError) as info:
-        validate(cfg)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
 
 
 def test_every_config_field_has_its_simulator_flag() -> None:

@@ -14,8 +14,8 @@ import pytest
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.validate import validate
-from orchestrator.errors import ConfigError
 from orchestrator.load_plan import load_points, request_spec
+from tests.conftest import refusal
 from vocab.hardware import load_hardware
 from vocab.load import LoadPoint, RequestSpec, Source
 from workloads.payloads import build_body
@@ -40,14 +40,6 @@ def _cfg(source: str, *, model: str = "llama-3.1-8b", **workload: object) -> Par
     for key, value in workload.items():
         setattr(cfg.workload, key, value)
     return cfg
-
-
-def _error(cfg: ParasweepConf) -> str:
-    with pytest.raises(ConfigError) as info:
-        validate(cfg)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
 
 
 # --- ShareGPT --------------------------------------------------------------------------------------------
@@ -183,18 +175,18 @@ def test_sessions_become_closed_loop_points_of_whole_sessions() -> None:
 # --- bad input, one line each ----------------------------------------------------------------------------
 
 def test_unknown_source_and_arrival() -> None:
-    assert "workload.source=sharegtp: invalid; valid: random, sharegpt, mooncake, azure" in _error(
+    assert "workload.source=sharegtp: invalid; valid: random, sharegpt, mooncake, azure" in refusal(
         _cfg("sharegtp"))
-    msg = _error(_cfg("random", arrival="bursty", rate=[2.0]))
+    msg = refusal(_cfg("random", arrival="bursty", rate=[2.0]))
     assert "workload.arrival=bursty" in msg and "gamma:CV" in msg
-    assert "gamma:2" in _error(_cfg("random", arrival="gamma:-1", rate=[2.0]))
-    msg = _error(_cfg("sharegpt", arrival="trace"))
+    assert "gamma:2" in refusal(_cfg("random", arrival="gamma:-1", rate=[2.0]))
+    msg = refusal(_cfg("sharegpt", arrival="trace"))
     assert "workload.arrival=trace" in msg and "workload.source=mooncake or azure" in msg
 
 
 def test_missing_or_unreadable_files(tmp_path: Path) -> None:
     for source in ("sharegpt", "mooncake", "azure"):
-        msg = _error(_cfg(source, dataset_path=str(tmp_path / "nope")))
+        msg = refusal(_cfg(source, dataset_path=str(tmp_path / "nope")))
         assert f"workload.dataset_path={tmp_path / 'nope'}" in msg and "No such file" in msg, msg
 
 
@@ -203,15 +195,15 @@ def test_a_malformed_trace_line_is_named_by_its_number(tmp_path: Path) -> None:
     lines[3] = lines[3][:40]  # a line cut short
     bad = tmp_path / "bad.jsonl"
     bad.write_text("\n".join(lines) + "\n")
-    assert f"{bad}:4: not JSON" in _error(_cfg("mooncake", dataset_path=str(bad)))
+    assert f"{bad}:4: not JSON" in refusal(_cfg("mooncake", dataset_path=str(bad)))
     rows = shipped_path("azure").read_text().splitlines()[:6]
     rows[4] = rows[4].replace(",", ";", 1)
     bad_csv = tmp_path / "bad.csv"
     bad_csv.write_text("\n".join(rows) + "\n")
-    assert f"{bad_csv}:5: expected TIMESTAMP" in _error(_cfg("azure", dataset_path=str(bad_csv)))
+    assert f"{bad_csv}:5: expected TIMESTAMP" in refusal(_cfg("azure", dataset_path=str(bad_csv)))
     wrong = tmp_path / "wrong.csv"
     wrong.write_text("time,in,out\n1,2,3\n")
-    assert "starts with the header TIMESTAMP,ContextTokens,GeneratedTokens" in _error(
+    assert "starts with the header TIMESTAMP,ContextTokens,GeneratedTokens" in refusal(
         _cfg("azure", dataset_path=str(wrong)))
 
 
@@ -223,17 +215,17 @@ def test_requests_longer_than_the_context_are_skipped_and_counted() -> None:
     assert reqs.skipped["longer than the context"] > 400 and reqs.count > 0
     assert "longer than the context" in reqs.summary()
     # the five requests at 30 s all need more than 4,096 tokens
-    msg = _error(_cfg("mooncake", model="llama-2-7b", trace_start_s=30.0, trace_window_s=1.0))
+    msg = refusal(_cfg("mooncake", model="llama-2-7b", trace_start_s=30.0, trace_window_s=1.0))
     assert "every request in the window is empty or longer than the model's context (4096)" in msg
 
 
 def test_a_trace_needs_a_token_api_and_sessions_need_sharegpt() -> None:
-    assert "workload.api=chat: invalid (a mooncake trace has token counts, not text)" in _error(
+    assert "workload.api=chat: invalid (a mooncake trace has token counts, not text)" in refusal(
         _cfg("mooncake", api="chat"))
-    assert "workload.multi_turn=True" in _error(_cfg("azure", multi_turn=True))
-    assert "workload.trace_speed=[0]" in _error(_cfg("azure", arrival="trace", concurrency=[],
+    assert "workload.multi_turn=True" in refusal(_cfg("azure", multi_turn=True))
+    assert "workload.trace_speed=[0]" in refusal(_cfg("azure", arrival="trace", concurrency=[],
                                                       trace_speed=[0]))
-    assert "workload.tokenizer=quicktok:gpt2" in _error(_cfg("sharegpt", tokenizer="quicktok:gpt2"))
+    assert "workload.tokenizer=quicktok:gpt2" in refusal(_cfg("sharegpt", tokenizer="quicktok:gpt2"))
 
 
 # --- results per prompt-length class -------------------------------------------------------------------
