@@ -77,18 +77,19 @@ class _ShareGPT(SourceRequests):
         lengths = self.conv.message_lengths()
         context = source.context or np.iinfo(np.int64).max
         turns: list[int] = []  # per conversation: how many of its turns can be sent
-        short = long = 0
+        short = long = cut_turns = 0
         for c in range(len(self.conv)):
             m0, m1 = int(self.conv.starts[c]), int(self.conv.starts[c + 1])
             history = 0
             n = 0
             for m in range(m0, m1, 2):
                 q, a = int(lengths[m]), int(lengths[m + 1])
-                if q < MIN_TOKENS or a < MIN_TOKENS:
-                    short += n == 0
-                    break
-                if history + q + a > context:
-                    long += n == 0
+                fits = q >= MIN_TOKENS and a >= MIN_TOKENS and history + q + a <= context
+                if not fits and n == 0:  # the conversation is skipped: say why
+                    short += q < MIN_TOKENS or a < MIN_TOKENS
+                    long += q >= MIN_TOKENS and a >= MIN_TOKENS
+                if not fits:
+                    cut_turns += (m1 - m) // 2 if n else 0  # a session ends before this turn
                     break
                 history += q + a
                 n += 1
@@ -99,7 +100,9 @@ class _ShareGPT(SourceRequests):
         self.order = kept[np.random.default_rng([seed, 7]).permutation(len(kept))]
         self.turns = np.asarray(turns)[self.order]
         self.count = len(self.order)
-        self.skipped = {f"under {MIN_TOKENS} tokens": short, "longer than the context": long}
+        self.skipped = {f"under {MIN_TOKENS} tokens": short, "longer than the context": long,
+                        "later turns cut (under 4 tokens, or past the context with their history)":
+                        cut_turns}
         cut = " (the file is cut off after them)" if self.conv.cut_off else ""
         self.read = (f"ShareGPT {self.conv.path}: {self.conv.recovered:,} complete conversations "
                      f"read{cut}, {len(self.conv):,} with a question and its answer")
