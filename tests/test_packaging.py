@@ -40,13 +40,19 @@ def test_a_plain_install_works_outside_the_checkout(tmp_path: Path) -> None:
              "from vocab.model import read_model_info\n"
              "print(vocab.__file__); print(conf_dir())\n"
              "print(load_hardware('h200-nvlink-x8').gpu)\n"
-             "print(read_model_info(model_dir('models/kimi-k2')).num_layers)\n")
+             "print(read_model_info(model_dir('models/kimi-k2')).num_layers)\n"
+             "from workloads.sources.traces import read_trace\n"
+             "print(read_trace('mooncake', None).path); print(len(read_trace('azure', None)))\n")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith(str(target)) and lines[1].startswith(str(target))
     assert lines[2] == "NVIDIA H200 SXM 141GB" and lines[3] == "61"
+    # the trace slices are package data too, with their provenance beside them
+    assert lines[4].startswith(str(target / "parasweep_traces" / "mooncake")) and lines[5] == "1000"
+    assert (target / "parasweep_traces" / "mooncake" / "LICENSE").is_file()
+    assert (target / "parasweep_traces" / "azure" / "README.md").is_file()
     sim = subprocess.run([sys.executable, "-m", "simulator", "--help"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120, check=False)
     assert sim.returncode == 0 and "--sim-hardware" in sim.stdout, sim.stderr
