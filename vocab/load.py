@@ -375,6 +375,10 @@ class Source:
             raise ValueError("multi-turn sessions come from ShareGPT conversations")
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
+        if not (self.think_s >= 0 and math.isfinite(self.think_s)):
+            raise ValueError("think_s must be a number of seconds >= 0")
+        if self.start_s < 0 or (self.window_s is not None and not self.window_s > 0):
+            raise ValueError("a trace window starts at 0 s or later and lasts more than 0 s")
 
     @property
     def timed(self) -> bool:
