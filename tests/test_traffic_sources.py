@@ -1,8 +1,9 @@
 """Real traffic read into requests: ShareGPT (the installed package's own file), the Mooncake and Azure
 trace slices parasweep ships, arrival processes, and every bad input as one line naming its key.
 
-Fast tier: no engine, no server. The ShareGPT file is tokenized once per machine (a few seconds) and
-cached under $PARASWEEP_CACHE (default ~/.cache/parasweep)."""
+Fast tier (but the per-class test, which predicts a point): no engine, no server. The ShareGPT file
+is tokenized once per machine (a few seconds) and cached under $PARASWEEP_CACHE (default
+~/.cache/parasweep)."""
 
 from __future__ import annotations
 
@@ -230,6 +231,7 @@ def test_a_trace_needs_a_token_api_and_sessions_need_sharegpt() -> None:
 
 # --- results per prompt-length class -------------------------------------------------------------------
 
+@pytest.mark.slow  # predicts a point (a few seconds): the full suite
 def test_ttft_per_prompt_length_class_where_lengths_vary(tmp_path: Path) -> None:
     from analysis.by_length import class_lines, class_rows
     from simulator.predict import predict_point
