@@ -20,6 +20,7 @@ from vocab.load import LoadPoint, RequestSpec, Source
 from vocab.metric_keys import PointLabel
 from workloads import run_point
 from workloads.sources import source_requests
+from workloads.sources.traces import shipped_path
 
 pytestmark = pytest.mark.slow
 
@@ -151,7 +152,8 @@ def test_the_standalone_load_generator_replays_a_trace_and_refuses_a_bad_file(tm
         expected = int((source_requests(RequestSpec(source=Source("mooncake"))).times_s < 20).sum())
         assert out["num_requests"] == out["completed"] == expected
         bad = tmp_path / "trace.jsonl"
-        bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2}\n{"timestamp": 1,\n')
+        lines = shipped_path("mooncake").read_text().splitlines()[:2]
+        bad.write_text(f"{lines[0]}\n{lines[1][:30]}\n")  # the real slice, its second line cut short
         fail = subprocess.run([sys.executable, "-m", "workloads", "--url", server.url, "--source", "mooncake",
                                "--dataset-path", str(bad), "--concurrency", "2"],
                               capture_output=True, text=True, timeout=120)
