@@ -3,8 +3,8 @@ and known), then whole sweeps on the simulated engine with their prediction besi
 
 Only what holds whatever the machine's load is asserted of the live client: a trace's requests leave at
 their (scaled) timestamps within the client's own measured lag, and a session's turns in order, each
-after the previous answer and its think time. The sweeps compare on the simulated engine's clock
-(``engine.time_scale`` 1): the measured throughput and the prediction of the same requests."""
+after the previous answer and its think time. The sweeps compare the measured throughput with the
+prediction of the same requests, on the simulated engine's clock."""
 
 from __future__ import annotations
 
@@ -92,9 +92,15 @@ def _measured_against_predicted(workdir: Path, overrides: list[str]) -> tuple[fl
 
 
 def test_a_sharegpt_sweep_measures_what_it_predicts(tmp_path: Path) -> None:
-    measured, predicted, traffic, out = _measured_against_predicted(
-        tmp_path, ["workload=sharegpt", "workload.concurrency=[16]"])
-    assert measured == pytest.approx(predicted, rel=0.05)
+    # A closed loop turns every stall of the client or the server into an idle engine: the next request
+    # arrives late on the engine's clock. Played at a quarter of real time, a stall a loaded 2-core
+    # machine can inflict costs the engine a quarter as much (and the processes a quarter of the CPU),
+    # so what is compared is the model, not the machine's load. Wall-clock tokens per second are a
+    # quarter of the engine's.
+    scale = 0.25
+    wall, predicted, traffic, out = _measured_against_predicted(
+        tmp_path, ["workload=sharegpt", "workload.concurrency=[16]", f"engine.time_scale={scale}"])
+    assert wall / scale == pytest.approx(predicted, rel=0.05)
     assert "17,671 complete conversations read" in traffic
     assert "quicktok llama3: the llama family's own vocabulary" in traffic
     # ShareGPT's lengths vary: TTFT by prompt length, in the summary and the report
