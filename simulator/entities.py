@@ -11,7 +11,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from simulator.costs import BatchShape
+from simulator.prefix_cache import CacheNode
 
 
 class Request:
@@ -20,6 +23,8 @@ class Request:
     __slots__ = (
         "aborted",
         "arrival",
+        "cache_node",
+        "cached",
         "finish_reason",
         "finish_time",
         "finished",
@@ -34,15 +39,21 @@ class Request:
         "notify",
         "output_ids",
         "prefilled",
+        "prompt",
         "rid",
         "stream",
         "token_seed",
     )
 
     def __init__(self, rid: str, input_len: int, max_new_tokens: int, token_seed: int,
-                 stream: bool = False, log_metrics: bool = True) -> None:
+                 stream: bool = False, log_metrics: bool = True, prompt: np.ndarray | None = None) -> None:
         self.rid = rid
         self.input_len = input_len
+        # the prompt's token ids, which the prefix cache matches (None: a request known by its length
+        # only, which the cache neither matches nor keeps)
+        self.prompt = prompt
+        self.cached = 0  # prompt tokens found in the prefix cache at admission (not computed again)
+        self.cache_node: CacheNode | None = None  # the cache node it holds locked while it runs
         self.max_new_tokens = max_new_tokens
         self.token_seed = token_seed
         self.stream = stream

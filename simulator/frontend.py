@@ -10,6 +10,8 @@ import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable
 
+import numpy as np
+
 from simulator.entities import Request
 from simulator.replica import ReplicaModel
 from simulator.sim_config import SimConfig
@@ -74,8 +76,10 @@ class Frontend:
         self._output_waiters.append(fut)
         return fut
 
-    def new_request(self, input_len: int, max_new: int, stream: bool, log_metrics: bool = True) -> Request:
+    def new_request(self, prompt: np.ndarray, max_new: int, stream: bool,
+                    log_metrics: bool = True) -> Request:
         cfg = self.cfg
+        input_len = len(prompt)
         if input_len >= cfg.context_len:
             raise BadRequest(
                 f"The input ({input_len} tokens) is longer than the model's context length "
@@ -97,7 +101,7 @@ class Frontend:
             )
         seq = next(self._rid_seq)
         return Request(uuid.uuid4().hex, input_len, max(max_new, 1), cfg.random_seed * 1_000_003 + seq,
-                       stream=stream, log_metrics=log_metrics)
+                       stream=stream, log_metrics=log_metrics, prompt=prompt)
 
     def submit(self, reqs: list[Request]) -> None:
         now = self.now()

@@ -17,12 +17,7 @@ from simulator.entities import Request
 from simulator.faults import HTTP_ERROR, HTTP_ERROR_MESSAGE, FaultInjector, StreamTap
 from simulator.frontend import BadRequest, Frontend
 from simulator.sim_config import SimConfig
-from simulator.text import (
-    completion_prompt_lengths,
-    count_chat_tokens,
-    detokenize,
-    generate_prompt_lengths,
-)
+from simulator.text import chat_prompt, completion_prompts, detokenize, generate_prompts
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
 DONE = b"data: [DONE]\n\n"
@@ -57,7 +52,7 @@ class GenerationAPI:
             "finish_reason": req.finish_reason if req.finished and n == len(req.output_ids) else None,
             "prompt_tokens": req.input_len,
             "completion_tokens": n,
-            "cached_tokens": 0,
+            "cached_tokens": req.cached,
             "weight_version": "default",
             "num_retractions": 0,
             "e2e_latency": time.time() - received,
@@ -95,10 +90,10 @@ class GenerationAPI:
                     and self.cfg.args.skip_tokenizer_init:
                 raise BadRequest("text input requires a tokenizer; the server runs with "
                                  "--skip-tokenizer-init, send input_ids instead")
-            lens, batch = generate_prompt_lengths(body)
-            if not lens or min(lens) == 0:
+            prompts, batch = generate_prompts(body)
+            if not prompts or min(len(p) for p in prompts) == 0:
                 raise BadRequest("The input is empty.")
-            reqs = [self.frontend.new_request(n, max_new, stream) for n in lens]
+            reqs = [self.frontend.new_request(p, max_new, stream) for p in prompts]
         except (BadRequest, ValueError, TypeError) as e:
             return json_response({"error": {"message": str(e)}}, 400)
         if fault == HTTP_ERROR:
@@ -151,11 +146,11 @@ class GenerationAPI:
         fault = self.faults.arrive()
         try:
             body = await request.json(loads=orjson.loads)
-            lens = completion_prompt_lengths(body.get("prompt"))
+            prompts = completion_prompts(body.get("prompt"))
             max_new = body.get("max_tokens")
             max_new = 16 if max_new is None else int(max_new)
             stream = bool(body.get("stream", False))
-            reqs = [self.frontend.new_request(n, max_new, stream) for n in lens]
+            reqs = [self.frontend.new_request(p, max_new, stream) for p in prompts]
         except (BadRequest, ValueError, TypeError, AttributeError) as e:
             return openai_error(str(e))
         return await self._openai(request, body, reqs, chat=False, fault=fault)
@@ -172,7 +167,7 @@ class GenerationAPI:
                 max_new = body.get("max_tokens")
             max_new = 128 if max_new is None else int(max_new)
             stream = bool(body.get("stream", False))
-            reqs = [self.frontend.new_request(count_chat_tokens(messages), max_new, stream)]
+            reqs = [self.frontend.new_request(chat_prompt(messages), max_new, stream)]
         except (BadRequest, ValueError, TypeError, AttributeError) as e:
             return openai_error(str(e))
         return await self._openai(request, body, reqs, chat=True, fault=fault)

@@ -83,10 +83,10 @@ def decode_line(batch_size: int, used: int, usage: float, cuda_graph: bool, gen_
     )
 
 
-def prefill_line(new_seq: int, new_tok: int, usage: float, running: int, queue: int, pending: int,
-                 input_tput: float) -> str:
+def prefill_line(new_seq: int, new_tok: int, cached_tok: int, usage: float, running: int, queue: int,
+                 pending: int, input_tput: float) -> str:
     return (
-        f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_tok}, #cached-token: 0, "
+        f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_tok}, #cached-token: {cached_tok}, "
         f"token usage: {usage:.2f}, #running-req: {running}, #queue-req: {queue}, "
         f"#pending-token: {pending}, cuda graph: False, input throughput (token/s): {input_tput:.2f}"
     )

@@ -42,25 +42,30 @@ class Reporter:
     def _set(self, replica: ReplicaModel, running: int) -> float:
         g = self.gauges
         adm = replica.admission
-        usage = adm.kv_used / adm.kv_capacity
+        held = adm.held_tokens  # SGLang's #token: the pool less free and evictable cached tokens
+        usage = held / adm.kv_capacity
         g.num_running = running
         g.num_queue = len(adm.waiting)
-        g.num_used = adm.kv_used
+        g.num_used = held
         g.token_usage = usage
         return usage
 
-    def on_prefill_batch(self, replica: ReplicaModel, n_new: int, n_tokens: int, running: int) -> None:
+    def on_prefill_batch(self, replica: ReplicaModel, n_new: int, n_tokens: int, n_cached: int,
+                         running: int) -> None:
         usage = self._set(replica, running)
+        # the batch's share of its prompt tokens found in the cache, as SGLang sets it per prefill batch
+        self.gauges.cache_hit_rate = n_cached / (n_tokens + n_cached) if n_tokens + n_cached else 0.0
         adm = replica.admission
         tput = replica.input_throughput_and_reset()
-        msg = prefill_line(n_new, n_tokens, usage, running, len(adm.waiting), adm.pending_tokens, tput)
+        msg = prefill_line(n_new, n_tokens, n_cached, usage, running, len(adm.waiting), adm.pending_tokens,
+                           tput)
         self.log.lines([(tag, msg) for tag in self.tags])
 
     def on_decode_log(self, replica: ReplicaModel, batch_size: int, cuda_graph: bool) -> None:
         usage = self._set(replica, batch_size)
         self.gauges.gen_throughput = replica.last_gen_throughput
         self.gauges.cuda_graph = cuda_graph
-        msg = decode_line(batch_size, replica.admission.kv_used, usage, cuda_graph,
+        msg = decode_line(batch_size, replica.admission.held_tokens, usage, cuda_graph,
                           replica.last_gen_throughput, len(replica.admission.waiting))
         self.log.lines([(tag, msg) for tag in self.tags])
 

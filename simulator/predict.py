@@ -66,6 +66,8 @@ import argparse
 import bisect
 import collections
 
+import numpy as np
+
 from simulator.admission import Admission
 from simulator.cli import build_parser
 from simulator.entities import Batch, Request
@@ -73,7 +75,7 @@ from simulator.gpus import energy_j, mem_used_bytes, power_w
 from simulator.replica import ReplicaModel
 from simulator.resolve import FlagError, resolve
 from simulator.sim_config import SimConfig
-from simulator.text import completion_prompt_lengths, count_chat_tokens, generate_prompt_lengths
+from simulator.text import chat_prompt, completion_prompts, generate_prompts
 from simulator.timebase import Simulation
 from vocab.load import LoadPoint, RequestSpec
 from vocab.records import PointResult, RequestRecord
@@ -154,27 +156,27 @@ def resolved_server_info(argv: list[str]) -> dict:
     return info
 
 
-def _server_input_len(spec: RequestSpec, body: dict) -> int:
-    """The prompt length the live server counts for one request body of ``spec``'s API."""
+def _server_prompt(spec: RequestSpec, body: dict) -> np.ndarray:
+    """The prompt's token ids as the live server reads one request body of ``spec``'s API."""
     if spec.api == "chat":
-        return count_chat_tokens(body["messages"])
+        return chat_prompt(body["messages"])
     if spec.api == "completions":
-        return completion_prompt_lengths(body["prompt"])[0]
-    return generate_prompt_lengths(body)[0][0]
+        return completion_prompts(body["prompt"])[0]
+    return generate_prompts(body)[0][0]
 
 
 class _PeakKvAdmission(Admission):
     """Admission that also keeps the highest KV use since the last reset (for ``kv_token_usage_max``).
     KV grows only when a batch is launched (``store_kv``), so that is the one place to watch."""
 
-    def __init__(self, cfg: SimConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: SimConfig, sim: Simulation) -> None:
+        super().__init__(cfg, lambda: sim.now)
         self.peak_kv_used = 0
 
     def store_kv(self, batch: Batch) -> None:
         super().store_kv(batch)
-        if self.kv_used > self.peak_kv_used:
-            self.peak_kv_used = self.kv_used
+        if self.held_tokens > self.peak_kv_used:
+            self.peak_kv_used = self.held_tokens
 
 
 class VirtualTrial:
@@ -184,7 +186,7 @@ class VirtualTrial:
         self.cfg = cfg
         self.sim = Simulation()
         self.replicas = [ReplicaModel(cfg, self.sim) for _ in range(cfg.dp)]
-        self._kv = [_PeakKvAdmission(cfg) for _ in self.replicas]
+        self._kv = [_PeakKvAdmission(cfg, self.sim) for _ in self.replicas]
         for rep, adm in zip(self.replicas, self._kv, strict=True):
             rep.admission = adm  # before any request: nothing refers to the replaced one
         # busy seconds of every stage at the window's bounds: (when, {(replica, stage): seconds}); the
@@ -195,11 +197,11 @@ class VirtualTrial:
         self.turnaround = CLIENT_TURNAROUND_S
         self.send_spacing = CLIENT_SEND_SPACING_S
 
-    def submit(self, input_len: int, max_new_tokens: int) -> Request:
+    def submit(self, prompt: np.ndarray, max_new_tokens: int) -> Request:
         """A streamed request to the next replica (round-robin), arriving now."""
         self._seq += 1
         seed = self.cfg.random_seed * 1_000_003 + self._seq
-        req = Request(f"v{self._seq}", input_len, max_new_tokens, seed, stream=True)
+        req = Request(f"v{self._seq}", len(prompt), max_new_tokens, seed, stream=True, prompt=prompt)
         rep = self.replicas[self._rr]
         self._rr = (self._rr + 1) % len(self.replicas)
         rep.submit(req, self.sim.now)
@@ -211,6 +213,8 @@ class VirtualTrial:
         """One point, after the previous ones. A closed-loop point of multi-turn traffic runs as
         sessions (``workloads.sources.as_sessions``), as the orchestrator's load plan makes it."""
         from workloads import summarize, validity_reasons
+        from workloads.payloads import prompt_ids
+        from workloads.prefix_reuse import offered_reuse
         from workloads.sources import as_sessions
 
         point = as_sessions(point, spec)
@@ -218,6 +222,9 @@ class VirtualTrial:
         for rep in self.replicas:
             rep.peak_in_flight = rep.in_flight
             rep.admission.peak_pool_used = rep.admission.pool_used
+            # each point starts on an empty prefix cache, as the live trial flushes it between points
+            flushed = rep.admission.flush_cache()
+            assert flushed, "a point starts only once the previous one drained"
         self._marks = {}
         client = _VirtualClient(self, point, spec)
         client.start()
@@ -232,6 +239,7 @@ class VirtualTrial:
             raise RuntimeError(f"prediction of {point.label}: requests {unfinished[:5]} never finished")
 
         metrics = summarize(records, point, lag_ms=[0.0])
+        metrics.update(offered_reuse(records, lambda i: prompt_ids(spec, i)))
         steady = metrics.get("window_steady") == 1.0
         metrics.update(self._telemetry(records, metrics["output_tokens"], steady))
         reasons = validity_reasons(metrics, point)
@@ -247,7 +255,7 @@ class VirtualTrial:
                                     for s in range(self.cfg.pp)})
         if bound == "open" or (bound == "first" and "open" not in self._marks):
             for adm in self._kv:
-                adm.peak_kv_used = adm.kv_used
+                adm.peak_kv_used = adm.held_tokens
 
     def _telemetry(self, records: list[RequestRecord], output_tokens: float,
                    steady: bool) -> dict[str, float]:
@@ -443,7 +451,7 @@ class _VirtualClient:
         rec = RequestRecord(point=self.point.label, index=i, warmup=warmup,
                             scheduled_time=scheduled, send_time=now, first_byte_time=now, input_tokens=n_in)
         self.records[i] = rec
-        req = self.trial.submit(_server_input_len(self.spec, body), n_out)
+        req = self.trial.submit(_server_prompt(self.spec, body), n_out)
         req.notify = lambda: self._on_output(req, rec)
         self.in_flight += 1
         if self.starts is None or i in self.session_firsts:
@@ -467,6 +475,7 @@ class _VirtualClient:
             if rec.first_token_time is None:
                 rec.first_token_time = now
                 rec.server_queue_s = req.forward_entry - req.arrival  # the model's queue wait
+                rec.cached_tokens = req.cached
             rec.chunk_times.append(now)
             rec.chunk_tokens.append(n - rec.output_tokens)
             rec.output_tokens = n
@@ -519,9 +528,9 @@ def predict_trial(argv: list[str], points: list[LoadPoint], spec: RequestSpec,
 
     Each point starts the instant the previous one drained (a live trial also starts the next point
     only after the previous one's requests ended). The engine's memory state does not carry over: a
-    drained engine holds no running request and no KV (there is no prefix cache), and its PP loop sleeps
-    until the next arrival, so a point's result does not depend on the points before it; only virtual
-    time and the pass each stage is in do.
+    drained engine holds no running request, its prefix cache is flushed before each point (as the live
+    trial flushes it), and its PP loop sleeps until the next arrival, so a point's result does not depend
+    on the points before it; only virtual time and the pass each stage is in do.
     """
     trial = VirtualTrial(load_config(argv))
     trial.send_spacing = send_spacing_s

@@ -33,9 +33,11 @@ E2E_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 
 class StageGauges:
     """What one replica's stages last reported (identical on every stage: SGLang's replicated state)."""
 
-    __slots__ = ("cuda_graph", "gen_throughput", "num_queue", "num_running", "num_used", "token_usage")
+    __slots__ = ("cache_hit_rate", "cuda_graph", "gen_throughput", "num_queue", "num_running", "num_used",
+                 "token_usage")
 
     def __init__(self) -> None:
+        self.cache_hit_rate = 0.0  # of the last prefill batch (SGLang's gauge is not cumulative)
         self.num_running = 0
         self.num_queue = 0
         self.num_used = 0
@@ -106,7 +108,7 @@ class _ReplicaCollector(Collector):
                 ("token_usage", "KV pool usage (fraction)."),
                 ("num_used_tokens", "KV pool tokens in use."),
                 ("max_total_num_tokens", "KV pool size in tokens."),
-                ("cache_hit_rate", "Prefix cache hit rate (the simulator has no prefix cache)."),
+                ("cache_hit_rate", "Prefix cache hit rate of the last prefill batch."),
                 ("is_cuda_graph", "Whether the last reported decode batch ran as a CUDA graph."),
                 ("context_len", "Context length."),
             )
@@ -145,11 +147,11 @@ class _ReplicaCollector(Collector):
                 g["token_usage"].add_metric(values, sg.token_usage)
                 g["num_used_tokens"].add_metric(values, sg.num_used)
                 g["max_total_num_tokens"].add_metric(values, cfg.max_total_num_tokens)
-                g["cache_hit_rate"].add_metric(values, 0.0)
+                g["cache_hit_rate"].add_metric(values, sg.cache_hit_rate)
                 g["is_cuda_graph"].add_metric(values, 1.0 if sg.cuda_graph else 0.0)
                 g["context_len"].add_metric(values, cfg.context_len)
                 realtime.add_metric([*values, "prefill_compute"], rep.tokens_prefill_total)
-                realtime.add_metric([*values, "prefill_cache"], 0)
+                realtime.add_metric([*values, "prefill_cache"], rep.admission.cached_total)
                 realtime.add_metric([*values, "decode"], rep.tokens_decode_total)
                 busy.add_metric([str(pp_rank), *dpl], rep.busy[pp_rank].busy_total(now))
                 frac = rep.busy[pp_rank].busy_fraction(now)

@@ -29,7 +29,8 @@ class Observer(Protocol):
     def on_first_token(self, req: Request, now: float) -> None: ...
     def on_token(self, req: Request, itl: float) -> None: ...
     def on_finish(self, req: Request, now: float) -> None: ...
-    def on_prefill_batch(self, replica: ReplicaModel, n_new: int, n_tokens: int, running: int) -> None: ...
+    def on_prefill_batch(self, replica: ReplicaModel, n_new: int, n_tokens: int, n_cached: int,
+                         running: int) -> None: ...
     def on_decode_log(self, replica: ReplicaModel, batch_size: int, cuda_graph: bool) -> None: ...
     def on_idle(self, replica: ReplicaModel) -> None: ...
 
@@ -44,7 +45,7 @@ class ReplicaModel:
         self.observer: Observer | None = None  # the live server's Reporter; None in predictions
         self.cost = cfg.cost
         self.pp = cfg.pp
-        self.admission = Admission(cfg)
+        self.admission = Admission(cfg, lambda: sim.now)
         self.num_slots = cfg.pp + (cfg.depth if cfg.pp > 1 else 0)
         self.slots = [Slot(i) for i in range(self.num_slots)]
         # pp=1 with the overlap scheduler launches step n+1 before step n's results are processed (the
@@ -187,7 +188,8 @@ class ReplicaModel:
                 self.prefill_tokens_since_log += prompt_tokens
                 if self.observer is not None:
                     # SGLang's #new-seq counts every request the batch prefills, a continued chunk too
-                    self.observer.on_prefill_batch(self, len(batch.items), prompt_tokens, len(running))
+                    self.observer.on_prefill_batch(self, len(batch.items), prompt_tokens, adm.batch_cached,
+                                                   len(running))
                 return batch
         if slot.reqs:
             reqs = list(slot.reqs)
@@ -234,6 +236,7 @@ class ReplicaModel:
             self.gen_tokens_since_log += len(reqs)
         else:
             reqs = [it.req for it in batch.items if it.last_chunk]
+            self.admission.prefill_done(batch)
             self.prefill_steps += 1
             self.tokens_prefill_total += sum(it.tokens for it in batch.items)
             if batch.mixed:  # the running requests decoded in the same forward

@@ -16,6 +16,7 @@ from simulator.calibration import CalibrationError, load_calibration
 from simulator.costs import CostModel, CostParams, Parallel
 from simulator.model_spec import KV_CACHE_DTYPES, ModelConfigError, ModelSpec, load_model_spec
 from simulator.nodes import split_address
+from simulator.schedule_policy import POLICIES
 from simulator.sim_config import MIB, SimConfig, StageMemory
 from simulator.step_costs import StepCostsError, apply_step_costs
 from vocab.hardware import HardwareConf, HardwareError, load_hardware, resolve_hardware_path
@@ -122,6 +123,11 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         raise FlagError(f"max_running_requests must be >= 1, got {args.max_running_requests}")
     if args.sim_time_scale <= 0:
         raise FlagError(f"--sim-time-scale must be > 0, got {args.sim_time_scale}")
+    if args.schedule_policy not in POLICIES:
+        raise FlagError(f"--schedule-policy {args.schedule_policy!r} is not modelled by the simulated "
+                        f"engine; choose one of {', '.join(POLICIES)}")
+    if args.page_size is not None and args.page_size < 1:
+        raise FlagError(f"page_size must be >= 1, got {args.page_size}")
     if args.decode_log_interval < 1:
         raise FlagError(f"decode_log_interval must be >= 1, got {args.decode_log_interval}")
     if ep > 1 and tp % ep != 0:

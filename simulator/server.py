@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 
+import numpy as np
 import orjson
 from aiohttp import web
 
@@ -95,7 +96,8 @@ class SimServer:
         fut = self.frontend.next_output()
         if not any(rep.in_flight or rep.admission.waiting or any(slot.reqs for slot in rep.slots)
                    for rep in self.replicas):
-            self.frontend.submit([self.frontend.new_request(1, 1, stream=False, log_metrics=False)])
+            probe = np.zeros(1, dtype=np.int64)  # SGLang's probe: input_ids [0], one new token
+            self.frontend.submit([self.frontend.new_request(probe, 1, stream=False, log_metrics=False)])
         timeout = self.cfg.health_check_timeout_s
         try:
             await asyncio.wait_for(fut, timeout)
@@ -151,6 +153,11 @@ class SimServer:
         }]})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
+        flushed = all([rep.admission.flush_cache() for rep in self.replicas])
+        if not flushed:
+            return web.Response(status=400, text="Cache not flushed.\nPlease check backend logs for more "
+                                "details. (When there are running or waiting requests, the operation will "
+                                "not be performed.)\n")
         return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there "
                                  "are running or waiting requests, the operation will not be performed.)\n")
 

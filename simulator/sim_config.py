@@ -69,6 +69,20 @@ class SimConfig:
         return bool(self.args.enable_mixed_chunk) and self.chunked_prefill_size > 0
 
     @property
+    def page_size(self) -> int:
+        """Tokens per KV page: the prefix cache matches and keeps whole pages."""
+        return int(self.args.page_size or 1)
+
+    @property
+    def radix_cache(self) -> bool:
+        """Prompts' KV is kept and reused across requests (off with ``--disable-radix-cache``)."""
+        return not self.args.disable_radix_cache
+
+    @property
+    def schedule_policy(self) -> str:
+        return str(self.args.schedule_policy)
+
+    @property
     def max_req_input_len(self) -> int:
         return min(self.context_len - 1, self.max_total_num_tokens - 1)
 
@@ -103,7 +117,7 @@ class SimConfig:
             "schedule_policy": a.schedule_policy,
             "disable_overlap_schedule": self.disable_overlap_schedule,
             "mem_fraction_static": self.mem_fraction_static,
-            "page_size": a.page_size or 1,
+            "page_size": self.page_size,
             "disable_radix_cache": a.disable_radix_cache,
             "disable_cuda_graph": self.disable_cuda_graph,
             "cuda_graph_max_bs_decode": a.cuda_graph_max_bs_decode,

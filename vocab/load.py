@@ -337,8 +337,33 @@ class LengthDist:
 
 
 
-SOURCES: tuple[str, ...] = ("random", "sharegpt", "mooncake", "azure")
+SOURCES: tuple[str, ...] = ("random", "sharegpt", "mooncake", "azure", "shared-prefix")
 TRACE_SOURCES: tuple[str, ...] = ("mooncake", "azure")
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """SGLang's generated-shared-prefix shape: ``groups`` system prompts of ``system_len`` tokens, each
+    followed in ``prompts_per_group`` requests by a question of ``question_len`` tokens of its own, each
+    asking for ``output_len`` tokens. One pass sends every (group, question) once, in a seeded shuffle;
+    with ``zipf`` (an exponent > 0) each request's group is drawn instead, group k with weight
+    1 / (k + 1) ** zipf, so a few groups are popular and the rest rare."""
+
+    groups: int = 16
+    prompts_per_group: int = 8
+    system_len: int = 2048
+    question_len: int = 128
+    output_len: int = 256
+    zipf: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("groups", "prompts_per_group", "system_len", "question_len", "output_len"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.zipf is not None and not (math.isfinite(self.zipf) and self.zipf > 0):
+            raise ValueError(f"zipf must be an exponent > 0 (or null: every group equally often), "
+                             f"got {self.zipf!r}")
 
 
 @dataclass(frozen=True)
@@ -356,6 +381,7 @@ class Source:
     * ``context``: the model's context length: a request longer than it is skipped and counted.
     * ``start_s`` / ``window_s`` (traces): the part of the trace to replay, from its first timestamp.
     * ``block_size`` (Mooncake): tokens per prefix block hash.
+    * ``shared_prefix`` (``shared-prefix``): the groups' shape (:class:`SharedPrefix`).
     """
 
     kind: str
@@ -367,6 +393,7 @@ class Source:
     start_s: float = 0.0
     window_s: float | None = None
     block_size: int = 512
+    shared_prefix: SharedPrefix = field(default_factory=SharedPrefix)
 
     def __post_init__(self) -> None:
         if self.kind not in SOURCES[1:]:

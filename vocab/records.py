@@ -55,7 +55,9 @@ class RequestRecord:
     ``scheduled_time`` is the intended send time in open loop (None in closed loop).
     ``server_queue_s`` is the server's own report of the seconds the request waited in its queue
     before its first forward (SGLang's ``/generate`` ``meta_info.queue_time``); None when the server
-    does not report it (other APIs, metrics off).
+    does not report it (other APIs, metrics off). ``cached_tokens`` is the server's report of the
+    prompt tokens it found in its prefix cache (``/generate``'s ``meta_info.cached_tokens``, or an
+    OpenAI usage's ``prompt_tokens_details.cached_tokens``); None when it reports none.
     """
 
     point: str
@@ -75,6 +77,7 @@ class RequestRecord:
     error_kind: str | None = None
     http_status: int | None = None
     server_queue_s: float | None = None
+    cached_tokens: int | None = None
 
     @property
     def ok(self) -> bool:

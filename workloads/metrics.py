@@ -27,6 +27,7 @@ from vocab.load import LoadPoint
 from vocab.records import ERROR_KINDS, RequestRecord
 
 from .length_classes import class_metrics
+from .prefix_reuse import achieved_reuse
 from .window import (
     Window,
     load_intervals,
@@ -291,6 +292,7 @@ def summarize(
     for kind in ERROR_KINDS:
         m[f"errors_{kind}"] = float(sum(1 for r in measured if r.error_kind == kind))
     m.update(_window_metrics(recs, in_window, window, slo))
+    m.update(achieved_reuse(measured))  # what the server's prefix cache hit, as it reported
 
     # In flight counts every request (warmup included: it loads the server just the same); with
     # sessions, every session from its first send to its last end.

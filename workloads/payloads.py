@@ -86,6 +86,14 @@ def build_body(spec: RequestSpec, index: int) -> tuple[dict[str, Any], int, int]
     return _finish_body(spec, body, n_out), n_in, n_out
 
 
+def prompt_ids(spec: RequestSpec, index: int) -> np.ndarray | None:
+    """Request ``index``'s prompt token ids, where the client sends ids (None: it sends text, which the
+    server tokenizes)."""
+    body, _, _ = build_body(spec, index)
+    ids = body.get("input_ids", body.get("prompt"))
+    return np.asarray(ids, dtype=np.int64) if isinstance(ids, list) else None
+
+
 def _body_from_file(
     spec: RequestSpec, index: int, rng: np.random.Generator
 ) -> tuple[dict[str, Any], int, int]:

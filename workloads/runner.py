@@ -64,7 +64,7 @@ async def _run_here(url: str, point: LoadPoint, spec: RequestSpec, opts: PointOp
         )
     finally:
         sink.close()
-    return opts.finish(point, sink.records, lag_ms, stop.reason if stop is not None else None)
+    return opts.finish(point, spec, sink.records, lag_ms, stop.reason if stop is not None else None)
 
 
 def run_point(

@@ -30,7 +30,8 @@ from . import clock
 from .backend import fetch_model, send_request
 from .fasthttp import Pool
 from .metrics import DEFAULT_LAG_THRESHOLD_MS, SLO, summarize, validity_reasons
-from .payloads import PreparedRequest, build_request
+from .payloads import PreparedRequest, build_request, prompt_ids
+from .prefix_reuse import offered_reuse
 from .scheduler import LagMonitor, drive, shard_share
 from .window import StabilityTracker
 
@@ -290,11 +291,15 @@ class PointOptions:
     read_timeout_setting: str = "sock_read_timeout"
 
     def finish(
-        self, point: LoadPoint, records: list[RequestRecord], lag_ms: list[float], stopped: str | None = None
+        self, point: LoadPoint, spec: RequestSpec, records: list[RequestRecord], lag_ms: list[float],
+        stopped: str | None = None,
     ) -> PointResult:
-        return finish(
+        result = finish(
             point, records, lag_ms, lag_threshold_ms=self.lag_threshold_ms, slo=self.slo, stopped=stopped
         )
+        # what the prompts sent offered a prefix cache (from their ids: known here, not in the records)
+        result.metrics.update(offered_reuse(result.records, lambda i: prompt_ids(spec, i)))
+        return result
 
 
 class RecordSink:

@@ -61,6 +61,7 @@ class StreamState:
         # seconds the request waited in the server's queue, as the server reports it (SGLang's
         # /generate meta_info.queue_time, sent when the server runs with --enable-metrics)
         self.server_queue_s: float | None = None
+        self.cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache
 
     @property
     def output_tokens(self) -> int:
@@ -86,6 +87,9 @@ class GenerateStream(StreamState):
             cumulative = meta["completion_tokens"]
             if "queue_time" in meta:
                 self._queue_time(meta["queue_time"])
+            cached = meta.get("cached_tokens")
+            if type(cached) is int:
+                self.cached_tokens = cached
             if "error" not in obj and type(cumulative) is int and meta["finish_reason"] is None:
                 new = cumulative - self.counted
                 if new > 0:
@@ -111,6 +115,8 @@ class GenerateStream(StreamState):
             self.prompt_tokens = meta["prompt_tokens"]
         if "queue_time" in meta:
             self._queue_time(meta["queue_time"])
+        if type(meta.get("cached_tokens")) is int:
+            self.cached_tokens = meta["cached_tokens"]
         finish = meta.get("finish_reason")
         if isinstance(finish, dict):
             self.finish_reason = str(finish.get("type"))
@@ -146,6 +152,9 @@ class OpenAIStream(StreamState):
         usage_tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
         if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
             self.prompt_tokens = usage["prompt_tokens"]
+            details = usage.get("prompt_tokens_details")  # SGLang fills it with --enable-cache-report
+            if isinstance(details, dict) and type(details.get("cached_tokens")) is int:
+                self.cached_tokens = details["cached_tokens"]
         if not choices:
             # The include_usage chunk: authoritative total, but it carries no token itself.
             if isinstance(usage_tokens, int):

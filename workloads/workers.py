@@ -152,4 +152,4 @@ def run_point_workers(
             if p.is_alive():
                 p.kill()
                 p.join()
-    return opts.finish(point, sink.records, lags)
+    return opts.finish(point, spec, sink.records, lags)

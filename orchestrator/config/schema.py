@@ -88,7 +88,19 @@ class ServerConf:
     # null: chosen coprime with pp.size + pp.async_depth so PP log lines do not always show one slot
     decode_log_interval: int | None = None
     random_seed: int = 0
+    radix_cache: bool = True  # false: --disable-radix-cache (no prefix is kept between requests)
+    schedule_policy: str = "fcfs"  # --schedule-policy: fcfs | lpm | dfs-weight | lof | random | priority
     extra_args: dict[str, Any] = field(default_factory=dict)  # further engine flags: {flag-name: value}
+
+
+@dataclass
+class SharedPrefixConf:
+    groups: int = 16
+    prompts_per_group: int = 8
+    system_len: int = 2048  # tokens of each group's system prompt
+    question_len: int = 128  # tokens of each request's own question
+    output_len: int = 256
+    zipf: float | None = None  # null: every group equally often; s > 0: group k drawn ~ 1 / (k + 1) ** s
 
 
 @dataclass
@@ -103,6 +115,8 @@ class WorkloadConf:
     multi_turn: bool = False  # sharegpt: each point's streams are sessions sending their turns in order
     think_time_s: float = 0.0  # multi-turn: seconds between an answer and the session's next question
     block_size: int = 512  # mooncake: prompt tokens per hash id
+    # shared-prefix: groups of requests sharing a system prompt (SGLang's generated-shared-prefix)
+    shared_prefix: SharedPrefixConf = field(default_factory=SharedPrefixConf)
     trace_start_s: float = 0.0  # traces: the window replayed, from the trace's first arrival
     trace_window_s: float | None = None  # null: to the end of the trace
     # arrival=trace: one load point per speed factor (2: twice as fast as recorded)

@@ -15,7 +15,7 @@ from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import ParasweepConf, WorkloadConf
 from orchestrator.errors import ConfigError
 from vocab.assets import model_dir
-from vocab.load import ARRIVALS, SOURCES, TRACE_SOURCES, RequestSpec, Source, parse_arrival
+from vocab.load import ARRIVALS, SOURCES, TRACE_SOURCES, RequestSpec, SharedPrefix, Source, parse_arrival
 
 
 def validate_traffic(cfg: ParasweepConf) -> None:
@@ -54,6 +54,12 @@ def validate_traffic(cfg: ParasweepConf) -> None:
         raise ConfigError("workload.trace_window_s", w.trace_window_s, "seconds > 0, or null for the rest")
     if w.source == "random":
         return
+    if w.source == "shared-prefix":
+        if w.api == "chat":
+            raise ConfigError("workload.api", w.api, "generate or completions",
+                              why="generated shared prefixes are token ids, not text")
+        shared_prefix_of(w)
+        return
     if w.source in TRACE_SOURCES and w.api == "chat":
         raise ConfigError("workload.api", w.api, "generate or completions",
                           why=f"a {w.source} trace has token counts, not text")
@@ -80,7 +86,20 @@ def source_of(cfg: ParasweepConf) -> Source:
     model = model_info(cfg.model.path)
     return Source(kind=w.source, path=_path(w), tokenizer=tokenizer_name(cfg), multi_turn=w.multi_turn,
                   think_s=w.think_time_s, context=model.max_context, start_s=w.trace_start_s,
-                  window_s=w.trace_window_s, block_size=w.block_size)
+                  window_s=w.trace_window_s, block_size=w.block_size, shared_prefix=shared_prefix_of(w))
+
+
+def shared_prefix_of(w: WorkloadConf) -> SharedPrefix:
+    """``workload.shared_prefix``, checked: a bad value is one line naming its key."""
+    sp = w.shared_prefix
+    values = {k: getattr(sp, k) for k in ("groups", "prompts_per_group", "system_len", "question_len",
+                                          "output_len", "zipf")}
+    try:
+        return SharedPrefix(**values)
+    except ValueError as exc:
+        name = str(exc).split(" ", 1)[0]
+        raise ConfigError(f"workload.shared_prefix.{name}", values.get(name),
+                          "an exponent > 0, or null" if name == "zipf" else "an integer >= 1") from None
 
 
 def tokenizer_name(cfg: ParasweepConf) -> str:

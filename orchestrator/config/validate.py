@@ -19,6 +19,7 @@ from orchestrator.config.traffic import validate_traffic
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import local_gpu_count, sglang_installed
 from vocab.load import LengthDist
+from vocab.model import SCHEDULE_POLICIES
 
 ENGINES = ("auto", "sim", "sglang")
 APIS = ("generate", "completions", "chat")
@@ -134,6 +135,10 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
     for key, value in (("tp.size", cfg.tp.size), ("pp.size", cfg.pp.size), ("ep.size", cfg.ep.size),
                        ("dp.size", cfg.dp.size)):
         _positive(key, value)
+    if cfg.server.schedule_policy not in SCHEDULE_POLICIES:
+        raise ConfigError("server.schedule_policy", cfg.server.schedule_policy, ", ".join(SCHEDULE_POLICIES))
+    if not isinstance(cfg.server.radix_cache, bool):
+        raise ConfigError("server.radix_cache", cfg.server.radix_cache, "true or false")
     gpus, where = available_gpus(cfg, engine)
     ws = world_size(cfg)
     if ws > gpus:

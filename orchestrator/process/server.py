@@ -43,6 +43,26 @@ def http_get_json(url: str, timeout: float = 5.0) -> Any:
         return json.loads(resp.read())
 
 
+def flush_prefix_cache(base_url: str, attempts: int = 10, pause_s: float = 0.2) -> bool:
+    """``POST /flush_cache``: empty the engine's prefix cache. SGLang refuses (400) while a request is
+    running or waiting; the last requests of a point can take a moment to leave, so it is asked again
+    a few times. False when it never flushed (or the engine has no such endpoint)."""
+    for i in range(attempts):
+        try:
+            req = urllib.request.Request(base_url.rstrip("/") + "/flush_cache", data=b"", method="POST")
+            with urllib.request.urlopen(req, timeout=5.0) as resp:
+                if resp.status == 200:
+                    return True
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return False
+        except OSError:
+            return False
+        if i + 1 < attempts:
+            time.sleep(pause_s)
+    return False
+
+
 # SGLang's /health runs a one-token generation and polls for its output every second, for up to
 # SGLANG_HEALTH_CHECK_TIMEOUT (20 s) before it answers 503. A client that gives up sooner (2 s, say)
 # abandons every probe of an engine whose first generation takes longer, and so never sees it ready.

@@ -33,7 +33,14 @@ from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.gpu_release import RELEASE_WAIT_S, ensure_gpus_free, process_group_pids, wait_gpus_free
 from orchestrator.process.health import HealthProber
 from orchestrator.process.node_engines import EngineFiles, OtherNodes, head_address
-from orchestrator.process.server import ServerProcess, exit_reason, free_port, http_get_json, log_tail
+from orchestrator.process.server import (
+    ServerProcess,
+    exit_reason,
+    flush_prefix_cache,
+    free_port,
+    http_get_json,
+    log_tail,
+)
 from orchestrator.telemetry.gpu_sources import GpuTelemetry, start_gpu_telemetry
 from orchestrator.telemetry.server_log import resolved_config
 from orchestrator.telemetry.server_metrics import MetricsScraper
@@ -248,11 +255,16 @@ class LiveSession:
         assert self._server is not None, "the session has not started"
         workload = self.plan.cfg.workload
         watch = EngineWatch(self._server, self._prober, workload.point_timeout_s, self._others)
+        # every point starts on an empty prefix cache: an earlier point's prompts (the same first
+        # requests, by index) would otherwise be hits it never offered; a cache that would not flush
+        # is said on the point (cache_flushed 0)
+        flushed = flush_prefix_cache(self.url)
         start = time.time()
         result = run_point(self.url, point, spec, records_path=records, on_progress=on_progress,
                            sock_read_timeout=workload.stall_timeout_s,
                            read_timeout_setting="workload.stall_timeout_s", should_stop=watch)
         result.start, result.end = start, time.time()
+        result.metrics["cache_flushed"] = 1.0 if flushed else 0.0
         reason = watch.reason
         if reason is None:
             # an engine that died as the point ended: its last requests can fail (refused) faster

@@ -23,51 +23,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from vocab.load import LoadPoint, RequestSpec, Source
 
+from .base import SourceRequest, SourceRequests
+from .shared_prefix import SharedPrefixRequests
 from .sharegpt import Conversations, conversations, packaged_path, read_conversations
 from .traces import read_trace
 
 MIN_TOKENS = 4
-
-
-@dataclass(frozen=True)
-class SourceRequest:
-    ids: np.ndarray  # prompt token ids, already within the model's vocabulary
-    output_len: int
-
-
-@dataclass
-class SourceRequests:
-    """The requests a source offers, with what was skipped and why."""
-
-    source: Source
-    seed: int
-    vocab_size: int
-    count: int = 0  # distinct requests (one pass)
-    skipped: dict[str, int] = field(default_factory=dict)
-    read: str = ""  # what was read: "17,671 conversations recovered from ..."
-    times_s: np.ndarray | None = None  # traces: each kept request's arrival, from the window's start
-    session_turns: tuple[int, ...] = ()  # multi-turn: each session's turns, in order
-
-    def request(self, i: int) -> SourceRequest:  # pragma: no cover - each kind overrides it
-        raise NotImplementedError
-
-    def messages(self, i: int) -> tuple[dict[str, str], ...]:
-        """Request ``i``'s prompt as chat messages (text sources only)."""
-        raise ValueError(f"a {self.source.kind} trace has token counts, not text: send it with the "
-                         "generate or completions API")
-
-    def summary(self) -> str:
-        """One line for the run: what was read, what is sent, what was skipped."""
-        skipped = ", ".join(f"{n:,} {why}" for why, n in self.skipped.items() if n)
-        unit = "sessions" if self.session_turns else "requests"
-        return f"{self.read}; {self.count:,} {unit} kept" + (f" (skipped: {skipped})" if skipped else "")
 
 
 class _ShareGPT(SourceRequests):
@@ -230,6 +197,8 @@ def _fold(ids: np.ndarray, vocab_size: int) -> np.ndarray:
 def _requests(source: Source, seed: int, vocab_size: int) -> SourceRequests:
     if source.kind == "sharegpt":
         return _ShareGPT(source, seed, vocab_size)
+    if source.kind == "shared-prefix":
+        return SharedPrefixRequests(source, seed, vocab_size)
     return _Trace(source, seed, vocab_size)
 
 

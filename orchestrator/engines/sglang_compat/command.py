@@ -54,6 +54,7 @@ _MANAGED = {
     "chunked_prefill_size": "server.chunked_prefill_size",
     "mem_fraction_static": "server.mem_fraction_static", "disable_cuda_graph": "server.cuda_graph",
     "decode_log_interval": "server.decode_log_interval", "random_seed": "server.random_seed",
+    "disable_radix_cache": "server.radix_cache", "schedule_policy": "server.schedule_policy",
     "port": "(chosen by parasweep: a free port per trial)", "enable_metrics": "(always on)",
 }
 
@@ -208,6 +209,11 @@ def build_args(cfg: ParasweepConf, port: int, version: str = NEWEST_KNOWN,
             args.append(Arg(flag, [str(value)], f"server.{attr}", value))
     if not s.cuda_graph:
         args.append(Arg("--disable-cuda-graph", [], "server.cuda_graph", False))
+    if not s.radix_cache:
+        args.append(Arg("--disable-radix-cache", [], "server.radix_cache", False))
+    if s.schedule_policy != "fcfs":
+        policy = s.schedule_policy
+        args.append(Arg("--schedule-policy", [policy], "server.schedule_policy", policy))
     interval = decode_log_interval(cfg)
     args += [
         Arg("--enable-metrics", [], "(always on)", True),
