@@ -176,8 +176,8 @@ def test_sessions_become_closed_loop_points_of_whole_sessions() -> None:
 # --- bad input, one line each ----------------------------------------------------------------------------
 
 def test_unknown_source_and_arrival() -> None:
-    assert "workload.source=sharegtp: invalid; valid: random, sharegpt, mooncake, azure" in refusal(
-        _cfg("sharegtp"))
+    valid = "random, sharegpt, mooncake, azure, shared-prefix"
+    assert f"workload.source=sharegtp: invalid; valid: {valid}" in refusal(_cfg("sharegtp"))
     msg = refusal(_cfg("random", arrival="bursty", rate=[2.0]))
     assert "workload.arrival=bursty" in msg and "gamma:CV" in msg
     assert "gamma:2" in refusal(_cfg("random", arrival="gamma:-1", rate=[2.0]))
