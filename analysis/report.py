@@ -32,6 +32,7 @@ from rich.text import Text
 from analysis.by_length import class_lines, class_rows
 from analysis.diagnose import overrides_text
 from analysis.noise import NAN, Estimate, judge, point_estimate
+from analysis.prefix_reuse import reuse_lines
 from analysis.repeats import combine_repeats, repeats_of
 from vocab.findings import SEVERITIES
 from vocab.metric_keys import MetricKey, point_metrics
@@ -513,6 +514,8 @@ def print_sweep_summary(runs: list[Any], title: str, console: Console | None = N
     for line in where_lines(runs):
         console.print(line, highlight=False, markup=False, width=width, style="dim")
     for line in class_lines(class_rows([(f"#{_num(r)}", r.data.metrics) for r in _ordered(runs)]), width):
+        console.print(line, highlight=False, markup=False, width=width)
+    for line in reuse_lines([(f"#{_num(r)}", r.data.metrics) for r in _ordered(runs)], width):
         console.print(line, highlight=False, markup=False, width=width)
     for run in _ordered(runs):
         if run.data.tags.get(Tag.STATUS) not in ("ok", "skipped"):

@@ -46,6 +46,7 @@ class Admission:
         self.policy = SchedulePolicy(cfg.schedule_policy, self.cache, cfg.random_seed)
         self.batch_cached = 0  # prompt tokens of the last prefill batch found in the cache
         self.cached_total = 0  # since start: prompt tokens found in the cache
+        self.computed_total = 0  # since start: prompt tokens computed
 
     @property
     def pool_tokens(self) -> int:
@@ -104,7 +105,7 @@ class Admission:
         cache = self.cache
         self.batch_cached = 0
         if len(waiting) > 1:
-            self.policy.order(waiting)
+            self.policy.order(waiting, self.computed_total)
         while waiting and rem_chunk > 0 and cap_left > 0 and self.pool_used < self.pool_size:
             req = waiting[0]
             reserve = min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS)
@@ -180,6 +181,7 @@ class Admission:
         else:
             computed = sum(it.tokens for it in batch.items)
             self._make_room(computed + len(batch.mixed))
+            self.computed_total += computed
             for it in batch.items:
                 it.req.kv_tokens += it.tokens
             self.kv_used += computed

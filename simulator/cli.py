@@ -136,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--host", default="127.0.0.1")
     a("--port", type=int, default=30000)
     a("--enable-metrics", action="store_true")
+    a("--enable-cache-report", action="store_true")
     a("--decode-log-interval", type=int, default=40)
     a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
     a("--random-seed", type=int, default=None)

@@ -23,6 +23,7 @@ class Request:
     __slots__ = (
         "aborted",
         "arrival",
+        "arrival_work",
         "cache_node",
         "cached",
         "finish_reason",
@@ -61,6 +62,7 @@ class Request:
         self.output_ids: list[int] = []
         self.prefilled = 0
         self.arrival = 0.0
+        self.arrival_work = 0  # prompt tokens the replica had computed when it arrived (hrrn's clock)
         self.first_token_time = -1.0
         self.forward_entry = -1.0  # when its first prefill batch was built: the end of its queueing
         self.last_token_time = -1.0

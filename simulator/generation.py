@@ -172,6 +172,15 @@ class GenerationAPI:
             return openai_error(str(e))
         return await self._openai(request, body, reqs, chat=True, fault=fault)
 
+    def _usage(self, reqs: list[Request]) -> dict:
+        p = sum(r.input_len for r in reqs)
+        c = sum(len(r.output_ids) for r in reqs)
+        # with --enable-cache-report SGLang 0.5.22+ always reports the cached prompt tokens, 0 included
+        details = ({"cached_tokens": sum(r.cached for r in reqs)} if self.cfg.args.enable_cache_report
+                   else None)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+                "prompt_tokens_details": details}
+
     async def _openai(self, request: web.Request, body: dict, reqs: list[Request], chat: bool,
                       fault: str | None) -> web.StreamResponse:
         if fault == HTTP_ERROR:
@@ -219,7 +228,7 @@ class GenerationAPI:
                 if parts and not await tap.write(b"".join(parts), all(r.finished for r in reqs)):
                     return resp  # an injected stall or cut ended the stream
             if self._include_usage(body):
-                await resp.write(_sse({**head, "choices": [], "usage": _usage(reqs)}))
+                await resp.write(_sse({**head, "choices": [], "usage": self._usage(reqs)}))
             await resp.write(DONE)
         except (ConnectionResetError, asyncio.CancelledError):
             self.frontend.abort(reqs)
@@ -238,15 +247,9 @@ class GenerationAPI:
                 choices.append({"index": i, "text": text, "logprobs": None,
                                 "finish_reason": _openai_reason(r), "matched_stop": None})
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": model, "choices": choices, "usage": _usage(reqs)}
+                "model": model, "choices": choices, "usage": self._usage(reqs)}
 
 
 def _openai_reason(r: Request) -> str:
     fr = r.finish_reason or {}
     return {"length": "length", "stop": "stop", "abort": "abort"}.get(fr.get("type", ""), "stop")
-
-
-def _usage(reqs: list[Request]) -> dict:
-    p = sum(r.input_len for r in reqs)
-    c = sum(len(r.output_ids) for r in reqs)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c, "prompt_tokens_details": None}

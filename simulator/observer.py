@@ -37,6 +37,8 @@ class Reporter:
             m.prompt_tokens[req.stream].inc(req.input_len)
             m.gen_tokens[req.stream].inc(len(req.output_ids))
             m.num_requests[req.stream].inc()
+            if req.cached > 0:
+                m.cached_tokens.inc(req.cached)
 
     # scheduler side
     def _set(self, replica: ReplicaModel, running: int) -> float:

@@ -66,6 +66,11 @@ class PrometheusMetrics:
         prompt = Counter("sglang:prompt_tokens", "Prefill tokens processed.", tok_labels, registry=reg)
         gen = Counter("sglang:generation_tokens", "Generation tokens processed.", tok_labels, registry=reg)
         nreq = Counter("sglang:num_requests", "Requests finished.", tok_labels, registry=reg)
+        # counted per finished request with a cache hit, as SGLang's tokenizer manager does; the
+        # simulated cache is all device memory (no host or storage tier)
+        cached = Counter("sglang:cached_tokens", "Prompt tokens found in the prefix cache.",
+                         ["model_name", "engine_type", "cache_source"], registry=reg)
+        self.cached_tokens = cached.labels(model, "unified", "device")
         # Bind label children once: the per-token path then costs one observe().
         self.itl = itl.labels(model, "unified")
         self.ttft = {s: ttft.labels(model, "unified", str(s).lower()) for s in (True, False)}

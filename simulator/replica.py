@@ -86,6 +86,7 @@ class ReplicaModel:
 
     def _arrive(self, req: Request) -> None:
         req.arrival = self.sim.now
+        req.arrival_work = self.admission.computed_total
         if req.aborted:
             return
         self.admission.waiting.append(req)

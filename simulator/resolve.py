@@ -124,8 +124,13 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     if args.sim_time_scale <= 0:
         raise FlagError(f"--sim-time-scale must be > 0, got {args.sim_time_scale}")
     if args.schedule_policy not in POLICIES:
-        raise FlagError(f"--schedule-policy {args.schedule_policy!r} is not modelled by the simulated "
-                        f"engine; choose one of {', '.join(POLICIES)}")
+        why = (" (SGLang accepts it on the command line, then its scheduler fails at start-up)"
+               if args.schedule_policy == "priority" else "")
+        raise FlagError(f"Unknown schedule_policy: policy={args.schedule_policy!r}{why}; "
+                        f"valid: {', '.join(POLICIES)}")
+    if args.schedule_policy == "shortest-prefill-first" and args.disable_radix_cache:
+        raise FlagError("Experimental shortest-prefill-first requires prefix caching "
+                        "(drop --disable-radix-cache)")
     if args.page_size is not None and args.page_size < 1:
         raise FlagError(f"page_size must be >= 1, got {args.page_size}")
     if args.decode_log_interval < 1:

@@ -153,11 +153,15 @@ class SimServer:
         }]})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        flushed = all([rep.admission.flush_cache() for rep in self.replicas])
-        if not flushed:
-            return web.Response(status=400, text="Cache not flushed.\nPlease check backend logs for more "
-                                "details. (When there are running or waiting requests, the operation will "
-                                "not be performed.)\n")
+        # SGLang 0.5.23: flushed only when every scheduler is idle; otherwise 400 at once (no timeout)
+        busy = [(len(rep.admission.waiting), rep.admission.pool_used) for rep in self.replicas
+                if not rep.admission.flush_cache()]
+        if busy:
+            queued, running = (sum(x) for x in zip(*busy, strict=True))
+            self.log.warning(f"Cache not flushed because there are pending requests. #queue-req: {queued}, "
+                             f"#running-req: {running}")
+            return web.Response(status=400, text="Flush cache failed.\n")
+        self.log.info("Cache flushed successfully!")
         return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there "
                                  "are running or waiting requests, the operation will not be performed.)\n")
 

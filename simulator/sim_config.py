@@ -70,8 +70,19 @@ class SimConfig:
 
     @property
     def page_size(self) -> int:
-        """Tokens per KV page: the prefix cache matches and keeps whole pages."""
-        return int(self.args.page_size or 1)
+        """Tokens per KV page: the prefix cache matches and keeps whole pages. SGLang's default is 1,
+        but some attention backends need pages and set or override it (0.5.23's overrides)."""
+        asked = self.args.page_size
+        backend = self.attention_backend
+        if backend == "trtllm_mha":
+            return asked if asked in (16, 32, 64, 128) else 64
+        if backend == "trtllm_mla":
+            return asked if asked in (32, 64) else 64
+        if backend == "flashmla":
+            return 64
+        if backend == "fa4":
+            return 128
+        return int(asked or 1)
 
     @property
     def radix_cache(self) -> bool:

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.validate import validate
 from orchestrator.load_plan import request_spec
-from simulator.predict import predict_point
+from simulator.predict import VirtualTrial, load_config, predict_point
 from simulator.prefix_cache import RadixCache
 from tests.conftest import refusal
 from vocab.hardware import load_hardware
@@ -215,5 +215,23 @@ def test_bad_prefix_cache_keys_are_refused_in_one_line() -> None:
     assert "valid: generate or completions" in refusal(_cfg(api="chat"))
     cfg = _cfg()
     cfg.server.schedule_policy = "longest"
-    assert ("server.schedule_policy=longest: invalid; valid: fcfs, lpm, dfs-weight, lof, random, priority"
-            in refusal(cfg))
+    assert ("server.schedule_policy=longest: invalid; valid: fcfs, lpm, dfs-weight, lof, random, "
+            "routing-key, hrrn, shortest-prefill-first" in refusal(cfg))
+    cfg.server.schedule_policy = "priority"
+    assert "its scheduler then fails at start-up" in refusal(cfg)
+    cfg.server.schedule_policy, cfg.server.radix_cache = "shortest-prefill-first", False
+    assert "requires prefix caching" in refusal(cfg)
+
+
+def test_the_cache_is_flushed_only_when_nothing_runs_or_waits() -> None:
+    trial = VirtualTrial(load_config(LLAMA8B_H200))
+    adm = trial.replicas[0].admission
+    req = trial.submit(np.arange(1, 600, dtype=np.int64), 50)
+    trial.sim.run_until(trial.sim.peek())  # it arrives and is admitted
+    assert adm.pool_used == 1 and not adm.flush_cache()  # SGLang refuses: a request is running
+    while not req.finished:
+        trial.sim.run_until(trial.sim.peek())
+    trial.sim.run_until(trial.sim.now + 1.0)
+    assert adm.cache is not None and adm.cache.total == 599 + 49  # its prompt and output, kept
+    assert adm.held_tokens == 0  # nothing holds them: all evictable
+    assert adm.flush_cache() and adm.cache.total == 0

@@ -94,7 +94,8 @@ def _emitted_flags(argv: list[str]) -> list[str]:
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_every_flag_is_a_full_name_in_0_5_23(name: str) -> None:
     cfg, _ = LAYOUTS[name]
-    cfg.server.extra_args = {"schedule_policy": "lpm", "cuda_graph_max_bs": 64, "enable_cache_report": True}
+    cfg.server.extra_args = {"cuda_graph_max_bs": 64, "enable_cache_report": True}
+    cfg.server.schedule_policy, cfg.server.radix_cache = "lpm", False
     argv = sglang_flags(cfg, PORT, T0523)
     help_flags = flags_from_help((DATA / "help-0.5.23.txt").read_text(), "0.5.23")
     for flag in _emitted_flags(argv):
@@ -202,6 +203,9 @@ def test_unknown_abbreviated_and_duplicate_flags_are_refused() -> None:
         sglang_flags(cfg, PORT, T0523)
     cfg.server.extra_args = {"enable_metrics_for_all_schedulers": 3}
     with pytest.raises(ConfigError, match="takes no value"):
+        sglang_flags(cfg, PORT, T0523)
+    cfg.server.extra_args = {"schedule_policy": "lpm"}
+    with pytest.raises(ConfigError, match=r"set it with server\.schedule_policy"):
         sglang_flags(cfg, PORT, T0523)
     cfg.server.extra_args = {"host": "0.0.0.0", "schedule_policy": None, "sleep_on_idle": False}
     argv = sglang_flags(cfg, PORT, T0523)

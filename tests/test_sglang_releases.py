@@ -231,3 +231,22 @@ def test_the_first_gpu_node_script_skips_in_one_line_without_a_gpu(tmp_path: Pat
     assert out.returncode == 0, out
     assert out.stdout.strip().splitlines() == ["gpu_first_node: SKIP: no GPU visible to NVML on this machine"]
     assert not (tmp_path / "o").exists()  # nothing run, nothing written
+
+
+@pytest.mark.parametrize("facts", SUPPORTED, ids=_ids(SUPPORTED))
+def test_the_prefix_cache_keys_are_flags_each_release_takes(facts: ReleaseFacts) -> None:
+    cfg = _conf("llama-3.1-8b", "h100-sxm-x8")
+    cfg.server.radix_cache, cfg.server.schedule_policy = False, "lpm"
+    argv = args_to_argv(check_args(build_args(cfg, 30000, facts.version, facts.flags), facts.flags,
+                                   facts.version))
+    assert "--disable-radix-cache" in argv and argv[argv.index("--schedule-policy") + 1] == "lpm"
+    # the newer policies only where the release's choices list them (0.5.20: hrrn; 0.5.22: shortest-
+    # prefill-first)
+    for policy, since in (("hrrn", (0, 5, 20)), ("shortest-prefill-first", (0, 5, 22))):
+        cfg.server.radix_cache, cfg.server.schedule_policy = True, policy
+        if parse_version(facts.version) >= since:
+            assert policy in args_to_argv(build_args(cfg, 30000, facts.version, facts.flags))
+        else:
+            with pytest.raises(ConfigError) as err:
+                build_args(cfg, 30000, facts.version, facts.flags)
+            assert f"is new in SGLang {'.'.join(map(str, since))}" in str(err.value)

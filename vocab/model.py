@@ -17,9 +17,11 @@ DEFAULT_CONTEXT_LENGTH = 2048
 # SGLang reserves KV for at most this many of a request's decode tokens when it admits it (its
 # CLIP_MAX_NEW_TOKENS): the simulated engine's admission and the diagnosis's KV-pool arithmetic agree
 CLIP_MAX_NEW_TOKENS = 4096
-# SGLang's --schedule-policy values the simulated engine models (the cache-aware ones, lpm and
-# dfs-weight, order by what the prefix cache holds); the config and the engine check against this
-SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "priority")
+# SGLang's --schedule-policy values that start an engine (0.5.9-0.5.23; hrrn from 0.5.20,
+# shortest-prefill-first from 0.5.22), all modelled by the simulated engine. "priority" is not one: SGLang
+# accepts it on the command line and fails at start-up ("Unknown schedule_policy").
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "routing-key", "hrrn",
+                     "shortest-prefill-first")
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "max_seq_len",
                 "model_max_length")
 

@@ -136,7 +136,14 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
                        ("dp.size", cfg.dp.size)):
         _positive(key, value)
     if cfg.server.schedule_policy not in SCHEDULE_POLICIES:
-        raise ConfigError("server.schedule_policy", cfg.server.schedule_policy, ", ".join(SCHEDULE_POLICIES))
+        why = ("SGLang accepts it on the command line and its scheduler then fails at start-up"
+               if cfg.server.schedule_policy == "priority" else "")
+        raise ConfigError("server.schedule_policy", cfg.server.schedule_policy, ", ".join(SCHEDULE_POLICIES),
+                          why=why)
+    if cfg.server.schedule_policy == "shortest-prefill-first" and not cfg.server.radix_cache:
+        raise ConfigError("server.schedule_policy", cfg.server.schedule_policy,
+                          "a policy other than shortest-prefill-first with server.radix_cache=false",
+                          why="SGLang's shortest-prefill-first requires prefix caching")
     if not isinstance(cfg.server.radix_cache, bool):
         raise ConfigError("server.radix_cache", cfg.server.radix_cache, "true or false")
     gpus, where = available_gpus(cfg, engine)

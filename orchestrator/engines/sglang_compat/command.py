@@ -16,8 +16,10 @@ from orchestrator.config.schema import ParasweepConf, trial_nodes
 from orchestrator.engines.sglang_compat.versions import (
     NEWEST_KNOWN,
     RENAMES,
+    SCHEDULE_POLICY_SINCE,
     FlagSet,
     canonical_name,
+    parse_version,
     spelling,
 )
 from orchestrator.errors import ConfigError
@@ -152,6 +154,10 @@ def _extra(args: list[Arg], cfg: ParasweepConf, version: str, flags: FlagSet | N
                               "so dp.size would no longer count GPUs; deprecated from SGLang 0.5.22")
         if value is False or value is None:
             continue
+        if canonical in ("schedule_policy", "disable_radix_cache"):
+            raise ConfigError(key, value, f"set it with {_MANAGED[canonical]}",
+                              "parasweep passes it from its own key, which the prediction, the diagnosis "
+                              "and the search read")
         flag = spelling(canonical, version, flags)
         if flag is None and canonical == "attn_dp_size":
             if str(value) != "1":
@@ -213,6 +219,11 @@ def build_args(cfg: ParasweepConf, port: int, version: str = NEWEST_KNOWN,
         args.append(Arg("--disable-radix-cache", [], "server.radix_cache", False))
     if s.schedule_policy != "fcfs":
         policy = s.schedule_policy
+        since = SCHEDULE_POLICY_SINCE.get(policy)
+        if since is not None and parse_version(version) < since:
+            first = ".".join(map(str, since))
+            raise ConfigError("server.schedule_policy", policy, f"a policy SGLang {version} accepts",
+                              f"{policy} is new in SGLang {first}")
         args.append(Arg("--schedule-policy", [policy], "server.schedule_policy", policy))
     interval = decode_log_interval(cfg)
     args += [

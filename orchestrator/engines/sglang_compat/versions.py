@@ -48,6 +48,11 @@ class Spelling:
         return v >= self.since and (self.until is None or v < self.until)
 
 
+# --schedule-policy values newer than the supported range's start: the first release that accepts each
+# (read from each release's choices list; every other value in SCHEDULE_POLICIES is in all of them)
+SCHEDULE_POLICY_SINCE: dict[str, Version] = {"hrrn": (0, 5, 20), "shortest-prefill-first": (0, 5, 22)}
+
+
 # Canonical name (the newest dest) -> spellings, newest first.
 RENAMES: dict[str, tuple[Spelling, ...]] = {
     # renamed in 0.5.4 (PR #11279)
