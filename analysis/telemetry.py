@@ -30,6 +30,9 @@ from vocab.telemetry import (
     ENERGY_J,
     J_PER_TOKEN,
     KV_USAGE_MAX,
+    LOG_CACHE_HIT_RATE,
+    LOG_CACHED_TOKENS,
+    LOG_COMPUTED_TOKENS,
     MEM_USED_MAX,
     POWER_FRAC_MAX_GPU,
     POWER_FRAC_MEAN,
@@ -174,7 +177,8 @@ def _preferred(window: pd.DataFrame, column: str) -> pd.DataFrame:
 
 def _stage_summaries(stages: pd.DataFrame, start: float, end: float) -> dict[str, float]:
     df = pd.DataFrame({c: _col(stages, c) for c in ("ts", "dp", "pp", "tp", "running", "queue",
-                                                     "token_usage", "retracted_total", "new_tokens")})
+                                                     "token_usage", "retracted_total", "new_tokens",
+                                                     "cached_tokens")})
     for text in ("source", "kind"):
         if text in stages:
             df[text] = stages[text].astype(str)
@@ -219,6 +223,11 @@ def _prefill_summaries(window: pd.DataFrame) -> dict[str, float]:
         return {}
     out = {PREFILL_TOKENS_MAX: float(rows["new_tokens"].max()),
            PREFILL_TOKENS_MEAN: float(rows["new_tokens"].mean())}
+    cached = rows["cached_tokens"].dropna()
+    if len(cached):  # every replica's stage 0 logs its own batches: their sums add up
+        computed, hit = float(rows["new_tokens"].sum()), float(cached.sum())
+        out[LOG_CACHED_TOKENS], out[LOG_COMPUTED_TOKENS] = hit, computed
+        out[LOG_CACHE_HIT_RATE] = hit / (hit + computed) if hit + computed else 0.0
     running = rows["running"].dropna()
     if len(running):
         out[PREFILL_WITH_DECODES] = float((running > 0).mean())

@@ -335,7 +335,7 @@ def test_decode_lines_rendered_from_each_release(version: str, pool: str) -> Non
 def test_prefill_lines_rendered_from_each_release(version: str) -> None:
     f, _ = _files(version)
     stats = {"iter_msg": "", "prefill_stats.num_new_seqs": 2, "prefill_stats.log_input_tokens": 4096,
-             "prefill_stats.log_hit_tokens": 0, "token_usage_msg": _usage(version, "plain", True),
+             "prefill_stats.log_hit_tokens": 1536, "token_usage_msg": _usage(version, "plain", True),
              "prefill_stats.num_running_reqs.total": 6, "prefill_stats.running_bs": 6,
              "len(self.scheduler.waiting_queue)": 3, "len(self.waiting_queue)": 3,
              "prefill_stats.num_pending_tokens": 0}
@@ -350,7 +350,7 @@ def test_prefill_lines_rendered_from_each_release(version: str) -> None:
     line += labels["{}: {}, "] + throughput if "{}: {}, " in labels else throughput + labels["{}: {}"]
     row = parse_log_line("[2026-12-01 10:00:02.500 PP0 TP0] " + line)
     assert row is not None and row["kind"] == "prefill"
-    expected = {"new_seq": 2, "new_token": 4096, "cached_token": 0, "token_usage": 0.31, "running_req": 6,
+    expected = {"new_seq": 2, "new_token": 4096, "cached_token": 1536, "token_usage": 0.31, "running_req": 6,
                 "queue_req": 3, "cuda_graph": False, "input_throughput": 12345.6}
     assert {k: row.get(k) for k in expected} == expected
 

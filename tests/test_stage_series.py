@@ -100,6 +100,7 @@ def test_point_summaries_of_the_joined_frame(frame: pd.DataFrame) -> None:
     assert out["queue_reqs_mean"] == pytest.approx(1.0)
     assert (out["prefill_batch_tokens_max"], out["prefill_batch_tokens_mean"]) == (64, 64)
     assert out["prefill_batches_with_decodes_frac"] == 1.0
+    assert (out["log_cached_tokens"], out["log_computed_tokens"], out["log_cache_hit_rate"]) == (0, 64, 0.0)
     assert json.dumps(out)  # plain floats, loggable as MLflow metrics
 
 
@@ -120,3 +121,24 @@ def test_the_retraction_counter_reads_zero_until_its_first_retraction() -> None:
     # a point from before the first retraction to after it counts every retraction, not 6 - 4
     summary = point_telemetry(None, frame, t0 + 0.5, t0 + 3.5, 100, 0.0, [])
     assert summary["retracted_reqs"] == 6
+
+
+REAL_LOGS = Path(__file__).parent / "data" / "sglang" / "real-logs"
+
+
+def test_the_cache_hit_rate_of_a_real_sglang_log() -> None:
+    # a conversation sent turn by turn to SGLang (tests/data/sglang/real-logs/README.md): each turn
+    # computes a few tokens and finds the conversation so far in the radix cache
+    log = server_log_frame(REAL_LOGS / "cache-hits-issue-10053.log")
+    frame = stage_frame(log, None)
+    assert frame is not None
+    prefill = frame[frame["kind"] == "prefill"]
+    assert prefill["cached_tokens"].tolist() == [1, 184, 275]
+    assert prefill["new_tokens"].tolist() == [103, 18, 15]
+    start, end = float(frame["ts"].min()), float(frame["ts"].max())
+    out = point_telemetry(None, frame, start, end, 0, 0.0, [])
+    assert out["log_cached_tokens"] == 460 and out["log_computed_tokens"] == 136
+    assert out["log_cache_hit_rate"] == pytest.approx(460 / 596)
+    # the window counts only its own batches: from the second turn on
+    later = point_telemetry(None, frame, float(prefill["ts"].iloc[1]), end, 0, 0.0, [])
+    assert later["log_cache_hit_rate"] == pytest.approx((184 + 275) / (184 + 275 + 18 + 15))

@@ -61,6 +61,7 @@ STAGE_COLUMNS: tuple[str, ...] = (
     "gen_throughput",     # the engine's own tokens/s estimate
     "retracted_total",    # requests retracted so far because the KV pool ran full (NaN: not reported)
     "new_tokens",         # prompt tokens the batch prefilled (prefill lines only; NaN otherwise)
+    "cached_tokens",      # prompt tokens of the batch's new requests found in the prefix cache (the same)
 )
 
 # Clocks-event-reason bits that are not throttling: GPU idle (1) and application-clock setting (2),
@@ -111,6 +112,11 @@ PREFILL_TOKENS_MEAN = "prefill_batch_tokens_mean"  # mean prompt tokens per logg
 # share of logged prefill batches that ran while requests were decoding (#running-req > 0): their
 # decodes waited for the prefill, or rode along in it (mixed chunk)
 PREFILL_WITH_DECODES = "prefill_batches_with_decodes_frac"
+# the prefix cache as the engine log's prefill lines report it over the window (#cached-token against
+# #new-token): for servers that do not report it per request (the OpenAI APIs without a cache report)
+LOG_CACHED_TOKENS = "log_cached_tokens"
+LOG_COMPUTED_TOKENS = "log_computed_tokens"
+LOG_CACHE_HIT_RATE = "log_cache_hit_rate"
 
 
 def per_gpu(gpu: int, name: str) -> str:
