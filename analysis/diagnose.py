@@ -69,6 +69,7 @@ from vocab.model import CLIP_MAX_NEW_TOKENS
 from vocab.records import ENGINE_FAILED, STOPPED_EARLY
 from vocab.telemetry import (
     KV_USAGE_MAX,
+    LOG_CACHE_HIT_RATE,
     POWER_FRAC_MEAN,
     PREFILL_TOKENS_MAX,
     PREFILL_TOKENS_MEAN,
@@ -497,15 +498,21 @@ def _waiting(f: TrialFacts, m: Mapping[str, float]) -> float | None:
     return max(known) if known else None
 
 
-def _kv_pool_fit(f: TrialFacts) -> tuple[int, float, int] | None:
-    """(pool tokens, tokens one request takes, requests the pool holds) at the workload's mean lengths.
-    A request is admitted only with room for its prompt and every decode token it may still produce
-    (SGLang reserves them in full for a request that ignores EOS, as a benchmark's do, and clips the
-    reservation at 4,096), so a request takes prompt + output tokens of the pool from admission on."""
+def _kv_pool_fit(f: TrialFacts, m: Mapping[str, float] | None = None) -> tuple[int, float, int] | None:
+    """(pool tokens, tokens one request takes, whole requests the pool holds) at the workload's mean
+    lengths. A request is admitted only with room for its prompt and every decode token it may still
+    produce (SGLang reserves them in full for a request that ignores EOS, as a benchmark's do, and clips
+    the reservation at 4,096), so a request takes prompt + output tokens of the pool from admission on.
+    Where the point's prompts were found in the prefix cache (``m``'s hit rate), only the uncached share
+    of a prompt is its own: the shared part is held once, for all. The pool holds whole requests: a
+    12,000-token pool holds 5 requests of 2,080 tokens, not 5.8."""
     pool = int_or_none(f.resolved.get("max_total_num_tokens"))
     if not pool or f.input_len <= 0 or f.output_len <= 0:
         return None
-    need = f.input_len + min(f.output_len, CLIP_MAX_NEW_TOKENS)
+    hit = 0.0
+    if m is not None:
+        hit = float_or_none(m.get("cache_hit_rate")) or float_or_none(m.get(LOG_CACHE_HIT_RATE)) or 0.0
+    need = f.input_len * (1.0 - min(max(hit, 0.0), 1.0)) + min(f.output_len, CLIP_MAX_NEW_TOKENS)
     return pool, need, int(pool // need)
 
 
@@ -514,8 +521,8 @@ def _kv_bound(f: TrialFacts, label: str) -> str | None:
     >= 1) while the running requests stayed below the concurrency and both admission caps, and the
     pool, used plus reserved for their remaining decode tokens, had no room for one more request
     (fewer than 1.5 requests' worth left at the mean lengths, so most of the time none)."""
-    fit = _kv_pool_fit(f)
     m = f.points[label]
+    fit = _kv_pool_fit(f, m)
     waiting, total = _waiting(f, m), _running_total(f, m)
     if fit is None or waiting is None or total is None or waiting < 1:
         return None
@@ -528,15 +535,28 @@ def _kv_bound(f: TrialFacts, label: str) -> str | None:
     if (mrr is not None and total >= 0.9 * mrr) or (offered is not None and total >= 0.9 * offered) or (
             cap is not None and f.pp_size > 1 and running is not None and running >= 0.9 * cap):
         return None
-    if pool / need - total >= 1.5:
+    if fits - total >= 1.5:
         return None
     below = " and ".join(x for x in (f"the concurrency {offered}" if offered else "",
                                   f"max_running_requests={mrr}" if mrr else "") if x)
     return (f"{waiting:.1f} requests waited on average while about {total:.1f} ran"
             + (f", below {below}" if below else "")
-            + f"; at {f.input_len:,.0f} + {min(f.output_len, CLIP_MAX_NEW_TOKENS):,.0f} tokens a request "
-              f"(prompt and every decode token, reserved at admission) the {pool:,}-token KV pool holds "
-              f"{fits} request{'s' if fits != 1 else ''}")
+            + f"; at {need - min(f.output_len, CLIP_MAX_NEW_TOKENS):,.0f} + "
+              f"{min(f.output_len, CLIP_MAX_NEW_TOKENS):,.0f} tokens a request (its uncached prompt and "
+              f"every decode token, reserved at admission) the {pool:,}-token KV pool holds "
+              f"{fits} request{'s' if fits != 1 else ''}" + _pool_cap_text(f))
+
+
+def _pool_cap(f: TrialFacts) -> int | None:
+    """``--max-total-tokens`` where it is what sizes the pool (the pool is no larger than it), else None."""
+    cap = int_or_none(f.resolved.get("max_total_tokens"))
+    pool = int_or_none(f.resolved.get("max_total_num_tokens"))
+    return cap if cap and pool and pool <= cap else None
+
+
+def _pool_cap_text(f: TrialFacts) -> str:
+    cap = _pool_cap(f)
+    return f" (the pool is capped by --max-total-tokens={cap:,})" if cap else ""
 
 
 def kv_capacity(f: TrialFacts) -> list[Finding]:
@@ -587,13 +607,16 @@ def kv_capacity(f: TrialFacts) -> list[Finding]:
     label = _by_load(f, list(fired))[0]
     reasons, fits, retracting = fired[label]
     mfs = float_or_none(f.resolved.get("mem_fraction_static"))
+    cap = _pool_cap(f)
+    # a pool capped by --max-total-tokens grows only with the cap: more memory would not reach it
+    raise_cap = {f"{EXTRA_ARGS_PREFIX}max_total_tokens": 2 * cap} if cap else None
     raise_mfs = ({"server.mem_fraction_static": round(min(mfs + 0.05, 0.95), 3)}
-                 if mfs is not None and mfs < 0.9 else None)
+                 if mfs is not None and mfs < 0.9 and not cap else None)
     lower_mrr = ({"server.max_running_requests": fits} if fits is not None and (mrr is None or fits < mrr)
                  else None)
     fp8 = (None if str(f.resolved.get("kv_cache_dtype") or "auto").startswith(("fp8", "mxfp8"))
            else {f"{EXTRA_ARGS_PREFIX}kv-cache-dtype": "fp8_e4m3"})
-    candidates = _some(raise_mfs, lower_mrr, fp8)
+    candidates = _some(raise_cap, raise_mfs, lower_mrr, fp8)
     change, alternatives = (candidates[0], candidates[1:]) if candidates else ({}, [])
     split = _ttft_split_at(f, label)
     return [Finding(
@@ -601,7 +624,8 @@ def kv_capacity(f: TrialFacts) -> list[Finding]:
         f"The KV cache limits the running requests at {label}",
         f"{'; '.join(reasons)} at {label} {_scheduler_evidence(f)}"
         + (f"; {split.text()}" if split and split.queue_ms > 0 else ""),
-        _suggest("Give the KV pool more memory, or store fewer bytes per token, or admit only what it "
+        _suggest("Raise the pool's --max-total-tokens cap." if cap else
+                 "Give the KV pool more memory, or store fewer bytes per token, or admit only what it "
                  "holds.", change),
         point=label, change=change, alternatives=alternatives)]
 

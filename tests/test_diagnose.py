@@ -416,3 +416,32 @@ def test_prefill_interference_with_chunked_prefill_off() -> None:
     x = found(facts(c32=stalled(), resolved={"chunked_prefill_size": -1}))["prefill_interference"]
     assert x.change == {"server.extra_args.enable-mixed-chunk": True, "server.chunked_prefill_size": 256}
     assert x.alternatives == [{"server.chunked_prefill_size": 256}]
+
+
+def test_a_pool_capped_by_max_total_tokens_is_named_and_its_cap_raised() -> None:
+    # measured on the simulated engine: Llama-3.1-70B TP4 on an H100 node, 2,048-token prompts and 32
+    # out, +server.extra_args.max_total_tokens=12000, C=16: about 4 requests decode while 10 wait. The
+    # pool holds 5 whole requests of 2,080 tokens (not 5.8): the fifth is the one being prefilled.
+    point = {"valid": 1.0, "output_tok_s": 139.0, RUNNING_MEAN: 3.95, QUEUE_MEAN: 9.95, KV_USAGE_MAX: 0.86,
+             "ttft_p99_ms": 2893.0, "ttft_p50_ms": 2700.0, "server_queue_p99_ms": 2600.0,
+             "server_queue_p50_ms": 2400.0, "ttft_p99_queue_ms": 2600.0, "ttft_queue_share": 0.9}
+    capped = {"max_total_num_tokens": 12_000, "max_total_tokens": 12_000, "max_running_requests": 2048}
+    f = found(facts(c32=point, resolved=capped, pp_size=1, tp_size=4, gpu_source="simulated",
+                    concurrency={"c1": 1, "c32": 16}, input_len=2048.0, output_len=32.0, stage_layers=(80,)))
+    assert "ttft_queueing" not in f  # the KV pool holds them back, not the prefill rate
+    x = f["kv_capacity"]
+    assert ("the 12,000-token KV pool holds 5 requests (the pool is capped by --max-total-tokens=12,000)"
+            in x.evidence)
+    # more memory would not reach a capped pool: the cap is what to raise
+    assert x.change == {"server.extra_args.max_total_tokens": 24_000}
+    assert "server.mem_fraction_static" not in str(x.alternatives)
+
+
+def test_prompts_found_in_the_prefix_cache_take_no_pool_of_their_own() -> None:
+    # the same queue and pool, but 90 % of every prompt is a shared prefix held once in the cache:
+    # each request takes 205 + 256 tokens, the 37,000-token pool holds 80 and 16 running are far from it
+    queue = {per_stage(s, "queue_mean"): 4.0 for s in range(PP)}
+    bound = {RUNNING_MEAN: 4.0, **queue}
+    kv = {"resolved": {"max_total_num_tokens": 37_000}, "input_len": 2048.0, "output_len": 256.0}
+    assert "kv_capacity" in found(facts(c32=bound, **kv))
+    assert "kv_capacity" not in found(facts(c32={**bound, "cache_hit_rate": 0.9}, **kv))

@@ -225,7 +225,7 @@ RESOLVED_KEYS = ("max_running_requests", "pp_max_micro_batch_size", "chunked_pre
                  "disable_cuda_graph", "mem_fraction_static", "attention_backend", "pp_async_batch_depth",
                  "decode_log_interval", "disable_overlap_schedule", "random_seed", "tp_size", "pp_size",
                  "ep_size", "dp_size", "attn_dp_size", "load_format", "version", "enable_mixed_chunk",
-                 "kv_cache_dtype")
+                 "kv_cache_dtype", "max_total_tokens", "disable_radix_cache", "schedule_policy", "page_size")
 
 
 def merge_resolved(server_info: Mapping[str, Any], startup: Mapping[str, Any],
