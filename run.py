@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import sys
@@ -16,7 +18,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from orchestrator.cli import finish, one_line_error, preflight_overrides
+from orchestrator.cli import finish, one_line_error, preflight_overrides, wrap_group_lines
 from orchestrator.config.schema import register_configs
 from orchestrator.errors import UserError
 from orchestrator.reproduce import expand_reproduce
@@ -77,6 +79,12 @@ def main() -> int:
             flags = ["-m"]  # repeats=N runs N trials: a sweep, even of one configuration
         sys.argv[1:] = flags + [a for a in sys.argv[1:] if a not in ("-m", "--multirun")]
         preflight_overrides(sys.argv[1:])
+        if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
+            help_text = io.StringIO()
+            with contextlib.redirect_stdout(help_text), contextlib.suppress(SystemExit):
+                trial()  # Hydra prints the help and exits
+            print(wrap_group_lines(help_text.getvalue()), end="")
+            return 0
         trial()
         if USER_ERRORS:
             raise USER_ERRORS[0]

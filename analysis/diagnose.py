@@ -47,6 +47,11 @@ prefill_interference ``itl_p99_ms`` >= 3 x ``itl_p50_ms`` (and +10 ms)      load
 ttft_queueing        the TTFT split: queueing >= half of the TTFT (and      the engine's per-request queue
                      >= 100 ms), for the median request too, with no KV     time, else Little's law over
                      limit or admission cap to explain it                   the engine log / metrics
+prefix_cache_thrash  ``cache_hit_rate`` < 0.8 x ``offered_hit_rate`` (and   the engine's per-request cached
+                     10 points below it) where the prompts offered >= 20 %  tokens, else its log; the
+                     (not with DP behind round-robin: the split rule)       prompts the client sent
+prefix_cache_split   dp > 1 behind round-robin, offered >= 20 % and the     the same
+                     hit rate >= 5 points below it
 ==================== ====================================================== ==============================
 
 Findings carry a ``goal``: ``throughput`` for most, ``itl_p99_ms`` for prefill_interference and
@@ -121,6 +126,7 @@ class TrialFacts:
     stage_layers: Sequence[int] = ()            # layers per PP stage as the engine split them
     input_len: float = 0.0                      # the workload's mean prompt length (tokens; 0: unknown)
     output_len: float = 0.0                     # the workload's mean output length (tokens; 0: unknown)
+    dp_router: str = "round_robin"              # how requests are spread over DP replicas (dp.router)
 
     def __post_init__(self) -> None:
         if self.interconnect not in INTERCONNECTS:
@@ -765,9 +771,100 @@ def ttft_queueing(f: TrialFacts) -> list[Finding]:
     return []
 
 
+def _reuse(m: Mapping[str, float]) -> tuple[float, float] | None:
+    """(hit rate, offered hit rate) of a point's prompt tokens, where both are known: the engine's own
+    per-request reports, else its log's prefill lines."""
+    hit = float_or_none(m.get("cache_hit_rate"))
+    if hit is None:
+        hit = float_or_none(m.get(LOG_CACHE_HIT_RATE))
+    offered = float_or_none(m.get("offered_hit_rate"))
+    return (hit, offered) if hit is not None and offered is not None else None
+
+
+def _reuse_text(label: str, hit: float, offered: float, m: Mapping[str, float]) -> str:
+    computed = float_or_none(m.get("prefill_computed_tokens"))
+    return (f"the engine found {hit:.0%} of the prompt tokens in its prefix cache at {label}, where the "
+            f"prompts offered {offered:.0%} (what a cache that never evicts would have found)"
+            + (f"; {computed:,.0f} prompt tokens computed" if computed is not None else ""))
+
+
+def _round_robin_split(f: TrialFacts) -> bool:
+    return f.dp_size > 1 and f.dp_router == "round_robin"
+
+
+def prefix_cache_thrash(f: TrialFacts) -> list[Finding]:
+    """The prefix cache loses what the workload offers it: at the busiest valid point whose prompts
+    offered at least 20 % of their tokens, the engine found less than 80 % of that, and at least 10
+    points less. A pool too small for the prefixes in play evicts them and computes them again. (With
+    DP replicas behind round-robin, ``prefix_cache_split`` speaks instead: splitting the traffic loses
+    more.) Changes, each predicted: a larger pool (the ``--max-total-tokens`` cap doubled where it sizes
+    the pool, else ``mem_fraction_static`` + 0.05), ``lpm`` (admit the requests whose prefix is cached
+    first, so a cached prefix is used before it is evicted), fewer running requests (what they hold and
+    reserve leaves the cache no room)."""
+    if _round_robin_split(f) or str(f.resolved.get("disable_radix_cache")) == "True":
+        return []
+    for label in _by_load(f, [x for x in f.points if f.points[x].get("valid", 1) != 0]):
+        m = f.points[label]
+        reuse = _reuse(m)
+        if reuse is None:
+            continue
+        hit, offered = reuse
+        if offered < 0.2 or hit >= 0.8 * offered or offered - hit < 0.1:
+            continue
+        usage = float_or_none(m.get(KV_USAGE_MAX))
+        pool = int_or_none(f.resolved.get("max_total_num_tokens"))
+        cap = _pool_cap(f)
+        mfs = float_or_none(f.resolved.get("mem_fraction_static"))
+        bigger = ({f"{EXTRA_ARGS_PREFIX}max_total_tokens": 2 * cap} if cap else
+                  {"server.mem_fraction_static": round(min(mfs + 0.05, 0.95), 3)}
+                  if mfs is not None and mfs < 0.9 else None)
+        policy = str(f.resolved.get("schedule_policy") or "fcfs")
+        lpm = {"server.schedule_policy": "lpm"} if policy not in ("lpm", "dfs-weight") else None
+        total = _running_total(f, m)
+        fewer = ({"server.max_running_requests": max(1, math.floor(total * 0.75))}
+                 if total is not None and total >= 2 else None)
+        own = _some(bigger, lpm, fewer)
+        if not own:
+            return []
+        pool_text = (f"; the KV pool holds {pool:,} tokens" + _pool_cap_text(f)
+                     + (f", used up to {usage:.0%}" if usage is not None else "") if pool else "")
+        return [Finding(
+            "prefix_cache_thrash", "warning", f"The prefix cache evicts what the requests share at {label}",
+            _reuse_text(label, hit, offered, m) + pool_text + f" {_scheduler_evidence(f)}",
+            _suggest("Give the cache room to keep the shared prefixes (a larger pool, or fewer running "
+                     "requests), or admit the requests whose prefix is cached first (lpm).", own[0]),
+            point=label, change=own[0], alternatives=own[1:])]
+    return []
+
+
+def prefix_cache_split(f: TrialFacts) -> list[Finding]:
+    """Data parallelism splits the prefix cache: with DP replicas behind round-robin, each replica sees
+    a share of every prefix's requests and computes the prefix for itself. Fires at the busiest valid
+    point whose prompts offered at least 20 % of their tokens where the engine found at least 5 points
+    less. Change, predicted: the cache-aware router (``dp.router=cache_aware``), which sends a prompt to
+    the replica that already holds its beginning."""
+    if not _round_robin_split(f) or str(f.resolved.get("disable_radix_cache")) == "True":
+        return []
+    for label in _by_load(f, [x for x in f.points if f.points[x].get("valid", 1) != 0]):
+        m = f.points[label]
+        reuse = _reuse(m)
+        if reuse is None or reuse[1] < 0.2 or reuse[1] - reuse[0] < 0.05:
+            continue
+        hit, offered = reuse
+        change = {"dp.router": "cache_aware"}
+        return [Finding(
+            "prefix_cache_split", "warning", f"{f.dp_size} replicas split the prefix cache at {label}",
+            _reuse_text(label, hit, offered, m) + f"; {f.dp_size} DP replicas take requests in turn "
+            f"(round-robin), so every replica computes and keeps each shared prefix {_scheduler_evidence(f)}",
+            _suggest("Route each request to the replica that already holds its prefix.", change),
+            point=label, change=change)]
+    return []
+
+
 RULES: list[Callable[[TrialFacts], list[Finding]]] = [
     client_bound, too_few_microbatches, admission_cap, pp_bubble, pp_stage_imbalance, cuda_graph_off,
-    gpu_underused, kv_capacity, tp_comm_bound, prefill_interference, ttft_queueing,
+    gpu_underused, kv_capacity, tp_comm_bound, prefill_interference, ttft_queueing, prefix_cache_thrash,
+    prefix_cache_split,
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,23 @@ if TYPE_CHECKING:
 CONFIG_GROUPS = ("engine", "model", "hardware", "parallelism", "workload", "experiment")
 # the engine tags of runs whose numbers come from the simulated engine (live, and in virtual time)
 SIMULATED_ENGINES = ("sim", "sim-predict")
+
+
+HELP_WIDTH = 100  # `python run.py --help` stays within this many columns
+
+
+def wrap_group_lines(text: str, width: int = HELP_WIDTH) -> str:
+    """Hydra lists each config group's options on one line (``workload: azure, demo, ...``), however
+    many there are: wrap such a line at ``width``, the continuation indented under the first option."""
+    out = []
+    for line in text.splitlines():
+        name, sep, options = line.partition(": ")
+        if len(line) > width and sep and re.fullmatch(r"[\w/.-]+", name) and ", " in options:
+            out += textwrap.wrap(options, width=width, initial_indent=name + sep,
+                                 subsequent_indent=" " * (len(name) + len(sep)), break_on_hyphens=False)
+        else:
+            out.append(line)
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
 def preflight_overrides(args: list[str]) -> None:

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 
 from simulator.model_spec import KV_CACHE_DTYPES
+from vocab.model import DP_ROUTERS
 
 _HRI = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]i?)?\s*$")
 _HRI_MULT = {"k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
@@ -151,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--sim-step-costs", default="auto", choices=["auto", "roofline", "measured"],
       help="what prices each step's kernels: measured kernel tables (aiconfigurator-core) for the hardware "
            "profile's GPU, the roofline, or auto (measured where covered)")
+    a("--sim-router", default="round_robin", choices=list(DP_ROUTERS),
+      help="with --dp-size > 1: how requests are spread over the replicas: SGLang's DP controller "
+           "(round_robin), or the sglang-router package's cache_aware policy in front of them")
     a("--sim-time-scale", type=float, default=1.0, metavar="F",
       help="simulated seconds per wall-clock second (2.0 runs twice as fast)")
     _add_fault_flags(p)

@@ -1,6 +1,7 @@
 """Between the HTTP handlers and the replica models, the role SGLang's tokenizer manager plays: checks a
-request's lengths, hands it to a DP replica (round-robin), aborts it when its client goes away, and
-wakes the handler that waits for its tokens (no polling: the model calls ``Request.notify``).
+request's lengths, hands it to a DP replica (``router.py``: round-robin or cache-aware), aborts it when
+its client goes away, and wakes the handler that waits for its tokens (no polling: the model calls
+``Request.notify``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from simulator.entities import Request
 from simulator.replica import ReplicaModel
+from simulator.router import Router
 from simulator.sim_config import SimConfig
 
 
@@ -57,7 +59,7 @@ class Frontend:
         self.replicas = replicas
         self.now = now  # simulated time of the wall clock's present
         self.loop = loop
-        self._rr = itertools.cycle(range(cfg.dp))
+        self.router = Router(cfg.router, cfg.dp)
         self._rid_seq = itertools.count(1)
         self._output_waiters: list[asyncio.Future] = []
         for rep in replicas:
@@ -106,7 +108,8 @@ class Frontend:
     def submit(self, reqs: list[Request]) -> None:
         now = self.now()
         for req in reqs:
-            self.replicas[next(self._rr)].submit(req, now)
+            i = self.router.pick(req.prompt, [rep.load for rep in self.replicas])
+            self.replicas[i].submit(req, now)
 
     def abort(self, reqs: list[Request]) -> None:
         for r in reqs:

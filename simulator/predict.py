@@ -74,6 +74,7 @@ from simulator.entities import Batch, Request
 from simulator.gpus import energy_j, mem_used_bytes, power_w
 from simulator.replica import ReplicaModel
 from simulator.resolve import FlagError, resolve
+from simulator.router import Router
 from simulator.sim_config import SimConfig
 from simulator.text import chat_prompt, completion_prompts, generate_prompts
 from simulator.timebase import Simulation
@@ -192,18 +193,17 @@ class VirtualTrial:
         # busy seconds of every stage at the window's bounds: (when, {(replica, stage): seconds}); the
         # steady window, and the whole measured span for a point too short to have one
         self._marks: dict[str, tuple[float, dict[tuple[int, int], float]]] = {}
-        self._rr = 0
+        self.router = Router(cfg.router, cfg.dp)
         self._seq = 0
         self.turnaround = CLIENT_TURNAROUND_S
         self.send_spacing = CLIENT_SEND_SPACING_S
 
     def submit(self, prompt: np.ndarray, max_new_tokens: int) -> Request:
-        """A streamed request to the next replica (round-robin), arriving now."""
+        """A streamed request to the replica the router picks, arriving now."""
         self._seq += 1
         seed = self.cfg.random_seed * 1_000_003 + self._seq
         req = Request(f"v{self._seq}", len(prompt), max_new_tokens, seed, stream=True, prompt=prompt)
-        rep = self.replicas[self._rr]
-        self._rr = (self._rr + 1) % len(self.replicas)
+        rep = self.replicas[self.router.pick(prompt, [r.load for r in self.replicas])]
         rep.submit(req, self.sim.now)
         return req
 

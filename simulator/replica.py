@@ -46,6 +46,7 @@ class ReplicaModel:
         self.cost = cfg.cost
         self.pp = cfg.pp
         self.admission = Admission(cfg, lambda: sim.now)
+        self.arriving = 0  # submitted, not yet at the scheduler
         self.num_slots = cfg.pp + (cfg.depth if cfg.pp > 1 else 0)
         self.slots = [Slot(i) for i in range(self.num_slots)]
         # pp=1 with the overlap scheduler launches step n+1 before step n's results are processed (the
@@ -82,9 +83,16 @@ class ReplicaModel:
 
     def submit(self, req: Request, now: float) -> None:
         """A request reaches stage 0's scheduler at simulated time ``now``."""
+        self.arriving += 1
         self.sim.schedule(now, self._arrive, req)
 
+    @property
+    def load(self) -> int:
+        """Requests this replica holds: arriving, waiting or admitted (what a router counts in flight)."""
+        return self.arriving + len(self.admission.waiting) + self.admission.pool_used
+
     def _arrive(self, req: Request) -> None:
+        self.arriving -= 1
         req.arrival = self.sim.now
         req.arrival_work = self.admission.computed_total
         if req.aborted:

@@ -90,6 +90,11 @@ class SimConfig:
         return not self.args.disable_radix_cache
 
     @property
+    def router(self) -> str:
+        """How requests are spread over the DP replicas (``router.py``)."""
+        return str(self.args.sim_router)
+
+    @property
     def schedule_policy(self) -> str:
         return str(self.args.schedule_policy)
 
@@ -153,6 +158,7 @@ class SimConfig:
             "sim_hardware": self.hw.name,
             "sim_hardware_path": self.hw_path,
             "sim_time_scale": self.time_scale,
+            "sim_router": self.router,
             "sim_stage_layers": list(self.cost.stage_layers),
             "sim_stage_weight_gb": [round(s.weight_bytes / 1e9, 3) for s in self.stages],
             "sim_stage_token_capacity": [s.token_capacity for s in self.stages],

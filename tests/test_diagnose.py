@@ -445,3 +445,35 @@ def test_prompts_found_in_the_prefix_cache_take_no_pool_of_their_own() -> None:
     kv = {"resolved": {"max_total_num_tokens": 37_000}, "input_len": 2048.0, "output_len": 256.0}
     assert "kv_capacity" in found(facts(c32=bound, **kv))
     assert "kv_capacity" not in found(facts(c32={**bound, "cache_hit_rate": 0.9}, **kv))
+
+
+def test_a_cache_that_loses_what_the_prompts_offer_is_named_with_its_pool() -> None:
+    thrash = {"cache_hit_rate": 0.45, "offered_hit_rate": 0.85, "prefill_computed_tokens": 70_000.0,
+              KV_USAGE_MAX: 0.97}
+    x = found(facts(c32=thrash, resolved={"max_total_num_tokens": 12_000}))["prefix_cache_thrash"]
+    assert ("the engine found 45% of the prompt tokens in its prefix cache at c32, where the prompts offered "
+            "85%") in x.evidence and "the KV pool holds 12,000 tokens, used up to 97%" in x.evidence
+    assert x.change == {"server.mem_fraction_static": 0.9}
+    assert x.alternatives == [{"server.schedule_policy": "lpm"}, {"server.max_running_requests": 24}]
+    # a capped pool: raise the cap; already lpm: not suggested again
+    capped = {"max_total_num_tokens": 12_000, "max_total_tokens": 12_000, "schedule_policy": "lpm"}
+    y = found(facts(c32=thrash, resolved=capped))["prefix_cache_thrash"]
+    assert y.change == {"server.extra_args.max_total_tokens": 24_000}
+    assert {"server.schedule_policy": "lpm"} not in y.alternatives
+    # what the cache keeps is close to what is offered, or nothing much is offered: quiet
+    assert "prefix_cache_thrash" not in found(facts(c32={**thrash, "cache_hit_rate": 0.8}))
+    assert "prefix_cache_thrash" not in found(facts(c32={**thrash, "offered_hit_rate": 0.15,
+                                                         "cache_hit_rate": 0.0}))
+    # the engine log's hit rate where responses carried none (OpenAI APIs without a cache report)
+    from_log = {"log_cache_hit_rate": 0.45, "offered_hit_rate": 0.85}
+    assert "prefix_cache_thrash" in found(facts(c32=from_log))
+
+
+def test_replicas_behind_round_robin_split_the_cache_and_the_cache_aware_router_is_suggested() -> None:
+    split = {"cache_hit_rate": 0.62, "offered_hit_rate": 0.9}
+    f = found(facts(c32=split, dp_size=2))
+    x = f["prefix_cache_split"]
+    assert x.change == {"dp.router": "cache_aware"} and "prefix_cache_thrash" not in f
+    assert "2 DP replicas take requests in turn (round-robin)" in x.evidence
+    assert "prefix_cache_split" not in found(facts(c32=split, dp_size=2, dp_router="cache_aware"))
+    assert "prefix_cache_split" not in found(facts(c32=split))  # one replica: nothing to split

@@ -217,3 +217,37 @@ def test_kv_bound_admission_in_virtual_time(tmp_path: Path) -> None:
     assert "(simulated engine's log / metrics, not measured)" in kv.evidence
     assert "queueing (each request's queue time, simulated engine's report, not measured)" in kv.evidence
     assert "ttft_queueing" not in found and "prefill_interference" not in found
+
+
+def shared_prefix_scenario(groups: int, per_group: int, system: int, concurrency: int,
+                           **server: object) -> ParasweepConf:
+    cfg = scenario("llama-3.1-8b", "h200-nvlink-x8", concurrency=concurrency, **server)
+    cfg.workload.source = "shared-prefix"
+    sp = cfg.workload.shared_prefix
+    sp.groups, sp.prompts_per_group, sp.system_len, sp.question_len, sp.output_len = (
+        groups, per_group, system, 64, 32)
+    cfg.workload.requests_per_concurrency = max(2, groups * per_group // concurrency)
+    return cfg
+
+
+def test_a_pool_too_small_for_the_shared_prefixes(tmp_path: Path) -> None:
+    # four groups of a 3,000-token system prompt through a 12,000-token pool with at most 8 running:
+    # first come first served mixes the groups and evicts one prefix to compute another
+    cfg = shared_prefix_scenario(4, 16, 3000, 64, max_running_requests=8)
+    cfg.server.extra_args = {"max_total_tokens": 12000}
+    found = diagnosed(cfg, tmp_path)
+    thrash = found["prefix_cache_thrash"]
+    assert "where the prompts offered 9" in thrash.evidence
+    assert "capped by --max-total-tokens=12,000" in thrash.evidence
+    assert thrash.change == {"server.extra_args.max_total_tokens": 24000}
+    assert "(simulated engine's log / metrics, not measured)" in thrash.evidence
+
+
+def test_two_replicas_behind_round_robin_split_the_cache(tmp_path: Path) -> None:
+    cfg = shared_prefix_scenario(8, 16, 2000, 32)
+    cfg.dp.size = 2
+    cfg.server.extra_args = {"max_total_tokens": 10000}
+    found = diagnosed(cfg, tmp_path)
+    split = found["prefix_cache_split"]
+    assert split.change == {"dp.router": "cache_aware"} and "prefix_cache_thrash" not in found
+    assert split.predicted_effect is not None and split.predicted_effect["change_pct"]["output_tok_s"] > 20

@@ -71,3 +71,21 @@ def test_disabled_the_engine_reuses_nothing(tmp_path: Path) -> None:
         m = run_point(server.url, POINT, SPEC).metrics
     assert m["prefill_cached_tokens"] == 0 and m["cache_hit_rate"] == 0.0
     assert m["offered_hit_rate"] == pytest.approx(2800 / 3520)  # what it was offered, all the same
+
+
+@pytest.mark.parametrize("router", ["round_robin", "cache_aware"])
+def test_two_replicas_measured_against_their_prediction(tmp_path: Path, router: str) -> None:
+    # one request at a time: round-robin alternates the replicas, so each computes every group's
+    # system prompt for itself; cache-aware sends a prompt where its beginning is cached
+    flags = ["--dp-size", "2", "--sim-router", router]
+    with simulator_process(flags, tmp_path) as server:
+        server.wait_ready(60)
+        measured = run_point(server.url, POINT, SPEC).metrics
+    argv = ["--model-path", str(model_dir("models/tiny-test")), "--sim-hardware",
+            str(resolve_hardware_path("h100-sxm-x8")), *flags]
+    predicted = predict_point(argv, POINT, SPEC).metrics
+    assert measured["prefill_cached_tokens"] == predicted["prefill_cached_tokens"]
+    if router == "round_robin":  # 2 groups x 2 replicas: the system prompt computed 4 times
+        assert measured["prefill_cached_tokens"] == (16 - 4) * 200
+    else:  # once per group, as with one replica
+        assert measured["prefill_cached_tokens"] == (16 - 2) * 200

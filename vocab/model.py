@@ -20,6 +20,9 @@ CLIP_MAX_NEW_TOKENS = 4096
 # SGLang's --schedule-policy values that start an engine (0.5.9-0.5.23; hrrn from 0.5.20,
 # shortest-prefill-first from 0.5.22), all modelled by the simulated engine. "priority" is not one: SGLang
 # accepts it on the command line and fails at start-up ("Unknown schedule_policy").
+# how requests are spread over data-parallel replicas: SGLang's DP controller, or the sglang-router
+# package's cache-aware policy (a replica that already holds the prompt's prefix)
+DP_ROUTERS = ("round_robin", "cache_aware")
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "routing-key", "hrrn",
                      "shortest-prefill-first")
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "max_seq_len",

@@ -77,6 +77,9 @@ class EPConf:
 @dataclass
 class DPConf:
     size: int = 1
+    # how requests are spread over the replicas: round_robin (SGLang's DP controller) or cache_aware
+    # (the sglang-router package's policy: a replica that already holds the prompt's prefix)
+    router: str = "round_robin"
 
 
 @dataclass

@@ -19,7 +19,7 @@ from orchestrator.config.traffic import validate_traffic
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import local_gpu_count, sglang_installed
 from vocab.load import LengthDist
-from vocab.model import SCHEDULE_POLICIES
+from vocab.model import DP_ROUTERS, SCHEDULE_POLICIES
 
 ENGINES = ("auto", "sim", "sglang")
 APIS = ("generate", "completions", "chat")
@@ -144,6 +144,12 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
         raise ConfigError("server.schedule_policy", cfg.server.schedule_policy,
                           "a policy other than shortest-prefill-first with server.radix_cache=false",
                           why="SGLang's shortest-prefill-first requires prefix caching")
+    if cfg.dp.router not in DP_ROUTERS:
+        raise ConfigError("dp.router", cfg.dp.router, ", ".join(DP_ROUTERS))
+    if cfg.dp.router != "round_robin" and engine == "sglang":
+        raise ConfigError("dp.router", cfg.dp.router, "round_robin on SGLang",
+                          why="parasweep does not launch the sglang-router package yet; the cache-aware "
+                              "router runs on the simulated engine and in predictions")
     if not isinstance(cfg.server.radix_cache, bool):
         raise ConfigError("server.radix_cache", cfg.server.radix_cache, "true or false")
     gpus, where = available_gpus(cfg, engine)

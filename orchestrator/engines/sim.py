@@ -101,7 +101,8 @@ class SimEngine(Engine):
             flags += ["--sim-calibration", str(self.calibration_file(trial_dir))]
         return [*flags, "--sim-hardware", str(self.hardware_file(trial_dir)),
                 "--sim-step-costs", cfg.simulator.step_costs,
-                "--sim-time-scale", f"{cfg.engine.time_scale:g}", *fault_flags(cfg.engine.sim_faults)]
+                "--sim-time-scale", f"{cfg.engine.time_scale:g}", *fault_flags(cfg.engine.sim_faults),
+                *(["--sim-router", cfg.dp.router] if cfg.dp.router != "round_robin" else [])]
 
     def prepare(self, cfg: ParasweepConf, trial_dir: Path) -> None:
         from dataclasses import asdict

@@ -42,13 +42,24 @@ def trial_facts(cfg: ParasweepConf, resolved: dict[str, Any], results: list[Poin
         steps, layers = modelled_steps(cfg, concurrency, resolved)
     except Exception as exc:  # a model the cost model cannot describe: those rules stay quiet
         log.warning("no cost-model estimates for the diagnosis: %s", exc)
+    input_len, output_len = _mean_lengths(cfg, results)
     return TrialFacts(
         pp_size=cfg.pp.size, async_depth=cfg.pp.async_depth, resolved=resolved, points=points,
         concurrency=concurrency, idle_power_w=cfg.hardware.idle_power_w,
         power_limit_w=cfg.hardware.power_limit_w, tp_size=cfg.tp.size, dp_size=cfg.dp.size,
         interconnect=cfg.hardware.interconnect, gpu_source=gpu_source.value, engine=engine, steps=steps,
-        stage_layers=layers, input_len=float(cfg.workload.input_len),
-        output_len=float(cfg.workload.output_len))
+        stage_layers=layers, input_len=input_len, output_len=output_len, dp_router=cfg.dp.router)
+
+
+def _mean_lengths(cfg: ParasweepConf, results: list[PointResult]) -> tuple[float, float]:
+    """The workload's mean prompt and output lengths: the config's for generated prompts; for real
+    traffic (datasets, traces, shared prefixes) the means of the requests the trial sent."""
+    if cfg.workload.source == "random":
+        return float(cfg.workload.input_len), float(cfg.workload.output_len)
+    sent = [r for res in results for r in res.records if r.error is None and r.input_tokens > 0]
+    if not sent:
+        return 0.0, 0.0
+    return (sum(r.input_tokens for r in sent) / len(sent), sum(r.output_tokens for r in sent) / len(sent))
 
 
 def trial_timings(t: dict[str, float]) -> dict[str, float]:
