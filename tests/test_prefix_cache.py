@@ -238,3 +238,23 @@ def test_the_cache_is_flushed_only_when_nothing_runs_or_waits() -> None:
     assert adm.cache is not None and adm.cache.total == 599 + 49  # its prompt and output, kept
     assert adm.held_tokens == 0  # nothing holds them: all evictable
     assert adm.flush_cache() and adm.cache.total == 0
+
+
+def test_the_cache_keys_are_changes_a_search_or_the_advice_can_predict() -> None:
+    # the path every suggested change and search candidate takes: the config changed, then predicted
+    from orchestrator.prediction.modelled import apply_change, predict_at
+
+    cfg = _cfg()
+    sp = cfg.workload.shared_prefix
+    sp.groups, sp.prompts_per_group, sp.system_len, sp.question_len, sp.output_len = 4, 16, 3000, 64, 16
+    cfg.workload.concurrency, cfg.workload.requests_per_concurrency = [64], 1
+    cfg.server.max_running_requests = 8
+    cfg.server.extra_args = {"max_total_tokens": 12000}
+    hit = {}
+    for change in ({}, {"server.schedule_policy": "lpm"}, {"server.radix_cache": False},
+                   {"dp.size": 2, "dp.router": "cache_aware"}):
+        changed, env = apply_change(cfg, change)
+        hit[str(change)] = predict_at(changed, env, None)["cache_hit_rate"]
+    assert hit["{'server.schedule_policy': 'lpm'}"] > hit["{}"] + 0.2
+    assert hit["{'server.radix_cache': False}"] == 0.0
+    assert hit["{'dp.size': 2, 'dp.router': 'cache_aware'}"] > hit["{}"]
