@@ -543,13 +543,14 @@ def _kv_bound(f: TrialFacts, label: str) -> str | None:
         return None
     if fits - total >= 1.5:
         return None
+    prompt = need - min(f.output_len, CLIP_MAX_NEW_TOKENS)  # less what the prefix cache shares
     below = " and ".join(x for x in (f"the concurrency {offered}" if offered else "",
                                   f"max_running_requests={mrr}" if mrr else "") if x)
     return (f"{waiting:.1f} requests waited on average while about {total:.1f} ran"
             + (f", below {below}" if below else "")
-            + f"; at {need - min(f.output_len, CLIP_MAX_NEW_TOKENS):,.0f} + "
-              f"{min(f.output_len, CLIP_MAX_NEW_TOKENS):,.0f} tokens a request (its uncached prompt and "
-              f"every decode token, reserved at admission) the {pool:,}-token KV pool holds "
+            + f"; at {prompt:,.0f} + {min(f.output_len, CLIP_MAX_NEW_TOKENS):,.0f} tokens a request "
+              f"({'prompt' if prompt >= f.input_len else 'uncached prompt'} and every decode token, "
+              f"reserved at admission) the {pool:,}-token KV pool holds "
               f"{fits} request{'s' if fits != 1 else ''}" + _pool_cap_text(f))
 
 
