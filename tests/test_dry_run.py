@@ -40,7 +40,7 @@ def test_dry_run_sweep_prints_argv_per_trial(workdir: Path) -> None:
 def test_dry_run_sglang_engine_argv(workdir: Path) -> None:
     result = run_cli(["dry_run=true", "engine=sglang", "ray.num_gpus=8", "parallelism=tp8",
                       "pp.micro_batch_size=4", "server.max_running_requests=64",
-                      "+server.extra_args.schedule_policy=lpm"], workdir)
+                      "server.schedule_policy=lpm", "server.radix_cache=false"], workdir)
     assert result.returncode == 0, result.stderr
     argv = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("argv: "))[6:])
     assert argv[1:3] == ["-m", "sglang.launch_server"]
@@ -48,7 +48,7 @@ def test_dry_run_sglang_engine_argv(workdir: Path) -> None:
     assert "--pp-async-batch-depth" not in argv  # only meaningful with pp > 1
     assert argv[argv.index("--pp-max-micro-batch-size") + 1] == "4"
     assert argv[argv.index("--max-running-requests") + 1] == "64"
-    assert argv[argv.index("--schedule-policy") + 1] == "lpm"
+    assert argv[argv.index("--schedule-policy") + 1] == "lpm" and "--disable-radix-cache" in argv
     assert "--sim-hardware" not in argv
 
 
