@@ -44,9 +44,10 @@ def test_a_trace_is_sent_on_its_own_timestamps_within_the_clients_lag() -> None:
     for r, offset in zip(recs, schedule, strict=True):
         assert r.scheduled_time == pytest.approx(start + offset, abs=1e-6)  # the trace's time, scaled
         # sent at its time (an event loop may wake a timer up to a millisecond or so early), late by no
-        # more than the client's own event-loop lag plus a millisecond for the send itself
+        # more than the client's own event-loop lag plus 5 ms for the send itself (on a loaded 2-core
+        # machine the send after a late wake-up took 4.4 ms beyond the lag)
         late = r.send_time - r.scheduled_time  # type: ignore[operator]
-        assert -2e-3 <= late <= lag_max_s + 1e-3, (r.index, late)
+        assert -2e-3 <= late <= lag_max_s + 5e-3, (r.index, late)
         assert r.input_tokens == len(source_requests(AZURE).request(r.index).ids)
 
 
@@ -134,7 +135,7 @@ def test_sessions_arriving_at_a_rate_start_on_the_schedule_and_follow_their_answ
     for s in range(len(sessions)):
         head = recs[starts[s]]
         assert head.scheduled_time == pytest.approx(first + offsets[s], abs=1e-6)
-        assert -2e-3 <= head.send_time - head.scheduled_time <= lag_max_s + 1e-3  # type: ignore[operator]
+        assert -2e-3 <= head.send_time - head.scheduled_time <= lag_max_s + 5e-3  # type: ignore[operator]
         for i in range(starts[s] + 1, starts[s + 1]):
             assert recs[i].scheduled_time is None  # a follow-up answers the previous turn, not the clock
             assert recs[i].send_time >= recs[i - 1].end_time + 0.02 - 1e-3  # type: ignore[operator]
