@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from vocab.token_ids import shared_prefix_len
+
 Key = int | tuple[int, ...]
 
 
@@ -32,15 +34,6 @@ class CacheNode:
         self.lock_ref = 0
         self.last_used = last_used
         self.stamp = -1  # the sequence number of this node's live entry in the eviction heap
-
-
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    differ = a[:n] != b[:n]
-    first = int(differ.argmax())
-    return first if differ[first] else n
 
 
 class RadixCache:
@@ -84,7 +77,7 @@ class RadixCache:
             child = node.children.get(self._key(ids, pos))
             if child is None:
                 break
-            n = self._aligned(_common_prefix(child.ids, ids[pos:usable]))
+            n = self._aligned(shared_prefix_len(child.ids, ids[pos:usable]))
             if n == 0:
                 break
             if n < len(child.ids):

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from vocab.records import RequestRecord
+from vocab.token_ids import shared_prefix_len
 
 NAN = float("nan")
 
@@ -35,15 +36,6 @@ def achieved_reuse(records: Sequence[RequestRecord]) -> dict[str, float]:
     prompt = sum(r.input_tokens for r in reported)
     return {"prefill_cached_tokens": float(cached), "prefill_computed_tokens": float(prompt - cached),
             "cache_hit_rate": cached / prompt if prompt else NAN}
-
-
-def _shared(a: np.ndarray, b: tuple[int, ...]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    differ = a[:n] != np.asarray(b[:n])
-    first = int(differ.argmax())
-    return first if differ[first] else n
 
 
 def offered_reuse(records: Sequence[RequestRecord],
@@ -61,7 +53,8 @@ def offered_reuse(records: Sequence[RequestRecord],
         key = tuple(ids.tolist())
         if not r.warmup:
             at = bisect.bisect_left(seen, key)
-            best = max((_shared(ids, seen[j]) for j in (at - 1, at) if 0 <= j < len(seen)), default=0)
+            neighbours = (seen[j] for j in (at - 1, at) if 0 <= j < len(seen))
+            best = max((shared_prefix_len(ids, n) for n in neighbours), default=0)
             hit += min(best, len(ids) - 1)
             total += len(ids)
         bisect.insort(seen, key)
