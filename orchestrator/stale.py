@@ -8,8 +8,8 @@ driver was on this host, in this pid namespace, and is gone: the pid no longer r
 started at another time (a reused pid). A run from another host is left alone and mentioned, as is one
 that names no driver (an older parasweep).
 
-For each stale trial: its engine's process group, named by ``server/server.pgid`` in the trial directory,
-is stopped if it still runs and really is that trial's engine; what the trial directory holds is
+For each stale trial: its engine's process groups, named by ``server/*.pgid`` in the trial directory,
+are stopped if they still run and really are that trial's engine; what the trial directory holds is
 uploaded (the request records as Parquet, the server log with secrets taken out, the progress file;
 the complete load points' metrics were logged as each point ended); then the run is closed as
 killed, saying why. Stale sweep runs are closed the same way, after their trials.
@@ -173,9 +173,10 @@ def close_run(tracker: Tracker, run: Any, reason: str) -> int:
     trial_dir = Path(tags[Tag.TRIAL_DIR]) if tags.get(Tag.TRIAL_DIR) else None
     stopped = 0
     if trial_dir is not None and trial_dir.is_dir():
-        pgid_file = trial_dir / "server" / "server.pgid"  # written by orchestrator/process/server.py
-        with contextlib.suppress(OSError, ValueError):
-            stopped = len(stop_processes(engine_processes(int(pgid_file.read_text()), trial_dir)))
+        # written by orchestrator/process/server.py: the engine's, and its DP replicas' and router's
+        for pgid_file in sorted((trial_dir / "server").glob("*.pgid")):
+            with contextlib.suppress(OSError, ValueError):
+                stopped += len(stop_processes(engine_processes(int(pgid_file.read_text()), trial_dir)))
         upload_partial(tracker, run_id, trial_dir)
     note = {Tag.NOTE: reason} if not tags.get(Tag.NOTE) else {}
     tracker.set_tags(run_id, {Tag.STALE_CLOSED: reason, Tag.ERROR: reason, **note})

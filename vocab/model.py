@@ -23,6 +23,12 @@ CLIP_MAX_NEW_TOKENS = 4096
 # how requests are spread over data-parallel replicas: SGLang's DP controller, or the sglang-router
 # package's cache-aware policy (a replica that already holds the prompt's prefix)
 DP_ROUTERS = ("round_robin", "cache_aware")
+# what runs that policy: "engine" inside the engine (SGLang's DP controller, the simulated engine's
+# model), "smg" the router package (sglang-router's successor) as its own process in front of one
+# server per replica, "auto" the engine where it has the policy, else the router
+DP_ROUTER_IMPLS = ("auto", "engine", "smg")
+# the router package parasweep launches (pinned: its flags and metric names change between releases)
+ROUTER_PACKAGE = "smg==1.13.0"
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "routing-key", "hrrn",
                      "shortest-prefill-first")
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "max_seq_len",

@@ -124,6 +124,11 @@ def per_gpu(gpu: int, name: str) -> str:
     return f"gpu{gpu}_{name}"
 
 
+def per_replica(rank: int, name: str) -> str:
+    """``dp1_requests``, ``dp1_cache_hit_rate``: a DP replica's summary behind the router package."""
+    return f"dp{rank}_{name}"
+
+
 def per_stage(stage: int, name: str) -> str:
     """``stage2_activity_mean``, ``stage2_running_mean``, ``stage2_queue_mean``."""
     return f"stage{stage}_{name}"

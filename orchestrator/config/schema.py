@@ -80,6 +80,9 @@ class DPConf:
     # how requests are spread over the replicas: round_robin (SGLang's DP controller) or cache_aware
     # (the sglang-router package's policy: a replica that already holds the prompt's prefix)
     router: str = "round_robin"
+    # who runs it: auto | engine | smg (the router package as its own process in front of dp.size
+    # servers; auto picks it for cache_aware on SGLang, whose DP controller has no such policy)
+    router_impl: str = "auto"
 
 
 @dataclass
@@ -225,6 +228,15 @@ class TrackingConf:
 
 def world_size(cfg: ParasweepConf) -> int:
     return cfg.tp.size * cfg.pp.size * cfg.dp.size
+
+
+def router_process(cfg: ParasweepConf, engine: str) -> bool:
+    """Whether the trial runs the router package as its own process in front of one server per DP
+    replica (``dp.router_impl``; ``auto``: for ``cache_aware`` on SGLang, whose DP controller has no
+    such policy). ``engine`` is the resolved engine, sim or sglang."""
+    if cfg.dp.size < 2 or cfg.dp.router_impl == "engine":
+        return False
+    return cfg.dp.router_impl == "smg" or (engine == "sglang" and cfg.dp.router == "cache_aware")
 
 
 def trial_nodes(cfg: ParasweepConf) -> int:

@@ -6,6 +6,7 @@ Each failure is a :class:`ConfigError` whose message names the key, the value an
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from typing import Any
 
@@ -13,17 +14,51 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.lengths import length_bounds
 from orchestrator.config.model_info import model_info
-from orchestrator.config.schema import ParasweepConf, SimFaultConf, joins_cluster, trial_nodes, world_size
+from orchestrator.config.schema import (
+    ParasweepConf,
+    SimFaultConf,
+    joins_cluster,
+    router_process,
+    trial_nodes,
+    world_size,
+)
 from orchestrator.config.slo import check_slo
 from orchestrator.config.traffic import validate_traffic
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import local_gpu_count, sglang_installed
 from vocab.load import LengthDist
-from vocab.model import DP_ROUTERS, SCHEDULE_POLICIES
+from vocab.model import DP_ROUTER_IMPLS, DP_ROUTERS, ROUTER_PACKAGE, SCHEDULE_POLICIES
 
 ENGINES = ("auto", "sim", "sglang")
 APIS = ("generate", "completions", "chat")
 MAX_ASYNC_DEPTH = 64
+
+
+def _validate_router(cfg: ParasweepConf, engine: str) -> None:
+    """``dp.router`` and who runs it: SGLang's DP controller only spreads requests round-robin; the
+    router package (``smg``) runs either policy as its own process in front of one server per replica."""
+    if cfg.dp.router_impl not in DP_ROUTER_IMPLS:
+        raise ConfigError("dp.router_impl", cfg.dp.router_impl, ", ".join(DP_ROUTER_IMPLS))
+    if cfg.dp.router_impl == "engine" and cfg.dp.router == "cache_aware" and engine == "sglang":
+        raise ConfigError("dp.router_impl", "engine", "auto or smg with dp.router=cache_aware on SGLang",
+                          why="SGLang's own DP controller has no cache-aware policy; the router package does")
+    if cfg.dp.router_impl == "smg" and cfg.dp.size < 2:
+        raise ConfigError("dp.router_impl", "smg", "engine or auto with dp.size=1",
+                          why="a router needs at least two replicas behind it (dp.size >= 2)")
+    if not router_process(cfg, engine):
+        return
+    if trial_nodes(cfg) > 1:
+        raise ConfigError("dp.router_impl", cfg.dp.router_impl, "engine, with replicas that fit one node",
+                          why=f"the router and its {cfg.dp.size} replicas run on one node; a world size of "
+                              f"{world_size(cfg)} spans {trial_nodes(cfg)}")
+    if cfg.workload.api == "completions":
+        raise ConfigError("workload.api", "completions",
+                          "generate or chat behind the router (dp.router_impl)",
+                          why="the router refuses the token-id prompts parasweep sends to /v1/completions")
+    if importlib.util.find_spec("smg") is None:
+        raise ConfigError("dp.router_impl", cfg.dp.router_impl, "engine, or install the router: "
+                          f"pip install {ROUTER_PACKAGE}",
+                          why=f"the {engine} trial needs the router package, which this Python lacks")
 
 
 def typed_config(cfg: DictConfig | ParasweepConf) -> ParasweepConf:
@@ -146,10 +181,7 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
                           why="SGLang's shortest-prefill-first requires prefix caching")
     if cfg.dp.router not in DP_ROUTERS:
         raise ConfigError("dp.router", cfg.dp.router, ", ".join(DP_ROUTERS))
-    if cfg.dp.router != "round_robin" and engine == "sglang":
-        raise ConfigError("dp.router", cfg.dp.router, "round_robin on SGLang",
-                          why="parasweep does not launch the sglang-router package yet; the cache-aware "
-                              "router runs on the simulated engine and in predictions")
+    _validate_router(cfg, engine)
     if not isinstance(cfg.server.radix_cache, bool):
         raise ConfigError("server.radix_cache", cfg.server.radix_cache, "true or false")
     gpus, where = available_gpus(cfg, engine)

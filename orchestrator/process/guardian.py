@@ -18,7 +18,7 @@ The design, and why it is the simplest that holds:
 * What it ends: every process descending from the driver, recorded with its start time on each poll
   while the driver lives. Once the driver is gone its orphans hang from init and the tree no longer
   finds them; the start time keeps a reused pid from being hit. Also the live engine process groups
-  named by ``server.pgid`` files under the sweep directory (checked to be that trial's engine), in case
+  named by ``server/*.pgid`` files under the sweep directory (checked to be that trial's engine), in case
   an engine started after the last poll.
 * It runs in its own session, so Ctrl-C in the terminal or a signal to the driver's group does not end
   it before the driver; it outlives the driver by the grace period below at most.
@@ -83,7 +83,7 @@ def engine_groups(sweep_dir: Path) -> list[psutil.Process]:
     """The live engine processes of the trials under ``sweep_dir`` (a sweep's ``<n>/`` or a single
     run's directory itself)."""
     named: dict[int, Path] = {}
-    for pgid_file in [*sweep_dir.glob("server/server.pgid"), *sweep_dir.glob("*/server/server.pgid")]:
+    for pgid_file in [*sweep_dir.glob("server/*.pgid"), *sweep_dir.glob("*/server/*.pgid")]:
         with contextlib.suppress(OSError, ValueError):
             named[int(pgid_file.read_text())] = pgid_file.parent.parent
     groups = _groups(set(named)) if named else {}
@@ -102,10 +102,11 @@ def _groups(pgids: set[int]) -> dict[int, list[psutil.Process]]:
 
 
 def _if_engine(members: list[psutil.Process], trial_dir: Path) -> list[psutil.Process]:
-    log = os.path.realpath(trial_dir / "server" / "server.log")
+    logs = os.path.realpath(trial_dir / "server")  # the engine's log, its DP replicas' and router's
     for proc in members:
         with contextlib.suppress(psutil.Error, OSError):
-            if str(trial_dir) in " ".join(proc.cmdline()) or os.readlink(f"/proc/{proc.pid}/fd/1") == log:
+            if (str(trial_dir) in " ".join(proc.cmdline())
+                    or os.path.dirname(os.readlink(f"/proc/{proc.pid}/fd/1")) == logs):
                 return members
     return []
 

@@ -92,8 +92,9 @@ class ServerProcess:
             self.proc = subprocess.Popen(  # argv list, no shell
                 wrapper + self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self.env, start_new_session=True)
-        # a janitor can reap this group if the whole trial process is killed
-        (self.log_path.parent / "server.pgid").write_text(str(self.proc.pid))
+        # a janitor can reap this group if the whole trial process is killed (server.log: server.pgid;
+        # a trial's DP replicas and router each have their own log, so their own file)
+        self.log_path.with_suffix(".pgid").write_text(str(self.proc.pid))
 
     def wait_ready(self, timeout_s: float, elsewhere: Callable[[], str | None] | None = None) -> None:
         """Poll /health until 200; fail early if the process exits (or ``elsewhere`` names a reason:

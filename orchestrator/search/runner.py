@@ -190,19 +190,34 @@ def command_lines(cfg: ParasweepConf, change: dict[str, Any], concurrency: int |
 
 def sglang_command(cfg: ParasweepConf, change: dict[str, Any], weights: str | None = None) -> str:
     """The SGLang launch command of ``cfg`` with ``change``, as parasweep would start it (port 30000,
-    secrets masked); with ``weights`` (a local folder or Hugging Face id), serving those real weights
+    secrets masked; behind the router package, one server per DP replica and the router, joined by
+    ``&``); with ``weights`` (a local folder or Hugging Face id), serving those real weights
     with their tokenizer instead of random weights from a config-only folder."""
-    from orchestrator.engines.base import sglang_flags
+    from orchestrator.config.schema import router_process, world_size
+    from orchestrator.engines.base import HOST, sglang_flags
+    from orchestrator.engines.router import replica_config, replica_gpus, router_argv
     from orchestrator.prediction.modelled import apply_change
     from orchestrator.redact import redact_argv
 
     changed, env = apply_change(cfg, change)
-    flags = sglang_flags(changed, 30000)
-    if weights:
-        flags = _serving(flags, weights)
-    argv = ["python", "-m", "sglang.launch_server", *flags]
     prefix = [f"{k}={v}" for k, v in env.items()]  # engine environment variables the change sets
-    return shlex.join([*prefix, *redact_argv(argv)])
+
+    def server(c: ParasweepConf, port: int, gpus: list[str]) -> str:
+        flags = sglang_flags(c, port)
+        if weights:
+            flags = _serving(flags, weights)
+        argv = ["python", "-m", "sglang.launch_server", *flags]
+        return shlex.join([*gpus, *prefix, *redact_argv(argv)])
+
+    if not router_process(changed, "sglang"):
+        return server(changed, 30000, [])
+    # one server per replica on its own GPUs (ports 30001..), the router in front on 30000
+    one, per = replica_config(changed), world_size(changed) // changed.dp.size
+    urls = [f"http://{HOST}:{30001 + rank}" for rank in range(changed.dp.size)]
+    replicas = [server(one, 30001 + rank, [f"CUDA_VISIBLE_DEVICES={replica_gpus(None, rank, per)}"])
+                for rank in range(changed.dp.size)]
+    router = ["python", *router_argv(changed, 30000, 29000, urls)[1:]]
+    return " & ".join([*replicas, shlex.join(router)])
 
 
 def _serving(flags: list[str], weights: str) -> list[str]:

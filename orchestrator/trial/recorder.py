@@ -104,11 +104,13 @@ class TrialRecorder:
         self.tracker.finish(self.run_id, status.value)
 
     # -- what the engine said ----------------------------------------------------------------------
-    def save_argv(self, argv: list[str]) -> None:
-        """The server command (the last one tried, also when the engine did not start)."""
-        if argv:
-            (self.paths.root / "server").mkdir(parents=True, exist_ok=True)
-            (self.paths.root / "server" / "argv.json").write_text(json.dumps(redact_argv(argv), indent=1))
+    def save_argv(self, argv: list[str], router_argv: list[str] | None = None) -> None:
+        """The server command (the last one tried, also when the engine did not start); behind a
+        router, replica 0's, and the router's beside it."""
+        for name, command in (("argv.json", argv), ("router_argv.json", router_argv)):
+            if command:
+                (self.paths.root / "server").mkdir(parents=True, exist_ok=True)
+                (self.paths.root / "server" / name).write_text(json.dumps(redact_argv(command), indent=1))
 
     def record_engine(self, server_info: dict[str, Any], resolved: dict[str, Any], version: str) -> None:
         """What the ready engine reports: /server_info, its resolved values, its version."""
@@ -180,11 +182,13 @@ class TrialRecorder:
 
     def save_server_files(self) -> None:
         server = self.paths.root / "server"
-        for name in ("server_info.json", "argv.json"):
+        router = ["router_argv.json"] if (server / "router_argv.json").exists() else []
+        for name in ("server_info.json", "argv.json", *router):
             self.tracker.log_artifact(self.run_id, server / name, "server")
-        # rank 0's log, and across nodes the other nodes' (server-node<r>.log); the engine may echo its
-        # arguments: upload a redacted copy
-        for log in sorted(server.glob("server*.log")):
+        # rank 0's log, across nodes the other nodes' (server-node<r>.log), behind a router the other
+        # replicas' (server-dp<i>.log) and the router's; the engine may echo its arguments: upload a
+        # redacted copy
+        for log in sorted([*server.glob("server*.log"), *server.glob("router.log")]):
             upload = server / "redacted" / log.name
             upload.parent.mkdir(parents=True, exist_ok=True)
             upload.write_text(self._text(log.read_text(errors="replace")))

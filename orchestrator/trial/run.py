@@ -121,7 +121,7 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
     finally:
         where = _every_node(recorder, where, session)
         timings.update(session.timings)
-        recorder.save_argv(session.argv)
+        recorder.save_argv(session.argv, session.router_argv)
         progress.update(status=status.value, message=error.splitlines()[0] if error else "", force=True)
         _finish(plan, recorder, session, results, status, error, timings, settings, where)
     return TrialOutcome(status, run_id, timings, error)
@@ -171,7 +171,9 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
     """Summarise, diagnose and log what exists; never raise. The order is explicit: each step takes
     what it needs as arguments (telemetry summaries feed the diagnosis, which feeds the description)."""
     from analysis.diagnose import diagnose
+    from analysis.dp_routing import routing_summary
     from analysis.telemetry import point_telemetry
+    from orchestrator.engines.router import worker_urls
     from orchestrator.environment import fingerprint
     from orchestrator.telemetry.gpu_sampler import read_gpu_samples
     from orchestrator.telemetry.server_log import server_log_frame
@@ -198,10 +200,17 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
         recorder.save_telemetry(frames)
         windows = {r.point.label: measured_window(r) for r in results}
         recorder.save_point_windows(windows)
+        urls = worker_urls(session.router_argv)
+        beside = paths.server_metrics_jsonl.with_name  # the router's and the other replicas' scrapes
+        router = read_samples(beside("router_metrics.jsonl")) if urls else None
+        replicas = [metrics, *(read_samples(beside(f"server_metrics-dp{i}.jsonl"))
+                               for i in range(1, len(urls)))]
         for r in results:
             start, end = windows[r.point.label]
             extra = point_telemetry(samples, stages, start, end, int(r.metrics.get("output_tokens", 0)),
                                     cfg.hardware.idle_power_w, layout)
+            if urls:  # DP replicas behind the router package: how it spread them, what each cache found
+                extra.update(routing_summary(router, replicas, urls, start, end))
             if extra:
                 extras[r.point.label] = extra
         recorder.log_point_extras(extras)

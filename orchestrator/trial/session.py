@@ -27,12 +27,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.config.schema import gpus_per_node, trial_nodes
+from orchestrator.config.schema import gpus_per_node, router_process, trial_nodes
 from orchestrator.engines.base import HOST, NodePlace
+from orchestrator.engines.router import replica_config, replica_gpus, router_argv
 from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.gpu_release import RELEASE_WAIT_S, ensure_gpus_free, process_group_pids, wait_gpus_free
 from orchestrator.process.health import HealthProber
 from orchestrator.process.node_engines import EngineFiles, OtherNodes, head_address
+from orchestrator.process.replicas import ReplicaGroup
 from orchestrator.process.server import (
     ServerProcess,
     exit_reason,
@@ -60,6 +62,7 @@ class EngineSession(Protocol):
     """What the load driver and the recorder see of an engine, live or virtual."""
 
     argv: list[str]  # the server command (the last one tried, when the start failed)
+    router_argv: list[str]  # the router's command, where the router package runs in front of DP replicas
     server_info: dict[str, Any]  # /server_info as the engine reported it
     resolved: dict[str, Any]  # the engine's resolved values (``resolved.*`` params)
     timings: dict[str, float]  # epoch seconds: engine_launch, engine_ready, engine_stopped
@@ -77,26 +80,34 @@ class EngineSession(Protocol):
         ...
 
 
+class Companions(Protocol):
+    """The processes beside the watched one that the trial needs: its other nodes' engines, or its DP
+    replicas behind the router."""
+
+    def gone_first(self, head_code: int | None) -> str | None: ...
+
+
 class EngineWatch:
     """``should_stop`` for one point: why the point must stop now, or None. Asked by the load generator
     every 0.2 s, so each question is cheap: a ``waitpid`` without blocking, an attribute read (the
     health prober's verdict, kept up to date by its own thread) and a clock read."""
 
     def __init__(self, server: ServerProcess, prober: HealthProber | None, point_timeout_s: float | None,
-                 others: OtherNodes | None = None) -> None:
+                 others: Companions | None = None) -> None:
         self.server, self.prober, self.point_timeout_s = server, prober, point_timeout_s
-        self.others = others  # across nodes: the engines of the trial's other nodes
+        # across nodes: the engines of the trial's other nodes; behind a router: the DP replicas
+        self.others = others
         self.started = time.monotonic()
         self.reason: str | None = None  # the first reason given: the load generator stops on it
         self.timed_out = False
 
     def engine_problem(self) -> str | None:
-        """The engine's process has exited (on any node of the trial), or it no longer answers
-        ``/health``."""
+        """The engine's process has exited (on any node of the trial, or any DP replica behind the
+        router, or the router itself), or it no longer answers ``/health``."""
         assert self.server.proc is not None
         code = self.server.proc.poll()
         gone = self.others.gone_first(code) if self.others is not None else None
-        if gone is not None:  # across nodes: another node's engine went first
+        if gone is not None:  # another node's engine or a DP replica went first (or the router)
             return gone
         if code is not None:
             return exit_reason(code)
@@ -141,13 +152,16 @@ class LiveSession:
         self.env.setdefault("SGLANG_LOG_MS", "1")
         self.gpu = GpuTelemetry(GpuSource.NONE, "the engine did not start")
         self.argv: list[str] = []
+        self.router_argv: list[str] = []
         self.server_info: dict[str, Any] = {}
         self.resolved: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
         self._server: ServerProcess | None = None
-        self._scraper: MetricsScraper | None = None
+        self._scrapers: list[MetricsScraper] = []
         self._prober: HealthProber | None = None
         self._others: OtherNodes | None = None  # node ranks 1.. of a trial across nodes
+        self._group: ReplicaGroup | None = None  # DP replicas behind the router (dp.router_impl)
+        self._router_metrics_url = ""
         self._pids: set[int] = set()
 
     @property
@@ -167,23 +181,65 @@ class LiveSession:
             self._check_gpus_free()
         self.timings["engine_launch"] = time.time()
         try:
-            self._server = self._start()
+            routed = router_process(cfg, self.plan.engine_name)
+            self._server = self._start_routed() if routed else self._start()
             self.timings["engine_ready"] = time.time()
             self._pids = process_group_pids(self._server.pid or 0)
-            self.server_info = http_get_json(self.url + "/server_info")
+            if self._group is not None:
+                for replica in self._group.replicas:
+                    self._pids |= process_group_pids(replica.pid or 0)
+            # behind the router, replica 0 speaks for the engine: the router has no /server_info or
+            # /metrics of its own (its metrics are scraped apart), and server.log is replica 0's
+            engine_url = self._group.urls[0] if self._group is not None else self.url
+            self.server_info = http_get_json(engine_url + "/server_info")
             # /server_info, completed by the startup log (CUDA-graph sizes, per-stage limits, backend)
             self.resolved = resolved_config(self.server_info, self.paths.read_server_log())
-            self._scraper = MetricsScraper(self.url + "/metrics", self.paths.server_metrics_jsonl,
-                                           cfg.telemetry.metrics_period_s).start()
-            # the simulated engine reports every GPU of the trial; NVML sees this node's only
-            sampled = self.plan.world_size if self.plan.engine_name == "sim" else gpus_per_node(cfg)
+            self._start_scrapers(engine_url)
+            # the simulated engine reports every GPU it models (behind the router: replica 0's);
+            # NVML sees this node's only
+            replicas = cfg.dp.size if routed else 1
+            sim = self.plan.engine_name == "sim"
+            sampled = self.plan.world_size // replicas if sim else gpus_per_node(cfg)
             self.gpu = start_gpu_telemetry(self.plan.engine_name, self.env.get("CUDA_VISIBLE_DEVICES"),
-                                           sampled, self.url, self.paths.gpu_jsonl, cfg.telemetry.gpu_hz)
-            self._prober = HealthProber(self.url).start()
+                                           sampled, engine_url, self.paths.gpu_jsonl, cfg.telemetry.gpu_hz)
+            # the router's /health answers 200 whatever its replicas do: each replica has its own prober
+            self._prober = None if routed else HealthProber(self.url).start()
         except BaseException:
             self.__exit__()
             raise
         return self
+
+    def _start_scrapers(self, engine_url: str) -> None:
+        """``/metrics`` of the engine (behind the router: replica 0) into ``server_metrics.jsonl``, which
+        the analysis reads; the other replicas' and the router's own beside it."""
+        period = self.plan.cfg.telemetry.metrics_period_s
+        main = self.paths.server_metrics_jsonl
+        targets = [(engine_url + "/metrics", main)]
+        if self._group is not None:
+            targets += [(url + "/metrics", main.with_name(f"server_metrics-dp{rank}.jsonl"))
+                        for rank, url in enumerate(self._group.urls) if rank]
+            targets.append((self._router_metrics_url, main.with_name("router_metrics.jsonl")))
+        self._scrapers = [MetricsScraper(url, path, period).start() for url, path in targets]
+
+    def _start_routed(self) -> ServerProcess:
+        """The DP replicas, each a server of one replica on its slice of the trial's GPUs, then the
+        router in front of them; the router's server is the trial's (its URL takes the load)."""
+        cfg = self.plan.cfg
+        one = replica_config(cfg)
+        per_replica = self.plan.world_size // cfg.dp.size
+        self._group = ReplicaGroup(self.paths.server_log.parent, cfg.engine.stop_grace_s)
+        commands = []
+        for rank in range(cfg.dp.size):
+            port = free_port()
+            gpus = replica_gpus(self.env.get("CUDA_VISIBLE_DEVICES"), rank, per_replica)
+            commands.append((self.plan.engine.argv(one, port, self.plan.identity.trial_dir), port,
+                             {**self.env, "CUDA_VISIBLE_DEVICES": gpus}))
+        self.argv = commands[0][0]
+        self._group.start_replicas(commands, cfg.engine.startup_timeout_s)
+        port, prometheus_port = free_port(), free_port()
+        self._router_metrics_url = f"http://{HOST}:{prometheus_port}/metrics"
+        self.router_argv = router_argv(cfg, port, prometheus_port, self._group.urls)
+        return self._group.start_router(self.router_argv, port, cfg.engine.startup_timeout_s)
 
     def _check_gpus_free(self) -> None:
         """A leftover on the trial's GPUs (an earlier trial's engine still letting go, a stray process)
@@ -233,17 +289,26 @@ class LiveSession:
         raise AssertionError("unreachable")
 
     def _stop_engines(self, server: ServerProcess | None) -> None:
-        """Rank 0's process group, then the other nodes' (each keeps its log beside rank 0's)."""
+        """Rank 0's process group, then the other nodes' (each keeps its log beside rank 0's); behind
+        a router, the router and then every replica's group."""
         try:
             if server is not None:
                 server.stop()
         finally:
             if self._others is not None:
                 self._others.stop()
+            if self._group is not None:
+                self._group.stop()
+
+    def _other_log_tails(self) -> str:
+        """The other nodes' log tails, or the other DP replicas' and the router's."""
+        if self._others is not None:
+            return self._others.log_tails()
+        return self._group.log_tails() if self._group is not None else ""
 
     def _with_other_logs(self, message: str) -> str:
-        """A failure's message with the other nodes' log tails (kept once they were stopped)."""
-        tails = self._others.log_tails() if self._others is not None else ""
+        """A failure's message with the other processes' log tails (kept once they were stopped)."""
+        tails = self._other_log_tails()
         return f"{message}\n{tails}" if tails else message
 
     def run_point(self, point: LoadPoint, spec: RequestSpec, records: Path,
@@ -254,10 +319,11 @@ class LiveSession:
 
         assert self._server is not None, "the session has not started"
         workload = self.plan.cfg.workload
-        watch = EngineWatch(self._server, self._prober, workload.point_timeout_s, self._others)
+        watch = EngineWatch(self._server, self._prober, workload.point_timeout_s, self._others or self._group)
         # every point starts on an empty prefix cache: an earlier point's prompts (the same first
         # requests, by index) would otherwise be hits it never offered; a cache that would not flush
-        # is said on the point (cache_flushed 0)
+        # is said on the point (cache_flushed 0). The router passes it on to every replica; its own
+        # prefix tree (where it routes) is kept, so a prefix goes back to the replica it went to before
         flushed = flush_prefix_cache(self.url)
         start = time.time()
         result = run_point(self.url, point, spec, records_path=records, on_progress=on_progress,
@@ -281,7 +347,7 @@ class LiveSession:
                 self._prober = None
             self._stop_engines(self._server)
             self._server = None
-            tails = self._others.log_tails() if self._others is not None else ""
+            tails = self._other_log_tails()
             raise EngineFailure(failure_message(point.label, result, reason, watch.timed_out,
                                                 self.paths.server_log, tails), result)
         return result
@@ -293,9 +359,9 @@ class LiveSession:
                 self._prober.stop()
                 self._prober = None
             self.gpu.stop()
-            if self._scraper is not None:
-                self._scraper.stop()
-                self._scraper = None
+            for scraper in self._scrapers:
+                scraper.stop()
+            self._scrapers = []
             self._stop_engines(self._server)
             self._server = None
         finally:
@@ -316,6 +382,7 @@ class VirtualSession:
         self.plan = plan
         self._sim = SimEngine()
         self.argv = self._sim.simulator_flags(plan.cfg, 30000, plan.identity.trial_dir)
+        self.router_argv: list[str] = []  # the model routes the requests itself
         self.server_info: dict[str, Any] = {}
         self.resolved: dict[str, Any] = {}
         self.timings: dict[str, float] = {}

@@ -1,0 +1,79 @@
+"""How a point's requests were spread over DP replicas behind the router package, and what each
+replica's prefix cache found: from the router's own Prometheus metrics and each replica's ``/metrics``,
+scraped through the trial (counters read at the window's two ends).
+
+* ``dp<i>_request_share``: the share of the point's requests the router sent to replica ``i``
+  (``smg_worker_requests_total``; scraped every ``telemetry.metrics_period_s``, so a share over a
+  window of a few scrapes is approximate).
+* ``dp<i>_cache_hit_rate``: replica ``i``'s prompt tokens found in its cache, of all it prefilled
+  (``sglang:realtime_tokens_total``, modes ``prefill_cache`` and ``prefill_compute``).
+* ``router_tree_match_frac``: the share of cache-aware decisions that followed a cached prefix (the
+  rest spread load: the prefix was too short a part of the prompt, or the replicas out of balance).
+* ``router_match_ratio_mean``: the mean share of a prompt the router's prefix tree matched.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from vocab.telemetry import per_replica
+
+ROUTER_MATCH_FRAC = "router_tree_match_frac"
+ROUTER_MATCH_RATIO = "router_match_ratio_mean"
+
+
+def _increase(rows: pd.DataFrame, start: float, end: float) -> float | None:
+    """A counter's increase over [start, end], each end interpolated between the scrapes around it
+    (held at the first or last scrape beyond them); None without scrapes overlapping the window."""
+    rows = rows.sort_values("ts")
+    ts, value = rows["ts"].to_numpy(float), rows["value"].to_numpy(float)
+    if len(ts) == 0 or ts[0] > end or ts[-1] < start:
+        return None
+    return float(np.interp(end, ts, value) - np.interp(start, ts, value))
+
+
+def _series(frame: pd.DataFrame | None, name: str, **labels: str) -> pd.DataFrame:
+    """The samples of metric ``name`` whose labels include ``labels``, summed per scrape."""
+    if frame is None or frame.empty:
+        return pd.DataFrame(columns=["ts", "value"])
+    rows = frame[frame["name"] == name]
+    if labels:
+        parsed = [json.loads(text or "{}") for text in rows["labels"]]
+        rows = rows[[all(p.get(k) == v for k, v in labels.items()) for p in parsed]]
+    return rows.groupby("ts", as_index=False)["value"].sum()
+
+
+def routing_summary(router: pd.DataFrame | None, replicas: list[pd.DataFrame | None], worker_urls: list[str],
+                    start: float, end: float) -> dict[str, float]:
+    """The point's summaries (see the module's docstring); replicas in rank order, as ``worker_urls``."""
+    out: dict[str, float] = {}
+    sent_by: dict[int, float] = {}
+    for rank, url in enumerate(worker_urls):
+        sent = _increase(_series(router, "smg_worker_requests_total", worker=url), start, end)
+        if sent is not None:
+            sent_by[rank] = sent
+    total_sent = sum(sent_by.values())
+    for rank, sent in sent_by.items():
+        if total_sent > 0:
+            out[per_replica(rank, "request_share")] = sent / total_sent
+    for rank, frame in enumerate(replicas):
+        name = "sglang:realtime_tokens_total"
+        cached = _increase(_series(frame, name, mode="prefill_cache"), start, end)
+        computed = _increase(_series(frame, name, mode="prefill_compute"), start, end)
+        if cached is not None and computed is not None and cached + computed > 0:
+            out[per_replica(rank, "cache_hit_rate")] = cached / (cached + computed)
+    branches = router[router["name"] == "smg_cache_aware_policy_branch_total"] if router is not None else None
+    if branches is not None and not branches.empty:
+        total = _increase(branches.groupby("ts", as_index=False)["value"].sum(), start, end)
+        matched = _increase(_series(router, "smg_cache_aware_policy_branch_total", branch="tree_match"),
+                            start, end)
+        if total and matched is not None:
+            out[ROUTER_MATCH_FRAC] = matched / total
+    ratio_sum = _increase(_series(router, "smg_cache_aware_match_ratio_sum"), start, end)
+    ratio_count = _increase(_series(router, "smg_cache_aware_match_ratio_count"), start, end)
+    if ratio_sum is not None and ratio_count:
+        out[ROUTER_MATCH_RATIO] = ratio_sum / ratio_count
+    return out

@@ -1,0 +1,57 @@
+"""The router package in front of a trial's DP replicas (``dp.router_impl``): what each replica and the
+router are started with.
+
+Where the router runs the policy, the trial starts ``dp.size`` servers of one replica each (the same
+flags as the trial's with ``--dp-size 1``), each on its own slice of the trial's GPUs, and the router
+(``python -m smg.launch_router``) in front of them on 127.0.0.1. ``smg`` is the successor of the
+``sglang-router`` package (its last release, 0.3.2, predates SGLang 0.5.9), with the same flags and
+policies. The router's bundled launchers are not used: one picks random worker ports and overrides
+``--base-gpu-id``, the other misreads SGLang's parallelism flags from 0.5.14 on (docs/sglang-adapter.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.engines.base import HOST
+from simulator.router import BALANCE_ABS, BALANCE_REL, CACHE_THRESHOLD
+
+ROUTER_MODULE = "smg.launch_router"
+
+
+def replica_config(cfg: ParasweepConf) -> ParasweepConf:
+    """The configuration each replica's server is started with: the trial's, as one replica."""
+    return dataclasses.replace(cfg, dp=dataclasses.replace(cfg.dp, size=1, router="round_robin",
+                                                           router_impl="engine"))
+
+
+def replica_gpus(visible: str | None, rank: int, per_replica: int) -> str:
+    """Replica ``rank``'s ``CUDA_VISIBLE_DEVICES``: its slice of the trial's GPUs (the mask Ray set,
+    else GPUs 0.. in order)."""
+    first = rank * per_replica
+    if not visible:
+        return ",".join(str(g) for g in range(first, first + per_replica))
+    return ",".join(g.strip() for g in visible.split(",")[first:first + per_replica])
+
+
+def router_argv(cfg: ParasweepConf, port: int, prometheus_port: int, worker_urls: list[str]) -> list[str]:
+    """The router's command. It runs in parasweep's own interpreter, where the pinned package is
+    installed (the engine's ``engine.python`` need not have it). The cache-aware thresholds are its
+    defaults, passed explicitly so the argv records what the simulated router models. Its Prometheus
+    listener is always on, so each router on a host gets a port of its own. It logs warnings and
+    errors only: at ``info`` it writes two lines per request."""
+    return [sys.executable, "-m", ROUTER_MODULE, "--host", HOST, "--port", str(port),
+            "--worker-urls", *worker_urls, "--policy", cfg.dp.router,
+            "--cache-threshold", f"{CACHE_THRESHOLD:g}", "--balance-abs-threshold", str(BALANCE_ABS),
+            "--balance-rel-threshold", f"{BALANCE_REL:g}",
+            "--prometheus-host", HOST, "--prometheus-port", str(prometheus_port), "--log-level", "warn"]
+
+
+def worker_urls(argv: list[str]) -> list[str]:
+    """The replicas' URLs in a router command, in rank order."""
+    if "--worker-urls" not in argv:
+        return []
+    rest = argv[argv.index("--worker-urls") + 1:]
+    return rest[:next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest))]

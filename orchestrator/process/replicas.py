@@ -1,0 +1,123 @@
+"""A trial's DP replicas as separate servers behind the router package (``dp.router_impl``): started,
+watched and stopped as one.
+
+Each replica is its own process group (``server.log`` for replica 0, so everything read from the
+engine's log reads it; ``server-dp<i>.log`` for the others), each probed on ``/health``; the router
+comes last, once every replica answers, and is ready when its ``/workers`` lists all of them as healthy
+(its own ``/health`` answers 200 before it knows any). Stopped router first, then every replica's whole
+group, on success, error and Ctrl-C alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+from orchestrator.errors import EngineStartError
+from orchestrator.process.health import HealthProber
+from orchestrator.process.server import ServerProcess, exit_reason, log_tail
+
+HOST = "127.0.0.1"
+
+
+def replica_log(log_dir: Path, rank: int) -> Path:
+    return log_dir / ("server.log" if rank == 0 else f"server-dp{rank}.log")
+
+
+def healthy_workers(router_url: str) -> int:
+    """How many workers the router's ``GET /workers`` lists as healthy (0 when it cannot say yet)."""
+    try:
+        with urllib.request.urlopen(router_url + "/workers", timeout=5) as resp:
+            workers = json.loads(resp.read()).get("workers", [])
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return sum(1 for w in workers if isinstance(w, dict) and w.get("is_healthy"))
+
+
+class ReplicaGroup:
+    """The replicas' servers and the router in front of them."""
+
+    def __init__(self, log_dir: Path, stop_grace_s: float) -> None:
+        self.log_dir, self.stop_grace_s = log_dir, stop_grace_s
+        self.replicas: list[ServerProcess] = []
+        self.router: ServerProcess | None = None
+        self._probers: list[HealthProber] = []
+
+    @property
+    def urls(self) -> list[str]:
+        return [r.url for r in self.replicas]
+
+    def start_replicas(self, commands: list[tuple[list[str], int, dict[str, str]]], timeout_s: float) -> None:
+        """Start every replica (argv, port, environment), then wait until each answers ``/health``:
+        they load side by side, so the wait is the slowest one's, not their sum."""
+        for rank, (argv, port, env) in enumerate(commands):
+            server = ServerProcess(argv, replica_log(self.log_dir, rank), HOST, port, env=env,
+                                   stop_grace_s=self.stop_grace_s)
+            self.replicas.append(server)
+            server.start()
+        deadline = time.monotonic() + timeout_s
+        for rank, server in enumerate(self.replicas):
+            try:
+                server.wait_ready(max(1.0, deadline - time.monotonic()), self.problem)
+            except EngineStartError as exc:
+                raise EngineStartError(f"DP replica {rank}: {exc}") from None
+        self._probers = [HealthProber(url).start() for url in self.urls]
+
+    def start_router(self, argv: list[str], port: int, timeout_s: float) -> ServerProcess:
+        """The router, ready once its ``/workers`` lists every replica healthy."""
+        # it holds no GPU and nothing to save: a short grace (it would otherwise keep its listener open
+        # for a load balancer's sake for 5 s after SIGTERM)
+        self.router = ServerProcess(argv, self.log_dir / "router.log", HOST, port, stop_grace_s=1.0,
+                                    env={**os.environ, "NO_COLOR": "1"})
+        self.router.start()
+        self.router.wait_ready(timeout_s, self.problem)
+        deadline = time.monotonic() + timeout_s
+        while healthy_workers(self.router.url) < len(self.replicas):
+            code = self.router.proc.poll() if self.router.proc is not None else None
+            if code is not None or time.monotonic() > deadline:
+                why = exit_reason(code, "router") if code is not None else f"not all {len(self.replicas)} " \
+                      f"replicas healthy behind the router after {timeout_s:g} s (engine.startup_timeout_s)"
+                raise EngineStartError(f"{why}; router log tail ({self.router.log_path}):\n"
+                                       f"{log_tail(self.router.log_path)}")
+            if (problem := self.problem()) is not None:
+                raise EngineStartError(f"{problem} before the router was ready")
+            time.sleep(0.2)
+        return self.router
+
+    def problem(self) -> str | None:
+        """A replica that exited or stopped answering ``/health``, or None."""
+        for rank, server in enumerate(self.replicas):
+            code = server.proc.poll() if server.proc is not None else None
+            if code is not None:
+                return exit_reason(code, f"DP replica {rank}'s engine")
+        for rank, prober in enumerate(self._probers):
+            if prober.verdict:
+                return f"DP replica {rank}'s engine not answering /health: {prober.verdict}"
+        return None
+
+    def gone_first(self, router_code: int | None) -> str | None:
+        """For the engine watch, whose own process is the router's: a replica's problem, else the
+        router's exit."""
+        problem = self.problem()
+        if problem is None and router_code is not None:
+            return exit_reason(router_code, "router")
+        return problem
+
+    def log_tails(self, lines: int = 10) -> str:
+        paths = [*(r.log_path for r in self.replicas[1:]), self.log_dir / "router.log"]
+        return "\n".join(f"{p.name} tail ({p}):\n{log_tail(p, lines)}" for p in paths if p.exists())
+
+    def stop(self) -> None:
+        """The probers, the router, then each replica's whole process group."""
+        for prober in self._probers:
+            prober.stop()
+        self._probers = []
+        try:
+            if self.router is not None:
+                self.router.stop()
+        finally:
+            for server in self.replicas:
+                server.stop()
