@@ -1,0 +1,119 @@
+"""DP replicas behind the router package (``dp.router_impl``): which trials get it, what is refused in
+one line, the commands each replica and the router start with, and the per-point routing summaries on
+metrics the router and the replicas really exported (tests/data/router/README.md)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from analysis.dp_routing import ROUTER_MATCH_FRAC, ROUTER_MATCH_RATIO, routing_summary
+from orchestrator.config.schema import ParasweepConf, router_process
+from orchestrator.engines.router import replica_config, replica_gpus, router_argv, worker_urls
+from orchestrator.search.runner import sglang_command
+from orchestrator.telemetry.server_metrics import read_samples
+from tests.conftest import refusal
+from vocab.hardware import load_hardware
+
+DATA = Path(__file__).parent / "data" / "router"
+URLS = ["http://127.0.0.1:51191", "http://127.0.0.1:47883"]  # the replicas of that trial, rank order
+WINDOW = (1796386861.1662953, 1796386862.3893576)
+
+
+def _cfg(engine: str = "sim", router: str = "cache_aware", impl: str = "auto", dp: int = 2) -> ParasweepConf:
+    cfg = ParasweepConf()
+    cfg.engine.name = engine
+    cfg.dry_run = engine == "sglang"  # validated as a dry run would: no GPU here
+    cfg.model.name, cfg.model.path = "llama-3.1-8b", "models/llama-3.1-8b"
+    cfg.hardware = load_hardware("h200-nvlink-x8")
+    cfg.ray.num_gpus = 8
+    cfg.dp.size, cfg.dp.router, cfg.dp.router_impl = dp, router, impl
+    cfg.workload.concurrency = [8]
+    return cfg
+
+
+def test_the_router_runs_where_the_engine_lacks_the_policy_or_where_it_is_asked_for() -> None:
+    assert router_process(_cfg("sglang"), "sglang")  # SGLang's DP controller has no cache-aware policy
+    assert not router_process(_cfg("sglang", router="round_robin"), "sglang")
+    assert not router_process(_cfg("sim"), "sim")  # the simulated engine models the policy itself
+    assert router_process(_cfg("sim", impl="smg"), "sim")
+    assert router_process(_cfg("sim", router="round_robin", impl="smg"), "sim")
+    assert not router_process(_cfg("sglang", dp=1), "sglang")
+
+
+def test_what_the_router_cannot_do_is_refused_in_one_line() -> None:
+    assert "dp.router_impl=nginx: invalid; valid: auto, engine, smg" in refusal(_cfg(impl="nginx"))
+    assert "SGLang's own DP controller has no cache-aware policy" in refusal(_cfg("sglang", impl="engine"))
+    assert "needs at least two replicas" in refusal(_cfg(impl="smg", dp=1))
+    cfg = _cfg(impl="smg")
+    cfg.workload.api = "completions"
+    assert "workload.api=completions" in (message := refusal(cfg)) and "token-id prompts" in message
+    cfg = _cfg(impl="smg", dp=2)
+    cfg.hardware, cfg.tp.size = load_hardware("h100-sxm-x8-2nodes-ib"), 8
+    assert "spans 2" in refusal(cfg)
+
+
+def test_each_replica_is_the_trial_as_one_replica_on_its_slice_of_the_gpus() -> None:
+    cfg = _cfg()
+    cfg.tp.size = 2
+    one = replica_config(cfg)
+    assert (one.dp.size, one.tp.size, one.dp.router_impl) == (1, 2, "engine") and cfg.dp.size == 2
+    assert [replica_gpus("4,5,6,7", rank, 2) for rank in range(2)] == ["4,5", "6,7"]
+    assert [replica_gpus(None, rank, 2) for rank in range(2)] == ["0,1", "2,3"]
+
+
+def test_the_router_command_names_its_replicas_policy_and_thresholds() -> None:
+    argv = router_argv(_cfg(), 30000, 29001, URLS)
+    assert argv[1:3] == ["-m", "smg.launch_router"] and worker_urls(argv) == URLS
+    assert argv[argv.index("--host") + 1] == argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
+    assert argv[argv.index("--policy") + 1] == "cache_aware"
+    assert argv[argv.index("--cache-threshold") + 1] == "0.3"
+    assert argv[argv.index("--prometheus-port") + 1] == "29001"
+    assert worker_urls(["python", "-m", "sglang.launch_server"]) == []
+
+
+def test_a_suggested_sglang_layout_behind_the_router_is_every_replica_and_the_router() -> None:
+    command = sglang_command(_cfg("sglang"), {})
+    parts = [shlex.split(p) for p in command.split(" & ")]
+    assert len(parts) == 3
+    assert parts[0][0] == "CUDA_VISIBLE_DEVICES=0" and parts[1][0] == "CUDA_VISIBLE_DEVICES=1"
+    for rank, part in enumerate(parts[:2]):
+        assert part[part.index("--port") + 1] == str(30001 + rank)
+        assert part[part.index("--dp-size") + 1] == "1"
+    assert worker_urls(parts[2]) == ["http://127.0.0.1:30001", "http://127.0.0.1:30002"]
+    # SGLang's own DP controller spreads round-robin: one server, --dp-size 2
+    plain = shlex.split(sglang_command(_cfg("sglang", router="round_robin"), {}))
+    assert "&" not in plain and plain[plain.index("--dp-size") + 1] == "2"
+
+
+@pytest.fixture(scope="module")
+def scraped() -> tuple[object, list[object]]:
+    router = read_samples(DATA / "smg-1.13.0-router-metrics.jsonl")
+    replicas = [read_samples(DATA / "sim-server_metrics.jsonl"), read_samples(DATA / "sim-server_metrics-dp1.jsonl")]
+    return router, replicas
+
+
+def test_the_routing_summary_reads_the_routers_and_the_replicas_counters(scraped: tuple) -> None:
+    router, replicas = scraped
+    whole = (0.0, 2e9)  # every scrape: the counters' totals
+    out = routing_summary(router, replicas, URLS, *whole)
+    sent = {url: router[(router["name"] == "smg_worker_requests_total")
+                        & router["labels"].str.contains(url)]["value"].max() for url in URLS}
+    assert out["dp0_request_share"] == pytest.approx(sent[URLS[0]] / sum(sent.values()))
+    assert out["dp0_request_share"] + out["dp1_request_share"] == pytest.approx(1.0)
+    for rank, frame in enumerate(replicas):
+        def grown(mode: str, f: object = frame) -> float:  # last scrape less first (the health probes')
+            rows = f[f["labels"].str.contains(mode)]
+            return float(rows[rows["ts"] == rows["ts"].max()]["value"].sum()
+                         - rows[rows["ts"] == rows["ts"].min()]["value"].sum())
+
+        cached, computed = grown("prefill_cache"), grown("prefill_compute")
+        assert out[f"dp{rank}_cache_hit_rate"] == pytest.approx(cached / (cached + computed))
+    assert 0.0 < out[ROUTER_MATCH_RATIO] <= 1.0 and 0.0 < out[ROUTER_MATCH_FRAC] <= 1.0
+    # the point's own window: a part of the totals, shares still summing to one
+    point = routing_summary(router, replicas, URLS, *WINDOW)
+    assert point["dp0_request_share"] + point["dp1_request_share"] == pytest.approx(1.0)
+    # no router scrape overlapping the window: nothing said about it
+    assert routing_summary(router, [None, None], URLS, 1.0, 2.0) == {}

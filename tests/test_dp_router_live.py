@@ -1,0 +1,59 @@
+"""A real router (the pinned ``smg`` package) in front of two simulated-engine replicas, swept over its
+two policies on shared-prefix groups that one replica's KV pool cannot all hold: round-robin makes each
+replica compute and keep every group's system prompt, cache-aware keeps each group on one replica. The
+hit rates measured through the real router are held against the simulated router's prediction of the
+same trials, and every process the trials started is gone afterwards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.process.server import group_alive
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+SWEEP = ["-m", "model=llama-3.1-8b", "hardware=h100-sxm-x8", "parallelism=tp1", "ray.num_cpus=2",
+         "workload=shared-prefix", "workload.concurrency=[16]", "workload.requests_per_concurrency=8",
+         "workload.shared_prefix.groups=8", "workload.shared_prefix.prompts_per_group=16",
+         "workload.shared_prefix.system_len=2000", "workload.shared_prefix.question_len=64",
+         "workload.shared_prefix.output_len=16", "+server.extra_args.max_total_tokens=12000",
+         "dp.size=2", "dp.router_impl=smg", "dp.router=round_robin,cache_aware"]
+
+
+def test_the_real_router_keeps_groups_together_where_round_robin_splits_them(tmp_path: Path) -> None:
+    result = run_cli(SWEEP, tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("parasweep")
+    assert exp is not None
+    trials = {r.data.params["dp.router"]: r for r in client.search_runs([exp.experiment_id])
+              if r.data.tags.get("parasweep.kind") == "trial"}
+    hit = {policy: run.data.metrics["c16/cache_hit_rate"] for policy, run in trials.items()}
+    predicted = {policy: run.data.metrics["pred/c16/cache_hit_rate"] for policy, run in trials.items()}
+    # one replica's pool holds about 5 of the 8 system prompts: split over both, they evict each other
+    assert hit["cache_aware"] > hit["round_robin"] + 0.15
+    assert predicted["cache_aware"] > predicted["round_robin"] + 0.15
+    # round-robin is the same rule in the router and in the model: the same requests reach each replica
+    assert hit["round_robin"] == pytest.approx(predicted["round_robin"], abs=0.08)
+    for policy, run in trials.items():
+        m = run.data.metrics
+        assert m["c16/dp0_request_share"] + m["c16/dp1_request_share"] == pytest.approx(1.0)
+        assert 0.0 <= m["c16/dp0_cache_hit_rate"] <= 1.0 and 0.0 <= m["c16/dp1_cache_hit_rate"] <= 1.0
+        trial_dir = Path(run.data.tags["parasweep.trial_dir"])
+        server = trial_dir / "server"
+        argv = json.loads((server / "router_argv.json").read_text())
+        assert argv[argv.index("--policy") + 1] == policy
+        assert "Prefill batch" in (server / "server-dp1.log").read_text()  # both replicas served
+        pgids = sorted(server.glob("*.pgid"))
+        assert [p.name for p in pgids] == ["router.pgid", "server-dp1.pgid", "server.pgid"]
+        assert not any(group_alive(int(p.read_text())) for p in pgids)
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "server")}
+        assert "server/router_argv.json" in artifacts
+    assert "c16/router_tree_match_frac" in trials["cache_aware"].data.metrics
+    assert "Prefix cache" in result.stdout
