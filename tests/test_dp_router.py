@@ -91,7 +91,7 @@ def test_a_suggested_sglang_layout_behind_the_router_is_every_replica_and_the_ro
 @pytest.fixture(scope="module")
 def scraped() -> tuple[object, list[object]]:
     router = read_samples(DATA / "smg-1.13.0-router-metrics.jsonl")
-    replicas = [read_samples(DATA / "sim-server_metrics.jsonl"), read_samples(DATA / "sim-server_metrics-dp1.jsonl")]
+    replicas = [read_samples(DATA / f"sim-{name}.jsonl") for name in ("server_metrics", "server_metrics-dp1")]
     return router, replicas
 
 
