@@ -7,6 +7,7 @@ same trials, and every process the trials started is gone afterwards."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,19 @@ def test_the_real_router_keeps_groups_together_where_round_robin_splits_them(tmp
         assert "server/router_argv.json" in artifacts
     assert "c16/router_tree_match_frac" in trials["cache_aware"].data.metrics
     assert "Prefix cache" in result.stdout
+
+
+def test_a_replica_that_crashes_fails_the_trial_and_nothing_is_left(tmp_path: Path) -> None:
+    # every replica carries the fault: the first to serve three requests crashes mid-point
+    result = run_cli(["model=tiny-test", "hardware=h200-nvlink-x8", "parallelism=tp1", "dp.size=2",
+                      "dp.router_impl=smg", "dp.router=cache_aware", "workload=tiny",
+                      "workload.concurrency=[1]", "engine.sim_faults.crash_after_requests=3"],
+                     tmp_path, timeout=300)
+    assert result.returncode != 0
+    (error,) = tmp_path.glob("runs/outputs/**/error.txt")  # the trial directory's (not MLflow's copy)
+    first = error.read_text().splitlines()[0]
+    pattern = r"DP replica [01]'s engine exited with code -?\d+ .*during point c1 after \d+ of"
+    assert re.match(pattern, first), first
+    server = error.parent / "server"
+    pgids = sorted(server.glob("*.pgid"))
+    assert len(pgids) == 3 and not any(group_alive(int(p.read_text())) for p in pgids)
