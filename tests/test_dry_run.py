@@ -52,6 +52,25 @@ def test_dry_run_sglang_engine_argv(workdir: Path) -> None:
     assert "--sim-hardware" not in argv
 
 
+def test_dry_run_of_a_cache_aware_sglang_trial_shows_each_replica_and_the_router(workdir: Path) -> None:
+    result = run_cli(["dry_run=true", "engine=sglang", "ray.num_gpus=8", "parallelism=tp4", "dp.size=2",
+                      "dp.router=cache_aware"], workdir)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    replicas = [json.loads(line.split(": ", 1)[1]) for line in lines if line.startswith("argv[replica ")]
+    assert len(replicas) == 2 and not any(line.startswith("argv: ") for line in lines)
+    ports = []
+    for argv in replicas:
+        assert argv[1:3] == ["-m", "sglang.launch_server"]
+        assert argv[argv.index("--dp-size") + 1] == "1" and argv[argv.index("--tp-size") + 1] == "4"
+        ports.append(argv[argv.index("--port") + 1])
+    (router,) = [json.loads(line.split(": ", 1)[1]) for line in lines if line.startswith("router argv: ")]
+    assert router[1:3] == ["-m", "smg.launch_router"]
+    assert router[router.index("--worker-urls") + 1:router.index("--worker-urls") + 3] == [
+        f"http://127.0.0.1:{port}" for port in ports]
+    assert "replica 0 → 0,1,2,3, replica 1 → 4,5,6,7" in result.stdout
+
+
 def test_dry_run_of_the_long_context_experiment(workdir: Path) -> None:
     result = run_cli(["dry_run=true", "-m", "experiment=long-context"], workdir)
     assert result.returncode == 0, result.stderr
