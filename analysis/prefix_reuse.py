@@ -1,7 +1,8 @@
 """The prefix cache's hit rate beside what the workload offered, for the terminal summary.
 
 Reads the per-point metrics the load generator writes (``c8/cache_hit_rate``, ``c8/offered_hit_rate``,
-``c8/prefill_computed_tokens``, ``c8/cache_flushed``; see ``workloads/prefix_reuse.py``) and shows them
+``c8/prefill_computed_tokens``, ``c8/cache_flushed``; see ``workloads/prefix_reuse.py``), and behind the
+router package each replica's share of the requests and hit rate (``analysis/dp_routing.py``); shows them
 only where prompts shared something: random prompts offer nothing and get no section.
 """
 
@@ -36,6 +37,9 @@ def reuse_lines(trials: Sequence[tuple[str, Mapping[str, float]]], width: int) -
             text += f" (offered {100 * offered:.1f} %)" if not math.isnan(offered) else " (offered: unknown)"
             if not math.isnan(computed):
                 text += f"; prompt tokens computed {computed:,.0f}, found cached {cached:,.0f}"
+            replicas = _replicas(metrics, label)
+            if replicas:
+                text += f"; behind the router, {replicas}"
             if metrics.get(f"{label}/cache_flushed") == 0.0:
                 text += "; the cache was not flushed before it (it may hit on earlier points' prompts)"
             rows.append((parsed.point, trial, f"  {label} {trial}  {text}"))
@@ -48,3 +52,18 @@ def reuse_lines(trials: Sequence[tuple[str, Mapping[str, float]]], width: int) -
     for _, _, line in rows:
         out += textwrap.wrap(line, width=width, subsequent_indent=" " * 6)
     return out
+
+
+def _replicas(metrics: Mapping[str, float], label: str) -> str:
+    """``replica 0: 52 % of the requests, hit 93 %; replica 1: ...``: each DP replica's part behind the
+    router package (``dp<i>_request_share``, ``dp<i>_cache_hit_rate``), or "" without a router."""
+    parts = []
+    rank = 0
+    while f"{label}/dp{rank}_request_share" in metrics or f"{label}/dp{rank}_cache_hit_rate" in metrics:
+        share = metrics.get(f"{label}/dp{rank}_request_share")
+        hit = metrics.get(f"{label}/dp{rank}_cache_hit_rate")
+        said = [f"{100 * share:.0f} % of the requests" if share is not None else "",
+                f"hit {100 * hit:.0f} %" if hit is not None else ""]
+        parts.append(f"replica {rank}: " + ", ".join(x for x in said if x))
+        rank += 1
+    return "; ".join(parts)

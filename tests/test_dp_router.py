@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from analysis.dp_routing import ROUTER_MATCH_FRAC, ROUTER_MATCH_RATIO, routing_summary
+from analysis.prefix_reuse import reuse_lines
 from orchestrator.config.schema import ParasweepConf, router_process
 from orchestrator.engines.router import replica_config, replica_gpus, router_argv, worker_urls
 from orchestrator.search.runner import sglang_command
@@ -117,3 +118,13 @@ def test_the_routing_summary_reads_the_routers_and_the_replicas_counters(scraped
     assert point["dp0_request_share"] + point["dp1_request_share"] == pytest.approx(1.0)
     # no router scrape overlapping the window: nothing said about it
     assert routing_summary(router, [None, None], URLS, 1.0, 2.0) == {}
+
+
+def test_the_summary_shows_each_replicas_part_beside_the_points_hit_rate(scraped: tuple) -> None:
+    router, replicas = scraped
+    point = {f"c16/{k}": v for k, v in routing_summary(router, replicas, URLS, 0.0, 2e9).items()}
+    point |= {"c16/cache_hit_rate": 0.89, "c16/offered_hit_rate": 0.91}
+    text = " ".join(reuse_lines([("#1", point)], 200))
+    share, hit = point["c16/dp1_request_share"], point["c16/dp1_cache_hit_rate"]
+    assert f"replica 1: {100 * share:.0f} % of the requests, hit {100 * hit:.0f} %" in text
+    assert "behind the router" not in " ".join(reuse_lines([("#1", {"c16/cache_hit_rate": 0.5})], 200))

