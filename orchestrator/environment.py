@@ -31,7 +31,7 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "hydra-core": ("hydra-core",), "omegaconf": ("omegaconf",), "ray": ("ray",),
     "mlflow": ("mlflow", "mlflow-skinny"), "aiohttp": ("aiohttp",), "pandas": ("pandas",),
     "numpy": ("numpy",), "nvidia-ml-py": ("nvidia-ml-py", "pynvml"), "sglang": ("sglang",),
-    "torch": ("torch",)}
+    "torch": ("torch",), "smg": ("smg",)}  # smg: the router in front of DP replicas (dp.router_impl)
 NOT_INSTALLED = "not installed"
 ENV_FILE = "env.json"  # in the trial directory, and at the top of the run's artifacts
 GIT_TIMEOUT_S = 5.0

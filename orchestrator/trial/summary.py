@@ -7,8 +7,9 @@ import logging
 from typing import Any
 
 from analysis.diagnose import StepEstimate, TrialFacts
-from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.schema import ParasweepConf, router_process
 from orchestrator.trial.plan import TrialPlan
+from vocab.model import ROUTER_PACKAGE
 from vocab.records import PointResult
 from vocab.status import TrialStatus
 from vocab.telemetry import GpuSource
@@ -91,6 +92,7 @@ def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResu
              f"dp={c.dp.size}, async depth {c.pp.async_depth}, {source}", "",
              *([f"Ran on host {where['host']}, Ray node {where['ray_node_id']}; "
                 f"GPUs: {where['gpu_uuids']}", ""] if where else []),
+             *([f"DP: {_routing(plan)}", ""] if c.dp.size > 1 else []),
              f"GPU telemetry: {gpu_source.describe()} ({gpu_note})", "",
              f"Step costs of the simulator's numbers and predictions: {step_costs_label(c)}", "",
              *([f"Traffic: {traffic_note(c)}", ""] if c.workload.source != "random" else [])]
@@ -110,3 +112,16 @@ def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResu
         lines += ["", "Findings (diagnosis.json):"]
         lines += [f"- **{f['severity']}** {f['title']}: {f['suggestion'].splitlines()[0]}" for f in findings]
     return lines
+
+
+def _routing(plan: TrialPlan) -> str:
+    """Who spread the requests over the trial's DP replicas, and whether that was modelled."""
+    c = plan.cfg
+    if c.predict:
+        return (f"{c.dp.size} replicas, requests spread {c.dp.router} by the simulated engine's model of "
+                "that policy (a prediction)")
+    if router_process(c, plan.engine_name):
+        return (f"{c.dp.size} servers of one replica each behind the router package ({ROUTER_PACKAGE}, "
+                f"--policy {c.dp.router}); server.log and the engine's numbers are replica 0's")
+    who = "SGLang's DP controller" if plan.engine_name == "sglang" else "the simulated engine's model"
+    return f"{c.dp.size} replicas in one server, requests spread {c.dp.router} by {who}"
