@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from analysis.dp_routing import ROUTER_MATCH_FRAC, ROUTER_MATCH_RATIO, routing_summary
@@ -15,6 +16,7 @@ from orchestrator.config.schema import ParasweepConf, router_process
 from orchestrator.engines.router import replica_config, replica_gpus, router_argv, worker_urls
 from orchestrator.search.runner import sglang_command
 from orchestrator.telemetry.server_metrics import read_samples
+from simulator.router import Router, over_spill_gate, spill_margin
 from tests.conftest import refusal
 from vocab.hardware import load_hardware
 
@@ -128,3 +130,31 @@ def test_the_summary_shows_each_replicas_part_beside_the_points_hit_rate(scraped
     share, hit = point["c16/dp1_request_share"], point["c16/dp1_cache_hit_rate"]
     assert f"replica 1: {100 * share:.0f} % of the requests, hit {100 * hit:.0f} %" in text
     assert "behind the router" not in " ".join(reuse_lines([("#1", {"c16/cache_hit_rate": 0.5})], 200))
+
+
+# (mean load, margin) and (replicas, requests in flight, the fewest one replica must hold for the gate to
+# open; None: more than there are): the cases smg 1.13.0's own tests check its gate with
+# (model_gateway/src/policies/cache_aware.rs of its sdist, at the launcher's 64 and 1.5)
+MARGINS = [(0.0, 4.0), (1.0, 4.0), (4.0, 4.0), (5.0, 5.0), (16.0, 8.0), (64.0, 16.0), (128.0, 23.0),
+           (400.0, 40.0), (1024.0, 64.0), (2000.0, 64.0)]
+OPENS_AT = [(2, 4, None), (2, 8, None), (2, 32, 25), (2, 128, 97), (8, 4, None), (8, 8, 6), (8, 32, 9),
+            (8, 128, 25), (29, 4, None), (29, 8, 5), (29, 32, 6), (29, 128, 10)]
+
+
+def test_the_simulated_routers_spill_gate_is_the_pinned_routers() -> None:
+    assert [spill_margin(mean) for mean, _ in MARGINS] == [margin for _, margin in MARGINS]
+    for replicas, in_flight, opens_at in OPENS_AT:
+        mean = in_flight / replicas
+        first = next((load for load in range(in_flight + 1) if over_spill_gate(load, mean)), None)
+        assert first == opens_at, (replicas, in_flight)
+
+
+def test_a_busy_prefix_home_spills_to_the_idlest_replica_which_then_holds_it_too() -> None:
+    prompt = np.arange(1000, dtype=np.int64)
+    router = Router("cache_aware", 2)
+    assert router.pick(prompt, [0, 0]) == 0  # no match: the idlest, the first on a tie
+    assert router.pick(prompt, [19, 13]) == 0  # its home, under the gate (19 < 1.5 x 16)
+    assert router.pick(prompt, [25, 7]) == 1  # over it: 25 > 24 and 25 > 16 + 8
+    assert router.pick(prompt, [9, 3]) == 1  # two homes now: the less loaded of them
+    other = np.arange(5000, 6000, dtype=np.int64)
+    assert router.pick(other, [3, 9]) == 0  # nothing shared: the idlest
