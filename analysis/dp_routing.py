@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pandas as pd
 
+from analysis.telemetry import counter_increase
 from vocab.telemetry import per_replica
 
 ROUTER_MATCH_FRAC = "router_tree_match_frac"
@@ -26,13 +26,9 @@ ROUTER_MATCH_RATIO = "router_match_ratio_mean"
 
 
 def _increase(rows: pd.DataFrame, start: float, end: float) -> float | None:
-    """A counter's increase over [start, end], each end interpolated between the scrapes around it
-    (held at the first or last scrape beyond them); None without scrapes overlapping the window."""
+    """A scraped counter's increase over [start, end] (``counter_increase``)."""
     rows = rows.sort_values("ts")
-    ts, value = rows["ts"].to_numpy(float), rows["value"].to_numpy(float)
-    if len(ts) == 0 or ts[0] > end or ts[-1] < start:
-        return None
-    return float(np.interp(end, ts, value) - np.interp(start, ts, value))
+    return counter_increase(rows["ts"].to_numpy(float), rows["value"].to_numpy(float), start, end)
 
 
 def _series(frame: pd.DataFrame | None, name: str, **labels: str) -> pd.DataFrame:

@@ -141,14 +141,18 @@ def _gpu_summaries(gpu: pd.DataFrame, start: float, end: float, output_tokens: i
 
 
 def _counter_increase(g: pd.DataFrame, start: float, end: float) -> float | None:
-    """One GPU's energy counter read at ``end`` minus at ``start``, each interpolated between the two
-    samples around it (held at the first/last sample beyond the sampled span). None when the GPU has no
-    counter samples overlapping the window, or the counter went backwards (a reset)."""
+    """One GPU's energy counter over the window (``counter_increase``)."""
     g = g[g["energy"].notna()]
-    ts, energy = g["ts"].to_numpy(), g["energy"].to_numpy()
+    return counter_increase(g["ts"].to_numpy(float), g["energy"].to_numpy(float), start, end)
+
+
+def counter_increase(ts: np.ndarray, values: np.ndarray, start: float, end: float) -> float | None:
+    """A counter sampled at ``ts`` (ascending), read at ``end`` minus at ``start``, each interpolated
+    between the two samples around it (held at the first/last sample beyond the sampled span). None when
+    no samples overlap the window, or the counter went backwards (a reset)."""
     if len(ts) == 0 or ts[0] > end or ts[-1] < start:
         return None
-    increase = float(np.interp(end, ts, energy) - np.interp(start, ts, energy))
+    increase = float(np.interp(end, ts, values) - np.interp(start, ts, values))
     return increase if increase >= 0 else None
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 
-from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.schema import ParasweepConf, world_size
 from orchestrator.engines.base import HOST
 from simulator.router import BALANCE_ABS, BALANCE_REL, CACHE_THRESHOLD
 
@@ -36,13 +37,35 @@ def replica_gpus(visible: str | None, rank: int, per_replica: int) -> str:
     return ",".join(g.strip() for g in visible.split(",")[first:first + per_replica])
 
 
-def router_argv(cfg: ParasweepConf, port: int, prometheus_port: int, worker_urls: list[str]) -> list[str]:
-    """The router's command. It runs in parasweep's own interpreter, where the pinned package is
-    installed (the engine's ``engine.python`` need not have it). The cache-aware thresholds are its
+@dataclasses.dataclass(frozen=True)
+class RoutedLaunch:
+    """What a trial behind the router starts: each replica's command with its ``CUDA_VISIBLE_DEVICES``,
+    in rank order, and the router's command in front of them."""
+
+    replicas: list[tuple[list[str], str]]
+    router: list[str]
+
+
+def routed_launch(cfg: ParasweepConf, replica_argv: Callable[[ParasweepConf, int], list[str]],
+                  ports: list[int], router_port: int, prometheus_port: int, visible: str | None,
+                  python: str = sys.executable) -> RoutedLaunch:
+    """The commands of ``cfg``'s replicas (``replica_argv(config of one replica, its port)``, one per
+    port) on their slices of ``visible``, and of the router in front of them on ``router_port``."""
+    one, per_replica = replica_config(cfg), world_size(cfg) // cfg.dp.size
+    replicas = [(replica_argv(one, port), replica_gpus(visible, rank, per_replica))
+                for rank, port in enumerate(ports)]
+    urls = [f"http://{HOST}:{port}" for port in ports]
+    return RoutedLaunch(replicas, router_argv(cfg, router_port, prometheus_port, urls, python))
+
+
+def router_argv(cfg: ParasweepConf, port: int, prometheus_port: int, worker_urls: list[str],
+                python: str = sys.executable) -> list[str]:
+    """The router's command. It runs in parasweep's own interpreter by default, where the pinned
+    package is installed (the engine's ``engine.python`` need not have it). The cache-aware thresholds are its
     defaults, passed explicitly so the argv records what the simulated router models. Its Prometheus
     listener is always on, so each router on a host gets a port of its own. It logs warnings and
     errors only: at ``info`` it writes two lines per request."""
-    return [sys.executable, "-m", ROUTER_MODULE, "--host", HOST, "--port", str(port),
+    return [python, "-m", ROUTER_MODULE, "--host", HOST, "--port", str(port),
             "--worker-urls", *worker_urls, "--policy", cfg.dp.router,
             "--cache-threshold", f"{CACHE_THRESHOLD:g}", "--balance-abs-threshold", str(BALANCE_ABS),
             "--balance-rel-threshold", f"{BALANCE_REL:g}",

@@ -15,6 +15,7 @@ import os
 import time
 import urllib.request
 from pathlib import Path
+from typing import Protocol
 
 from orchestrator.errors import EngineStartError
 from orchestrator.process.health import HealthProber
@@ -23,8 +24,13 @@ from orchestrator.process.server import ServerProcess, exit_reason, log_tail
 HOST = "127.0.0.1"
 
 
-def replica_log(log_dir: Path, rank: int) -> Path:
-    return log_dir / ("server.log" if rank == 0 else f"server-dp{rank}.log")
+class LogLayout(Protocol):
+    """Where the replicas' and the router's logs go (the trial directory's layout)."""
+
+    def replica_log(self, rank: int) -> Path: ...
+
+    @property
+    def router_log(self) -> Path: ...
 
 
 def healthy_workers(router_url: str) -> int:
@@ -40,8 +46,8 @@ def healthy_workers(router_url: str) -> int:
 class ReplicaGroup:
     """The replicas' servers and the router in front of them."""
 
-    def __init__(self, log_dir: Path, stop_grace_s: float) -> None:
-        self.log_dir, self.stop_grace_s = log_dir, stop_grace_s
+    def __init__(self, logs: LogLayout, stop_grace_s: float) -> None:
+        self.logs, self.stop_grace_s = logs, stop_grace_s
         self.replicas: list[ServerProcess] = []
         self.router: ServerProcess | None = None
         self._probers: list[HealthProber] = []
@@ -54,7 +60,7 @@ class ReplicaGroup:
         """Start every replica (argv, port, environment), then wait until each answers ``/health``:
         they load side by side, so the wait is the slowest one's, not their sum."""
         for rank, (argv, port, env) in enumerate(commands):
-            server = ServerProcess(argv, replica_log(self.log_dir, rank), HOST, port, env=env,
+            server = ServerProcess(argv, self.logs.replica_log(rank), HOST, port, env=env,
                                    stop_grace_s=self.stop_grace_s)
             self.replicas.append(server)
             server.start()
@@ -70,7 +76,7 @@ class ReplicaGroup:
         """The router, ready once its ``/workers`` lists every replica healthy."""
         # it holds no GPU and nothing to save: a short grace (it would otherwise keep its listener open
         # for a load balancer's sake for 5 s after SIGTERM)
-        self.router = ServerProcess(argv, self.log_dir / "router.log", HOST, port, stop_grace_s=1.0,
+        self.router = ServerProcess(argv, self.logs.router_log, HOST, port, stop_grace_s=1.0,
                                     env={**os.environ, "NO_COLOR": "1"})
         self.router.start()
         self.router.wait_ready(timeout_s, self.problem)
@@ -107,7 +113,7 @@ class ReplicaGroup:
         return problem
 
     def log_tails(self, lines: int = 10) -> str:
-        paths = [*(r.log_path for r in self.replicas[1:]), self.log_dir / "router.log"]
+        paths = [*(r.log_path for r in self.replicas[1:]), self.logs.router_log]
         return "\n".join(f"{p.name} tail ({p}):\n{log_tail(p, lines)}" for p in paths if p.exists())
 
     def stop(self) -> None:

@@ -193,31 +193,29 @@ def sglang_command(cfg: ParasweepConf, change: dict[str, Any], weights: str | No
     secrets masked; behind the router package, one server per DP replica and the router, joined by
     ``&``); with ``weights`` (a local folder or Hugging Face id), serving those real weights
     with their tokenizer instead of random weights from a config-only folder."""
-    from orchestrator.config.schema import router_process, world_size
-    from orchestrator.engines.base import HOST, sglang_flags
-    from orchestrator.engines.router import replica_config, replica_gpus, router_argv
+    from orchestrator.config.schema import router_process
+    from orchestrator.engines.base import sglang_flags
+    from orchestrator.engines.router import routed_launch
     from orchestrator.prediction.modelled import apply_change
     from orchestrator.redact import redact_argv
 
     changed, env = apply_change(cfg, change)
     prefix = [f"{k}={v}" for k, v in env.items()]  # engine environment variables the change sets
 
-    def server(c: ParasweepConf, port: int, gpus: list[str]) -> str:
+    def server(c: ParasweepConf, port: int) -> list[str]:
         flags = sglang_flags(c, port)
         if weights:
             flags = _serving(flags, weights)
-        argv = ["python", "-m", "sglang.launch_server", *flags]
-        return shlex.join([*gpus, *prefix, *redact_argv(argv)])
+        return redact_argv(["python", "-m", "sglang.launch_server", *flags])
 
     if not router_process(changed, "sglang"):
-        return server(changed, 30000, [])
+        return shlex.join([*prefix, *server(changed, 30000)])
     # one server per replica on its own GPUs (ports 30001..), the router in front on 30000
-    one, per = replica_config(changed), world_size(changed) // changed.dp.size
-    urls = [f"http://{HOST}:{30001 + rank}" for rank in range(changed.dp.size)]
-    replicas = [server(one, 30001 + rank, [f"CUDA_VISIBLE_DEVICES={replica_gpus(None, rank, per)}"])
-                for rank in range(changed.dp.size)]
-    router = ["python", *router_argv(changed, 30000, 29000, urls)[1:]]
-    return " & ".join([*replicas, shlex.join(router)])
+    launch = routed_launch(changed, server, [30001 + rank for rank in range(changed.dp.size)], 30000, 29000,
+                           None, python="python")
+    replicas = [shlex.join([f"CUDA_VISIBLE_DEVICES={gpus}", *prefix, *argv])
+                for argv, gpus in launch.replicas]
+    return " & ".join([*replicas, shlex.join(launch.router)])
 
 
 def _serving(flags: list[str], weights: str) -> list[str]:

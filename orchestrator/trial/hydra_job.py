@@ -16,10 +16,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from orchestrator.config.schema import router_process, trial_nodes
+from orchestrator.config.schema import ParasweepConf, router_process, trial_nodes
 from orchestrator.config.validate import typed_config
-from orchestrator.engines.base import HOST, NodePlace
-from orchestrator.engines.router import replica_config, router_argv
+from orchestrator.engines.base import NodePlace
+from orchestrator.engines.router import routed_launch
 from orchestrator.errors import UserError
 from orchestrator.prediction.at_load import shared_cache
 from orchestrator.progress import DRIVER_RENDERS_PROGRESS_ENV
@@ -64,11 +64,12 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
 
         port = free_port()
         if router_process(cfg, engine_name):  # one server per DP replica, the router in front
-            one = replica_config(cfg)
-            ports = [free_port() for _ in range(cfg.dp.size)]
-            argvs = [redact_argv(plan.engine.argv(one, p, identity.trial_dir)) for p in ports]
-            router = router_argv(cfg, port, free_port(), [f"http://{HOST}:{p}" for p in ports])
-            lines = plan_lines(plan, argvs, router)
+            def replica(one: ParasweepConf, replica_port: int) -> list[str]:
+                return redact_argv(plan.engine.argv(one, replica_port, identity.trial_dir))
+
+            launch = routed_launch(cfg, replica, [free_port() for _ in range(cfg.dp.size)], port, free_port(),
+                                   None)
+            lines = plan_lines(plan, [argv for argv, _ in launch.replicas], launch)
         else:  # across nodes: one process per node, rank 0 serving HTTP
             lines = plan_lines(plan, [redact_argv(plan.argv(port, NodePlace(rank)))
                                       for rank in range(trial_nodes(cfg))])

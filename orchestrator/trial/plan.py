@@ -15,7 +15,7 @@ from orchestrator.config.identity import config_hash, resolved_config_dict
 from orchestrator.config.schema import SWEEP_WIDE_KEYS, ParasweepConf, world_size
 from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace
 from orchestrator.engines.registry import get_engine
-from orchestrator.engines.router import replica_gpus
+from orchestrator.engines.router import RoutedLaunch
 from orchestrator.load_plan import load_points, request_spec
 from vocab.load import LoadPoint, RequestSpec
 
@@ -97,21 +97,20 @@ def make_plan(cfg: ParasweepConf, engine_name: str, identity: TrialIdentity) -> 
                      config_hash(resolved, engine.version(cfg)))
 
 
-def plan_lines(plan: TrialPlan, argvs: list[list[str]], router: list[str] | None = None) -> list[str]:
+def plan_lines(plan: TrialPlan, argvs: list[list[str]], routed: RoutedLaunch | None = None) -> list[str]:
     """What a dry run prints for one trial: the layout on one line, the exact command on its own line
     (``argv: <JSON list>``; across nodes one per node, ``argv[node N]: ...``, rank 0 serving HTTP;
     behind the router package one per DP replica, ``argv[replica N]: ...`` with the GPUs it gets, then
     ``router argv: ...``), then what the commands were checked against."""
     cfg, ident = plan.cfg, plan.identity
     gpus = world_size(cfg)
-    nodes = f" nodes={len(argvs)}" if len(argvs) > 1 and router is None else ""
-    if router is not None:
-        per = gpus // len(argvs)
+    nodes = f" nodes={len(argvs)}" if len(argvs) > 1 and routed is None else ""
+    if routed is not None:
         commands = [f"argv[replica {rank}]: " + json.dumps(argv) for rank, argv in enumerate(argvs)]
-        commands += [f"router argv: {json.dumps(router)}",
+        commands += [f"router argv: {json.dumps(routed.router)}",
                      "replica GPUs (positions in the trial's CUDA_VISIBLE_DEVICES): "
-                     + ", ".join(f"replica {rank} → {replica_gpus(None, rank, per)}"
-                                 for rank in range(len(argvs)))]
+                     + ", ".join(f"replica {rank} → {gpus}"
+                                 for rank, (_, gpus) in enumerate(routed.replicas))]
     else:
         commands = (["argv: " + json.dumps(argvs[0])] if len(argvs) == 1 else
                     [f"argv[node {rank}]: " + json.dumps(argv) for rank, argv in enumerate(argvs)])

@@ -43,6 +43,14 @@ class TrialPaths:
     def server_log(self) -> Path:
         return self.root / "server" / "server.log"
 
+    def replica_log(self, rank: int) -> Path:
+        """Behind the router package, DP replica ``rank``'s log (replica 0's is ``server_log``)."""
+        return self.server_log if rank == 0 else self.server_log.with_name(f"server-dp{rank}.log")
+
+    @property
+    def router_log(self) -> Path:
+        return self.server_log.with_name("router.log")
+
     @property
     def records_jsonl(self) -> Path:
         return self.root / "records" / "requests.jsonl"
@@ -50,6 +58,17 @@ class TrialPaths:
     @property
     def server_metrics_jsonl(self) -> Path:
         return self.root / "telemetry" / "server_metrics.jsonl"
+
+    def replica_metrics_jsonl(self, rank: int) -> Path:
+        """Behind the router package, DP replica ``rank``'s ``/metrics`` (replica 0's is
+        ``server_metrics_jsonl``)."""
+        if rank == 0:
+            return self.server_metrics_jsonl
+        return self.server_metrics_jsonl.with_name(f"server_metrics-dp{rank}.jsonl")
+
+    @property
+    def router_metrics_jsonl(self) -> Path:
+        return self.server_metrics_jsonl.with_name("router_metrics.jsonl")
 
     @property
     def gpu_jsonl(self) -> Path:
@@ -188,7 +207,7 @@ class TrialRecorder:
         # rank 0's log, across nodes the other nodes' (server-node<r>.log), behind a router the other
         # replicas' (server-dp<i>.log) and the router's; the engine may echo its arguments: upload a
         # redacted copy
-        for log in sorted([*server.glob("server*.log"), *server.glob("router.log")]):
+        for log in sorted([*server.glob("server*.log"), *server.glob(self.paths.router_log.name)]):
             upload = server / "redacted" / log.name
             upload.parent.mkdir(parents=True, exist_ok=True)
             upload.write_text(self._text(log.read_text(errors="replace")))

@@ -199,12 +199,11 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
         samples = frames["gpu"] = with_placement(read_gpu_samples(paths.gpu_jsonl), layout)
         # behind the router package: its own scrapes and the other replicas', saved beside replica 0's
         urls = worker_urls(session.router_argv)
-        beside = paths.server_metrics_jsonl.with_name
-        router = frames["router_metrics"] = read_samples(beside("router_metrics.jsonl")) if urls else None
+        router = frames["router_metrics"] = read_samples(paths.router_metrics_jsonl) if urls else None
         replicas = [metrics]
         for i in range(1, len(urls)):
-            frames[f"server_metrics-dp{i}"] = read_samples(beside(f"server_metrics-dp{i}.jsonl"))
-            replicas.append(frames[f"server_metrics-dp{i}"])
+            replicas.append(read_samples(paths.replica_metrics_jsonl(i)))
+            frames[paths.replica_metrics_jsonl(i).stem] = replicas[-1]
         recorder.save_telemetry(frames)
         windows = {r.point.label: measured_window(r) for r in results}
         recorder.save_point_windows(windows)

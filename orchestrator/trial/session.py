@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from orchestrator.config.schema import gpus_per_node, router_process, trial_nodes
 from orchestrator.engines.base import HOST, NodePlace
-from orchestrator.engines.router import replica_config, replica_gpus, router_argv
+from orchestrator.engines.router import routed_launch
 from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.gpu_release import RELEASE_WAIT_S, ensure_gpus_free, process_group_pids, wait_gpus_free
 from orchestrator.process.health import HealthProber
@@ -213,32 +213,27 @@ class LiveSession:
         """``/metrics`` of the engine (behind the router: replica 0) into ``server_metrics.jsonl``, which
         the analysis reads; the other replicas' and the router's own beside it."""
         period = self.plan.cfg.telemetry.metrics_period_s
-        main = self.paths.server_metrics_jsonl
-        targets = [(engine_url + "/metrics", main)]
+        targets = [(engine_url + "/metrics", self.paths.server_metrics_jsonl)]
         if self._group is not None:
-            targets += [(url + "/metrics", main.with_name(f"server_metrics-dp{rank}.jsonl"))
+            targets += [(url + "/metrics", self.paths.replica_metrics_jsonl(rank))
                         for rank, url in enumerate(self._group.urls) if rank]
-            targets.append((self._router_metrics_url, main.with_name("router_metrics.jsonl")))
+            targets.append((self._router_metrics_url, self.paths.router_metrics_jsonl))
         self._scrapers = [MetricsScraper(url, path, period).start() for url, path in targets]
 
     def _start_routed(self) -> ServerProcess:
         """The DP replicas, each a server of one replica on its slice of the trial's GPUs, then the
         router in front of them; the router's server is the trial's (its URL takes the load)."""
-        cfg = self.plan.cfg
-        one = replica_config(cfg)
-        per_replica = self.plan.world_size // cfg.dp.size
-        self._group = ReplicaGroup(self.paths.server_log.parent, cfg.engine.stop_grace_s)
-        commands = []
-        for rank in range(cfg.dp.size):
-            port = free_port()
-            gpus = replica_gpus(self.env.get("CUDA_VISIBLE_DEVICES"), rank, per_replica)
-            commands.append((self.plan.engine.argv(one, port, self.plan.identity.trial_dir), port,
-                             {**self.env, "CUDA_VISIBLE_DEVICES": gpus}))
-        self.argv = commands[0][0]
-        self._group.start_replicas(commands, cfg.engine.startup_timeout_s)
+        cfg, trial_dir = self.plan.cfg, self.plan.identity.trial_dir
+        ports = [free_port() for _ in range(cfg.dp.size)]
         port, prometheus_port = free_port(), free_port()
+        launch = routed_launch(cfg, lambda one, p: self.plan.engine.argv(one, p, trial_dir), ports, port,
+                               prometheus_port, self.env.get("CUDA_VISIBLE_DEVICES"))
+        self.argv, self.router_argv = launch.replicas[0][0], launch.router
         self._router_metrics_url = f"http://{HOST}:{prometheus_port}/metrics"
-        self.router_argv = router_argv(cfg, port, prometheus_port, self._group.urls)
+        self._group = ReplicaGroup(self.paths, cfg.engine.stop_grace_s)
+        self._group.start_replicas([(argv, p, {**self.env, "CUDA_VISIBLE_DEVICES": gpus})
+                                    for (argv, gpus), p in zip(launch.replicas, ports, strict=True)],
+                                   cfg.engine.startup_timeout_s)
         return self._group.start_router(self.router_argv, port, cfg.engine.startup_timeout_s)
 
     def _check_gpus_free(self) -> None:
