@@ -2,6 +2,8 @@
 
 - ``calibrate``: fit the simulated engine's constants to a measured run or to operator tables
   (``orchestrator/calibrate.py``).
+- ``fidelity``: every published measurement replayed on the simulated engine the way it was measured,
+  predicted against measured (``orchestrator/fidelity/``; docs/fidelity.md).
 - ``sync``: replay the tracking writes spooled while the MLflow server was unreachable
   (``orchestrator/sync.py``; docs/mlflow-layout.md, "When the tracking server goes away").
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = ("calibrate", "sync")
+COMMANDS = ("calibrate", "fidelity", "sync")
 
 
 def main(argv: list[str]) -> int:
@@ -22,6 +24,10 @@ def main(argv: list[str]) -> int:
         from orchestrator.sync import main as sync
 
         return sync(argv[1:])
+    if argv[0] == "fidelity":
+        from orchestrator.fidelity.cli import main as fidelity
+
+        return fidelity(argv[1:])
     from orchestrator.calibrate import main as calibrate
 
     return calibrate(argv[1:])

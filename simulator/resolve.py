@@ -179,10 +179,15 @@ def resolve(args: argparse.Namespace) -> SimConfig:
             f"{hw.name}" + (f" ({nnodes} nodes)" if nnodes > 1 else "")
         )
     if spec.context_length > spec.max_context_length:
-        raise FlagError(
-            f"User-specified context_length ({spec.context_length}) is greater than the derived "
-            f"context_length ({spec.max_context_length}) from the model's config.json"
-        )
+        # SGLang's ModelConfig: refused unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN is set (a warning)
+        msg = (f"User-specified context_length ({spec.context_length}) is greater than the derived "
+               f"context_length ({spec.max_context_length}) from the model's config.json")
+        env = os.environ.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "")
+        if env.lower() not in ("1", "true", "yes"):
+            raise FlagError(f"{msg}. To allow overriding this maximum, set the env var "
+                            "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
+        warnings.append(f"Warning: {msg}. This may lead to incorrect model outputs or CUDA "
+                        "errors.")
     if spec.context_length < 2:
         raise FlagError(f"context_length must be >= 2, got {spec.context_length}")
 

@@ -40,6 +40,12 @@ def traces_dir() -> Path:
     return _package_dir("parasweep_traces")
 
 
+@functools.cache
+def published_dir() -> Path:
+    """The published measurements parasweep ships (``data/published/``)."""
+    return _package_dir("parasweep_published")
+
+
 def group_options(group: str) -> list[str]:
     """Names a config group offers (``conf/<group>/*.yaml``), for error messages."""
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))

@@ -76,7 +76,7 @@ def apply_change(cfg: ParasweepConf, change: Mapping[str, Any]) -> tuple[Paraswe
 
 
 @contextlib.contextmanager
-def _engine_env(env: Mapping[str, str]) -> Iterator[None]:
+def engine_env(env: Mapping[str, str]) -> Iterator[None]:
     """The simulator reads SGLang's environment variables (e.g. the PP layer partition) at start-up,
     as SGLang does; a prediction of a changed environment sets them for its duration only."""
     saved = {k: os.environ.get(k) for k in env}
@@ -96,7 +96,7 @@ def predict_at(cfg: ParasweepConf, env: Mapping[str, str], point: LoadPoint | No
     from simulator.predict import predict_point
 
     point = point or load_points(cfg)[0]
-    with tempfile.TemporaryDirectory(prefix="parasweep-predict-") as tmp, _engine_env(env):
+    with tempfile.TemporaryDirectory(prefix="parasweep-predict-") as tmp, engine_env(env):
         return predict_point(prediction_argv(cfg, Path(tmp)), point, request_spec(cfg)).metrics
 
 
@@ -106,7 +106,7 @@ def configured_engine(cfg: ParasweepConf, env: Mapping[str, str]) -> SimConfig:
     ``ValueError``)."""
     from simulator.predict import load_config
 
-    with tempfile.TemporaryDirectory(prefix="parasweep-predict-") as tmp, _engine_env(env):
+    with tempfile.TemporaryDirectory(prefix="parasweep-predict-") as tmp, engine_env(env):
         return load_config(prediction_argv(cfg, Path(tmp)))
 
 

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -67,41 +68,69 @@ def packaged_path() -> Path:
     return Path(str(root / PACKAGED_FILE))
 
 
-def read_conversations(path: Path) -> tuple[list[list[str]], int, bool]:
-    """Every complete conversation's alternating human/gpt texts (human first), how many complete
-    elements the file held, and whether it was cut off (a file cut off mid-element loses that element
-    only)."""
+def _read_text(path: Path) -> str:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ValueError(f"cannot read the ShareGPT file {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not UTF-8 text (a ShareGPT file is JSON)") from None
+    return text
+
+
+def _elements(text: str, path: Path) -> Iterator[object]:
+    """Every complete element of the file's JSON list, in order (a file cut off mid-element loses that
+    element only)."""
     start = text.find("[")
     if start < 0 or text[:start].strip():
         raise ValueError(f"{path}: not a ShareGPT file (expected a JSON list of conversations)")
     decoder = json.JSONDecoder()
     pos, end = start + 1, len(text)
-    elements, out, cut = 0, [], False
     while True:
         pos = _SEPARATORS.match(text, pos).end()  # type: ignore[union-attr]
         if pos >= end or text[pos] == "]":
-            break
+            return
         try:
             obj, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as e:
             if _cut_off(text):
-                cut = True
-                break  # the last element is incomplete: keep the ones before it
+                return  # the last element is incomplete: keep the ones before it
             line = text.count("\n", 0, e.pos) + 1
             raise ValueError(f"{path}:{line}: malformed JSON in a conversation ({e.msg})") from None
+        yield obj
+
+
+def read_conversations(path: Path) -> tuple[list[list[str]], int, bool]:
+    """Every complete conversation's alternating human/gpt texts (human first), how many complete
+    elements the file held, and whether it was cut off (a file cut off mid-element loses that element
+    only)."""
+    text = _read_text(path)
+    elements, out = 0, []
+    for obj in _elements(text, path):
         elements += 1
         turns = _turns(obj)
         if turns:
             out.append(turns)
     if not out:
         raise ValueError(f"{path}: no conversation with a human turn and its answer")
-    return out, elements, cut
+    return out, elements, _cut_off(text)
+
+
+@functools.lru_cache(maxsize=4)
+def first_two_turns(path: str | None, tokenizer_name: str) -> np.ndarray:
+    """Token counts (n x 2) of the first two messages of every element with at least two, whoever sent
+    them, in the file's order: what SGLang's and vLLM's benchmark tools take as prompt and reply (an
+    element that continues a split conversation starts with the assistant's message, and the tools
+    take it as the prompt all the same)."""
+    file = Path(path) if path else packaged_path()
+    texts: list[str] = []
+    for obj in _elements(_read_text(file), file):
+        msgs = obj.get("conversations") if isinstance(obj, dict) else None
+        if isinstance(msgs, list) and len(msgs) >= 2 and all(
+                isinstance(m, dict) and isinstance(m.get("value"), str) for m in msgs[:2]):
+            texts += [msgs[0]["value"], msgs[1]["value"]]
+    _, offsets = tokenizer(tokenizer_name).encode_batch(texts)
+    return np.diff(offsets).reshape(-1, 2)
 
 
 def _cut_off(text: str) -> bool:

@@ -1,0 +1,1 @@
+"""Published SGLang measurements (JSON lines), shipped as package data: see README.md."""

@@ -1,0 +1,1 @@
+"""Predictions held against published measurements: the corpus, its replay, the comparison."""

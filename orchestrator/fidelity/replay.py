@@ -1,0 +1,204 @@
+"""One published entry replayed on the simulated engine, the way it was measured.
+
+The entry's launch (model, GPU, layout, server flags) becomes the simulated engine's flags; its
+benchmark (tool, dataset, prompt count, lengths, rate, concurrency cap, seed) becomes the exact list of
+requests that tool sends (``workloads.bench_serving``); the engine runs them in virtual time
+(``simulator.replay``) and the tool's own numbers are computed from the records. What parasweep cannot
+model raises :class:`NotModelled` with the reason, before anything runs.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from orchestrator.fidelity.catalog import NotModelled, across_nodes, hardware_profile, model_folder
+from orchestrator.fidelity.corpus import Entry
+from orchestrator.prediction.modelled import engine_env
+from simulator.model_spec import load_model_spec
+from simulator.predict import load_config
+from simulator.replay import replay
+from workloads.bench_serving import (
+    DEFAULT_SEED,
+    BenchRequest,
+    arrival_offsets,
+    bench_metrics,
+    random_lengths,
+    sharegpt_lengths,
+)
+
+# Benchmark tools whose sending the replay follows (lower-cased prefixes of ``workload.tool``)
+SGLANG_BENCH = "sglang.bench_serving"
+VLLM_BENCH = ("vllm bench",)
+SINGLE_REQUEST_DATASETS = ("synthetic single request", "synthetic input_ids")
+VLLM_SEED = 0  # vLLM's bench serve --seed default
+
+
+@dataclass
+class Plan:
+    """What the replay runs for one entry."""
+
+    argv: list[str]
+    env: dict[str, str]  # the engine's environment the launch had
+    requests: list[BenchRequest]
+    max_concurrency: int | None
+    family: str  # dense | moe | pp | router
+    layout: str  # TP | EP
+    hardware: str  # the profile's name
+    notes: list[str] = field(default_factory=list)  # assumptions, each said with the result
+
+
+def _flags(entry: Entry) -> list[str]:
+    """The entry's server flags the simulated engine models, as SGLang flags."""
+    a = entry.server_args
+    out: list[str] = []
+
+    def number(key: str) -> int | float | None:
+        v = a.get(key)
+        return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    for key, flag in (("chunked_prefill_size", "--chunked-prefill-size"),
+                      ("max_running_requests", "--max-running-requests"),
+                      ("max_prefill_tokens", "--max-prefill-tokens"),
+                      ("max_total_num_tokens", "--max-total-tokens"),
+                      ("page_size", "--page-size")):
+        v = number(key)
+        if v is not None:
+            out += [flag, str(int(v))]
+    mem = number("mem_fraction_static")
+    if mem is not None:
+        out += ["--mem-fraction-static", str(mem)]
+    ctx = number("context_length")
+    if ctx is not None:
+        out += ["--context-length", str(int(ctx))]
+    if a.get("disable_radix_cache") is True or a.get("radix_cache") is False:
+        out.append("--disable-radix-cache")
+    graph = a.get("cuda_graph")
+    if graph is False or (isinstance(graph, str) and graph.lower().startswith(("off", "disabled"))):
+        out.append("--disable-cuda-graph")
+    if a.get("enable_mixed_chunk") is True:
+        out.append("--enable-mixed-chunk")
+    return out
+
+
+def _single_request(entry: Entry) -> bool:
+    w = entry.workload
+    return w.num_prompts == 1 or w.dataset.lower().startswith(SINGLE_REQUEST_DATASETS)
+
+
+def _requests(entry: Entry, model_dir: Path, notes: list[str]) -> tuple[list[BenchRequest], int | None]:
+    w = entry.workload
+    tool = w.tool.lower()
+    dataset = w.dataset.lower()
+    if _single_request(entry):
+        if w.input_len is None:
+            raise NotModelled("a single request without workload.input_len")
+        out = w.output_len if w.output_len is not None else 1
+        if w.output_len is None:
+            notes.append("output length not published: one output token (TTFT only)")
+        if w.num_prompts != 1:
+            raise NotModelled(f"{w.num_prompts} requests of a synthetic workload whose sending is not "
+                              "published (only one request at a time is replayed)")
+        return [BenchRequest(w.input_len, out, 0.0)], 1
+    sglang = tool.startswith(SGLANG_BENCH)
+    if not sglang and not tool.startswith(VLLM_BENCH):
+        raise NotModelled(f"benchmark tool {w.tool!r}: its sending is not replayed (sglang.bench_serving, "
+                          "vllm bench serve)")
+    seed = w.seed if w.seed is not None else (DEFAULT_SEED if sglang else VLLM_SEED)
+    rng = np.random.RandomState(seed)
+    rate = w.request_rate if w.request_rate is not None else math.inf
+    if dataset.startswith("random"):
+        if w.random_input_len is None or w.random_output_len is None:
+            raise NotModelled("random dataset without random_input_len / random_output_len")
+        # vLLM's random dataset draws around the length (0.0: exactly it); SGLang's from ratio x L to L
+        ratio = w.random_range_ratio if w.random_range_ratio is not None else (0.0 if sglang else 1.0)
+        if not sglang:
+            ratio = 1.0 if not w.random_range_ratio else ratio
+        ins, outs = random_lengths(w.num_prompts, w.random_input_len, w.random_output_len, ratio, rng)
+    elif dataset.startswith("sharegpt"):
+        ins, outs = sharegpt_lengths(w.num_prompts, _sharegpt_pairs(model_dir, notes), seed,
+                                     fixed_output_len=w.output_len)
+    else:
+        raise NotModelled(f"dataset {w.dataset!r} is not replayed (random, random-ids, sharegpt)")
+    offsets = arrival_offsets(w.num_prompts, rate, rng)
+    reqs = [BenchRequest(int(i), int(o), float(t)) for i, o, t in zip(ins, outs, offsets, strict=True)]
+    return reqs, w.max_concurrency
+
+
+def _sharegpt_pairs(model_dir: Path, notes: list[str]) -> list[tuple[int, int]]:
+    """(prompt, reply) token counts of the packaged ShareGPT's elements, by the model's tokenizer."""
+    from workloads.sources.sharegpt import first_two_turns
+    from workloads.sources.tokenize import pick
+
+    spec = load_model_spec(str(model_dir))
+    name, what = pick(model_dir, spec.model_type, spec.vocab)
+    pairs = [(int(a), int(b)) for a, b in first_two_turns(None, name)]
+    notes.append(f"ShareGPT: the {len(pairs):,} elements of the packaged copy (the tool shuffles the whole "
+                 f"file: the same kind of sample, not the same prompts), tokenized by {what}")
+    return pairs
+
+
+def plan(entry: Entry, workdir: Path) -> Plan:
+    """The flags and requests that replay ``entry``; raises :class:`NotModelled` with the reason."""
+    p = entry.parallelism
+    if p.dp_attention:
+        raise NotModelled("attention DP (--enable-dp-attention) is not modelled by the simulated engine")
+    if entry.workload.dataset.lower().startswith("generated-shared-prefix"):
+        raise NotModelled("the generated-shared-prefix dataset behind a router is not replayed yet")
+    model_dir, model_note = model_folder(entry.model, entry.parasweep.get("model"))
+    profile = hardware_profile(entry.gpu, entry.parasweep.get("hardware"))
+    notes = [model_note] if model_note else []
+    profile, net_note = across_nodes(profile, entry.nodes, workdir)
+    if net_note:
+        notes.append(net_note)
+    argv = ["--model-path", str(model_dir), "--sim-hardware", str(profile), "--sim-step-costs", "auto",
+            "--tp-size", str(p.tp), "--pp-size", str(p.pp), "--ep-size", str(p.ep), "--dp-size", str(p.dp)]
+    if entry.nodes > 1:
+        argv += ["--nnodes", str(entry.nodes), "--dist-init-addr", "127.0.0.1:5000"]
+    if p.pp_async_batch_depth is not None:
+        argv += ["--pp-async-batch-depth", str(p.pp_async_batch_depth)]
+    if p.pp_max_micro_batch_size is not None:
+        argv += ["--pp-max-micro-batch-size", str(p.pp_max_micro_batch_size)]
+    argv += _flags(entry)
+    requests, cap = _requests(entry, model_dir, notes)
+    spec = load_model_spec(str(model_dir))
+    env: dict[str, str] = {}
+    context = entry.server_args.get("context_length")
+    if isinstance(context, int) and context > spec.max_context_length:
+        # a longer context than the config's, as the published launch set it (SGLang refuses it otherwise)
+        env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
+        notes.append(f"context length {context:,} over the config's {spec.max_context_length:,}, "
+                     "as published")
+    longest = max(r.input_len + r.output_len for r in requests)
+    if longest > (context if isinstance(context, int) else spec.max_context_length):
+        raise NotModelled(f"a request of {longest:,} tokens exceeds the served context")
+    if p.tp * p.pp * p.dp > entry.gpu_count:
+        raise NotModelled(f"tp*pp*dp = {p.tp * p.pp * p.dp} needs more than the {entry.gpu_count} GPUs "
+                          "published")
+    family = "pp" if p.pp > 1 else "router" if p.dp > 1 else "moe" if spec.is_moe else "dense"
+    return Plan(argv=argv, env=env, requests=requests, max_concurrency=cap, family=family,
+                layout="EP" if p.ep > 1 else "TP", hardware=profile.stem, notes=notes)
+
+
+def predict(entry: Entry) -> tuple[Plan, dict[str, float]]:
+    """``entry`` replayed: its plan and the benchmark's numbers as the simulated engine predicts them.
+    Raises :class:`NotModelled` for what cannot be modelled (including flags the engine refuses)."""
+    with tempfile.TemporaryDirectory(prefix="parasweep-fidelity-") as tmp:
+        p = plan(entry, Path(tmp))
+        try:
+            with engine_env(p.env):
+                cfg = load_config(p.argv)
+        except ValueError as e:
+            raise NotModelled(f"the simulated engine refuses this launch: {e}") from None
+    records = replay(cfg, p.requests, p.max_concurrency)
+    metrics = bench_metrics(records)
+    if _single_request(entry) and records[0].end_time is not None and records[0].send_time is not None:
+        e2e = records[0].end_time - records[0].send_time
+        metrics["ttft_s"] = metrics["mean_ttft_ms"] / 1000.0
+        # a speed benchmark's tokens per second: prompt and output tokens over the request's time
+        metrics["speed_tok_s"] = (records[0].input_tokens + records[0].output_tokens) / e2e
+    return p, metrics

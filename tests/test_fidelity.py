@@ -1,0 +1,101 @@
+"""``python -m orchestrator fidelity``: the published corpus read (and a bad file refused by line), an
+entry replayed on the simulated engine in virtual time as bench_serving sent it, and the comparison."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from orchestrator.fidelity.catalog import NotModelled
+from orchestrator.fidelity.cli import main
+from orchestrator.fidelity.compare import compared_metrics, saturated
+from orchestrator.fidelity.corpus import CorpusError, read_corpus
+from orchestrator.fidelity.replay import plan, predict
+from simulator.predict import load_config
+from simulator.replay import replay
+from tests.conftest import ROOT
+
+CORPUS = ROOT / "data" / "published" / "sglang.jsonl"
+
+
+def _entry(ident: str):  # type: ignore[no-untyped-def]
+    return next(e for e in read_corpus(CORPUS) if e.id == ident)
+
+
+def test_the_shipped_corpus_reads_with_a_source_for_every_entry() -> None:
+    entries = read_corpus(CORPUS)
+    assert len(entries) >= 40
+    assert all(e.source_url.startswith("https://") for e in entries)
+
+
+def test_a_bad_line_is_refused_with_its_line_number(tmp_path: Path) -> None:
+    good = CORPUS.read_text().splitlines()[0]
+    bad = json.loads(good) | {"id": "mine", "gpu_count": "eight"}
+    f = tmp_path / "mine.jsonl"
+    f.write_text(good + "\n\n" + json.dumps(bad) + "\n")
+    with pytest.raises(CorpusError, match=r"line 3 \(mine\): gpu_count: Input should be a valid integer"):
+        read_corpus(f)
+    f.write_text(good + "\n{not json\n")
+    with pytest.raises(CorpusError, match="line 2: not JSON"):
+        read_corpus(f)
+
+
+def test_the_command_refuses_a_bad_file_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"id": "x"}\n')
+    assert main(["--published", str(f)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "line 1 (x)" in err
+
+
+def test_a_rate_of_inf_sends_every_request_at_t0(tmp_path: Path) -> None:
+    entry = _entry("moe-cookbook-dsr1-b200-tp8-random1k1k-c1")  # rate inf, max concurrency 1
+    p = plan(entry, tmp_path)
+    assert all(r.offset_s == 0.0 for r in p.requests)
+    records = replay(load_config(p.argv), p.requests, max_concurrency=None)
+    assert {r.send_time for r in records} == {0.0}
+    # with the published cap of 1 they go one after another, each sent when the previous one ended
+    capped = replay(load_config(p.argv), p.requests, max_concurrency=1)
+    for before, after in itertools.pairwise(capped):
+        assert after.send_time == pytest.approx(before.end_time)
+
+
+def test_an_entry_is_predicted_with_the_tools_numbers_and_the_headline_its_load_decides() -> None:
+    entry = _entry("dense-dc-llama33-70b-tp4-h200-online-random-1024-rps1")
+    _, predicted = predict(entry)
+    assert predicted["total_input_tokens"] == entry.numbers()["total_input_tokens"]
+    # below saturation the throughput repeats the offered rate: the headline is a latency
+    assert not saturated(entry)
+    names, headline = compared_metrics(entry)
+    assert headline == "median_e2e_ms" and "output_throughput" in names
+    assert predicted["output_throughput"] == pytest.approx(entry.numbers()["output_throughput"], rel=0.05)
+    offline = _entry("dense-dc-llama33-70b-tp4-h200-offline-random-1024-1024-n3000")
+    assert saturated(offline) and compared_metrics(offline)[1] == "output_throughput"
+
+
+def test_what_cannot_be_modelled_is_skipped_with_its_reason() -> None:
+    with pytest.raises(NotModelled, match="attention DP"):
+        predict(_entry("moe-pr2643-dsv3-h200-tp8dpa-sharegpt5000"))
+    with pytest.raises(NotModelled, match="gpt-oss"):
+        predict(_entry("moe-cookbook-gptoss120b-b200-tp8-sharegpt-c100"))
+
+
+def test_the_json_lists_every_entry_compared_or_skipped(tmp_path: Path) -> None:
+    keep = ("dense-dc-llama33-70b-tp4-h200-online-random-1024-rps1",
+            "moe-pr2643-dsv3-h200-tp8dpa-sharegpt5000")
+    lines = [line for line in CORPUS.read_text().splitlines() if json.loads(line)["id"] in keep]
+    f = tmp_path / "two.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.json"
+    assert main(["--published", str(f), "--json", str(out), "--workers", "1"]) == 0
+    data = json.loads(out.read_text())
+    assert {r["id"] for r in data["compared"]} == {keep[0]}
+    assert [s["id"] for s in data["skipped"]] == [keep[1]]
+    row = data["compared"][0]
+    assert set(row) >= {"id", "metric", "measured", "predicted", "headline"}
+    assert sum(r["headline"] for r in data["compared"]) == 1
+    assert all(math.isfinite(r["predicted"]) for r in data["compared"])
