@@ -201,11 +201,14 @@ class CostModel:
         # on every TP rank.
         kv_shard = 1 if spec.attention == "mla" else min(tp, spec.num_kv_heads)
         kv_token_layer = spec.kv_elems_per_token_layer() * spec.kv_bytes_per_elem / kv_shard
+        # q.k over the head's key width, attn.v over its value width, for every head of the GPU
+        mha_flops_ctx = 2.0 * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim) / tp
         if spec.attention == "mla":  # absorbed MLA decode: q.k over (latent+rope), attn.v over latent
-            attn_flops_ctx = 2.0 * spec.num_heads * (2 * spec.kv_lora_rank + spec.qk_rope_head_dim)
+            attn_flops_ctx = 2.0 * spec.num_heads * (2 * spec.kv_lora_rank + spec.qk_rope_head_dim) / tp
         else:
-            attn_flops_ctx = 2.0 * spec.num_heads * (spec.qk_head_dim + spec.v_head_dim)
-        attn_flops_ctx /= tp
+            attn_flops_ctx = mha_flops_ctx
+        # Prefill: SGLang runs MLA's extend as plain multi-head attention over keys and values expanded from
+        # the latent (kv_b), 3.4x fewer FLOPs per context token than the absorbed form for DeepSeek-V3
 
         self.stages: list[_Stage] = []
         start = 0
@@ -235,6 +238,7 @@ class CostModel:
                     weight_bytes=ne_bytes + head_bytes + embed_bytes + expert_mem,
                     kv_bytes_per_token=kv_token_layer * n,
                     attn_flops_per_ctx=attn_flops_ctx * n,
+                    prefill_attn_flops_per_ctx=mha_flops_ctx * n,
                     kernels=kernels,
                     last=last,
                 )
@@ -261,7 +265,7 @@ class CostModel:
         spec, tp, p = self.spec, self.par.tp, self.p
         n = shape.tokens
         mem_t = (st.nonexpert_bytes + shape.kv_read_tokens * st.kv_bytes_per_token) / (p.eta_mem * self._bw)
-        flops = 2.0 * n * st.nonexpert_params + shape.attn_ctx * st.attn_flops_per_ctx
+        flops = 2.0 * n * st.nonexpert_params + shape.attn_ctx * st.attn_flops(shape.decode)
         if st.last:
             flops += 2.0 * shape.seqs * spec.lm_head_params / tp
         if st.moe_layers:
@@ -463,9 +467,13 @@ class _Stage:
     nonexpert_params: float  # per GPU, multiplied by tokens for FLOPs
     weight_bytes: float  # resident per GPU (incl. embedding, all experts)
     kv_bytes_per_token: float  # per GPU, all of this stage's layers
-    attn_flops_per_ctx: float  # per GPU, per (new token x context token), all layers
+    attn_flops_per_ctx: float  # per GPU, per (new token x context token), all layers: decode
+    prefill_attn_flops_per_ctx: float  # the same for a prefill (MLA: the expanded, non-absorbed form)
     kernels: int  # kernels of one eager forward
     last: bool
+
+    def attn_flops(self, decode: bool) -> float:
+        return self.attn_flops_per_ctx if decode else self.prefill_attn_flops_per_ctx
 
 
 def decode_shape(context_lens: list[int] | tuple[int, ...]) -> BatchShape:

@@ -13,9 +13,11 @@ latency queries by interpolating between measured points:
   GEMM's time is close to proportional to its weight size);
 - above the largest measured token count of a GEMM or fused MoE: in proportion to the token count.
 
-Any other query outside the measured range returns ``None``; the caller prices that operator by the roofline
-and says so. Latencies are returned in seconds (the tables hold milliseconds). What each table's columns
-mean is written down in docs/simulator.md ("Measured step costs").
+Any other query outside the measured range returns ``None``. ``clamp`` gives the nearest measured point
+instead, which the caller prices and scales by the roofline's growth beyond it (an attention table's
+last context row or largest batch: the edge is continuous, and past it time grows as the work does).
+Latencies are returned in seconds (the tables hold milliseconds). What each table's columns mean is
+written down in docs/simulator.md ("Measured step costs").
 """
 
 from __future__ import annotations
@@ -149,6 +151,10 @@ class Curve:
     def largest(self) -> float:
         return self.xs[-1]
 
+    def clamp(self, x: float) -> float:
+        """The nearest count inside the measured range."""
+        return min(max(x, self.xs[0]), self.xs[-1])
+
     def __call__(self, x: float) -> float | None:
         if self.proportional_above and self.xs and x > self.xs[-1]:
             return self.ys[-1] * x / self.xs[-1]
@@ -168,6 +174,15 @@ class Surface:
             rows.setdefault(a, {})[b] = y
         self.xs = sorted(rows)
         self.curves = [Curve(rows[a]) for a in self.xs]
+
+    def clamp(self, a: float, b: float) -> tuple[float, float]:
+        """The nearest point inside the measured range: ``a`` within the rows, then ``b`` within what both
+        rows around it measured (rows of large batches stop at shorter contexts)."""
+        a = min(max(a, self.xs[0]), self.xs[-1])
+        i, j = _bracket(self.xs, a)  # type: ignore[misc]
+        lo = max(self.curves[i].xs[0], self.curves[j].xs[0])
+        hi = min(self.curves[i].xs[-1], self.curves[j].xs[-1])
+        return a, min(max(b, lo), hi)
 
     def __call__(self, a: float, b: float) -> float | None:
         br = _bracket(self.xs, a)

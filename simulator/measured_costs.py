@@ -7,8 +7,9 @@ A forward on one GPU of a stage is its layers' operators, in SGLang's order:
                      decode: absorbed BMM in, generation MLA kernel, absorbed BMM out], o GEMM
     dense MLP        gate_up GEMM, down GEMM
     MoE              router GEMM, shared-expert GEMMs, the fused routed-expert kernel
-    elementwise      norms, residual adds, rotary, activation (no table: the roofline's memory term
-                     and kernel floor)
+    elementwise      norms with their residual adds, rotary with the KV-cache store, the dense MLP's
+                     activation (no table: the roofline's memory term over the bytes each kernel moves
+                     for this model's shapes, and the kernel floor)
     LM head          the vocabulary GEMM of the last stage (one row per sequence)
     collectives      two TP all-reduces per layer (attention out, MLP/MoE out), SGLang's own all-reduce as
                      measured replayed from a CUDA graph or launched eagerly
@@ -37,8 +38,9 @@ from simulator.kernel_tables import GemmTable, KernelTables
 # rows for DeepSeek-style models.
 MOE_DISTRIBUTION = "power_law_1.01"
 # Kernels of one layer the tables do not cover: input and post-attention norms (fused with the residual
-# add), rotary embedding with the KV-cache store, the activation.
-ELEMENTWISE_KERNELS_PER_LAYER = 4
+# add), rotary embedding with the KV-cache store; a dense layer's activation (silu_and_mul) besides.
+ELEMENTWISE_KERNELS_PER_LAYER = 3
+ELEMENTWISE_KERNELS_DENSE_MLP = 1
 ELEMENTWISE_KERNELS_PER_MOE_LAYER = 3  # top-k, token sort/align, combine
 ELEMENTWISE_KERNELS_HEAD = 4  # final norm, logits gather, sampling, embedding of the next step
 # SGLang runs a DeepSeek-style MoE layer's shared experts on a second CUDA stream, beside the routed
@@ -103,7 +105,6 @@ class MeasuredCosts:
         heads = s.num_heads // tp
         self._heads = heads
 
-        attn_dtype = gemm_dtype(s.attn_bytes_per_param)
         aw, mw, sw = s.attn_bytes_per_param, s.dense_mlp_bytes_per_param, s.shared_expert_bytes_per_param
         gemm_tables: dict[str, GemmTable | None] = {}
 
@@ -137,7 +138,7 @@ class MeasuredCosts:
             attn_in = [gemm("attn.qkv", (heads + 2 * kv_heads) * s.qk_head_dim, s.hidden, aw)]
             self._kv_b = None
         self._attn_gemms = [*attn_in, gemm("attn.o", s.hidden, heads * s.v_head_dim, aw)]
-        self._attn_kernels = self._attention_tables(attn_dtype, attention_backend)
+        self._attn_kernels = self._attention_tables(attention_backend)
 
         # -- MLP / MoE GEMMs
         self._dense_gemms = [gemm("mlp.gate_up", 2 * s.dense_inter // tp, s.hidden, mw),
@@ -154,6 +155,7 @@ class MeasuredCosts:
         self._head = gemm("lm_head", s.vocab // tp, s.hidden, s.lm_head_bytes_per_param)
         self._allreduce = {graph: self._allreduce_table(graph) for graph in (True, False)}
 
+        self._attn_elementwise = self._attention_elementwise_elems()
         # the shared experts overlap the routed ones (a second stream) in DeepSeek-style models
         self._dual_stream = s.attention == "mla" and bool(s.shared_inter)
         self._layer_cache: Callable[[int, int, bool, bool], tuple[float, float, float, float]] = (
@@ -164,14 +166,13 @@ class MeasuredCosts:
 
     # -- construction helpers -------------------------------------------------------------------------------
 
-    def _attention_tables(self, attn_dtype: str | None, backend: str) -> dict[str, object]:
+    def _attention_tables(self, backend: str) -> dict[str, object]:
         s, t = self.spec, self.tables
         # the tables' KV dtypes: BF16, or FP8 (--kv-cache-dtype fp8_*: one byte per element)
         kv_dtype = "fp8" if s.kv_bytes_per_elem == 1 else "bfloat16"
         found: dict[str, object] = {}
-        if attn_dtype != "bfloat16":
-            self.coverage.priced["attention"] = "roofline: attention tables are for BF16 models"
-            return found
+        # The attention kernel runs on BF16 activations against the KV cache whatever the weights are
+        # stored in (FP8 weights are dequantized inside the GEMMs): its tables are keyed by the KV dtype.
         if s.attention == "mla":
             found["context"] = t.mla("context", self._heads, kv_dtype)
             found["generation"] = t.mla("generation", self._heads, kv_dtype)
@@ -247,37 +248,76 @@ class MeasuredCosts:
                                2.0 * tokens * s.top_k * s.expert_params / tp, self.p.eta_expert)
         return t * self.p.scale_moe
 
-    def _elementwise_time(self, tokens: int, kernels: int) -> float:
-        # each reads and writes the hidden states of every token once or twice
-        bytes_ = kernels * 2 * tokens * self.spec.hidden * BF16_BYTES
+    def _elementwise_time(self, tokens: int, kernels: int, elems_per_token: float | None = None) -> float:
+        """``kernels`` memory-bound kernels moving ``elems_per_token`` BF16 elements per token (default:
+        each reads and writes the hidden state once)."""
+        per_token = kernels * 2 * self.spec.hidden if elems_per_token is None else elems_per_token
+        bytes_ = tokens * per_token * BF16_BYTES
         return max(bytes_ / (self.p.eta_mem * self._bw), kernels * self._floor)
 
+    def _attention_elementwise_elems(self) -> float:
+        """Elements one token moves per layer outside the attention block's GEMMs and kernel, on one GPU:
+        two fused add-RMSNorms (each reads and writes the hidden state and the residual), rotary (reads and
+        writes the rotated part of q and k) and the KV-cache store (reads k and v, writes them)."""
+        s, tp = self.spec, self.par.tp
+        norms = 2 * 4 * s.hidden
+        if s.attention == "mla":
+            rotated = self._heads * s.qk_rope_head_dim + s.qk_rope_head_dim
+            stored = s.kv_lora_rank + s.qk_rope_head_dim
+        else:
+            kv_heads = max(s.num_kv_heads // tp, 1)
+            rotated = (self._heads + kv_heads) * s.qk_head_dim
+            stored = 2 * kv_heads * s.qk_head_dim
+        return norms + 2 * rotated + 2 * stored
+
     def _attention_time(self, shape: BatchShape) -> float:
-        """One layer's attention kernel(s) for ``shape``."""
+        """One layer's attention kernel(s) for ``shape``. Beyond a table's edge (a longer context than its
+        last row, a larger batch) the nearest measured point is scaled by the roofline's growth from there
+        to the query: no step at the edge, and past it time grows as the work does (KV bytes in decode,
+        FLOPs in prefill)."""
         s = self.spec
         seqs = max(shape.seqs, 1)
         k = self._attn_kernels
-        t: float | None
-        if shape.decode:
-            ctx = max(shape.kv_read_tokens / seqs, 1.0)
-            t = _call(k.get("generation"), seqs, ctx)
-            if t is not None and s.attention == "mla":
-                pre, post = _call(k.get("bmm_pre"), seqs), _call(k.get("bmm_post"), seqs)
-                t = None if pre is None or post is None else t + pre + post
-        else:
-            # the prompt length that gives this batch's attention work with no cached prefix
-            isl = max(math.sqrt(2.0 * shape.attn_ctx / seqs), 1.0)
-            t = _call(k.get("context"), seqs, isl)
         phase = "generation" if shape.decode else "context"
+        # decode: the mean context read; prefill: the prompt length giving this batch's attention work
+        length = (max(shape.kv_read_tokens / seqs, 1.0) if shape.decode
+                  else max(math.sqrt(2.0 * shape.attn_ctx / seqs), 1.0))
+        surface = k.get(phase)
+        t: float | None = None
+        if surface is not None:
+            b, n = surface.clamp(seqs, length)  # type: ignore[attr-defined]
+            t = surface(b, n)  # type: ignore[operator]
+            if t is not None and (b, n) != (seqs, length):
+                self.coverage.note(f"attention.{phase}", f"batch {seqs} at length {length:.0f} beyond the "
+                                                          "measured points: scaled from the nearest by the "
+                                                          "roofline's growth")
+                t *= self._attention_roofline(seqs, length, shape.decode) / self._attention_roofline(
+                    b, n, shape.decode)
+            if t is not None and shape.decode and s.attention == "mla":
+                bmm = 0.0
+                for name in ("bmm_pre", "bmm_post"):
+                    curve = k.get(name)
+                    y = curve(curve.clamp(seqs)) if curve is not None else None  # type: ignore[attr-defined]
+                    if y is None:
+                        t = None
+                        break
+                    bmm += y * seqs / curve.clamp(seqs)  # type: ignore[attr-defined]  # in proportion
+                if t is not None:
+                    t += bmm
         if t is None:
-            if k.get(phase) is not None:
-                self.coverage.note(f"attention.{phase}",
-                                   f"batch {seqs} outside the measured range (roofline)")
-            # the roofline's per-layer KV read and attention FLOPs (every layer alike: stage 0's)
-            st = self.roofline.stages[0]
-            t = self._roofline(shape.kv_read_tokens * st.kv_bytes_per_token / st.layers,
-                               shape.attn_ctx * st.attn_flops_per_ctx / st.layers)
+            if surface is not None:
+                self.coverage.note(f"attention.{phase}", f"batch {seqs} not measured (roofline)")
+            t = self._attention_roofline(seqs, length, shape.decode)
         return t * self.p.scale_attention
+
+    def _attention_roofline(self, seqs: float, length: float, decode: bool) -> float:
+        """The roofline's per-layer attention time of ``seqs`` sequences of ``length``: a decode reads
+        each context's KV; a prefill of whole prompts attends causally (stage 0's layers, all alike)."""
+        st = self.roofline.stages[0]
+        if decode:
+            return self._roofline(seqs * length * st.kv_bytes_per_token / st.layers,
+                                  seqs * length * st.attn_flops(True) / st.layers)
+        return self._roofline(0.0, seqs * length * (length + 1) / 2 * st.attn_flops(False) / st.layers)
 
     # -- the source's interface --------------------------------------------------------------------------
 
@@ -288,8 +328,11 @@ class MeasuredCosts:
         attn = sum(self._gemm_time(g, tokens) for g in self._attn_gemms)
         if not decode and self._kv_b is not None:
             attn += self._gemm_time(self._kv_b, tokens)
-        attn += self._elementwise_time(tokens, ELEMENTWISE_KERNELS_PER_LAYER)
-        dense = sum(self._gemm_time(g, tokens) for g in self._dense_gemms)
+        attn += self._elementwise_time(tokens, ELEMENTWISE_KERNELS_PER_LAYER, self._attn_elementwise)
+        # silu_and_mul reads the gate and up halves and writes their product: 3 x the GPU's MLP width
+        dense = (sum(self._gemm_time(g, tokens) for g in self._dense_gemms)
+                 + self._elementwise_time(tokens, ELEMENTWISE_KERNELS_DENSE_MLP,
+                                          3 * self.spec.dense_inter / self.par.tp))
         moe = 0.0
         if self.spec.is_moe:
             router, *shared = self._moe_gemms
