@@ -95,6 +95,10 @@ def engine_lines(runs: list[Any]) -> list[str]:
     costs = sorted({r.data.tags.get(Tag.STEP_COSTS, "") for r in runs} - {""})
     if costs:  # what priced the simulator's numbers and predictions
         lines += textwrap.wrap(f"Step costs: {'; '.join(costs)}", MAX_WIDTH, subsequent_indent="    ")
+    errors = sorted({r.data.tags.get(Tag.PREDICTION_ERROR, "") for r in runs} - {""})
+    if errors:  # how far such predictions are from published measurements
+        lines += textwrap.wrap(f"The model's error on published SGLang runs like these: {'; '.join(errors)} "
+                               "(python -m orchestrator fidelity)", MAX_WIDTH, subsequent_indent="    ")
     return lines
 
 
@@ -433,7 +437,12 @@ def _effect_numbers(effect: dict[str, Any]) -> str:
               if k in pct and abs(pct[k]) >= 10]
     text = ", ".join(parts)
     at = effect.get("predicted_at")
-    return text + (f" at {at}" if at and at != effect.get("point") else "")
+    text += f" at {at}" if at and at != effect.get("point") else ""
+    band = effect.get("model_error_pct")
+    if isinstance(band, int | float) and "output_tok_s" in pct and abs(pct["output_tok_s"]) < band \
+            and effect.get("goal", "throughput") == "throughput":
+        text += f", inside the model's ±{band:.0f} % error"
+    return text
 
 
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
@@ -553,7 +562,8 @@ def instead_lines(answer: dict[str, Any], width: int = MAX_WIDTH) -> list[str]:
         p, b, pct = one["predicted"], one["trial_predicted"], one["change_pct"]
         lat = "".join(f", {name} {b[k]:,.0f} → {p[k]:,.0f} ms" for k, name in LATENCIES if k in p and k in b)
         tok = f"{b.get('output_tok_s', NAN):,.0f} → {p.get('output_tok_s', NAN):,.0f} tok/s"
-        lines += textwrap.wrap(f"{label}: {tok} ({pct.get('output_tok_s', 0.0):+.0f}%){lat}; against "
+        inside = " (inside the model's error: measure it)" if one.get("inside_model_error") else ""
+        lines += textwrap.wrap(f"{label}: {tok} ({pct.get('output_tok_s', 0.0):+.0f}%){lat}{inside}; against "
                                f"{one['best_trial']}, the best trial there", width, initial_indent="  ",
                                subsequent_indent="    ")
     lines += textwrap.wrap(f"Both sides predicted: {r.get('source', '')}", width, initial_indent="  ",

@@ -1,7 +1,8 @@
 """The corpus's error, before and after a change to the model: every published entry replayed now
 (``python -m orchestrator fidelity``'s replay) against the errors recorded in
-``benchmarks/fidelity_baseline.json`` (the last accepted model), per family, and every headline that
-moved by more than two points. ``--update`` records the current errors as the new baseline.
+``data/published/errors.json`` (the last accepted model, whose errors every prediction quotes), per
+family, and every headline that moved by more than two points. ``--update`` records the current errors
+there.
 
     .venv/bin/python benchmarks/fidelity_corpus.py [--update]
 
@@ -21,7 +22,7 @@ from orchestrator.fidelity.corpus import read_corpus
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "data" / "published" / "sglang.jsonl"
-BASELINE = Path(__file__).with_name("fidelity_baseline.json")
+BASELINE = REPO / "data" / "published" / "errors.json"  # also what predictions quote their error from
 
 
 def _rows(data: list[dict]) -> list[Row]:

@@ -524,17 +524,28 @@ class _VirtualClient:
 
 def predict_trial(argv: list[str], points: list[LoadPoint], spec: RequestSpec,
                   send_spacing_s: float = CLIENT_SEND_SPACING_S) -> list[PointResult]:
-    """Every point of one trial on ONE engine instance, in order.
+    """Every point of one trial, in order on one virtual clock: each starts the instant the previous one
+    drained (a live trial also starts the next point only after the previous one's requests ended).
 
-    Each point starts the instant the previous one drained (a live trial also starts the next point
-    only after the previous one's requests ended). The engine's memory state does not carry over: a
-    drained engine holds no running request, its prefix cache is flushed before each point (as the live
-    trial flushes it), and its PP loop sleeps until the next arrival, so a point's result does not depend
-    on the points before it; only virtual time and the pass each stage is in do.
+    Each point runs on a fresh engine configured once by ``argv``, so its prediction does not depend on
+    the points before it: the same as a search or a diagnosis predicts that load alone. Nothing a real
+    engine keeps between points would change it (no request is running, the prefix cache is flushed
+    before each point), except where under PP the pipeline's stages are in their ring of slots when the
+    first request arrives: SGLang's loop keeps turning while idle, so that phase is an accident of timing
+    on a real engine, and carrying the model's over from the previous point moved a Kimi K2 PP8 point by
+    up to 20 % (docs/simulator.md, "Arrival timing under PP"). A fresh engine is the one phase every
+    prediction of that load shares.
     """
-    trial = VirtualTrial(load_config(argv))
-    trial.send_spacing = send_spacing_s
-    return [trial.run_point(p, spec) for p in points]
+    engine = load_config(argv)
+    results: list[PointResult] = []
+    now = 0.0
+    for p in points:
+        trial = VirtualTrial(engine)
+        trial.send_spacing = send_spacing_s
+        trial.sim.now = now
+        results.append(trial.run_point(p, spec))
+        now = trial.sim.now
+    return results
 
 
 def predict_point(argv: list[str], point: LoadPoint, spec: RequestSpec,

@@ -65,6 +65,10 @@ class Tag:
     # effects): "measured (aiconfigurator-core <version>: <gpu table set>, SGLang <version>)" or
     # "roofline (why)"
     STEP_COSTS = "parasweep.step_costs"
+    # how far the simulator's predictions for such a configuration are from published measurements: the
+    # model's median error on the corpus's runs of its family ("±24 % (median) on 12 published dense
+    # runs"; docs/fidelity.md)
+    PREDICTION_ERROR = "parasweep.prediction_error"
     # real traffic (workload.source other than random): what was read, what is sent, what was skipped,
     # and which tokenizer made ids of text
     TRAFFIC = "parasweep.traffic"

@@ -32,6 +32,7 @@ from analysis.diagnose import overrides_text
 from analysis.noise import Estimate, judge
 from orchestrator.config.schema import ParasweepConf, world_size
 from orchestrator.config.slo import worst_ratio
+from orchestrator.fidelity.trust import band_for_config
 from orchestrator.prediction.at_load import Load, Predicted, predict_many
 from orchestrator.prediction.modelled import step_costs_label
 from orchestrator.prediction.neighbourhood import layouts
@@ -150,9 +151,14 @@ def _answer(best: Predicted, base: SweepTrial, own: Mapping[str, Predicted], loa
         kept.append(f"workload.concurrency=[{concurrency}]")
     env = [f"{k.removeprefix('env.')}={v}" for k, v in best.change.items() if k.startswith("env.")]
     keys = {k: v for k, v in best.change.items() if not k.startswith("env.")}
+    band = band_for_config(cfg, best.change)
+    if band is not None:  # how far such predictions are from published measurements
+        for one in per_load.values():
+            one["inside_model_error"] = band.inside(one["change_pct"].get("output_tok_s", 0.0))
     answer = {"change": best.change, "gpus": best.gpus, "base": base.name, "loads": list(per_load),
               "per_load": per_load, "tried": tried, "slo": dict(slo),
-              "source": f"{SOURCE}; step costs: {step_costs_label(cfg)}",
+              "source": f"{SOURCE}; step costs: {step_costs_label(cfg)}"
+                        + (f"; the model's error: {band.text()}" if band else ""),
               "run_py": " ".join([*env, "python", "run.py", *kept, overrides_text(keys)]).strip(),
               "sglang": sglang_command(cfg, best.change)}
     if cfg.model.weights:

@@ -50,6 +50,7 @@ from analysis.diagnose import overrides_text
 from analysis.noise import Estimate, judge
 from orchestrator.config.schema import ParasweepConf, world_size
 from orchestrator.config.slo import worst_ratio
+from orchestrator.fidelity.trust import band_for_config
 from orchestrator.prediction.at_load import Load, Predicted, predict_change, predict_changes
 from orchestrator.prediction.modelled import step_costs_label
 from orchestrator.prediction.neighbourhood import layouts
@@ -205,6 +206,9 @@ class AdviceChecker:
             effect.update(verdict=OVER_SLO, slo_miss=miss)
         if goal != "throughput":
             effect["goal"] = goal
+        band = band_for_config(self.cfg, change)
+        if band is not None:  # how far such predictions are from published measurements
+            effect.update(model_error_pct=band.pct, model_error=band.text())
         return effect
 
     def _slo_miss(self, predicted: Mapping[str, float], baseline: Mapping[str, float]) -> str:
@@ -292,7 +296,17 @@ def _says(effect: Mapping[str, Any]) -> str:
         if key in pct:
             parts.append(f"{NAMES[key]} {b[key]:.0f} → {p[key]:.0f} ms ({pct[key]:+.0f}%)")
     gpus = f" on {effect['gpus']} GPUs" if effect.get("gpus") else ""
-    return f"Predicted at {where}{gpus}: {', '.join(parts)}; {effect['source']}."
+    return f"Predicted at {where}{gpus}: {', '.join(parts)}; {effect['source']}.{_inside_band(effect)}"
+
+
+def _inside_band(effect: Mapping[str, Any]) -> str:
+    """" Inside the model's error ..." when the predicted gain is smaller than the model's error on
+    published runs like it ("" otherwise)."""
+    band = effect.get("model_error_pct")
+    if band is None or abs(gain(effect, effect.get("goal", "throughput"))) >= band:
+        return ""
+    return (f" The gain is inside the model's error on published measurements ({effect['model_error']}): "
+            "measure it before relying on it.")
 
 
 def _runner_up_says(runner: Mapping[str, Any], goal: str) -> str:

@@ -1,0 +1,61 @@
+"""How far to trust a prediction: the model's error on published runs like the configuration's
+(``data/published/errors.json``, written by benchmarks/fidelity_corpus.py from the corpus's replay), and
+the diagnosis and "run this instead" saying when a predicted gain is inside it."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+from analysis.report import _effect_numbers, instead_lines
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.fidelity.trust import ERRORS_FILE, MIN_ENTRIES, band_for, band_for_config
+from vocab.assets import published_dir
+from vocab.hardware import load_hardware
+
+ROWS = json.loads((published_dir() / ERRORS_FILE).read_text())["compared"]
+
+
+def _cfg(model: str, hardware: str, pp: int = 1) -> ParasweepConf:
+    c = ParasweepConf()
+    c.model.name, c.model.path = model, f"models/{model}"
+    c.hardware = load_hardware(hardware)
+    c.pp.size = pp
+    return c
+
+
+def test_a_band_is_the_median_error_of_the_most_specific_group_with_enough_runs() -> None:
+    key = ("dense", "TP", "h200-nvlink-x8")
+    exact = [r for r in ROWS if (r["family"], r["layout"], r["hardware"]) == key]
+    assert len({r["id"] for r in exact}) >= MIN_ENTRIES
+    band = band_for("dense", "TP", "h200-nvlink-x8")
+    assert band is not None and band.entries == len({r["id"] for r in exact})
+    assert band.error == statistics.median(abs(r["error"]) for r in exact)
+    assert band.text().startswith(f"±{100 * band.error:.0f} % (median) on {band.entries} published dense TP")
+    # a GPU with too few published runs of the family: the family's band
+    family = band_for("dense", "TP", "rtx-pro-6000-pcie-x8")
+    assert family is not None and family.group == "dense runs"
+    # a family with none at all: the corpus's
+    assert band_for("router", "TP", "h100-sxm-x8").group == "runs"  # type: ignore[union-attr]
+
+
+def test_a_change_of_family_carries_the_wider_band() -> None:
+    dense = band_for_config(_cfg("llama-3.1-8b", "h200-nvlink-x8"))
+    to_pp = band_for_config(_cfg("llama-3.1-8b", "h200-nvlink-x8"), {"pp.size": 2, "tp.size": 4})
+    pp = band_for("pp", "TP", "h200-nvlink-x8")
+    assert dense is not None and to_pp is not None and pp is not None
+    assert to_pp.error == max(dense.error, pp.error)
+
+
+def test_a_gain_inside_the_band_is_said_to_be() -> None:
+    effect = {"baseline": {"output_tok_s": 100.0}, "predicted": {"output_tok_s": 110.0},
+              "change_pct": {"output_tok_s": 10.0}, "model_error_pct": 24.0}
+    assert _effect_numbers(effect).endswith("inside the model's ±24 % error")
+    effect |= {"predicted": {"output_tok_s": 150.0}, "change_pct": {"output_tok_s": 50.0}}
+    assert "inside" not in _effect_numbers(effect)
+    answer = {"recommend": {"change": {"tp.size": 8}, "gpus": 8, "loads": ["c8"], "source": "x",
+                            "per_load": {"c8": {"predicted": {"output_tok_s": 110.0},
+                                                "trial_predicted": {"output_tok_s": 100.0},
+                                                "change_pct": {"output_tok_s": 10.0}, "best_trial": "#0",
+                                                "inside_model_error": True}}}}
+    assert any("inside the model's error" in line for line in instead_lines(answer, width=200))
