@@ -8,7 +8,7 @@ following that tool's own definitions, not parasweep's steady window:
   and then every output length from ``randint(int(O * r), O + 1)``, ``r`` being
   ``--random-range-ratio``. With the old default ``r = 0.0`` lengths are uniform in [1, L] and [0, O]:
   the mean is about half the nominal length. The draws reproduce the token totals the tool prints
-  exactly (tests/test_bench_serving.py holds four published runs to them).
+  exactly (tests/test_bench_serving.py holds every published random run that printed them).
 * **ShareGPT** (``--dataset-name sharegpt``): conversations with at least two turns, shuffled by
   Python's ``random`` seeded with ``--seed``; each gives its first message as the prompt and the reply's
   token count as the output length; pairs whose prompt or reply is shorter than 4 tokens, whose prompt

@@ -148,7 +148,8 @@ def plan(entry: Entry, workdir: Path) -> Plan:
     if p.dp_attention:
         raise NotModelled("attention DP (--enable-dp-attention) is not modelled by the simulated engine")
     if entry.workload.dataset.lower().startswith("generated-shared-prefix"):
-        raise NotModelled("the generated-shared-prefix dataset behind a router is not replayed yet")
+        raise NotModelled("the generated-shared-prefix dataset is not replayed yet (its one published run, "
+                          "behind a router, does not say whether its throughput counts input tokens only)")
     model_dir, model_note = model_folder(entry.model, entry.parasweep.get("model"))
     profile = hardware_profile(entry.gpu, entry.parasweep.get("hardware"))
     notes = [model_note] if model_note else []
