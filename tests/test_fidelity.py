@@ -99,3 +99,21 @@ def test_the_json_lists_every_entry_compared_or_skipped(tmp_path: Path) -> None:
     assert set(row) >= {"id", "metric", "measured", "predicted", "headline"}
     assert sum(r["headline"] for r in data["compared"]) == 1
     assert all(math.isfinite(r["predicted"]) for r in data["compared"])
+
+
+def test_a_users_own_measurement_names_its_model_and_profile(tmp_path: Path) -> None:
+    """A model and GPU parasweep has no mapping for: skipped with the reason, or replayed where the entry
+    names parasweep's folder and profile."""
+    line = json.loads(next(line for line in CORPUS.read_text().splitlines()
+                           if json.loads(line)["id"] == "dense-pr1060-llama8b-h100-random8192x8-prefill"))
+    mine = line | {"id": "mine", "model": "acme/house-model-8b", "gpu": "Acme Accelerator X"}
+    f = tmp_path / "mine.jsonl"
+    f.write_text(json.dumps(mine) + "\n")
+    entry = read_corpus(f)[0]
+    with pytest.raises(NotModelled, match="acme/house-model-8b: not in parasweep's catalogue"):
+        predict(entry)
+    named = mine | {"parasweep": {"model": "llama-3.1-8b", "hardware": "h100-sxm-x8"}}
+    f.write_text(json.dumps(named) + "\n")
+    plan_, predicted = predict(read_corpus(f)[0])
+    assert plan_.family == "dense" and plan_.hardware == "h100-sxm-x8"
+    assert predicted["total_input_tokens"] == line["measured"]["total_input_tokens"]
