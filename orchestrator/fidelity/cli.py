@@ -44,6 +44,8 @@ def _one(entry: Entry) -> tuple[str, object]:
         plan, predicted = predict(entry)
     except NotModelled as e:
         return "skip", str(e)
+    except (ValueError, RuntimeError) as e:  # e.g. lengths the workload cannot draw, a run that never drains
+        return "skip", f"the replay failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
     rows = rows_for(entry, predicted, plan.family, plan.layout, plan.hardware)
     measured = entry.numbers()
     checks = [{"id": entry.id, "metric": k, "measured": measured[k], "predicted": predicted[k]}
@@ -104,7 +106,12 @@ def summary_table(summaries: Sequence[Summary]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        parser.error(f"--workers {args.workers}: invalid; valid: 1 or more processes")
+    if args.json_out and not Path(args.json_out).resolve().parent.is_dir():
+        parser.error(f"--json {args.json_out}: invalid; valid: a file in an existing folder")
     if args.published == DEFAULT_CORPUS and not Path(DEFAULT_CORPUS).is_file():
         from vocab.assets import published_dir
 
