@@ -116,6 +116,10 @@ CLIENT_TURNAROUND_S = 1e-3
 # ~150 µs gives the same grouping on the demo (Kimi K2 PP8, C = 8 and 32); gaps above that, as a
 # heavily loaded client produces, split the burst further (docs/simulator.md, "Arrival timing").
 CLIENT_SEND_SPACING_S = 20e-6
+# SGLang's server warm-up (``_execute_server_warmup``): one request of these prompt ids and output tokens per
+# DP replica, sent by the server itself before it reports ready
+WARMUP_PROMPT = (10, 11, 12)
+WARMUP_OUTPUT_TOKENS = 8
 # How often (virtual seconds) a point with a ``ci_target`` asks its stop rule, as the load generator does
 STABLE_CHECK_S = 0.5
 MAX_EVENTS_PER_POINT = 50_000_000  # a guard against a model bug turning into an endless loop
@@ -197,6 +201,22 @@ class VirtualTrial:
         self._seq = 0
         self.turnaround = CLIENT_TURNAROUND_S
         self.send_spacing = CLIENT_SEND_SPACING_S
+        if cfg.server_warmup:
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """SGLang's server warm-up, before anything is measured: one short request through every replica,
+        run until it drained. It leaves the engine as a served engine idles: under PP the stages go on
+        turning their ring of slots with stage 0 a pass ahead, where a never-used engine has them all at
+        its first pass, and the first requests of a point group differently into micro-batches (Kimi K2
+        PP8 at async depth 16 on the PCIe node, c32: 131 tok/s warm, 110 cold). A live trial's engine is
+        warm too before its first point: the readiness wait's ``/health`` runs a 1-token probe on it."""
+        prompt = np.asarray(WARMUP_PROMPT, dtype=np.int64)
+        for r, rep in enumerate(self.replicas):
+            req = Request(f"warmup-{r}", len(prompt), WARMUP_OUTPUT_TOKENS, r, stream=False, prompt=prompt)
+            rep.submit(req, self.sim.now)
+        while self.sim.peek() is not None:
+            self.sim.run_until(self.sim.peek() + 1.0)
 
     def submit(self, prompt: np.ndarray, max_new_tokens: int) -> Request:
         """A streamed request to the replica the router picks, arriving now."""
@@ -527,14 +547,11 @@ def predict_trial(argv: list[str], points: list[LoadPoint], spec: RequestSpec,
     """Every point of one trial, in order on one virtual clock: each starts the instant the previous one
     drained (a live trial also starts the next point only after the previous one's requests ended).
 
-    Each point runs on a fresh engine configured once by ``argv``, so its prediction does not depend on
-    the points before it: the same as a search or a diagnosis predicts that load alone. Nothing a real
-    engine keeps between points would change it (no request is running, the prefix cache is flushed
-    before each point), except where under PP the pipeline's stages are in their ring of slots when the
-    first request arrives: SGLang's loop keeps turning while idle, so that phase is an accident of timing
-    on a real engine, and carrying the model's over from the previous point moved a Kimi K2 PP8 point by
-    up to 20 % (docs/simulator.md, "Arrival timing under PP"). A fresh engine is the one phase every
-    prediction of that load shares.
+    Each point runs on a fresh engine configured once by ``argv`` and warmed up as SGLang's server warms
+    itself up (``VirtualTrial._warm_up``), so its prediction does not depend on the points before it: the
+    same as a search or a diagnosis predicts that load alone. Nothing a real engine keeps between points
+    would change it: no request is running, the prefix cache is flushed before each point, and an idle
+    engine's PP stages turn their ring the same way whatever they served before.
     """
     engine = load_config(argv)
     results: list[PointResult] = []
@@ -542,7 +559,7 @@ def predict_trial(argv: list[str], points: list[LoadPoint], spec: RequestSpec,
     for p in points:
         trial = VirtualTrial(engine)
         trial.send_spacing = send_spacing_s
-        trial.sim.now = now
+        trial.sim.now = max(trial.sim.now, now)  # after its warm-up, and after the point before
         results.append(trial.run_point(p, spec))
         now = trial.sim.now
     return results

@@ -4,7 +4,8 @@ Where ``predict.py`` drives the model with parasweep's load points (closed loop,
 drives it the way a published benchmark did (``workloads.bench_serving``): every request's prompt and
 output length given, sent at its offset from the run's start, at most ``max_concurrency`` in flight
 (the rest wait in arrival order and count their latencies from their actual send). The engine starts
-empty and idle, as a server does after bench_serving's warm-up request.
+empty and idle after its own warm-up, as a server is when bench_serving's run begins (its warm-up
+request has run too).
 
 Each request's prompt is random token ids (a seeded generator), so no two prompts share a prefix: the
 random datasets have none, and ShareGPT's first turns almost none. A request asking for 0 output tokens
@@ -76,8 +77,9 @@ def replay(cfg: SimConfig, requests: Sequence[BenchRequest], max_concurrency: in
         else:
             send(i)
 
+    t0 = sim.now  # the engine's warm-up ran before
     for i, r in enumerate(requests):
-        sim.schedule(r.offset_s, arrive, i)
+        sim.schedule(t0 + r.offset_s, arrive, i)
     events = 0
     while sim.peek() is not None:
         events += sim.run_until(sim.peek() + 1.0)
@@ -86,4 +88,9 @@ def replay(cfg: SimConfig, requests: Sequence[BenchRequest], max_concurrency: in
     unfinished = [r.index for r in records if r.end_time is None]
     if unfinished:
         raise RuntimeError(f"the replay left requests {unfinished[:5]} unfinished")
+    for rec in records:  # times from the run's start
+        rec.send_time = rec.first_byte_time = rec.send_time - t0  # type: ignore[operator]
+        rec.first_token_time = None if rec.first_token_time is None else rec.first_token_time - t0
+        rec.end_time = rec.end_time - t0  # type: ignore[operator]
+        rec.chunk_times = [t - t0 for t in rec.chunk_times]
     return records

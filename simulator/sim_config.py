@@ -90,6 +90,12 @@ class SimConfig:
         return not self.args.disable_radix_cache
 
     @property
+    def server_warmup(self) -> bool:
+        """SGLang's server sends itself one short request before it reports ready (off with
+        ``--skip-server-warmup``)."""
+        return not self.args.skip_server_warmup
+
+    @property
     def router(self) -> str:
         """How requests are spread over the DP replicas (``router.py``)."""
         return str(self.args.sim_router)

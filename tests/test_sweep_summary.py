@@ -272,9 +272,12 @@ def test_finish_prints_where_things_are_and_keeps_the_report(predicted_sweep, mo
     # another split of the same two GPUs at both loads, in prediction, and its command lines follow
     answer = json.loads((sweep_dir / "instead.json").read_text())
     change = answer["recommend"]["change"]
-    assert out.count("Run this instead: ") == 1 and "predicted better than every trial at c1 and c4" in out
+    flat = " ".join(out.split())
+    assert out.count("Run this instead: ") == 1 and "predicted better than every trial at c1 and c4" in flat
     assert change.get("pp.size") == 1 and change.get("pp.async_depth") in (None, 0)
-    assert "  python run.py pp.async_depth=0 workload.concurrency=[1,4] " in out
+    command = next(x for x in out.splitlines() if x.startswith("  python run.py "))
+    assert "workload.concurrency=[1,4]" in command and "pp.size=1" in command
+    assert "pp.async_depth=0" in command  # the base's own, or the change's: leaving the pipeline resets it
     assert "python -m sglang.launch_server" in out
     names = [a.path for a in tracker.client.list_artifacts(sweep_id)]
     assert "instead.json" in names
