@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from simulator.model_spec import BF16_BYTES, ModelSpec
+from simulator.model_spec import BF16_BYTES, ModelSpec, is_fp8
 from vocab.hardware import HardwareConf
 
 
@@ -184,6 +184,10 @@ class CostModel:
         tp = par.tp
         self._bw = hw.mem_bw_gbs * 1e9
         self._peak = hw.peak_tflops_bf16 * 1e12
+        # FP8-weight GEMMs run on the FP8 tensor cores where the GPU has them (Hopper, Blackwell: twice the
+        # BF16 rate); elsewhere the weights are widened and multiplied at the BF16 peak
+        self._peak_fp8 = (hw.peak_tflops_fp8 or hw.peak_tflops_bf16) * 1e12
+        self._expert_fp8 = is_fp8(spec.expert_bytes_per_param)
         self._link = hw.link_bw_gbs * 1e9 * self.p.eta_link
         # Across nodes (hw.nodes > 1): ranks fill nodes in order, tp fastest, so stage s sits on node
         # s*tp // num_gpus. A TP (or EP) group wider than a node crosses the network in every
@@ -219,6 +223,7 @@ class CostModel:
             n_moe = sum(spec.moe_layer_mask[i] for i in layers)
             ne_bytes = sum(spec.layer_nonexpert_bytes(i) for i in layers) / tp
             ne_params = sum(spec.layer_nonexpert_params(i) for i in layers) / tp
+            ne_fp8 = sum(spec.layer_nonexpert_fp8_params(i) for i in layers) / tp
             head_bytes = spec.lm_head_params * spec.lm_head_bytes_per_param / tp if last else 0.0
             embed_bytes = spec.embed_params * spec.embed_bytes_per_param / tp if first else 0.0
             # Experts are split over tp GPUs whether by EP (whole experts) or TP (slices of every expert).
@@ -235,6 +240,7 @@ class CostModel:
                     moe_layers=n_moe,
                     nonexpert_bytes=ne_bytes + head_bytes,
                     nonexpert_params=ne_params,
+                    nonexpert_fp8_params=ne_fp8,
                     weight_bytes=ne_bytes + head_bytes + embed_bytes + expert_mem,
                     kv_bytes_per_token=kv_token_layer * n,
                     attn_flops_per_ctx=attn_flops_ctx * n,
@@ -265,15 +271,23 @@ class CostModel:
         spec, tp, p = self.spec, self.par.tp, self.p
         n = shape.tokens
         mem_t = (st.nonexpert_bytes + shape.kv_read_tokens * st.kv_bytes_per_token) / (p.eta_mem * self._bw)
-        flops = 2.0 * n * st.nonexpert_params + shape.attn_ctx * st.attn_flops(shape.decode)
+        # BF16 work (attention, the LM head, BF16 weights) and FP8-weight GEMMs, each at its own peak
+        flops = (2.0 * n * (st.nonexpert_params - st.nonexpert_fp8_params)
+                 + shape.attn_ctx * st.attn_flops(shape.decode))
+        fp8_flops = 2.0 * n * st.nonexpert_fp8_params
         if st.last:
             flops += 2.0 * shape.seqs * spec.lm_head_params / tp
         if st.moe_layers:
             touched = distinct_experts(spec.num_experts, spec.top_k, n)
             imb = ep_imbalance(spec.num_experts, self.par.ep, touched)
             mem_t += st.moe_layers * touched * spec.expert_bytes * imb / tp / (p.eta_expert * self._bw)
-            flops += 2.0 * n * st.moe_layers * spec.top_k * spec.expert_params / tp
-        return max(mem_t, flops / (p.eta_compute * self._peak), st.kernels * p.kernel_floor_us * 1e-6)
+            expert_flops = 2.0 * n * st.moe_layers * spec.top_k * spec.expert_params / tp
+            if self._expert_fp8:
+                fp8_flops += expert_flops
+            else:
+                flops += expert_flops
+        compute_t = (flops / self._peak + fp8_flops / self._peak_fp8) / p.eta_compute
+        return max(mem_t, compute_t, st.kernels * p.kernel_floor_us * 1e-6)
 
     def stage_time(self, stage: int, shape: BatchShape) -> float:
         """Seconds stage ``stage`` is busy with one forward of ``shape``. With a CUDA graph: GPU + comm +
@@ -465,6 +479,7 @@ class _Stage:
     moe_layers: int
     nonexpert_bytes: float  # read every step, per GPU (incl. LM head on the last stage)
     nonexpert_params: float  # per GPU, multiplied by tokens for FLOPs
+    nonexpert_fp8_params: float  # of those, the ones stored in FP8
     weight_bytes: float  # resident per GPU (incl. embedding, all experts)
     kv_bytes_per_token: float  # per GPU, all of this stage's layers
     attn_flops_per_ctx: float  # per GPU, per (new token x context token), all layers: decode

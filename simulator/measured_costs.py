@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from simulator.costs import BF16_BYTES, BatchShape, CostModel, distinct_experts, ep_imbalance
 from simulator.kernel_tables import GemmTable, KernelTables
+from simulator.model_spec import is_fp8
 
 # The routing the MoE tables are read at. "balanced" spreads a batch's k x tokens expert slots over as
 # many distinct experts as possible (32 tokens x top-8 touch 256 of Kimi K2's 384 experts), more than
@@ -52,7 +53,7 @@ def gemm_dtype(bytes_per_param: float) -> str | None:
     """The tables' GEMM dtype for weights stored at this many bytes per parameter (None: no table)."""
     if bytes_per_param == 2.0:
         return "bfloat16"
-    if 1.0 <= bytes_per_param < 1.01:  # FP8 with per-block scales
+    if is_fp8(bytes_per_param):  # FP8 with per-block scales
         return "fp8_block"
     return None
 
@@ -100,6 +101,7 @@ class MeasuredCosts:
         self.coverage = Coverage()
         self._bw = self.hw.mem_bw_gbs * 1e9
         self._peak = self.hw.peak_tflops_bf16 * 1e12
+        self._peak_fp8 = (self.hw.peak_tflops_fp8 or self.hw.peak_tflops_bf16) * 1e12
         self._floor = self.p.kernel_floor_us * 1e-6
         tp, s = self.par.tp, self.spec
         heads = s.num_heads // tp
@@ -217,9 +219,11 @@ class MeasuredCosts:
 
     # -- roofline prices of single operators (the fallback) ---------------------------------------------
 
-    def _roofline(self, bytes_: float, flops: float, eta_mem: float | None = None) -> float:
+    def _roofline(self, bytes_: float, flops: float, eta_mem: float | None = None,
+                  fp8: bool = False) -> float:
+        """One operator by the roofline; ``fp8``: a GEMM of FP8 weights, at the FP8 tensor peak."""
         return max(bytes_ / ((eta_mem or self.p.eta_mem) * self._bw),
-                   flops / (self.p.eta_compute * self._peak), self._floor)
+                   flops / (self.p.eta_compute * (self._peak_fp8 if fp8 else self._peak)), self._floor)
 
     def _gemm_time(self, op: _Gemm, m: int) -> float:
         t = op.table(m, op.n, op.k) if op.table is not None else None
@@ -230,7 +234,7 @@ class MeasuredCosts:
             if op.table is not None:
                 self.coverage.note(op.name, f"{m} rows outside the measured range (roofline)")
             t = self._roofline(op.n * op.k * op.weight_bytes + (m * op.k + m * op.n) * BF16_BYTES,
-                               2.0 * m * op.n * op.k)
+                               2.0 * m * op.n * op.k, fp8=is_fp8(op.weight_bytes))
         return t * self.p.scale_gemm
 
     def _moe_time(self, tokens: int) -> float:
@@ -245,7 +249,8 @@ class MeasuredCosts:
             touched = distinct_experts(s.num_experts, s.top_k, tokens)
             imb = ep_imbalance(s.num_experts, self.par.ep, touched)
             t = self._roofline(touched * s.expert_bytes * imb / tp,
-                               2.0 * tokens * s.top_k * s.expert_params / tp, self.p.eta_expert)
+                               2.0 * tokens * s.top_k * s.expert_params / tp, self.p.eta_expert,
+                               fp8=is_fp8(s.expert_bytes_per_param))
         return t * self.p.scale_moe
 
     def _elementwise_time(self, tokens: int, kernels: int, elems_per_token: float | None = None) -> float:

@@ -24,6 +24,11 @@ KV_CACHE_DTYPES = {"auto": BF16_BYTES, "bf16": BF16_BYTES, "bfloat16": BF16_BYTE
 DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0}
 
 
+def is_fp8(bytes_per_param: float) -> bool:
+    """Weights stored as FP8 (one byte each, plus block scales)."""
+    return 1.0 <= bytes_per_param < 1.01
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -92,6 +97,15 @@ class ModelSpec:
         if self.moe_layer_mask[layer]:
             return self.attn_params + self.shared_expert_params + self.router_params
         return self.attn_params + self.dense_mlp_params
+
+    def layer_nonexpert_fp8_params(self, layer: int) -> int:
+        """Of ``layer_nonexpert_params``, those stored in FP8 (their GEMMs run at the FP8 peak)."""
+        n = self.attn_params if is_fp8(self.attn_bytes_per_param) else 0
+        if self.moe_layer_mask[layer]:
+            n += self.shared_expert_params if is_fp8(self.shared_expert_bytes_per_param) else 0
+        elif is_fp8(self.dense_mlp_bytes_per_param):
+            n += self.dense_mlp_params
+        return n
 
     def layer_nonexpert_bytes(self, layer: int) -> float:
         b = self.attn_params * self.attn_bytes_per_param

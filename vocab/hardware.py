@@ -27,6 +27,9 @@ class HardwareConf:
     memory_gb: float = 0.0  # device memory per GPU (GB = 1e9 bytes)
     mem_bw_gbs: float = 0.0  # peak device-memory bandwidth per GPU, GB/s
     peak_tflops_bf16: float = 0.0  # dense BF16 tensor-core peak per GPU, TFLOP/s
+    # dense FP8 tensor-core peak per GPU, TFLOP/s: what an FP8-weight GEMM runs at (0: no FP8 tensor cores,
+    # FP8 weights are widened and multiplied at the BF16 peak)
+    peak_tflops_fp8: float = 0.0
     power_limit_w: float = 0.0  # board power limit (TDP) per GPU
     idle_power_w: float = 0.0  # power of an idle GPU with a server loaded
     interconnect: str = "pcie"  # "pcie" or "nvlink": what GPU-to-GPU traffic crosses

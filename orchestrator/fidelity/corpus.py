@@ -41,7 +41,7 @@ class Workload(BaseModel):
     tool: str
     dataset: str
     num_prompts: int = Field(ge=1)
-    request_rate: float | None = None
+    request_rate: float | None = Field(None, gt=0)
     max_concurrency: int | None = Field(None, ge=1)
     random_input_len: int | None = Field(None, ge=1)
     random_output_len: int | None = Field(None, ge=0)

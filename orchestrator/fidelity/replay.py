@@ -114,10 +114,13 @@ def _requests(entry: Entry, model_dir: Path, notes: list[str]) -> tuple[list[Ben
     if dataset.startswith("random"):
         if w.random_input_len is None or w.random_output_len is None:
             raise NotModelled("random dataset without random_input_len / random_output_len")
-        # vLLM's random dataset draws around the length (0.0: exactly it); SGLang's from ratio x L to L
-        ratio = w.random_range_ratio if w.random_range_ratio is not None else (0.0 if sglang else 1.0)
+        # SGLang's tool draws from ratio x L to L; vLLM's around L, within +-ratio (0.0: exactly L)
+        ratio = w.random_range_ratio or 0.0
         if not sglang:
-            ratio = 1.0 if not w.random_range_ratio else ratio
+            if ratio:
+                raise NotModelled(f"vLLM's --random-range-ratio {ratio:g} (lengths drawn around the "
+                                  "nominal one): only fixed lengths are replayed for that tool")
+            ratio = 1.0
         ins, outs = random_lengths(w.num_prompts, w.random_input_len, w.random_output_len, ratio, rng)
     elif dataset.startswith("sharegpt"):
         ins, outs = sharegpt_lengths(w.num_prompts, _sharegpt_pairs(model_dir, notes), seed,
