@@ -102,6 +102,9 @@ def engines(trials: Sequence[Trial]) -> tuple[bool, str]:
         text += f" ({', '.join(versions)})"
     if sources:
         text += f". GPU telemetry: {telemetry_words(trials)}"
+    errors = sorted({t.tags.get(Tag.PREDICTION_ERROR, "") for t in trials} - {""})
+    if errors and (simulated or any(t.predicted for t in trials)):  # how far the model's numbers go
+        text += f". The model's error on published SGLang runs like these: {'; '.join(errors)}"
     return simulated, text + "."
 
 
