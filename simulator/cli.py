@@ -117,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--pp-async-batch-depth", type=int, default=0)
     a("--pp-max-micro-batch-size", type=int, default=None)
     a("--moe-a2a-backend", default="none")
+    a("--disable-shared-experts-fusion", action="store_true")
     # capacity / scheduling
     a("--max-running-requests", type=int, default=None)
     a("--max-queued-requests", type=int, default=None)

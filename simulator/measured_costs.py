@@ -95,7 +95,8 @@ class MeasuredCosts:
     """A :class:`simulator.costs.StepCostSource` reading measured kernel tables, for the model, layout,
     stages and constants of ``cost`` (whose roofline prices what the tables miss)."""
 
-    def __init__(self, cost: CostModel, tables: KernelTables, attention_backend: str) -> None:
+    def __init__(self, cost: CostModel, tables: KernelTables, attention_backend: str,
+                 fuse_shared_experts: bool = True) -> None:
         self.roofline, self.tables = cost, tables
         self.spec, self.hw, self.par, self.p = cost.spec, cost.hw, cost.par, cost.p
         self.coverage = Coverage()
@@ -158,8 +159,14 @@ class MeasuredCosts:
         self._allreduce = {graph: self._allreduce_table(graph) for graph in (True, False)}
 
         self._attn_elementwise = self._attention_elementwise_elems()
-        # the shared experts overlap the routed ones (a second stream) in DeepSeek-style models
-        self._dual_stream = s.attention == "mla" and bool(s.shared_inter)
+        # SGLang folds DeepSeek-V3's shared expert into the routed experts' kernel as one more expert every
+        # token picks (determine_num_fused_shared_experts: DeepseekV3ForCausalLM with its 256 routed
+        # experts, unless a DeepEP backend or --disable-shared-experts-fusion); other DeepSeek-style
+        # models (Kimi K2's 384 experts) run their shared experts on a second stream beside the routed ones
+        self._fused_shared = (fuse_shared_experts and s.architecture == "DeepseekV3ForCausalLM"
+                              and s.num_experts == 256 and bool(s.shared_inter)
+                              and self.par.moe_a2a_backend == "none")
+        self._dual_stream = s.attention == "mla" and bool(s.shared_inter) and not self._fused_shared
         self._layer_cache: Callable[[int, int, bool, bool], tuple[float, float, float, float]] = (
             functools.lru_cache(maxsize=4096)(self._token_costs))
         # every stage prices the same shape in turn: one attention lookup per shape, not one per stage
@@ -341,11 +348,14 @@ class MeasuredCosts:
         moe = 0.0
         if self.spec.is_moe:
             router, *shared = self._moe_gemms
-            shared_t = sum(self._gemm_time(g, tokens) for g in shared)
             routed_t = self._moe_time(tokens)
-            overlapped = self._dual_stream and graph and tokens <= DUAL_STREAM_TOKENS
-            moe = (self._gemm_time(router, tokens)
-                   + (max(shared_t, routed_t) if overlapped else shared_t + routed_t)
+            if self._fused_shared:  # top-(k+1): every token's work and expert reads grow by one expert
+                experts_t = routed_t * (self.spec.top_k + 1) / self.spec.top_k
+            else:
+                shared_t = sum(self._gemm_time(g, tokens) for g in shared)
+                overlapped = self._dual_stream and graph and tokens <= DUAL_STREAM_TOKENS
+                experts_t = max(shared_t, routed_t) if overlapped else shared_t + routed_t
+            moe = (self._gemm_time(router, tokens) + experts_t
                    + self._elementwise_time(tokens, ELEMENTWISE_KERNELS_PER_MOE_LAYER))
         head = self._gemm_time(self._head, seqs) + self._elementwise_time(seqs, ELEMENTWISE_KERNELS_HEAD)
         return attn, dense, moe, head

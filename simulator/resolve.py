@@ -270,7 +270,8 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     backend = args.attention_backend or _default_attention_backend(spec, hw)
     try:
         step_costs = apply_step_costs(getattr(args, "sim_step_costs", "auto"), cost, hw.kernel_tables,
-                                      SGLANG_COMPAT_VERSION, backend)
+                                      SGLANG_COMPAT_VERSION, backend,
+                                      fuse_shared_experts=not args.disable_shared_experts_fusion)
     except StepCostsError as e:
         raise FlagError(str(e)) from e
     seed = args.random_seed if args.random_seed is not None else random.randint(0, 1 << 30)

@@ -89,12 +89,15 @@ def describe_step_costs(mode: str, table_set: str | None, launched: str = SGLANG
 
 
 def apply_step_costs(mode: str, cost: CostModel, table_set: str | None, launched: str,
-                     attention_backend: str) -> StepCosts:
-    """Set ``cost``'s step-cost source as ``mode`` asks and say what priced it."""
+                     attention_backend: str, fuse_shared_experts: bool = True) -> StepCosts:
+    """Set ``cost``'s step-cost source as ``mode`` asks and say what priced it. ``fuse_shared_experts``:
+    SGLang's default of folding DeepSeek-V3's shared expert into the routed experts' kernel (off with
+    ``--disable-shared-experts-fusion``)."""
     chosen = describe_step_costs(mode, table_set, launched)
     if chosen.source == "measured":
         assert table_set is not None
-        source = MeasuredCosts(cost, kernel_tables(table_set, launched), attention_backend)
+        source = MeasuredCosts(cost, kernel_tables(table_set, launched), attention_backend,
+                               fuse_shared_experts)
         cost.use_source(source)
         chosen.coverage = source.coverage
     return chosen
