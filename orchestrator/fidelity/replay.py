@@ -86,8 +86,11 @@ def _flags(entry: Entry) -> list[str]:
 
 
 def _single_request(entry: Entry) -> bool:
+    """One request of a published length (a long-context TTFT, a speed benchmark), not a benchmark run
+    of one prompt drawn from a dataset."""
     w = entry.workload
-    return w.num_prompts == 1 or w.dataset.lower().startswith(SINGLE_REQUEST_DATASETS)
+    return w.dataset.lower().startswith(SINGLE_REQUEST_DATASETS) or (
+        w.num_prompts == 1 and w.input_len is not None and w.random_input_len is None)
 
 
 def _requests(entry: Entry, model_dir: Path, notes: list[str]) -> tuple[list[BenchRequest], int | None]:
