@@ -489,16 +489,7 @@ class _VirtualClient:
 
     def _on_output(self, req: Request, rec: RequestRecord) -> None:
         sim = self.sim
-        n = len(req.output_ids)
-        if n > rec.output_tokens:
-            now = sim.now
-            if rec.first_token_time is None:
-                rec.first_token_time = now
-                rec.server_queue_s = req.forward_entry - req.arrival  # the model's queue wait
-                rec.cached_tokens = req.cached
-            rec.chunk_times.append(now)
-            rec.chunk_tokens.append(n - rec.output_tokens)
-            rec.output_tokens = n
+        rec.output_tokens = record_emission(req, rec, sim.now, rec.output_tokens)
         if req.finished and rec.end_time is None:
             rec.end_time = sim.now
             rec.finish_reason = (req.finish_reason or {}).get("type", "length")
@@ -540,6 +531,22 @@ class _VirtualClient:
             self.held.append((i, scheduled))
         else:
             self._send(i, scheduled)
+
+
+def record_emission(req: Request, rec: RequestRecord, now: float, emitted: int) -> int:
+    """The client's view of an emission: ``req``'s tokens beyond the ``emitted`` so far reach it as one
+    stream chunk of ``rec`` at ``now`` (the first also sets its TTFT, the model's queue wait and the cached
+    prompt tokens). Returns the tokens emitted so far."""
+    n = len(req.output_ids)
+    if n <= emitted:
+        return emitted
+    if rec.first_token_time is None:
+        rec.first_token_time = now
+        rec.server_queue_s = req.forward_entry - req.arrival  # the model's queue wait
+        rec.cached_tokens = req.cached
+    rec.chunk_times.append(now)
+    rec.chunk_tokens.append(n - emitted)
+    return n
 
 
 def predict_trial(argv: list[str], points: list[LoadPoint], spec: RequestSpec,

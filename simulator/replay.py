@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from simulator.predict import MAX_EVENTS_PER_POINT, VirtualTrial
+from simulator.predict import MAX_EVENTS_PER_POINT, VirtualTrial, record_emission
 from simulator.sim_config import SimConfig
 from vocab.records import RequestRecord
 from workloads.bench_serving import BenchRequest
@@ -50,16 +50,11 @@ def replay(cfg: SimConfig, requests: Sequence[BenchRequest], max_concurrency: in
         req = trial.submit(prompt, max(spec.output_len, 1))
         in_flight += 1
 
+        emitted = 0
+
         def on_output() -> None:
-            nonlocal in_flight
-            n = len(req.output_ids)
-            emitted = sum(rec.chunk_tokens)
-            if n > emitted:
-                if rec.first_token_time is None:
-                    rec.first_token_time = sim.now
-                    rec.server_queue_s = req.forward_entry - req.arrival
-                rec.chunk_times.append(sim.now)
-                rec.chunk_tokens.append(n - emitted)
+            nonlocal in_flight, emitted
+            emitted = record_emission(req, rec, sim.now, emitted)
             if req.finished and rec.end_time is None:
                 rec.end_time = sim.now
                 rec.output_tokens = spec.output_len

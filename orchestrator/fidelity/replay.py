@@ -19,7 +19,7 @@ import numpy as np
 from orchestrator.fidelity.catalog import NotModelled, across_nodes, hardware_profile, model_folder
 from orchestrator.fidelity.corpus import Entry
 from orchestrator.prediction.modelled import engine_env
-from simulator.model_spec import load_model_spec
+from simulator.model_spec import ModelSpec, load_model_spec
 from simulator.predict import load_config
 from simulator.replay import replay
 from workloads.bench_serving import (
@@ -93,7 +93,8 @@ def _single_request(entry: Entry) -> bool:
         w.num_prompts == 1 and w.input_len is not None and w.random_input_len is None)
 
 
-def _requests(entry: Entry, model_dir: Path, notes: list[str]) -> tuple[list[BenchRequest], int | None]:
+def _requests(entry: Entry, model_dir: Path, spec: ModelSpec, notes: list[str]
+              ) -> tuple[list[BenchRequest], int | None]:
     w = entry.workload
     tool = w.tool.lower()
     dataset = w.dataset.lower()
@@ -126,7 +127,7 @@ def _requests(entry: Entry, model_dir: Path, notes: list[str]) -> tuple[list[Ben
             ratio = 1.0
         ins, outs = random_lengths(w.num_prompts, w.random_input_len, w.random_output_len, ratio, rng)
     elif dataset.startswith("sharegpt"):
-        ins, outs = sharegpt_lengths(w.num_prompts, _sharegpt_pairs(model_dir, notes), seed,
+        ins, outs = sharegpt_lengths(w.num_prompts, _sharegpt_pairs(model_dir, spec, notes), seed,
                                      fixed_output_len=w.output_len)
     else:
         raise NotModelled(f"dataset {w.dataset!r} is not replayed (random, random-ids, sharegpt)")
@@ -135,12 +136,11 @@ def _requests(entry: Entry, model_dir: Path, notes: list[str]) -> tuple[list[Ben
     return reqs, w.max_concurrency
 
 
-def _sharegpt_pairs(model_dir: Path, notes: list[str]) -> list[tuple[int, int]]:
+def _sharegpt_pairs(model_dir: Path, spec: ModelSpec, notes: list[str]) -> list[tuple[int, int]]:
     """(prompt, reply) token counts of the packaged ShareGPT's elements, by the model's tokenizer."""
     from workloads.sources.sharegpt import first_two_turns
     from workloads.sources.tokenize import pick
 
-    spec = load_model_spec(str(model_dir))
     name, what = pick(model_dir, spec.model_type, spec.vocab)
     pairs = [(int(a), int(b)) for a, b in first_two_turns(None, name)]
     notes.append(f"ShareGPT: the {len(pairs):,} elements of the packaged copy (the tool shuffles the whole "
@@ -171,8 +171,8 @@ def plan(entry: Entry, workdir: Path) -> Plan:
     if p.pp_max_micro_batch_size is not None:
         argv += ["--pp-max-micro-batch-size", str(p.pp_max_micro_batch_size)]
     argv += _flags(entry)
-    requests, cap = _requests(entry, model_dir, notes)
     spec = load_model_spec(str(model_dir))
+    requests, cap = _requests(entry, model_dir, spec, notes)
     env: dict[str, str] = {}
     context = entry.server_args.get("context_length")
     if isinstance(context, int) and context > spec.max_context_length:
