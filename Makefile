@@ -1,5 +1,8 @@
 # The two commands in the README: `make demo` (the demo sweep) and `make test` (the test suite).
 # Both create the virtual environment on first use; nothing else needs installing by hand.
+# The editable install maps conf/, models/ and data/ to packages of other names, so setuptools installs
+# it through an import finder and says so ("Editable installation. Please be careful with folders ...");
+# that note asks nothing of a user and is silenced by its own text, no other warning with it.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,7 +14,7 @@ SOURCES := analysis orchestrator simulator vocab workloads hydra_plugins run.py
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)

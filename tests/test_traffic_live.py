@@ -1,9 +1,10 @@
 """Real traffic through the real load generator over real HTTP (the fake server: its timing is simple
 and known), then whole sweeps on the simulated engine with their prediction beside the measurement.
 
-Only what holds whatever the machine's load is asserted of the live client: a trace's requests leave at
-their (scaled) timestamps within the client's own measured lag, and a session's turns in order, each
-after the previous answer and its think time. The sweeps compare the measured throughput with the
+Only what holds whatever the machine's load is asserted of the live client: a trace's requests are
+scheduled at their (scaled) timestamps, never sent before them, and the point reports (and is judged
+by) how late they left; a session's turns go in order, each after the previous answer and its think
+time. The sweeps compare the measured throughput with the
 prediction of the same requests, on the simulated engine's clock."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from vocab.load import LoadPoint, RequestSpec, Source
 from vocab.metric_keys import PointLabel
 from workloads import run_point
 from workloads.sources import source_requests
+from workloads.metrics import DEFAULT_LAG_THRESHOLD_MS
 from workloads.sources.traces import shipped_path
 
 pytestmark = pytest.mark.slow
@@ -28,7 +30,10 @@ AZURE = RequestSpec(source=Source("azure", context=131072, window_s=60.0), vocab
 SESSIONS = RequestSpec(source=Source("sharegpt", multi_turn=True, context=131072), vocab_size=128256)
 
 
-def test_a_trace_is_sent_on_its_own_timestamps_within_the_clients_lag() -> None:
+def test_a_trace_is_sent_on_its_own_timestamps_and_its_lateness_is_reported() -> None:
+    # What the client controls is asserted, not how fast this machine is: every request is scheduled at
+    # the trace's own time (exactly), none is sent before it, and however late a busy machine makes the
+    # sends, that lateness is what the point reports and judges it by.
     times = source_requests(AZURE).times_s
     speed = 4.0  # the first minute of the slice in 15 seconds, about 18 requests a second
     schedule = tuple(float(t) / speed for t in times)
@@ -40,21 +45,20 @@ def test_a_trace_is_sent_on_its_own_timestamps_within_the_clients_lag() -> None:
     assert len(recs) == len(schedule) > 150 and all(r.error is None for r in recs)
     start = recs[0].scheduled_time
     assert start is not None
-    lag_max_s = result.metrics["client_lag_max_ms"] / 1000.0
-    beyond = []
+    late_ms = []
     for r, offset in zip(recs, schedule, strict=True):
         assert r.scheduled_time == pytest.approx(start + offset, abs=1e-6)  # the trace's time, scaled
-        # sent at its time (an event loop may wake a timer up to a millisecond or so early), late by no
-        # more than the client's own event-loop lag plus 5 ms for the send itself
+        # never before its time (an event loop may wake a timer up to a millisecond or so early)
         late = r.send_time - r.scheduled_time  # type: ignore[operator]
         assert late >= -2e-3, (r.index, late)
-        if late > lag_max_s + 5e-3:
-            beyond.append((r.index, late))
+        late_ms.append(late * 1000.0)
         assert r.input_tokens == len(source_requests(AZURE).request(r.index).ids)
-    # The lag monitor samples the loop, so a stall of the whole process (a loaded 2-core machine running
-    # the suite: one send 96 ms late against a measured 67 ms) can fall between its samples. Such
-    # misses must stay rare: at most 1 % of the sends.
-    assert len(beyond) <= max(1, len(recs) // 100), beyond
+    m = result.metrics
+    assert m["schedule_lag_max_ms"] == pytest.approx(max(late_ms))
+    assert m["scheduled_rate"] == pytest.approx((len(schedule) - 1) / (schedule[-1] - schedule[0]))
+    # a point whose sends slipped says so; one that kept to the trace is not called late
+    said_late = any(r.startswith("sends were late") for r in result.invalid_reasons)
+    assert said_late == (m["schedule_lag_p99_ms"] > DEFAULT_LAG_THRESHOLD_MS)
 
 
 def test_sessions_send_their_turns_in_order_after_each_answer_and_think_time() -> None:

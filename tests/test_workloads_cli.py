@@ -77,18 +77,19 @@ def test_table_output_and_open_loop(server: FakeServer) -> None:
 
 
 def test_a_ramped_point_stops_once_its_throughput_is_known() -> None:
-    # Its own server with 10 ms between tokens: the sleeps set the throughput, so a busy machine's
-    # scheduling jitter (a millisecond or two) cannot keep the interval from closing. With the module's
-    # 1 ms server a loaded machine's jitter was as large as the token gaps and the rule never fired.
+    # Its own server with 10 ms between tokens: the sleeps set the throughput. The target is loose (30 %)
+    # so that no machine's scheduling jitter, however busy, can keep the interval from closing: what is
+    # under test is that the rule stops the point and reports what it judged, not how steady this
+    # machine is (the rule's arithmetic has its own tests on fixed records: tests/test_window.py).
     with fake_server(ttft_ms=20, itl_ms=10) as server:
         p = cli(*("--url", server.url, "--concurrency", "4", "--requests", "1000", "--output-len", "16"),
-                *("--ramp-s", "0.2", "--ci-target", "0.05", "--json"))
-    assert p.returncode == 0, p.stderr
-    out = orjson.loads(p.stdout)
-    assert out["num_requests"] < 1000  # stopped by the rule, not the bound
-    assert out["window_steady"] == 1 and out["window_s"] > 0 and out["ramp_s"] > 0
-    # the rule judged the settled part; the whole window, to its drain, can be a little wider
-    assert 0 <= out["output_tok_s_ci95_rel"] < 0.05 * 2
+                *("--ramp-s", "0.2", "--ci-target", "0.3", "--json"))
+        assert p.returncode == 0, p.stderr
+        out = orjson.loads(p.stdout)
+        assert out["num_requests"] < 1000  # stopped by the rule, not the bound
+        assert out["window_steady"] == 1 and out["window_s"] > 0 and out["ramp_s"] > 0
+        # the rule judged the settled part; the whole window, to its drain, can be a little wider
+        assert 0 <= out["output_tok_s_ci95_rel"] < 0.3 * 2
     bad = cli("--url", server.url, "--concurrency", "4", "--ci-target", "1.5")
     assert bad.returncode == 2 and "ci_target must be a fraction between 0 and 1" in bad.stderr
 
