@@ -20,8 +20,8 @@ from tests.conftest import run_cli
 from vocab.load import LoadPoint, RequestSpec, Source
 from vocab.metric_keys import PointLabel
 from workloads import run_point
-from workloads.sources import source_requests
 from workloads.metrics import DEFAULT_LAG_THRESHOLD_MS
+from workloads.sources import source_requests
 from workloads.sources.traces import shipped_path
 
 pytestmark = pytest.mark.slow
