@@ -25,7 +25,7 @@ SIM_ENGINES = ("sim", "sim-predict")
 COMMON_HIGHLIGHTS = ("model.name", "hardware.name", "hardware.gpu", "tp.size", "pp.size", "dp.size",
                      "ep.size", "workload.name", "workload.concurrency", "workload.rate")
 SEARCH_SHOWN = 10  # candidates of the search's table shown in the report, best first
-SEARCH_HIDDEN = ("status", "reason", "category", "miss", "same_as")
+SEARCH_HIDDEN = ("status", "reason", "category", "miss", "same_as", "replicas_of")
 
 
 @dataclass

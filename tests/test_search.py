@@ -11,6 +11,8 @@ import pytest
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.errors import ConfigError, UserError
+from orchestrator.prediction.at_load import steady_point
+from orchestrator.prediction.modelled import apply_change, point_predictor
 from orchestrator.search.evaluate import (
     OK,
     OVER_SLO,
@@ -294,3 +296,45 @@ def test_a_space_larger_than_max_candidates_is_sampled(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         run_search(cfg, tmp_path / "c", show_progress=False)
     assert "search.max_candidates=0: invalid; valid: an integer >= 1" in str(e.value)
+
+
+@pytest.mark.slow  # a handful of candidates predicted in full, with and without the shortcut
+def test_more_replicas_are_judged_from_one_as_the_full_simulation_judges_them(tmp_path: Path) -> None:
+    # Round-robin DP replicas are interchangeable: dp.size=k at concurrency k·c is one replica at c. The
+    # search predicts the fewest replicas and derives the others; here each derived outcome is held
+    # against the same candidate simulated in full (all its replicas, k·c streams).
+    cfg = tiny(tmp_path, {"itl_p99_ms": 5.0})
+    cfg.search.max_concurrency = 24
+    settings = check_settings(cfg)
+    changes = [{"dp.size": 1}, {"dp.size": 2}, {"dp.size": 4}]
+    outcomes = evaluate_all(cfg, changes, settings, workers=1, show_progress=False)
+    head, *derived = outcomes
+    assert head.predictions > 0 and not head.replicas_of
+    for o, k in zip(derived, (2, 4), strict=True):
+        assert o.predictions == 0 and o.replicas_of == f"{k} x (dp.size=1)"
+        screened = screen(cfg, o.change, settings)
+        assert isinstance(screened, Screened)
+        full = evaluate(cfg, screened, settings)
+        assert o.gpus == full.gpus == k and o.max_load == full.max_load == 24 * k
+        # the same highest load, to the search's resolution (an eighth; the derived one steps by k)
+        assert o.concurrency is not None and full.concurrency is not None
+        assert abs(o.concurrency - full.concurrency) <= max(k, full.concurrency // 8)
+        assert o.limit == full.limit
+        # and at the derived load, what all k replicas predict in full: k times the throughput, the
+        # same latencies
+        changed, env = apply_change(cfg, o.change)
+        predict = point_predictor(changed, env)
+        at = predict(steady_point(o.concurrency, predict)).metrics
+        assert o.metrics["output_tok_s"] == pytest.approx(at["output_tok_s"], rel=0.005)
+        for latency in ("itl_p99_ms", "ttft_p99_ms", "tpot_mean_ms"):
+            assert o.metrics[latency] == pytest.approx(at[latency], rel=0.02), latency
+
+
+@pytest.mark.slow
+def test_a_cache_aware_router_keeps_its_replicas_judged_in_full(tmp_path: Path) -> None:
+    cfg = tiny(tmp_path, {"itl_p99_ms": 5.0})
+    cfg.search.max_concurrency = 8
+    cfg.dp.router = "cache_aware"
+    outcomes = evaluate_all(cfg, [{"dp.size": 1}, {"dp.size": 2}], check_settings(cfg), workers=1,
+                            show_progress=False)
+    assert all(o.predictions > 0 and not o.replicas_of for o in outcomes)

@@ -68,12 +68,28 @@ def engine_key(engine: Any, env: Mapping[str, str]) -> str:
     """The resolved engine's flags, hardware, model and environment: two configs with the same key
     are the same engine to the simulator (a micro-batch cap left to its default and the same cap
     given)."""
+    return _key(engine, env)
+
+
+def _key(engine: Any, env: Mapping[str, str], ignored: tuple[str, ...] = ()) -> str:
     args = dict(vars(engine.args))
     args["pp_max_micro_batch_size"] = engine.pp_max_micro_batch_size  # null and its resolved value alike
     # files the engine was configured from live in a scratch directory per config: their contents
-    for path_arg in ("sim_hardware", "model_path"):
+    for path_arg in ("sim_hardware", "model_path", *ignored):
         args.pop(path_arg)
     return repr((sorted(args.items()), engine.hw, engine.spec, sorted(env.items())))
+
+
+def replica_key(engine: Any, env: Mapping[str, str]) -> str:
+    """:func:`engine_key` of one of the engine's DP replicas, where its replicas are interchangeable:
+    equal for engines that differ only in how many replicas they run. Identical replicas fed round-robin
+    are, in the simulated engine, each one replica at its share of the load, so ``dp`` replicas at
+    concurrency ``dp·c`` score per GPU what one replica scores at ``c`` (its latencies, and ``dp`` times
+    its throughput). A router that picks replicas by what they hold (``cache_aware``) breaks that
+    symmetry: such an engine is only its own key."""
+    if engine.dp > 1 and engine.router != "round_robin":
+        return engine_key(engine, env)
+    return _key(engine, env, ("dp_size", "sim_router"))
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from analysis.diagnose import overrides_text
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.slo import check_slo, worst_ratio
 from orchestrator.errors import ConfigError, UserError
-from orchestrator.prediction.at_load import engine_key, steady_point
+from orchestrator.prediction.at_load import engine_key, replica_key, steady_point
 from vocab.load import LoadPoint
 from vocab.records import PointResult
 
@@ -64,8 +65,10 @@ class Outcome:
     predictions: int = 0
     ceiling: float | None = None  # the objective no load of this candidate can beat (cost model)
     limit: str = ""  # what stops a higher load: the SLO it breaks just above, or search.max_concurrency
+    limit_at: int | None = None  # the load just above where that SLO broke (None: the cap stopped it)
     max_load: int = 0  # the highest load tried: search.max_concurrency per DP replica
     same_as: str = ""  # a candidate the simulated engine cannot tell from this one, judged in its stead
+    replicas_of: str = ""  # a candidate with fewer DP replicas, otherwise the same, judged in its stead
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class Screened:
     ceiling: float  # the objective no load can beat (inf where the lengths vary: no bound)
     start: int | None  # where the load search starts (None: doubling from UNGUESSED_START)
     engine_key: str  # equal for candidates the simulated engine cannot tell apart
+    replica_key: str  # equal for candidates that differ only in their count of interchangeable replicas
+    replicas: int  # dp.size
 
 
 def check_settings(cfg: ParasweepConf) -> Settings:
@@ -134,7 +139,8 @@ def screen(base: ParasweepConf, change: Mapping[str, Any], settings: Settings) -
         return _rejected(change, exc)
     gpus = cfg.tp.size * cfg.pp.size * cfg.dp.size
     ceiling, start = _ceiling(engine, cfg, settings, gpus, max_load(settings, cfg))
-    return Screened(dict(change), gpus, ceiling, start, engine_key(engine, env))
+    return Screened(dict(change), gpus, ceiling, start, engine_key(engine, env), replica_key(engine, env),
+                    cfg.dp.size)
 
 
 def itl_bounds(slo: Mapping[str, float]) -> list[tuple[float, float]]:
@@ -203,7 +209,7 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings) -> Out
         return outcome
     result = results[best]
     outcome.concurrency, outcome.metrics = best, dict(result.metrics)
-    outcome.limit = _limit(results, best, settings, outcome.max_load)
+    outcome.limit, outcome.limit_at = _limit(results, best, settings, outcome.max_load)
     per_gpu = 1.0 / max(1, outcome.gpus)
     outcome.score = per_gpu * (result.metrics.get("output_tok_s", 0.0)
                                if settings.objective == "output_tok_s_per_gpu"
@@ -211,15 +217,58 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings) -> Out
     return outcome
 
 
-def _limit(results: Mapping[int, PointResult], best: int, settings: Settings, limit: int) -> str:
+def _limit(results: Mapping[int, PointResult], best: int, settings: Settings, limit: int
+           ) -> tuple[str, int | None]:
+    """What stops a load above ``best``, and the load where it broke (None: the cap)."""
     above = [c for c in results if c > best]
     if not above:
-        replicas = limit // settings.max_concurrency
-        each = f" per replica ({limit} in all)" if replicas > 1 else ""
-        return f"the cap search.max_concurrency={settings.max_concurrency}{each}, not an SLO"
+        return _cap_text(settings, limit), None
     c = min(above)
     metric, _ = worst_ratio(results[c].metrics, settings.slo) or ("?", math.nan)
-    return f"{metric} {ms(results[c].metrics[metric])} ms > {ms(settings.slo[metric])} at concurrency {c}"
+    return _slo_break_text(metric, results[c].metrics[metric], settings.slo[metric], c), c
+
+
+def _cap_text(settings: Settings, limit: int) -> str:
+    replicas = limit // settings.max_concurrency
+    each = f" per replica ({limit} in all)" if replicas > 1 else ""
+    return f"the cap search.max_concurrency={settings.max_concurrency}{each}, not an SLO"
+
+
+def _slo_break_text(metric: str, value: float, bound: float, at: int) -> str:
+    return f"{metric} {ms(value)} ms > {ms(bound)} at concurrency {at}"
+
+
+# Metrics of a whole engine that add up over its DP replicas (rates, counts, energy); every other
+# metric (latencies, shares, per-GPU and per-request figures) is one replica's and stays as it is.
+ADDITIVE = frozenset({
+    "output_tok_s", "output_tok_s_ci95", "input_tok_s", "total_tok_s", "request_s", "goodput_req_s",
+    "drain_output_tok_s", "ramp_output_tok_s", "achieved_concurrency", "offered_concurrency",
+    "peak_concurrency", "completed", "num_requests", "window_requests", "ramp_requests",
+    "drain_requests", "input_tokens", "output_tokens", "output_tokens_total", "prefill_cached_tokens",
+    "prefill_computed_tokens", "energy_j", "queue_reqs_mean", "errors",
+})
+
+
+def replicated(outcome: Outcome, change: dict[str, Any], factor: int, settings: Settings) -> Outcome:
+    """``outcome``, judged for an engine of interchangeable DP replicas fed round-robin, for the same
+    engine with ``factor`` times as many replicas (``at_load.replica_key``): every load ``factor`` times
+    as high, its additive metrics too, latencies and the score per GPU the same."""
+    o = replace(outcome, change=dict(change), gpus=outcome.gpus * factor, predictions=0,
+                            max_load=outcome.max_load * factor, same_as="",
+                            replicas_of=f"{factor} x ({overrides_text(outcome.change)})")
+    if outcome.status != OK or outcome.concurrency is None:
+        return o
+    o.concurrency = outcome.concurrency * factor
+    o.metrics = {k: v * factor if k in ADDITIVE or k.startswith("errors_") else v
+                 for k, v in outcome.metrics.items()}
+    if outcome.limit_at is None:
+        o.limit = _cap_text(settings, o.max_load)
+    else:
+        o.limit_at = outcome.limit_at * factor
+        # the same SLO, broken at the same load per replica (_slo_break_text ends with the load)
+        broken = outcome.limit.removesuffix(f" at concurrency {outcome.limit_at}")
+        o.limit = f"{broken} at concurrency {o.limit_at}"
+    return o
 
 
 def highest_load(holds: Callable[[int], bool], limit: int, start: int | None = None) -> int | None:

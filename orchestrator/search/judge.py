@@ -16,7 +16,17 @@ from typing import Any
 
 from analysis.diagnose import overrides_text
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.search.evaluate import OK, PRUNED, REJECTED, Outcome, Screened, Settings, evaluate, screen
+from orchestrator.search.evaluate import (
+    OK,
+    PRUNED,
+    REJECTED,
+    Outcome,
+    Screened,
+    Settings,
+    evaluate,
+    replicated,
+    screen,
+)
 
 log = logging.getLogger("parasweep")
 
@@ -76,6 +86,29 @@ def _twin(outcome: Outcome, s: Screened) -> Outcome:
                                same_as=overrides_text(outcome.change))
 
 
+def _replica_families(engines: list[Screened]) -> tuple[list[Screened], dict[str, list[Screened]]]:
+    """The engines to predict, and for each (by engine key) the engines derived from it: of engines that
+    differ only in their count of interchangeable DP replicas (``Screened.replica_key``), the one with
+    fewest replicas is predicted and every one with a multiple of that count is derived from it
+    (``evaluate.replicated``); a count that is no multiple of a predicted one is predicted too."""
+    families: dict[str, list[Screened]] = collections.defaultdict(list)
+    for s in engines:
+        families[s.replica_key].append(s)
+    judged: list[Screened] = []
+    derived: dict[str, list[Screened]] = {}
+    for family in families.values():
+        heads: list[Screened] = []
+        for s in sorted(family, key=lambda s: s.replicas):
+            head = next((h for h in heads if s.replicas % h.replicas == 0), None)
+            if head is None:
+                heads.append(s)
+                derived[s.engine_key] = []
+            else:
+                derived[head.engine_key].append(s)
+        judged += heads
+    return judged, derived
+
+
 class Judge:
     """Judges batches of candidates on one pool of worker processes, with one ranking to prune by
     across batches. Use as a context manager: its workers are forked on entry, before any progress
@@ -98,8 +131,9 @@ class Judge:
 
     def judge(self, changes: list[dict[str, Any]], advance: Callable[[], None]) -> list[Outcome]:
         """Every candidate's outcome, in the candidates' order: screened first (validated, bounded,
-        grouped with the candidates its engine cannot be told from), then predicted in order of
-        falling ceiling, skipping those whose ceiling is below the ``keep``-th best predicted so far.
+        grouped with the candidates its engine cannot be told from, and with those that only run more
+        of its interchangeable DP replicas), then predicted in order of falling ceiling, skipping those
+        whose ceiling is below the ``keep``-th best predicted so far.
         ``advance`` is called once per candidate settled."""
         cfg, settings, pool = self.cfg, self.settings, self.pool
         outcomes: list[Outcome | None] = [None] * len(changes)
@@ -118,14 +152,18 @@ class Judge:
         twins: dict[str, list[Screened]] = collections.defaultdict(list)
         for s in screened:
             twins[s.engine_key].append(s)
-        queue = collections.deque(sorted((group[0] for group in twins.values()), key=lambda s: -s.ceiling))
+        judged, derived = _replica_families([group[0] for group in twins.values()])
+        queue = collections.deque(sorted(judged, key=lambda s: -s.ceiling))
         ranking = self.ranking
 
         def settle(s: Screened, outcome: Outcome) -> None:
-            ranking.add(outcome)
-            for i, twin in enumerate(twins[s.engine_key]):
-                outcomes[index[id(twin.change)]] = outcome if i == 0 else _twin(outcome, twin)
-                advance()
+            family = [(s, outcome)] + [(d, replicated(outcome, d.change, d.replicas // s.replicas, settings))
+                                       for d in derived[s.engine_key]]
+            for member, result in family:
+                ranking.add(result)
+                for i, twin in enumerate(twins[member.engine_key]):
+                    outcomes[index[id(twin.change)]] = result if i == 0 else _twin(result, twin)
+                    advance()
 
         running: dict[concurrent.futures.Future[Outcome], Screened] = {}
         while queue or running:

@@ -63,7 +63,8 @@ def outcome_table(outcomes: list[Outcome], keys: list[str]) -> pd.DataFrame:
         row: dict[str, Any] = {k: o.change.get(k) for k in keys}
         row.update(status=o.status, reason=o.reason, category=o.category, gpus=o.gpus or None,
                    concurrency=o.concurrency, score=o.score, limit=o.limit, miss=o.miss,
-                   ceiling=o.ceiling, same_as=o.same_as, predictions=o.predictions)
+                   ceiling=o.ceiling, same_as=o.same_as, replicas_of=o.replicas_of,
+                   predictions=o.predictions)
         row.update({m: o.metrics.get(m) for m in SHOWN})
         rows.append(row)
     frame = pd.DataFrame(rows)
@@ -144,23 +145,28 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings) -
     outcomes, ranked = result.outcomes, result.ranked
     counts = collections.Counter(o.status for o in outcomes)
     twins = sum(1 for o in outcomes if o.same_as)
+    replicas = sum(1 for o in outcomes if o.replicas_of)
     judged = (f"{len(outcomes)} of {result.sampled_from} candidates (picked by Optuna's TPE sampler, seed "
               f"{cfg.search.seed}; the best of those, not of the whole space)" if result.sampled_from
               else f"{len(outcomes)} candidates")
     lines = [f"Search {cfg.search.name}: {judged}: {counts.get(OK, 0)} within the SLOs, "
              f"{counts.get(OVER_SLO, 0)} over them at any load, {counts.get(PRUNED, 0)} could not win "
              f"(the cost model's ceiling below the best predicted), {counts.get(REJECTED, 0)} rejected; "
-             f"{twins} the same engine as another; {sum(o.predictions for o in outcomes)} load points "
+             f"{twins} the same engine as another, {replicas} more replicas of another (judged from its "
+             f"replica); {sum(o.predictions for o in outcomes)} load points "
              f"predicted; {PREDICTED}."]
     if ranked:
         best = ranked[0]
         lines.append(f"Best: {overrides_text(best.change)} at concurrency {best.concurrency}: "
                      f"{_scored(best, settings)}; a higher load: {best.limit}")
         lines += command_lines(cfg, best.change, best.concurrency)
-        if len(ranked) > 1:
-            verdict = judge([_score_estimate(best), _score_estimate(ranked[1])])
+        # more replicas of the best's engine score what it scores per GPU by construction: the noise
+        # question is about the best other engine
+        rival = next((o for o in ranked[1:] if _family(o) != _family(best)), None)
+        if rival is not None:
+            verdict = judge([_score_estimate(best), _score_estimate(rival)])
             if verdict is not None and not verdict.clear:
-                lines.append(f"  The runner-up ({overrides_text(ranked[1].change)}) is {verdict.text()}: "
+                lines.append(f"  The best other engine ({overrides_text(rival.change)}) is {verdict.text()}: "
                              "either is the answer as far as the prediction can tell them apart")
         for o in ranked[1:1 + RUNNERS_UP]:
             lines.append(f"Runner-up: {overrides_text(o.change)} at concurrency {o.concurrency}: "
@@ -243,8 +249,16 @@ def _score_estimate(o: Outcome) -> Estimate:
     return Estimate.scaled(o.score or 0.0, o.metrics.get("output_tok_s_ci95_rel"))
 
 
+def _family(o: Outcome) -> str:
+    """The engine whose replicas ``o`` runs: its own change, or the one it was judged from."""
+    return o.replicas_of.split(" x ", 1)[1] if o.replicas_of else f"({overrides_text(o.change)})"
+
+
 def _lost(o: Outcome, best: Outcome) -> str:
     """Why a runner-up lost: how far below the best it scores, and what held its load down."""
+    if _family(o) == _family(best):
+        return ("the best's engine with another count of replicas: the same per GPU; held at this load "
+                f"by {o.limit}")
     behind = 100.0 * (1.0 - (o.score or 0.0) / (best.score or 1.0))
     return f"{behind:.0f}% below the best; held at this load by {o.limit}"
 
