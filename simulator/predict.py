@@ -233,7 +233,6 @@ class VirtualTrial:
         """One point, after the previous ones. A closed-loop point of multi-turn traffic runs as
         sessions (``workloads.sources.as_sessions``), as the orchestrator's load plan makes it."""
         from workloads import summarize, validity_reasons
-        from workloads.payloads import prompt_ids
         from workloads.prefix_reuse import offered_reuse
         from workloads.sources import as_sessions
 
@@ -259,7 +258,7 @@ class VirtualTrial:
             raise RuntimeError(f"prediction of {point.label}: requests {unfinished[:5]} never finished")
 
         metrics = summarize(records, point, lag_ms=[0.0])
-        metrics.update(offered_reuse(records, lambda i: prompt_ids(spec, i)))
+        metrics.update(offered_reuse(records, client.sent_ids.__getitem__))
         steady = metrics.get("window_steady") == 1.0
         metrics.update(self._telemetry(records, metrics["output_tokens"], steady))
         reasons = validity_reasons(metrics, point)
@@ -351,9 +350,13 @@ class _VirtualClient:
         self.sim = trial.sim
         self.point = point
         self.spec = spec
-        from workloads.payloads import build_body
+        from workloads.payloads import build_body, request_ids
 
         self.build_body = build_body
+        self.request_ids = request_ids
+        # each request's prompt ids as the client sent them (None: text, which the server tokenizes),
+        # for the prompts' offered reuse
+        self.sent_ids: dict[int, np.ndarray | None] = {}
         self.records: dict[int, RequestRecord] = {}
         self.in_flight = 0
         self.held: collections.deque[tuple[int, float]] = collections.deque()  # open loop, over the cap
@@ -466,12 +469,20 @@ class _VirtualClient:
 
     def _send(self, i: int, scheduled: float | None) -> None:
         now = self.sim.now
-        body, n_in, n_out = self.build_body(self.spec, i)
+        fast = self.request_ids(self.spec, i)  # token ids sent as they are: no body to build
+        if fast is not None:
+            prompt, n_in, n_out = fast
+            self.sent_ids[i] = prompt
+        else:
+            body, n_in, n_out = self.build_body(self.spec, i)
+            prompt = _server_prompt(self.spec, body)
+            sent = body.get("input_ids", body.get("prompt"))
+            self.sent_ids[i] = np.asarray(sent, dtype=np.int64) if isinstance(sent, list) else None
         warmup = i < self.point.warmup_requests
         rec = RequestRecord(point=self.point.label, index=i, warmup=warmup,
                             scheduled_time=scheduled, send_time=now, first_byte_time=now, input_tokens=n_in)
         self.records[i] = rec
-        req = self.trial.submit(_server_prompt(self.spec, body), n_out)
+        req = self.trial.submit(prompt, n_out)
         req.notify = lambda: self._on_output(req, rec)
         self.in_flight += 1
         if self.starts is None or i in self.session_firsts:

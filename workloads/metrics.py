@@ -29,13 +29,12 @@ from vocab.records import ERROR_KINDS, RequestRecord
 from .length_classes import class_metrics
 from .prefix_reuse import achieved_reuse
 from .window import (
+    Chunks,
     Window,
     load_intervals,
     output_rate_interval,
-    requests_delivered,
     sent_in,
     steady_window,
-    tokens_between,
 )
 
 NAN = float("nan")
@@ -126,30 +125,29 @@ def _stats(name: str, values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def latency_samples(records: Iterable[RequestRecord]) -> dict[str, list[float]]:
+def latency_samples(records: Iterable[RequestRecord]) -> dict[str, np.ndarray]:
     """Raw latency samples in ms, per metric, from successful records (warmup not filtered here)."""
-    out: dict[str, list[float]] = {name: [] for name in LATENCIES}
-    for r in records:
-        if r.error is not None or r.send_time is None or r.end_time is None:
-            continue
-        e2e = (r.end_time - r.send_time) * 1000.0
-        out["e2e"].append(e2e)
-        if r.first_token_time is None:
-            continue  # finished without a single output token: no TTFT/ITL/TPOT to speak of
-        ttft = (r.first_token_time - r.send_time) * 1000.0
-        out["ttft"].append(ttft)
-        if r.output_tokens > 1:
-            out["tpot"].append((e2e - ttft) / (r.output_tokens - 1))
-        prev: float | None = None
-        for t, k in zip(r.chunk_times, r.chunk_tokens, strict=True):
-            if k <= 0:
-                continue
-            if prev is not None:
-                gap = (t - prev) * 1000.0
-                out["itl_chunk"].append(gap)
-                out["itl"].extend([gap / k] * k)
-            prev = t
-    return out
+    done = [r for r in records if r.error is None and r.send_time is not None and r.end_time is not None]
+    send = np.fromiter((r.send_time for r in done), dtype=float, count=len(done))
+    end = np.fromiter((r.end_time for r in done), dtype=float, count=len(done))
+    e2e = (end - send) * 1000.0
+    # finished without a single output token: no TTFT/ITL/TPOT to speak of
+    started = [i for i, r in enumerate(done) if r.first_token_time is not None]
+    first = np.fromiter((done[i].first_token_time for i in started), dtype=float, count=len(started))
+    ttft = (first - send[started]) * 1000.0
+    outputs = np.fromiter((done[i].output_tokens for i in started), dtype=float, count=len(started))
+    several = outputs > 1
+    tpot = (e2e[started][several] - ttft[several]) / (outputs[several] - 1)
+    # inter-token gaps: between consecutive chunks of one request that completed tokens, each gap shared
+    # by the tokens of the later chunk
+    chunks = Chunks.of([done[i] for i in started])
+    some = chunks.tokens > 0
+    times, tokens, owner = chunks.times[some], chunks.tokens[some], chunks.owner[some]
+    follows = owner[1:] == owner[:-1]
+    gaps = (times[1:] - times[:-1])[follows] * 1000.0
+    counts = tokens[1:][follows]
+    itl = np.repeat(gaps / counts, counts)
+    return {"e2e": e2e, "ttft": ttft, "tpot": tpot, "itl_chunk": gaps, "itl": itl}
 
 
 def ttft_split(records: Iterable[RequestRecord]) -> dict[str, float]:
@@ -214,12 +212,13 @@ def _window_metrics(recs: list[RequestRecord], in_window: list[RequestRecord], w
     first_measured = min(r.send_time for r in recs if not r.warmup)  # type: ignore[type-var]
     ramp = window.start - window.first_send
     drain = window.last_end - window.end
-    out_tok = tokens_between(recs, window.start, window.end)
+    chunks = Chunks.of(recs)
+    out_tok = chunks.between(window.start, window.end)
     # a request's prompt counts where its prefill finished (its first token)
     in_tok = sum(r.input_tokens for r in recs if r.error is None and r.first_token_time is not None
                  and window.holds(r.first_token_time))
-    delivered = requests_delivered(recs, window)
-    interval = output_rate_interval(recs, window)
+    delivered = chunks.delivered(window)
+    interval = output_rate_interval(recs, window, chunks)
     m = {
         "duration_s": window.last_end - first_measured,
         "window_s": width,
@@ -229,10 +228,10 @@ def _window_metrics(recs: list[RequestRecord], in_window: list[RequestRecord], w
         "ramp_requests": float(sum(1 for r in recs if r.send_time < window.start)),  # type: ignore[operator]
         "window_requests": float(len(in_window)),
         "drain_requests": float(sum(1 for r in recs if r.end_time > window.end)),  # type: ignore[operator]
-        "ramp_output_tok_s": tokens_between(recs, window.first_send, window.start, closed=False) / ramp
+        "ramp_output_tok_s": chunks.between(window.first_send, window.start, closed=False) / ramp
         if ramp > 0 else NAN,
-        "drain_output_tok_s": (tokens_between(recs, window.end, window.last_end)
-                               - tokens_between(recs, window.end, window.end)) / drain if drain > 0 else NAN,
+        "drain_output_tok_s": (chunks.between(window.end, window.last_end)
+                               - chunks.between(window.end, window.end)) / drain if drain > 0 else NAN,
         "output_tokens": float(out_tok),
         "input_tokens": float(in_tok),
         "output_tok_s": out_tok / width if width > 0 else NAN,

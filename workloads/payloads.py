@@ -86,9 +86,28 @@ def build_body(spec: RequestSpec, index: int) -> tuple[dict[str, Any], int, int]
     return _finish_body(spec, body, n_out), n_in, n_out
 
 
+def request_ids(spec: RequestSpec, index: int) -> tuple[np.ndarray, int, int] | None:
+    """Request ``index``'s prompt token ids and its (input_tokens, output_len), drawn as
+    :func:`build_body` draws them but without building the body, where the request is token ids the
+    body carries as they are: random prompts or a dataset's ids to ``generate`` or ``completions``
+    (None otherwise: text, a prompt file, or extra body fields that could change what is sent)."""
+    if spec.api not in ("generate", "completions") or spec.extra_body or spec.prompt_file is not None:
+        return None
+    if spec.source is not None:
+        req = source_requests(spec).request(index)
+        return np.asarray(req.ids, dtype=np.int64), len(req.ids), req.output_len
+    rng = _rng(spec, index)
+    n_in = spec.input_lengths().sample(rng)
+    n_out = spec.output_lengths().sample(rng)
+    return rng.integers(0, spec.vocab_size, size=n_in), n_in, n_out
+
+
 def prompt_ids(spec: RequestSpec, index: int) -> np.ndarray | None:
     """Request ``index``'s prompt token ids, where the client sends ids (None: it sends text, which the
     server tokenizes)."""
+    fast = request_ids(spec, index)
+    if fast is not None:
+        return fast[0]
     body, _, _ = build_body(spec, index)
     ids = body.get("input_ids", body.get("prompt"))
     return np.asarray(ids, dtype=np.int64) if isinstance(ids, list) else None

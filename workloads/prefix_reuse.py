@@ -44,18 +44,24 @@ def offered_reuse(records: Sequence[RequestRecord],
     have held when each was sent ({} when a prompt's ids are unknown). ``prompt_of(i)``: request ``i``'s
     token ids."""
     sent = sorted((r for r in records if r.send_time is not None), key=lambda r: (r.send_time, r.index))
-    seen: list[tuple[int, ...]] = []  # sorted: a prompt's longest match is with a neighbour
+    # the prompts seen so far, sorted: a prompt's longest match is with a neighbour. Each is keyed by its
+    # ids as big-endian 4-byte words, whose byte order is the ids' order (a prefix first), so the sort
+    # and the search compare bytes in C, not tuples of ints
+    seen: list[bytes] = []
+    by_key: dict[bytes, np.ndarray] = {}
     hit = total = 0
     for r in sent:
         ids = prompt_of(r.index)
         if ids is None:
             return {}
-        key = tuple(ids.tolist())
+        key = ids.astype(">u4").tobytes()
         if not r.warmup:
             at = bisect.bisect_left(seen, key)
-            neighbours = (seen[j] for j in (at - 1, at) if 0 <= j < len(seen))
+            neighbours = (by_key[seen[j]] for j in (at - 1, at) if 0 <= j < len(seen))
             best = max((shared_prefix_len(ids, n) for n in neighbours), default=0)
             hit += min(best, len(ids) - 1)
             total += len(ids)
-        bisect.insort(seen, key)
+        if key not in by_key:
+            by_key[key] = ids
+            bisect.insort(seen, key)
     return {"offered_hit_rate": hit / total} if total else {}

@@ -38,6 +38,7 @@ and its noise is not known).
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -130,26 +131,50 @@ def steady_window(records: Sequence[RequestRecord], point: LoadPoint) -> Window 
     return Window(first_send, start, end, last_end, steady=True)
 
 
+@dataclass(frozen=True)
+class Chunks:
+    """Every streamed chunk of a point's successful requests as flat arrays, in record order, built once
+    per point: each count over a span of time is then one numpy pass, not a Python loop over every
+    token (a point of a thousand 256-token requests has a quarter of a million chunks)."""
+
+    times: np.ndarray  # each chunk's arrival
+    tokens: np.ndarray  # the output tokens it completed
+    owner: np.ndarray  # the position of its request in ``outputs``
+    outputs: np.ndarray  # each request's output tokens
+
+    @classmethod
+    def of(cls, records: Sequence[RequestRecord]) -> Chunks:
+        ok = [r for r in records if r.error is None]
+        lengths = np.fromiter((len(r.chunk_times) for r in ok), dtype=np.int64, count=len(ok))
+        n = int(lengths.sum())
+        times = np.fromiter(itertools.chain.from_iterable(r.chunk_times for r in ok), dtype=float, count=n)
+        tokens = np.fromiter(itertools.chain.from_iterable(r.chunk_tokens for r in ok), dtype=np.int64,
+                             count=n)
+        outputs = np.fromiter((r.output_tokens for r in ok), dtype=np.int64, count=len(ok))
+        return cls(times, tokens, np.repeat(np.arange(len(ok)), lengths), outputs)
+
+    def between(self, t0: float, t1: float, *, closed: bool = True) -> int:
+        """Output tokens whose chunk arrived in ``[t0, t1]`` (``[t0, t1)`` when not ``closed``)."""
+        t = self.times
+        inside = (t >= t0) & ((t <= t1) if closed else (t < t1))
+        return int(self.tokens[inside].sum())
+
+    def delivered(self, window: Window) -> float:
+        """Requests delivered in the window: each counts the share of its output tokens that arrived in
+        it (a request wholly inside counts 1). Counting the requests that *ended* inside would be off by
+        up to C at the window's edges: with requests in step, a window that opens with a wave of sends
+        and closes at the first end of the last wave holds one wave of ends too few."""
+        inside = (self.times >= window.start) & (self.times <= window.end)
+        per_request = np.bincount(self.owner[inside], weights=self.tokens[inside],
+                                  minlength=len(self.outputs))
+        some = self.outputs > 0
+        return float((per_request[some] / self.outputs[some]).sum())
+
+
 def tokens_between(records: Sequence[RequestRecord], t0: float, t1: float, *, closed: bool = True) -> int:
     """Output tokens of successful requests whose chunk arrived in ``[t0, t1]`` (``[t0, t1)`` when not
     ``closed``)."""
-    return sum(k for r in records if r.error is None
-               for t, k in zip(r.chunk_times, r.chunk_tokens, strict=True)
-               if t0 <= t and (t <= t1 if closed else t < t1))
-
-
-def requests_delivered(records: Sequence[RequestRecord], window: Window) -> float:
-    """Requests delivered in the window: each successful request counts the share of its output tokens
-    that arrived in it (a request wholly inside counts 1). Counting the requests that *ended* inside
-    would be off by up to C at the window's edges: with requests in step, a window that opens with a
-    wave of sends and closes at the first end of the last wave holds one wave of ends too few."""
-    total = 0.0
-    for r in records:
-        if r.error is not None or r.output_tokens <= 0:
-            continue
-        inside = sum(k for t, k in zip(r.chunk_times, r.chunk_tokens, strict=True) if window.holds(t))
-        total += inside / r.output_tokens
-    return total
+    return Chunks.of(records).between(t0, t1, closed=closed)
 
 
 def sent_in(records: Sequence[RequestRecord], window: Window) -> list[RequestRecord]:
@@ -203,14 +228,15 @@ def batch_floor_s(durations: Sequence[float]) -> float:
     return 0.5 * float(np.mean(durations)) if len(durations) else 0.0
 
 
-def output_rate_interval(records: Sequence[RequestRecord], window: Window) -> RateInterval:
-    """The window's output tokens per second with its batch-means confidence interval."""
+def output_rate_interval(records: Sequence[RequestRecord], window: Window,
+                         chunks: Chunks | None = None) -> RateInterval:
+    """The window's output tokens per second with its batch-means confidence interval (``chunks``: the
+    records' chunks, where the caller has them already)."""
     ok = [r for r in records if r.error is None]
-    times = np.fromiter((t for r in ok for t in r.chunk_times), dtype=float)
-    tokens = np.fromiter((k for r in ok for k in r.chunk_tokens), dtype=float)
+    chunks = chunks if chunks is not None else Chunks.of(ok)
     durations = [r.end_time - r.send_time for r in sent_in(ok, window)  # type: ignore[operator]
                  if r.end_time is not None]
-    return rate_interval(times, tokens, window, batch_floor_s(durations))
+    return rate_interval(chunks.times, chunks.tokens.astype(float), window, batch_floor_s(durations))
 
 
 class StabilityTracker:
