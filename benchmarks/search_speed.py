@@ -1,5 +1,6 @@
-"""How fast a search answers: candidates judged per minute over whole spaces of 1,024 candidates, for
-Kimi K2 on the PCIe node and Llama-3.1-70B on an H100 node, on ``--workers`` processes.
+"""How fast a search answers: candidates judged per minute over whole spaces of 256 to 1,024 candidates,
+for Kimi K2 on the PCIe node, Llama-3.1-70B on an H100 node and Llama-3.1-8B on an H200 node, on
+``--workers`` processes.
 
 Each space is searched as ``python run.py search=...`` would: every candidate validated (rejected ones
 cost almost nothing), bounded by the cost model's ceiling, and predicted to its highest load within the
@@ -26,24 +27,43 @@ from orchestrator.search.runner import search_base
 from orchestrator.search.space import candidates, parse_space
 from vocab.hardware import load_hardware
 
+
+@dataclasses.dataclass(frozen=True)
+class Space:
+    model: str
+    hardware: str
+    input_len: int
+    output_len: int
+    space: list[str]
+    slo: dict[str, float]
+    max_concurrency: int
+
+
+TAIL = {"ttft_p99_ms": 2000.0, "itl_p99_ms": 200.0}
 SPACES = {
-    "kimi-k2 on 8 PCIe GPUs": ("kimi-k2", "rtx-pro-6000-pcie-x8", 256, 32, [
+    "kimi-k2 on 8 PCIe GPUs": Space("kimi-k2", "rtx-pro-6000-pcie-x8", 256, 32, [
         "tp.size=choice(1,2,4,8)", "pp.size=choice(1,2,4,8)", "pp.async_depth=range(0,4)",
-        "pp.micro_batch_size=null,1,2,4,8,16,32,64", "server.cuda_graph=true,false"]),
-    "llama-3.1-70b on 8 H100s": ("llama-3.1-70b", "h100-sxm-x8", 1024, 256, [
+        "pp.micro_batch_size=null,1,2,4,8,16,32,64", "server.cuda_graph=true,false"], TAIL, 128),
+    "llama-3.1-70b on 8 H100s": Space("llama-3.1-70b", "h100-sxm-x8", 1024, 256, [
         "tp.size=choice(1,2,4,8)", "pp.size=choice(1,2,4,8)", "dp.size=1,2", "pp.async_depth=range(0,4)",
-        "server.cuda_graph=true,false", "pp.micro_batch_size=null,1,4,8"]),
+        "server.cuda_graph=true,false", "pp.micro_batch_size=null,1,4,8"], TAIL, 128),
+    # as a new user would try it: every split of 8 H200s, two micro-batch caps, two async depths, and
+    # mean bounds (the decode-heavy workload's lengths, search=llama-70b-h100's cap of 256 per replica)
+    "llama-3.1-8b on 8 H200s": Space("llama-3.1-8b", "h200-nvlink-x8", 1024, 256, [
+        "tp.size=choice(1,2,4,8)", "pp.size=choice(1,2,4,8)", "dp.size=choice(1,2,4,8)",
+        "pp.micro_batch_size=null,4", "pp.async_depth=0,8"], {"ttft_mean_ms": 1000.0, "tpot_mean_ms": 30.0},
+        256),
 }
-SLO = {"ttft_p99_ms": 2000.0, "itl_p99_ms": 200.0}
 
 
-def base(model: str, hardware: str, input_len: int, output_len: int, space: list[str]) -> ParasweepConf:
+def base(space: Space) -> ParasweepConf:
     cfg = ParasweepConf()
-    cfg.model.name, cfg.model.path = model, f"models/{model}"
-    cfg.hardware = load_hardware(hardware)
-    cfg.workload = dataclasses.replace(cfg.workload, concurrency=[1], input_len=input_len,
-                                       output_len=output_len)
-    cfg.search.name, cfg.search.space, cfg.search.slo, cfg.search.max_concurrency = "bench", space, SLO, 128
+    cfg.model.name, cfg.model.path = space.model, f"models/{space.model}"
+    cfg.hardware = load_hardware(space.hardware)
+    cfg.workload = dataclasses.replace(cfg.workload, concurrency=[1], input_len=space.input_len,
+                                       output_len=space.output_len)
+    cfg.search.name, cfg.search.space, cfg.search.slo = "bench", space.space, space.slo
+    cfg.search.max_concurrency = space.max_concurrency
     return cfg
 
 
@@ -55,10 +75,10 @@ def main() -> None:
     args = p.parse_args()
     print(f"{'space':<28}{'size':>6}{'rejected':>10}{'cannot win':>12}{'predicted':>11}{'points/pred':>13}"
           f"{'seconds':>9}{'/min':>7}{'reference /min':>16}{'ratio':>7}")
-    for name, (model, hardware, n_in, n_out, space) in SPACES.items():
-        cfg = search_base(base(model, hardware, n_in, n_out, space))
+    for name, space in SPACES.items():
+        cfg = search_base(base(space))
         settings = check_settings(cfg)
-        every = list(candidates(parse_space(space)))
+        every = list(candidates(parse_space(space.space)))
         start = time.perf_counter()
         outcomes = evaluate_all(cfg, every, settings, args.workers, show_progress=False)
         seconds = time.perf_counter() - start

@@ -371,7 +371,13 @@ class MeasuredCosts:
                 "lm_head": head if st.last else 0.0}
 
     def gpu_time(self, stage: int, shape: BatchShape) -> float:
-        return sum(self.family_times(stage, shape).values())
+        # family_times summed, without building its dict: called for every stage of every micro-batch
+        st = self.roofline.stages[stage]
+        attn, dense, moe, head = self._layer_cache(shape.tokens, shape.seqs, shape.decode,
+                                                   self.roofline.uses_cuda_graph(shape))
+        t = (st.layers * (attn + self._attention_cached(shape)) + (st.layers - st.moe_layers) * dense
+             + st.moe_layers * moe)
+        return t + head if st.last else t
 
     def comm_time(self, stage: int, shape: BatchShape, graph: bool) -> float:
         if self.par.tp == 1:

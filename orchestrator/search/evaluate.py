@@ -178,9 +178,11 @@ def _ceiling(engine: Any, cfg: ParasweepConf, settings: Settings, gpus: int,
     return (per_gpu if settings.objective == "output_tok_s_per_gpu" else per_gpu / w.output_len), start
 
 
-def evaluate(base: ParasweepConf, screened: Screened, settings: Settings) -> Outcome:
+def evaluate(base: ParasweepConf, screened: Screened, settings: Settings, bar: float = -math.inf) -> Outcome:
     """One screened candidate's loads predicted (module docstring). Never raises for a candidate that
-    cannot run."""
+    cannot run. ``bar``: the score a candidate must beat to be among the best predicted so far; where
+    there is one, a load that misses the SLOs may bound the candidate out (``_cannot_reach``), and
+    without a guess where to start the highest load is predicted first."""
     from orchestrator.prediction.modelled import apply_change, point_predictor
 
     change = screened.change
@@ -191,16 +193,36 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings) -> Out
     except (UserError, ValueError) as exc:
         return _rejected(change, exc)
     results: dict[int, PointResult] = {}
+    per_gpu = 1.0 / max(1, outcome.gpus)
+    # with a bar to beat, a load that misses the SLOs bounds every lower load's score
+    prunes = bar > -math.inf and settings.objective == "output_tok_s_per_gpu"
 
     def holds(c: int) -> bool:
         if c not in results:
             results[c] = predict(steady_point(c, predict))
             outcome.predictions += 1
         worst = worst_ratio(results[c].metrics, settings.slo)
-        return worst is None or worst[1] <= 1.0
+        ok = worst is None or worst[1] <= 1.0
+        if not ok and prunes and c > 1:  # (missing at 1 is being over the SLOs, said as such)
+            reach = _cannot_reach(results[c], per_gpu, bar)
+            if reach is not None:
+                raise _CannotWin(reach, c)
+        return ok
 
     outcome.max_load = max_load(settings, cfg)
-    best = highest_load(holds, outcome.max_load, screened.start)
+    try:
+        # without a guess where to start, the highest load first: where it holds it is the answer
+        # (feasibility falls with load), where it does not it may bound the candidate out at once
+        if prunes and screened.start is None and holds(outcome.max_load):
+            best: int | None = outcome.max_load
+        else:
+            best = highest_load(holds, outcome.max_load, screened.start)
+    except _CannotWin as out:
+        outcome.status = PRUNED
+        outcome.reason = (f"{settings.objective} at most {out.reach:,.1f} at any load (predicted at "
+                          f"{out.load}, which misses the SLOs, and every load below it), below the best "
+                          f"predicted ({bar:,.1f} and up)")
+        return outcome
     if best is None:
         metric, ratio = worst_ratio(results[1].metrics, settings.slo) or ("?", math.inf)
         outcome.status, outcome.miss = OVER_SLO, ratio
@@ -210,11 +232,31 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings) -> Out
     result = results[best]
     outcome.concurrency, outcome.metrics = best, dict(result.metrics)
     outcome.limit, outcome.limit_at = _limit(results, best, settings, outcome.max_load)
-    per_gpu = 1.0 / max(1, outcome.gpus)
     outcome.score = per_gpu * (result.metrics.get("output_tok_s", 0.0)
                                if settings.objective == "output_tok_s_per_gpu"
                                else goodput(result.records, result.point, settings.slo))
     return outcome
+
+
+class _CannotWin(Exception):
+    """A load missed the SLOs with a throughput that bounds the candidate below the bar."""
+
+    def __init__(self, reach: float, load: int) -> None:
+        super().__init__(reach, load)
+        self.reach, self.load = reach, load
+
+
+def _cannot_reach(top: PointResult, per_gpu: float, bar: float) -> float | None:
+    """The most a candidate can score at any load, from its prediction at its highest load where that
+    misses the SLOs, when that is below ``bar`` (None: it might reach it). A closed loop's throughput
+    grows with its load up to saturation and stays there, so no lower load delivers more than the
+    highest does; the bound adds the point's own 95 % interval, so that noise cannot hide a winner. A
+    point without an interval (too short a window) bounds nothing."""
+    rel = top.metrics.get("output_tok_s_ci95_rel", math.nan)
+    if not math.isfinite(rel):
+        return None
+    reach = per_gpu * top.metrics.get("output_tok_s", math.inf) * (1.0 + rel)
+    return reach if reach < bar else None
 
 
 def _limit(results: Mapping[int, PointResult], best: int, settings: Settings, limit: int

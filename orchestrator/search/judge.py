@@ -39,9 +39,9 @@ def _screen_some(args: tuple[ParasweepConf, list[dict[str, Any]], Settings]) -> 
     return [_guarded(change, screen, base, change, settings) for change in changes]
 
 
-def _evaluate_one(args: tuple[ParasweepConf, Screened, Settings]) -> Outcome:
-    base, screened, settings = args
-    return _guarded(screened.change, evaluate, base, screened, settings)
+def _evaluate_one(args: tuple[ParasweepConf, Screened, Settings, float]) -> Outcome:
+    base, screened, settings, bar = args
+    return _guarded(screened.change, evaluate, base, screened, settings, bar)
 
 
 def _guarded(change: dict[str, Any], fn: Any, *args: Any) -> Any:
@@ -175,9 +175,9 @@ class Judge:
                     queue.clear()
                     break
                 if pool is None:
-                    settle(s, _evaluate_one((cfg, s, settings)))
+                    settle(s, _evaluate_one((cfg, s, settings, ranking.bar)))
                 else:
-                    running[pool.submit(_evaluate_one, (cfg, s, settings))] = s
+                    running[pool.submit(_evaluate_one, (cfg, s, settings, ranking.bar))] = s
             if running:
                 done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
                 for future in done:

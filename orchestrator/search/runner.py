@@ -151,7 +151,8 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings) -
               else f"{len(outcomes)} candidates")
     lines = [f"Search {cfg.search.name}: {judged}: {counts.get(OK, 0)} within the SLOs, "
              f"{counts.get(OVER_SLO, 0)} over them at any load, {counts.get(PRUNED, 0)} could not win "
-             f"(the cost model's ceiling below the best predicted), {counts.get(REJECTED, 0)} rejected; "
+             f"(their ceiling, from the cost model or their highest load, below the best predicted), "
+             f"{counts.get(REJECTED, 0)} rejected; "
              f"{twins} the same engine as another, {replicas} more replicas of another (judged from its "
              f"replica); {sum(o.predictions for o in outcomes)} load points "
              f"predicted; {PREDICTED}."]
