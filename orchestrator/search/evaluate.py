@@ -178,11 +178,17 @@ def _ceiling(engine: Any, cfg: ParasweepConf, settings: Settings, gpus: int,
     return (per_gpu if settings.objective == "output_tok_s_per_gpu" else per_gpu / w.output_len), start
 
 
-def evaluate(base: ParasweepConf, screened: Screened, settings: Settings, bar: float = -math.inf) -> Outcome:
+def _no_bar() -> float:
+    return -math.inf
+
+
+def evaluate(base: ParasweepConf, screened: Screened, settings: Settings,
+             bar: Callable[[], float] = _no_bar) -> Outcome:
     """One screened candidate's loads predicted (module docstring). Never raises for a candidate that
-    cannot run. ``bar``: the score a candidate must beat to be among the best predicted so far; where
-    there is one, a load that misses the SLOs may bound the candidate out (``_cannot_reach``), and
-    without a guess where to start the highest load is predicted first."""
+    cannot run. ``bar()``: the score a candidate must beat to be among the best predicted so far, as it
+    stands (other candidates are judged meanwhile); where there is one, a load that misses the SLOs may
+    bound the candidate out (``_cannot_reach``), and without a guess where to start the highest load is
+    predicted first."""
     from orchestrator.prediction.modelled import apply_change, point_predictor
 
     change = screened.change
@@ -195,7 +201,7 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings, bar: f
     results: dict[int, PointResult] = {}
     per_gpu = 1.0 / max(1, outcome.gpus)
     # with a bar to beat, a load that misses the SLOs bounds every lower load's score
-    prunes = bar > -math.inf and settings.objective == "output_tok_s_per_gpu"
+    bounds = settings.objective == "output_tok_s_per_gpu"
 
     def holds(c: int) -> bool:
         if c not in results:
@@ -203,17 +209,18 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings, bar: f
             outcome.predictions += 1
         worst = worst_ratio(results[c].metrics, settings.slo)
         ok = worst is None or worst[1] <= 1.0
-        if not ok and prunes and c > 1:  # (missing at 1 is being over the SLOs, said as such)
-            reach = _cannot_reach(results[c], per_gpu, bar)
+        if not ok and bounds and c > 1:  # (missing at 1 is being over the SLOs, said as such)
+            now = bar()
+            reach = _cannot_reach(results[c], per_gpu, now)
             if reach is not None:
-                raise _CannotWin(reach, c)
+                raise _CannotWin(reach, c, now)
         return ok
 
     outcome.max_load = max_load(settings, cfg)
     try:
         # without a guess where to start, the highest load first: where it holds it is the answer
         # (feasibility falls with load), where it does not it may bound the candidate out at once
-        if prunes and screened.start is None and holds(outcome.max_load):
+        if bounds and bar() > -math.inf and screened.start is None and holds(outcome.max_load):
             best: int | None = outcome.max_load
         else:
             best = highest_load(holds, outcome.max_load, screened.start)
@@ -221,7 +228,7 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings, bar: f
         outcome.status = PRUNED
         outcome.reason = (f"{settings.objective} at most {out.reach:,.1f} at any load (predicted at "
                           f"{out.load}, which misses the SLOs, and every load below it), below the best "
-                          f"predicted ({bar:,.1f} and up)")
+                          f"predicted ({out.bar:,.1f} and up)")
         return outcome
     if best is None:
         metric, ratio = worst_ratio(results[1].metrics, settings.slo) or ("?", math.inf)
@@ -241,9 +248,9 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings, bar: f
 class _CannotWin(Exception):
     """A load missed the SLOs with a throughput that bounds the candidate below the bar."""
 
-    def __init__(self, reach: float, load: int) -> None:
-        super().__init__(reach, load)
-        self.reach, self.load = reach, load
+    def __init__(self, reach: float, load: int, bar: float) -> None:
+        super().__init__(reach, load, bar)
+        self.reach, self.load, self.bar = reach, load, bar
 
 
 def _cannot_reach(top: PointResult, per_gpu: float, bar: float) -> float | None:

@@ -11,6 +11,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import math
+import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
@@ -39,9 +40,18 @@ def _screen_some(args: tuple[ParasweepConf, list[dict[str, Any]], Settings]) -> 
     return [_guarded(change, screen, base, change, settings) for change in changes]
 
 
-def _evaluate_one(args: tuple[ParasweepConf, Screened, Settings, float]) -> Outcome:
-    base, screened, settings, bar = args
-    return _guarded(screened.change, evaluate, base, screened, settings, bar)
+# In a worker process: the bar to beat, shared with the judge (set by the pool's initializer)
+_shared_bar: Any = None
+
+
+def _share_bar(bar: Any) -> None:
+    global _shared_bar
+    _shared_bar = bar
+
+
+def _evaluate_one(args: tuple[ParasweepConf, Screened, Settings]) -> Outcome:
+    base, screened, settings = args
+    return _guarded(screened.change, evaluate, base, screened, settings, lambda: _shared_bar.value)
 
 
 def _guarded(change: dict[str, Any], fn: Any, *args: Any) -> Any:
@@ -118,10 +128,14 @@ class Judge:
         self.cfg, self.settings, self.workers, self.keep = cfg, settings, workers, keep
         self.ranking = _Ranking(keep)
         self.pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self.shared_bar: Any = None
 
     def __enter__(self) -> Judge:
         if self.workers > 1:
-            self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=self.workers)
+            # the ranking's bar, in shared memory: a candidate being judged sees it rise as others finish
+            self.shared_bar = multiprocessing.RawValue("d", -math.inf)
+            self.pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.workers, initializer=_share_bar, initargs=(self.shared_bar,))
             self.pool.submit(int).result()  # forks every worker now (the fork start method forks all)
         return self
 
@@ -161,6 +175,8 @@ class Judge:
                                        for d in derived[s.engine_key]]
             for member, result in family:
                 ranking.add(result)
+                if pool is not None:
+                    self.shared_bar.value = ranking.bar
                 for i, twin in enumerate(twins[member.engine_key]):
                     outcomes[index[id(twin.change)]] = result if i == 0 else _twin(result, twin)
                     advance()
@@ -175,9 +191,9 @@ class Judge:
                     queue.clear()
                     break
                 if pool is None:
-                    settle(s, _evaluate_one((cfg, s, settings, ranking.bar)))
+                    settle(s, _guarded(s.change, evaluate, cfg, s, settings, lambda: ranking.bar))
                 else:
-                    running[pool.submit(_evaluate_one, (cfg, s, settings, ranking.bar))] = s
+                    running[pool.submit(_evaluate_one, (cfg, s, settings))] = s
             if running:
                 done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
                 for future in done:
