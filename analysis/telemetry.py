@@ -141,19 +141,43 @@ def _gpu_summaries(gpu: pd.DataFrame, start: float, end: float, output_tokens: i
 
 
 def _counter_increase(g: pd.DataFrame, start: float, end: float) -> float | None:
-    """One GPU's energy counter over the window (``counter_increase``)."""
-    g = g[g["energy"].notna()]
-    return counter_increase(g["ts"].to_numpy(float), g["energy"].to_numpy(float), start, end)
+    """One GPU's energy counter over the window (``counter_increase``), spread between its readings by
+    the power samples."""
+    read = g[g["energy"].notna()]
+    powered = g[g["power"].notna()]
+    return counter_increase(read["ts"].to_numpy(float), read["energy"].to_numpy(float), start, end,
+                            powered["ts"].to_numpy(float), powered["power"].to_numpy(float))
 
 
-def counter_increase(ts: np.ndarray, values: np.ndarray, start: float, end: float) -> float | None:
-    """A counter sampled at ``ts`` (ascending), read at ``end`` minus at ``start``, each interpolated
-    between the two samples around it (held at the first/last sample beyond the sampled span). None when
-    no samples overlap the window, or the counter went backwards (a reset)."""
+def counter_increase(ts: np.ndarray, values: np.ndarray, start: float, end: float,
+                     rate_ts: np.ndarray | None = None, rate: np.ndarray | None = None) -> float | None:
+    """A counter sampled at ``ts`` (ascending), read at ``end`` minus at ``start``; None when no samples
+    overlap the window, or the counter went backwards (a reset). Each end is interpolated between the
+    two readings around it (held at the first/last reading beyond the sampled span): in proportion to
+    time, or, given samples of the counter's rate (``rate`` at ``rate_ts``: the power beside the
+    energy counter), in proportion to the rate's integral, so that a counter read once a second still
+    puts a load that starts between two readings where the power says it started."""
     if len(ts) == 0 or ts[0] > end or ts[-1] < start:
         return None
-    increase = float(np.interp(end, ts, values) - np.interp(start, ts, values))
+    increase = _counter_at(end, ts, values, rate_ts, rate) - _counter_at(start, ts, values, rate_ts, rate)
     return increase if increase >= 0 else None
+
+
+def _counter_at(t: float, ts: np.ndarray, values: np.ndarray, rate_ts: np.ndarray | None,
+                rate: np.ndarray | None) -> float:
+    if t <= ts[0] or t >= ts[-1] or rate_ts is None or rate is None or len(rate_ts) == 0:
+        return float(np.interp(t, ts, values))
+    i = int(np.searchsorted(ts, t, side="right")) - 1
+    t0, t1 = float(ts[i]), float(ts[i + 1])
+    # the rate between the two readings: its samples there, and at both readings (interpolated)
+    inner = (rate_ts > t0) & (rate_ts < t1)
+    grid = np.concatenate(([t0], rate_ts[inner], [t1]))
+    level = np.concatenate(([np.interp(t0, rate_ts, rate)], rate[inner], [np.interp(t1, rate_ts, rate)]))
+    area = np.concatenate(([0.0], np.cumsum(np.diff(grid) * (level[1:] + level[:-1]) / 2.0)))
+    if not area[-1] > 0:
+        return float(np.interp(t, ts, values))
+    share = float(np.interp(t, grid, area)) / float(area[-1])
+    return float(values[i] + share * (values[i + 1] - values[i]))
 
 
 def _throttled_s(g: pd.DataFrame, start: float, end: float) -> float | None:

@@ -1,16 +1,19 @@
 """What the GPU sampler costs the trial's process: its CPU time, and the load generator's throughput
 with it running next to the load generator on the same core.
 
-    .venv/bin/python benchmarks/gpu_sampler_bench.py [--nvml] [--gpus 8] [--hz 10] [--seconds 8] [--reps 5]
-        [--json F]
+    .venv/bin/python benchmarks/gpu_sampler_bench.py [--nvml | --h200-costs] [--gpus 8] [--hz 10]
+        [--seconds 8] [--reps 5] [--json F]
 
 (a) CPU: ``GpuSampler`` + ``NvmlReader`` at ``--hz`` over ``--gpus`` GPUs, writing its JSONL as in a
 trial, for ``--seconds``; the sampler thread's own CPU time (its POSIX thread CPU clock) and the
 whole process's CPU time against an idle window of the same length measured just before,
-both as CPU seconds per minute of wall time. Without ``--nvml`` the reader runs on the pynvml
-stand-in of the tests (``tests/fake_nvml.py``): the reader's decoding, the sampler and the file writes
-are measured, the real NVML calls (ctypes into the driver, which queries the GPU) are NOT. On a GPU
-machine pass ``--nvml`` to use the real library over this node's first ``--gpus`` GPUs.
+both as CPU seconds per minute of wall time; twice, the reference first: the energy counter read at
+every sample (as the sampler did before), then as it reads it now (once a second and at the marks), and
+the ratio of the two per sample. Without ``--nvml`` the reader runs on the pynvml stand-in of the tests
+(``tests/fake_nvml.py``): the reader's decoding, the sampler and the file writes are measured, the real
+NVML calls (ctypes into the driver, which queries the GPU) are NOT, unless ``--h200-costs`` makes each
+stand-in call spend the CPU time that call took on a real H200 (``H200_CALL_US``). On a GPU machine
+pass ``--nvml`` to use the real library over this node's first ``--gpus`` GPUs.
 
 (b) Load generator: the loopback server (``python -m workloads.loopback``, 1 ms to the first token,
 1 ms apart, pinned to the first CPU) and, in this process pinned to the second CPU, the load
@@ -40,7 +43,7 @@ from typing import Any
 import orjson
 from loadgen_common import REPO, cpus, loopback
 
-from orchestrator.telemetry.gpu_sampler import GpuSampler
+from orchestrator.telemetry.gpu_sampler import ENERGY_EVERY_S, GpuSampler
 from orchestrator.telemetry.nvml_source import NvmlReader
 from vocab.load import LoadPoint, RequestSpec
 from workloads import run_point
@@ -62,8 +65,51 @@ def _stand_in(gpus: int) -> Any:
     return module.FakeNvml(devices).module()
 
 
+# CPU time of one call on a real H200 (driver 580.159.04, nvidia-ml-py 13), measured call by call:
+# what --h200-costs makes the stand-in spend. nvmlDeviceGetFieldValues costs the sum of its fields'
+# (the energy counter, field 83, as GetTotalEnergyConsumption; instant power, 186, as GetPowerUsage;
+# the PCIe byte counters, 197 and 198, were not timed alone: 0 here).
+H200_CALL_US = {"nvmlDeviceGetTotalEnergyConsumption": 3823.0, "nvmlDeviceGetPowerUsage": 0.96,
+                "nvmlDeviceGetUtilizationRates": 0.90, "nvmlDeviceGetMemoryInfo": 5.4,
+                "nvmlDeviceGetClockInfo": 1.1, "nvmlDeviceGetTemperature": 1.1,
+                "nvmlDeviceGetCurrentClocksEventReasons": 0.97,
+                "nvmlDeviceGetCurrentClocksThrottleReasons": 0.97}
+H200_FIELD_US = {83: 3823.0, 186: 0.96}
+
+
+def _spin(us: float) -> None:
+    """Burn ``us`` microseconds of this thread's CPU (what the driver call would take)."""
+    end = time.thread_time() + us * 1e-6
+    while time.thread_time() < end:
+        pass
+
+
+class _CostlyNvml:
+    """The stand-in's module, each call spending the CPU time it takes on a real H200 (H200_CALL_US)."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._module, name)
+        if name == "nvmlDeviceGetFieldValues":
+            def fields(handle: Any, ids: list[int]) -> Any:
+                _spin(sum(H200_FIELD_US.get(int(i), 0.0) for i in ids))
+                return value(handle, ids)
+            return fields
+        if name in H200_CALL_US:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                _spin(H200_CALL_US[name])
+                return value(*args, **kwargs)
+            return call
+        return value
+
+
 def _reader(a: argparse.Namespace) -> NvmlReader:
-    return NvmlReader.open(None, a.gpus, nvml=None if a.nvml else _stand_in(a.gpus))
+    if a.nvml:
+        return NvmlReader.open(None, a.gpus)
+    stand_in = _stand_in(a.gpus)
+    return NvmlReader.open(None, a.gpus, nvml=_CostlyNvml(stand_in) if a.h200_costs else stand_in)
 
 
 def _thread_cpu_s(thread: threading.Thread) -> float:
@@ -73,14 +119,15 @@ def _thread_cpu_s(thread: threading.Thread) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
-def cpu_cost(a: argparse.Namespace, tmp: Path) -> dict[str, float]:
-    """(a): CPU seconds per minute of wall time, the sampler thread's own and the process's excess."""
+def cpu_cost(a: argparse.Namespace, tmp: Path, energy_every_s: float) -> dict[str, float]:
+    """(a): CPU seconds per minute of wall time, the sampler thread's own and the process's excess, with
+    the energy counter read every ``energy_every_s`` (0: at every sample)."""
     reader = _reader(a)
     t0, c0 = time.perf_counter(), time.process_time()
     time.sleep(a.seconds)  # the idle baseline: this process with nothing running
     idle_wall, idle_cpu = time.perf_counter() - t0, time.process_time() - c0
 
-    sampler = GpuSampler(reader, tmp / "cpu.jsonl", hz=a.hz)
+    sampler = GpuSampler(reader, tmp / "cpu.jsonl", hz=a.hz, energy_every_s=energy_every_s)
     t0, c0 = time.perf_counter(), time.process_time()
     sampler.start()
     thread = next(t for t in threading.enumerate() if t.name == "gpu-sampler")
@@ -90,6 +137,7 @@ def cpu_cost(a: argparse.Namespace, tmp: Path) -> dict[str, float]:
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     per_min = 60.0 / wall
     return {
+        "energy_every_s": energy_every_s,
         "gpus": a.gpus, "hz": a.hz, "seconds": wall, "samples": sampler.samples, "errors": sampler.errors,
         "thread_cpu_s_per_min": thread_cpu * per_min,
         "process_cpu_s_per_min": cpu * per_min,
@@ -148,21 +196,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hz", type=float, default=10.0)
     p.add_argument("--seconds", type=float, default=8.0, help="(a): length of the idle and sampled windows")
     p.add_argument("--reps", type=int, default=5, help="(b): pairs without/with the sampler")
+    p.add_argument("--h200-costs", action="store_true",
+                   help="the stand-in spends each call's CPU time as measured on a real H200")
     p.add_argument("--json", type=Path, help="also write all results to this file")
     a = p.parse_args(argv)
     source = ("real NVML" if a.nvml
-              else "pynvml stand-in (tests/fake_nvml.py): real NVML call cost NOT included")
+              else "pynvml stand-in (tests/fake_nvml.py), each call costing what it costs on an H200"
+              if a.h200_costs else "pynvml stand-in (tests/fake_nvml.py): real NVML call cost NOT included")
     print(f"GPU sampler at {a.hz:g} Hz over {a.gpus} GPUs; reader on the {source}; "
           f"{os.cpu_count()} CPUs", flush=True)
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        cpu = cpu_cost(a, tmp)
-        print(f"(a) CPU: sampler thread {cpu['thread_cpu_s_per_min']:.3f} CPU-s per minute "
-              f"({cpu['thread_cpu_ms_per_sample']:.2f} ms per sample of {a.gpus} GPUs, "
-              f"{cpu['samples']} samples, {cpu['errors']} failed); "
-              f"process {cpu['process_cpu_s_per_min']:.3f} CPU-s/min against "
-              f"{cpu['idle_process_cpu_s_per_min']:.3f} idle: excess {cpu['excess_cpu_s_per_min']:.3f}",
-              flush=True)
+        # the reference: the energy counter at every sample (before); then as the sampler reads it
+        cpus_ = {label: cpu_cost(a, tmp, every) for label, every in (("energy every sample", 0.0),
+                                                                      ("energy 1/s and at marks",
+                                                                       ENERGY_EVERY_S))}
+        for label, cpu in cpus_.items():
+            print(f"(a) CPU, {label}: sampler thread {cpu['thread_cpu_s_per_min']:.3f} CPU-s per minute "
+                  f"({cpu['thread_cpu_ms_per_sample']:.2f} ms per sample of {a.gpus} GPUs, "
+                  f"{cpu['samples']} samples, {cpu['errors']} failed); "
+                  f"process {cpu['process_cpu_s_per_min']:.3f} CPU-s/min against "
+                  f"{cpu['idle_process_cpu_s_per_min']:.3f} idle: excess {cpu['excess_cpu_s_per_min']:.3f}",
+                  flush=True)
+        before, after = cpus_.values()
+        print(f"(a) CPU per sample, 1/s against every sample: "
+              f"{after['thread_cpu_ms_per_sample'] / before['thread_cpu_ms_per_sample']:.3f}", flush=True)
+        cpu = after
         print(f"(b) load generator, closed loop c{CONCURRENCY}, {REQUESTS} x {OUTPUT_LEN}-token streams "
               "on the loopback server:", flush=True)
         load = loadgen_impact(a, tmp)
@@ -171,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
           f"loop lag p99 {load['lag_p99_delta_ms']:+.2f} ms, TTFT p99 {load['ttft_p99_delta_ms']:+.2f} ms")
     if a.json:
         with contextlib.suppress(OSError):
-            a.json.write_bytes(orjson.dumps({"source": source, "cpu": cpu, "load": load},
+            a.json.write_bytes(orjson.dumps({"source": source, "cpu": list(cpus_.values()), "load": load},
                                             option=orjson.OPT_INDENT_2))
     return 0
 

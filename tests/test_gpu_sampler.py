@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -24,16 +25,19 @@ class CountingSource:
 
     def __init__(self, fail_on: tuple[int, ...] = (), nan_power: bool = False) -> None:
         self.reads = 0
+        self.energy_reads: list[int] = []  # the reads asked for the energy counter
         self.closed = False
         self.fail_on, self.nan_power = fail_on, nan_power
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self, energy: bool = True) -> list[dict[str, Any]]:
         self.reads += 1
         if self.reads in self.fail_on:
             raise RuntimeError(f"read {self.reads} failed")
+        if energy:
+            self.energy_reads.append(self.reads)
         power = math.nan if self.nan_power else float(self.reads)
-        return [{"gpu": g, "uuid": f"sim-{g}", "power_w": power, "energy_j": 10.0 * self.reads}
-                for g in range(2)]
+        return [{"gpu": g, "uuid": f"sim-{g}", "power_w": power,
+                 "energy_j": 10.0 * self.reads if energy else math.nan} for g in range(2)]
 
     def close(self) -> None:
         self.closed = True
@@ -130,11 +134,11 @@ class StuckSource(CountingSource):
         self.release = threading.Event()
         self.reading = threading.Event()
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self, energy: bool = True) -> list[dict[str, Any]]:
         if self.reads >= 1:
             self.reading.set()
             self.release.wait(timeout=30)
-        return super().read()
+        return super().read(energy)
 
 
 def test_stop_leaves_a_stuck_thread_alone_and_writes_nothing_beside_it(tmp_path: Path) -> None:
@@ -151,3 +155,25 @@ def test_stop_leaves_a_stuck_thread_alone_and_writes_nothing_beside_it(tmp_path:
     assert source.closed and source.reads == 3
     df = read_gpu_samples(path)
     assert df is not None and df["power_w"].tolist() == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+
+
+def test_the_energy_counter_is_read_at_start_marks_and_stop_and_seldom_between(tmp_path: Path) -> None:
+    source = CountingSource()
+    path = tmp_path / "gpu.jsonl"
+    sampler = GpuSampler(source, path, hz=50, energy_every_s=0.5).start()
+    time.sleep(0.8)
+    sampler.mark()
+    marked = source.reads
+    time.sleep(0.3)
+    sampler.stop()
+    # the start, the mark and the stop read it; every other read asked for it only once it was due
+    assert {1, marked, source.reads} <= set(source.energy_reads)
+    df = read_gpu_samples(path)
+    assert df is not None
+    samples = df.drop_duplicates("ts")  # two GPUs a sample
+    ts = samples["ts"].to_numpy()
+    assert [i + 1 for i in range(len(samples)) if samples["energy_j"].notna().iloc[i]] == source.energy_reads
+    for before, read in itertools.pairwise(source.energy_reads):
+        if read not in (marked, source.reads):  # due: half a second after the previous reading
+            assert ts[read - 1] - ts[before - 1] >= 0.5
+    assert len(source.energy_reads) < source.reads / 4  # most samples are power and the cheap readings

@@ -11,6 +11,7 @@ import pytest
 
 from analysis.telemetry import point_telemetry
 from orchestrator.telemetry.gpu_check import failures, phase_stats
+from vocab.telemetry import J_PER_TOKEN
 
 SAMPLES = Path(__file__).parent / "data" / "nvml" / "h200-gpu-check-20s.parquet"
 
@@ -54,3 +55,40 @@ def test_load_and_idle_windows_read_as_such(h200: pd.DataFrame) -> None:
     # at the power limit the GPU reported the power-cap clock reason for most of the load
     assert load["gpu_throttled_s"] > 0.8 * (windows["load"][1] - windows["load"][0])
     assert idle["gpu_throttled_s"] < 0.5
+
+
+def _as_the_sampler_reads_energy(gpu0: pd.DataFrame, marks: list[float]) -> pd.DataFrame:
+    """``gpu0``'s samples with the energy counter kept only where the sampler now reads it: the first
+    sample (its start), the first at or after each mark (a point's start and end), once a second in
+    between, and the last (its stop)."""
+    keep = np.zeros(len(gpu0), dtype=bool)
+    last, pending = -np.inf, sorted(marks)
+    for i, t in enumerate(gpu0["ts"].to_numpy(float)):
+        due = bool(pending) and t >= pending[0]
+        if due:
+            pending.pop(0)
+        if i == 0 or i == len(gpu0) - 1 or due or t - last >= 1.0:
+            keep[i], last = True, t
+    sparse = gpu0.copy()
+    sparse.loc[~keep, "energy_j"] = np.nan
+    return sparse
+
+
+def test_the_energy_counter_read_once_a_second_and_at_the_marks_gives_the_same_joules(
+        h200: pd.DataFrame) -> None:
+    # The counter costs milliseconds of CPU a read on this GPU, so the sampler reads it at a point's
+    # edges and once a second; each window's energy (hence J per token) must stay within 2 % of what
+    # the counter read at every sample (20 Hz) gives. The load's start and end are the points' edges.
+    gpu0 = h200[h200["gpu"] == 0].sort_values("ts").reset_index(drop=True)
+    phases = _phases(gpu0)
+    (a, b), t0 = phases["load"], float(gpu0["ts"].min())
+    sparse = _as_the_sampler_reads_energy(gpu0, [a, b])
+    assert sparse["energy_j"].notna().sum() < len(gpu0) / 10
+    windows = [(a + 1.0, b - 1.0),  # a steady window inside its point
+               (a + 2.3, a + 7.7),  # one between counter readings at both ends
+               (t0 + 2.0, a + 3.0),  # across the idle to load step
+               (a, b)]
+    for start, end in windows:
+        every = point_telemetry(gpu0, None, start, end, output_tokens=1000, idle_power_w=0.0, layout=[])
+        seldom = point_telemetry(sparse, None, start, end, output_tokens=1000, idle_power_w=0.0, layout=[])
+        assert seldom[J_PER_TOKEN] == pytest.approx(every[J_PER_TOKEN], rel=0.02), (start - t0, end - t0)

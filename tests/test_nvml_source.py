@@ -366,9 +366,13 @@ def test_gpu_check_phases_follow_a_load_seen_through_the_sampler(tmp_path: Path)
     for power, util, step in ((80.0, 0, 8_000), (600.0, 100, 60_000), (90.0, 0, 9_000)):
         gpu.power_w, gpu.util_gpu, gpu.energy_step_mj = power, util, step
         marks.append(now())
+        sampler.mark()  # the energy counter at each phase's start, as the check and a trial read it
         time.sleep(0.6)
     marks.append(now())
     sampler.stop()
+    # between the marks (1 s apart at most) the samples carry power alone
+    df = read_gpu_samples(tmp_path / "gpu.jsonl")
+    assert df is not None and df["energy_j"].isna().sum() > len(df) // 2
     df = read_gpu_samples(tmp_path / "gpu.jsonl")
     assert df is not None
     idle, load, after = (gpu_check.phase_stats(df, n, marks[i], marks[i + 1])

@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.telemetry import counter_increase
 from orchestrator.telemetry.gpu_sampler import GpuSampler, read_gpu_samples
 from orchestrator.telemetry.nvml_source import NvmlReader, NvmlUnavailable
 from workloads.clock import now
@@ -44,7 +45,7 @@ class Phase:
     samples: int
     power_w: float
     util_pct: float
-    energy_j: float  # last minus first counter reading inside the phase
+    energy_j: float  # the counter's increase from the phase's first sample to its last
 
     @property
     def counter_w(self) -> float:
@@ -56,14 +57,20 @@ def phase_stats(df: pd.DataFrame, name: str, start: float, end: float) -> Phase:
     """One phase of GPU 0's samples (``ts`` in [start, end]). Means skip the phase's first and last
     half second (power and utilisation lag a change of load by up to a sample period of the driver);
     energy spans every sample in the phase."""
-    part = df[(df["gpu"] == 0) & df["ts"].between(start, end)].sort_values("ts")
+    gpu0 = df[df["gpu"] == 0].sort_values("ts")
+    part = gpu0[gpu0["ts"].between(start, end)]
     trim = min(0.5, (end - start) / 4)
     core = part[part["ts"].between(start + trim, end - trim)]
     if len(part) < 2:
         return Phase(name, 0.0, len(part), math.nan, math.nan, math.nan)
-    return Phase(name, float(part["ts"].iloc[-1] - part["ts"].iloc[0]), len(part),
-                 float(core["power_w"].mean()), float(core["util_gpu_pct"].mean()),
-                 float(part["energy_j"].iloc[-1] - part["energy_j"].iloc[0]))
+    first, last = float(part["ts"].iloc[0]), float(part["ts"].iloc[-1])
+    # the counter is read at the phases' bounds (the sampler's marks) and once a second in between: the
+    # readings around the phase's first and last sample, wherever they are
+    read, powered = gpu0[gpu0["energy_j"].notna()], gpu0[gpu0["power_w"].notna()]
+    energy = counter_increase(read["ts"].to_numpy(float), read["energy_j"].to_numpy(float), first, last,
+                              powered["ts"].to_numpy(float), powered["power_w"].to_numpy(float))
+    return Phase(name, last - first, len(part), float(core["power_w"].mean()),
+                 float(core["util_gpu_pct"].mean()), energy if energy is not None else math.nan)
 
 
 def failures(idle: Phase, load: Phase) -> list[str]:
@@ -157,8 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         marks = [now()]
         time.sleep(idle_s)
         marks.append(now())
+        sampler.mark()  # the energy counter at each phase's bounds, as a trial reads it at a point's
         tflops = _matmul_load(torch, a_mat, b_mat, a.seconds - 2 * idle_s)
         marks.append(now())
+        sampler.mark()
         time.sleep(idle_s)
         marks.append(now())
     finally:

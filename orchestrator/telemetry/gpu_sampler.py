@@ -5,9 +5,16 @@ The sampler runs in the trial's process on its own thread, never on the load gen
 a request. It is started before the first load point and stopped after the last; each row carries
 ``ts`` on the load generator's clock (:func:`workloads.clock.now`), the clock of the request records.
 
-A source is anything with ``name`` (a :class:`vocab.telemetry.GpuSource`), ``read() -> rows``
+A source is anything with ``name`` (a :class:`vocab.telemetry.GpuSource`), ``read(energy) -> rows``
 (one dict per GPU, the columns of ``GPU_COLUMNS`` except ``ts``, which the sampler stamps) and
 ``close()``. A failing read is counted and skipped; it never ends the trial.
+
+The energy counter costs a real GPU's driver milliseconds of CPU a read (``nvml_source``), so it is
+asked for only every ``energy_every_s`` (1 s) and whenever the trial marks an instant that bounds what
+it will measure (:meth:`GpuSampler.mark`: a load point's start and end); every other sample carries
+power and the cheap readings, its energy NaN. A point's energy is then the counter's own increase
+between readings that enclose it, spread over time by the power samples in between
+(``analysis.telemetry.counter_increase``).
 """
 
 from __future__ import annotations
@@ -26,11 +33,13 @@ from workloads.clock import now
 
 log = logging.getLogger("parasweep")
 
+ENERGY_EVERY_S = 1.0  # the energy counter's reading rate between marks (it costs ms of CPU on a GPU)
+
 
 class GpuReader(Protocol):
     name: GpuSource
 
-    def read(self) -> list[dict[str, Any]]: ...
+    def read(self, energy: bool = True) -> list[dict[str, Any]]: ...
 
     def close(self) -> None: ...
 
@@ -38,10 +47,14 @@ class GpuReader(Protocol):
 class GpuSampler:
     """``start()`` then ``stop()``; rows land in ``jsonl_path`` (one JSON object per GPU per sample)."""
 
-    def __init__(self, source: GpuReader, jsonl_path: Path, hz: float = 10.0) -> None:
+    def __init__(self, source: GpuReader, jsonl_path: Path, hz: float = 10.0,
+                 energy_every_s: float = ENERGY_EVERY_S) -> None:
         if not hz > 0:
             raise ValueError(f"sampling rate must be > 0 Hz, got {hz}")
         self.source, self.jsonl_path, self.period_s = source, jsonl_path, 1.0 / hz
+        self.energy_every_s = energy_every_s
+        self._energy_at = -math.inf  # when the energy counter was last read
+        self._lock = threading.Lock()  # a mark (the trial's thread) and a tick (the sampler's) take turns
         self.samples = 0
         self.errors = 0
         self.first_error = ""
@@ -53,14 +66,26 @@ class GpuSampler:
     def start(self) -> GpuSampler:
         self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.jsonl_path.open("a", buffering=1)  # line-buffered: a crash loses no row
-        self.sample_once()  # one sample before the first load point
+        self.sample_once(energy=True)  # one sample before the first load point
         self._thread.start()
         return self
 
-    def sample_once(self) -> int:
+    def mark(self) -> int:
+        """A sample now, with the energy counter: the trial calls it at a load point's start and end, so
+        that every point's energy is bounded by readings of the counter itself."""
+        return self.sample_once(energy=True)
+
+    def sample_once(self, energy: bool | None = None) -> int:
+        """One sample of every GPU; ``energy``: read the energy counter (None: when it is due)."""
+        with self._lock:
+            return self._sample(energy)
+
+    def _sample(self, energy: bool | None) -> int:
         ts = now()
+        if energy is None:
+            energy = ts - self._energy_at >= self.energy_every_s
         try:
-            rows = self.source.read()
+            rows = self.source.read(energy=energy)
         except Exception as exc:  # NVML errors, a simulated engine that went away: count, go on
             self.errors += 1
             if not self.first_error:
@@ -73,6 +98,8 @@ class GpuSampler:
             lines.append(json.dumps({k: _plain(row.get(k)) for k in GPU_COLUMNS}) + "\n")
         self._file.writelines(lines)
         self.samples += 1
+        if energy:
+            self._energy_at = ts
         return len(rows)
 
     def _loop(self) -> None:
@@ -102,7 +129,7 @@ class GpuSampler:
             return
         try:
             if self._file is not None:
-                self.sample_once()
+                self.sample_once(energy=True)
         finally:
             if self._file is not None:
                 self._file.close()

@@ -25,6 +25,11 @@ class GpuTelemetry:
     note: str  # why there is no telemetry, or what is sampled
     sampler: GpuSampler | None = None
 
+    def mark(self) -> None:
+        """A sample with the energy counter now (a load point starts or ends)."""
+        if self.sampler is not None:
+            self.sampler.mark()
+
     def stop(self) -> None:
         if self.sampler is not None:
             self.sampler.stop()

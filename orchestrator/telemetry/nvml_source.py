@@ -16,11 +16,16 @@ mapping; ``orchestrator.gpu_release`` uses it too):
 The first ``count`` entries are the engine's GPUs 0..count-1; a row's ``gpu`` is that position.
 
 What one read costs, per GPU: one batched ``nvmlDeviceGetFieldValues`` (instantaneous power, the
-total-energy counter, the cumulative PCIe byte counters) and five plain calls (utilisation, SM clock,
-memory, clocks-event reasons, temperature). A metric the GPU does not support is NaN and is not asked
-for again (a MIG instance, for one, reports neither power nor utilisation). Energy always comes from
-the GPU's own counter, never from integrating power samples: at 10 Hz those miss every spike between
-two samples, the counter does not.
+cumulative PCIe byte counters and, when asked, the total-energy counter) and five plain calls
+(utilisation, SM clock, memory, clocks-event reasons, temperature). A metric the GPU does not support is
+NaN and is not asked for again (a MIG instance, for one, reports neither power nor utilisation).
+
+The energy counter is the one costly field: on an H200 (driver 580) reading it takes about 3.8 ms of
+CPU, against about 1 µs for instant power, so it is read only when the sampler asks (``read(energy=
+True)``: at the edges of every load point and at a low rate within one, docs/telemetry.md). Energy
+always comes from that counter, never from integrating power samples alone: at 10 Hz those miss every
+spike between two samples, the counter does not. Between two counter readings the analysis spreads
+the counter's increase over time by the power samples (``analysis.telemetry.counter_increase``).
 """
 
 from __future__ import annotations
@@ -145,8 +150,9 @@ class NvmlReader:
                 nvml.nvmlShutdown()
             raise
 
-    def read(self) -> list[dict[str, Any]]:
-        return [self._read_gpu(g) for g in self._gpus]
+    def read(self, energy: bool = True) -> list[dict[str, Any]]:
+        """One row per GPU; ``energy``: read the (costly) energy counter too, else its column is NaN."""
+        return [self._read_gpu(g, energy) for g in self._gpus]
 
     def close(self) -> None:
         if self._open:
@@ -156,13 +162,13 @@ class NvmlReader:
 
     # -- one GPU --------------------------------------------------------------------------------
 
-    def _read_gpu(self, g: _Gpu) -> dict[str, Any]:
-        fields = self._fields(g)
+    def _read_gpu(self, g: _Gpu, energy: bool) -> dict[str, Any]:
+        fields = self._fields(g, energy)
         power_mw = fields["power"].value if "power" in fields else NAN
         if "power" not in g.field_ids and math.isnan(power_mw):
             power_mw = self._call(g, "power")  # the field is unsupported: nvmlDeviceGetPowerUsage
         energy_mj = fields["energy"].value if "energy" in fields else NAN
-        if "energy" not in g.field_ids and math.isnan(energy_mj):
+        if energy and "energy" not in g.field_ids and math.isnan(energy_mj):
             energy_mj = self._call(g, "energy")
         util = self._call(g, "util", raw=True)
         mem = self._call(g, "memory", raw=True)
@@ -184,11 +190,12 @@ class NvmlReader:
             "energy_j": energy_mj / 1000.0,
         }
 
-    def _fields(self, g: _Gpu) -> dict[str, Reading]:
-        """metric -> reading, for every field this GPU answered this time."""
-        if not g.field_ids:
+    def _fields(self, g: _Gpu, energy: bool) -> dict[str, Reading]:
+        """metric -> reading, for every field this GPU answered this time (the energy counter only with
+        ``energy``)."""
+        metric_of = {fid: name for name, fid in g.field_ids.items() if energy or name != "energy"}
+        if not metric_of:
             return {}
-        metric_of = {fid: name for name, fid in g.field_ids.items()}
         try:
             values = self._nvml.nvmlDeviceGetFieldValues(g.handle, list(metric_of))
         except self._give_up_errors:  # a driver without field values: the plain calls stand in

@@ -37,7 +37,9 @@ class SimulatedGpuReader:
         self._timeout_s = timeout_s
         self._conn: http.client.HTTPConnection | None = None
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self, energy: bool = True) -> list[dict[str, Any]]:
+        """One row per simulated GPU. Its energy counter costs nothing more to read: every row carries
+        it, whatever ``energy`` asks."""
         try:
             try:
                 status, body = self._get()

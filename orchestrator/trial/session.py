@@ -320,11 +320,13 @@ class LiveSession:
         # is said on the point (cache_flushed 0). The router passes it on to every replica; its own
         # prefix tree (where it routes) is kept, so a prefix goes back to the replica it went to before
         flushed = flush_prefix_cache(self.url)
+        self.gpu.mark()  # the energy counter read at the point's start and end (it is costly to read)
         start = time.time()
         result = run_point(self.url, point, spec, records_path=records, on_progress=on_progress,
                            sock_read_timeout=workload.stall_timeout_s,
                            read_timeout_setting="workload.stall_timeout_s", should_stop=watch)
         result.start, result.end = start, time.time()
+        self.gpu.mark()
         result.metrics["cache_flushed"] = 1.0 if flushed else 0.0
         reason = watch.reason
         if reason is None:
