@@ -36,7 +36,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from orchestrator.ramp import ramped
+from orchestrator.points.ramp import ramped
 from simulator.predict import VirtualTrial, load_config, predict_trial
 from workloads import LoadPoint, RequestSpec, run_point
 

@@ -5,7 +5,7 @@
 - ``fidelity``: every published measurement replayed on the simulated engine the way it was measured,
   predicted against measured (``orchestrator/fidelity/``; docs/fidelity.md).
 - ``sync``: replay the tracking writes spooled while the MLflow server was unreachable
-  (``orchestrator/sync.py``; docs/mlflow-layout.md, "When the tracking server goes away").
+  (``orchestrator/store/sync.py``; docs/mlflow-layout.md, "When the tracking server goes away").
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
               "its options)", file=sys.stderr)
         return 2
     if argv[0] == "sync":
-        from orchestrator.sync import main as sync
+        from orchestrator.store.sync import main as sync
 
         return sync(argv[1:])
     if argv[0] == "fidelity":

@@ -105,7 +105,7 @@ def read_run(run_id: str, uri: str | None) -> list[TrialData]:
     from analysis.store import client as client_for
     from orchestrator.config.validate import typed_config
     from orchestrator.redact import redact_url
-    from orchestrator.tracking import tracking_uri
+    from orchestrator.store.tracking import tracking_uri
     from vocab.assets import model_dir
     from vocab.metric_keys import point_metrics
     from vocab.status import RunKind, Tag
@@ -167,7 +167,7 @@ def _with_constants(cfg: Any, values: dict[str, float], name: str) -> Any:
 
 
 def predict_trial_points(cfg: Any, labels: list[str]) -> dict[str, dict[str, float]]:
-    from orchestrator.load_plan import load_points
+    from orchestrator.points.plan import load_points
     from orchestrator.prediction.modelled import predict_at
 
     points = {p.label: p for p in load_points(cfg)}

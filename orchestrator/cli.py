@@ -149,7 +149,7 @@ def finish(code: int) -> int:
     if runs is not None and (runs or state.mode != "search"):  # None: the store could not be read
         _guarded("show the sweep's summary", lambda: _show_sweep(state, runs, status))
     elif runs is not None:  # a search that measured nothing: its answer is its description
-        from orchestrator.tracking import Tracker
+        from orchestrator.store.tracking import Tracker
 
         _guarded("describe the search run", lambda: _describe_sweep(
             Tracker(state.uri, state.experiment), state.run_id, [], status, _search_answer(state)))
@@ -162,14 +162,14 @@ def _sync_spool(uri: str) -> None:
     """Replay what this sweep's processes (and any earlier run) spooled for this server, so the end of
     the sweep reads every trial back; silent when there is nothing, or the server is still away (the
     sweep's end then says so itself)."""
-    from orchestrator.tracking import close_spools, is_http
+    from orchestrator.store.tracking import close_spools, is_http
 
     if not is_http(uri):
         return
     close_spools()  # this process's own files too: finished, so the sync may take them
 
     def replay() -> None:
-        from orchestrator.sync import sync_spool
+        from orchestrator.store.sync import sync_spool
 
         for line in sync_spool(only_uri=uri).lines:
             print(f"parasweep: spool: {line}", flush=True)
@@ -183,9 +183,9 @@ def _close_sweep(state: SweepState, code: int) -> tuple[list[Any] | None, str]:
     (``killed`` after Ctrl-C): a sweep whose trials cannot be found did not succeed. A tracking
     server that cannot be reached gives ``(None, the status the trial directories say)``, and the
     closing is left to the sync."""
-    from orchestrator.spool import is_placeholder
-    from orchestrator.stale import upload_partial
-    from orchestrator.tracking import Tracker, interrupted_status, sweep_status, unreachable
+    from orchestrator.store.spool import is_placeholder
+    from orchestrator.store.stale import upload_partial
+    from orchestrator.store.tracking import Tracker, interrupted_status, sweep_status, unreachable
 
     runs: list[Any] | None = None
     tracker: Any = None
@@ -224,9 +224,9 @@ def _spool_sweep_end(tracker: Any, state: SweepState, code: int) -> str:
     ``progress.json`` holds its final status), the only record of the trials this process can read."""
     from orchestrator.progress import read_progress
     from orchestrator.redact import redact_url
-    from orchestrator.spool import spool_files, spool_root
-    from orchestrator.sync import SYNC_COMMAND
-    from orchestrator.tracking import close_spools, sweep_status
+    from orchestrator.store.spool import spool_files, spool_root
+    from orchestrator.store.sync import SYNC_COMMAND
+    from orchestrator.store.tracking import close_spools, sweep_status
 
     tracker.close_sweep_later(state.run_id, code)
     close_spools()  # finished: the next run.py or the sync command may take it
@@ -246,7 +246,7 @@ def _show_sweep(state: SweepState, runs: list[Any], status: str) -> None:
     from rich.console import Console
 
     from analysis.report import MAX_WIDTH, print_sweep_summary
-    from orchestrator.tracking import Tracker, runs_url, ui_command
+    from orchestrator.store.tracking import Tracker, runs_url, ui_command
 
     # a terminal's width, at most 100 columns; 100 in logs and pipes (the README shows this output)
     console = Console(width=min(Console().width, MAX_WIDTH) if sys.stdout.isatty() else MAX_WIDTH)

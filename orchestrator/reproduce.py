@@ -32,7 +32,7 @@ import yaml
 from orchestrator.environment import ENV_FILE
 from orchestrator.errors import UserError
 from orchestrator.redact import MASK, redact_url
-from orchestrator.tracking import Tracker, check_store, tracking_uri
+from orchestrator.store.tracking import Tracker, check_store, tracking_uri
 from vocab.metric_keys import PointLabel, point_metrics
 from vocab.status import RunKind, Tag
 from vocab.telemetry import J_PER_TOKEN

@@ -16,9 +16,9 @@ from omegaconf import DictConfig
 
 from orchestrator.process.guardian import start_guardian
 from orchestrator.redact import redact_argv
-from orchestrator.stale import close_stale_runs, driver_tags
-from orchestrator.sync import sync_pending
-from orchestrator.tracking import Tracker, check_store, tracking_uri
+from orchestrator.store.stale import close_stale_runs, driver_tags
+from orchestrator.store.sync import sync_pending
+from orchestrator.store.tracking import Tracker, check_store, tracking_uri
 from vocab.status import RunKind, Tag, TrialStatus
 
 
@@ -69,12 +69,12 @@ def ensure_started() -> str | None:
         return None
     if state.run_id is None:
         check_store(state.uri)
-        # writes spooled while the tracking server was away (orchestrator/spool.py) land first, so a
+        # writes spooled while the tracking server was away (orchestrator/store/spool.py) land first, so a
         # killed driver's runs are judged below on everything they wrote
         for line in sync_pending(state.uri):
             print(f"parasweep: spool: {line}", flush=True)
         tracker = Tracker(state.uri, state.experiment)
-        close_stale_runs(tracker)  # what a driver killed outright left "running" (orchestrator/stale.py)
+        close_stale_runs(tracker)  # what a driver killed outright left "running" (store/stale.py)
         state.run_id = _start_sweep_run(tracker, state)
         state.experiment_id = tracker.experiment_id
         # from here on engines and Ray may start: if this driver is killed outright, its guardian

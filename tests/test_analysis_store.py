@@ -25,7 +25,7 @@ def _mlflow_db(path: Path) -> Path:
 
 def test_default_uri_is_the_one_the_orchestrator_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                         ) -> None:
-    from orchestrator.tracking import tracking_uri
+    from orchestrator.store.tracking import tracking_uri
 
     monkeypatch.chdir(tmp_path)
     assert default_tracking_uri() == tracking_uri(None) == f"sqlite:///{tmp_path.resolve()}/runs/mlflow.db"

@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 
 from orchestrator.calibrate import RUN_METRICS, fit_run, main, read_run, run_calibration
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.tracking import Tracker
+from orchestrator.store.tracking import Tracker
 from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
 from orchestrator.trial.run import TrialRunSettings, execute_trial
 from simulator.calibration import load_calibration

@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 from orchestrator.process.server import group_alive
-from orchestrator.stale import close_stale_runs, driver_tags
-from orchestrator.tracking import Tracker
+from orchestrator.store.stale import close_stale_runs, driver_tags
+from orchestrator.store.tracking import Tracker
 from tests.conftest import run_cli, sqlite_store
 from tests.test_interrupt import (
     RUN,

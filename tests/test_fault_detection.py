@@ -30,7 +30,7 @@ import pytest
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.process.health import HealthProber
-from orchestrator.tracking import Tracker
+from orchestrator.store.tracking import Tracker
 from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
 from orchestrator.trial.run import TrialOutcome, TrialRunSettings, execute_trial
 from tests.conftest import run_cli, sqlite_store

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.validate import validate
-from orchestrator.load_plan import request_spec
+from orchestrator.points.plan import request_spec
 from simulator.predict import VirtualTrial, load_config, predict_point
 from simulator.prefix_cache import RadixCache
 from tests.conftest import refusal

@@ -52,7 +52,7 @@ def _one_line_exit_2(argv: list[str], capfd: pytest.CaptureFixture[str]) -> str:
 
 
 def test_default_uri_matches_the_orchestrator(tmp_path: Path) -> None:
-    from orchestrator.tracking import tracking_uri
+    from orchestrator.store.tracking import tracking_uri
 
     assert default_tracking_uri() == tracking_uri(None)
     assert default_tracking_uri(tmp_path) == f"sqlite:///{tmp_path.resolve() / 'runs' / 'mlflow.db'}"

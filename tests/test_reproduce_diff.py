@@ -22,7 +22,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from orchestrator.environment import PACKAGES, fingerprint, git_state
 from orchestrator.errors import UserError
 from orchestrator.reproduce import WIDTH, expand_reproduce, reproduction_report
-from orchestrator.tracking import Tracker
+from orchestrator.store.tracking import Tracker
 from orchestrator.trial.run import TrialRunSettings, execute_trial
 from tests.conftest import run_cli, sqlite_store
 from tests.test_trial_stages import plan_for, tiny_cfg

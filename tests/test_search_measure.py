@@ -56,7 +56,7 @@ def test_a_measured_trial_is_run_py_with_the_search_overrides_and_the_candidate(
 
 def test_the_trials_load_plan_is_the_searchs_points() -> None:
     from orchestrator.config.schema import ParasweepConf
-    from orchestrator.load_plan import load_points
+    from orchestrator.points.plan import load_points
     from orchestrator.prediction.modelled import point_predictor
 
     cfg = ParasweepConf()

@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from analysis.plots import tight_layout
-from orchestrator.tracking import ensure_experiment, mlflow_client
+from orchestrator.store.tracking import ensure_experiment, mlflow_client
 from tests.conftest import sqlite_store
 from vocab.status import EXPERIMENT_KIND, Tag
 from vocab.values import float_or_none, int_or_none

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator import cli, sweep
 from orchestrator.cli import finish
-from orchestrator.tracking import Tracker
+from orchestrator.store.tracking import Tracker
 from tests.conftest import sqlite_store
 from vocab.status import RunKind, Tag
 

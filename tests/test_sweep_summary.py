@@ -25,7 +25,7 @@ from orchestrator.cli import finish
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.validate import resolve_engine, resolve_engine_reason
 from orchestrator.gpus import local_gpu_count
-from orchestrator.tracking import Tracker
+from orchestrator.store.tracking import Tracker
 from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
 from orchestrator.trial.run import TrialRunSettings, execute_trial
 from tests.conftest import run_cli, sqlite_store

@@ -23,9 +23,9 @@ import psutil
 import pytest
 
 from orchestrator.process.server import group_alive
-from orchestrator.spool import STATE_FILE, SYNCED_DIR, is_placeholder, spool_files
-from orchestrator.sync import sync_pending, sync_spool
-from orchestrator.tracking import Tracker, close_spools, unreachable
+from orchestrator.store.spool import STATE_FILE, SYNCED_DIR, is_placeholder, spool_files
+from orchestrator.store.sync import sync_pending, sync_spool
+from orchestrator.store.tracking import Tracker, close_spools, unreachable
 from tests.conftest import ROOT, run_cli
 from tests.mlflow_server import MlflowServer
 from vocab.metric_keys import CONTRACT_METRICS
@@ -392,7 +392,7 @@ def test_only_an_absent_server_is_spooled(status: int, spooled: bool, tmp_path: 
 
 # -- the spool file and the command's one-line errors (no server needed) -------------------------------
 def test_spool_file_is_locked_while_written_and_a_cut_short_write_is_ignored(tmp_path: Path) -> None:
-    from orchestrator.spool import SpoolWriter, read_spool_file
+    from orchestrator.store.spool import SpoolWriter, read_spool_file
 
     writer = SpoolWriter(tmp_path, "http://user:secret@127.0.0.1:9", "http://user:***@127.0.0.1:9", "exp")
     writer.append({"op": "set_tags", "run": "r1", "tags": {"a": "1"}})

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.validate import validate
-from orchestrator.load_plan import load_points, request_spec
+from orchestrator.points.plan import load_points, request_spec
 from tests.conftest import refusal
 from vocab.hardware import load_hardware
 from vocab.load import LoadPoint, RequestSpec, Source

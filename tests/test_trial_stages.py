@@ -13,7 +13,7 @@ from orchestrator.config.schema import ParasweepConf
 from orchestrator.errors import ConfigError
 from orchestrator.launcher.sweep_jobs import SweepSettings
 from orchestrator.progress import ProgressWriter
-from orchestrator.tracking import Tracker
+from orchestrator.store.tracking import Tracker
 from orchestrator.trial.load_driver import drive_load
 from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan, trial_label
 from orchestrator.trial.recorder import TrialPaths, TrialRecorder

@@ -12,7 +12,7 @@ import pytest
 
 from analysis.telemetry import point_telemetry
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.tracking import Tracker
+from orchestrator.store.tracking import Tracker
 from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
 from orchestrator.trial.run import TrialRunSettings, execute_trial
 from tests.conftest import sqlite_store

@@ -206,7 +206,7 @@ class ParasweepRayLauncher(Launcher):
     @staticmethod
     def _log_predictions(jobs: list[Any], predictions: dict[int, Any], sweep: Any) -> None:
         """Predicted next to measured: ``pred/<point>/<metric>`` in each trial's run."""
-        from orchestrator.tracking import Tracker
+        from orchestrator.store.tracking import Tracker
 
         tracker = None
         for job in jobs:
@@ -225,7 +225,7 @@ class ParasweepRayLauncher(Launcher):
         """Trials that already succeeded with the same config hash: recorded as skipped, not run."""
         from orchestrator.launcher.resume import previous_successes, record_reuse
         from orchestrator.progress import ProgressWriter
-        from orchestrator.tracking import Tracker
+        from orchestrator.store.tracking import Tracker
 
         tracker = Tracker(sweep.tracking_uri, sweep.experiment)
         previous = previous_successes(tracker, {j.config_hash for j in jobs})
@@ -252,7 +252,7 @@ class ParasweepRayLauncher(Launcher):
         from orchestrator.config.schema import joins_cluster
         from orchestrator.errors import UserError
         from orchestrator.launcher.ray_cluster import init_ray
-        from orchestrator.tracking import is_local_store
+        from orchestrator.store.tracking import is_local_store
 
         if self.cluster is not None:
             return self.cluster

@@ -33,7 +33,7 @@ class TrialPrediction:
 def predict_trials(cfgs: list[ParasweepConf], scratch: Path,
                    budget_s: float = 10.0) -> list[TrialPrediction | None]:
     from orchestrator.engines.sim import prediction_argv
-    from orchestrator.load_plan import load_points, request_spec
+    from orchestrator.points.plan import load_points, request_spec
 
     try:
         from simulator.predict import predict_trial

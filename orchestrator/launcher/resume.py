@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.tracking import Tracker
+from orchestrator.store.tracking import Tracker
 from vocab.metric_keys import MetricKey
 from vocab.status import PLACEMENT_TAGS, Tag
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator.config.schema import SWEEP_WIDE_KEYS, ParasweepConf
 from orchestrator.errors import ConfigError
-from orchestrator.tracking import tracking_uri
+from orchestrator.store.tracking import tracking_uri
 
 
 @dataclass

@@ -46,7 +46,7 @@ def _preload(hold_until: float, tracking_uri: str | None, experiment: str | None
 
     import orchestrator.trial.hydra_job  # noqa: F401
     import workloads  # noqa: F401
-    from orchestrator.tracking import Tracker
+    from orchestrator.store.tracking import Tracker
 
     if tracking_uri and experiment:  # MLflow builds (and caches) its store on first use
         Tracker(tracking_uri, experiment)

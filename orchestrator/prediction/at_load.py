@@ -6,7 +6,7 @@ did not run, at its loads).
   configured with it; one that cannot run is not predicted, and says why (the first line of the
   reason: does not fit in memory, tp does not divide the heads, more GPUs than the node has, ...).
 * **Steady state.** A closed-loop load of C streams sends 4·C requests (at least 8), its streams
-  entering one by one over one predicted request duration (``orchestrator.ramp``), and is judged on
+  entering one by one over one predicted request duration (``orchestrator.points.ramp``), and is judged on
   its steady window, as a search's points and a trial's measured points are. An open-loop load is
   the trial's own point.
 * **Once.** Every prediction is keyed by what the simulated engine can tell apart (its resolved
@@ -36,7 +36,7 @@ from vocab.records import PointResult
 
 log = logging.getLogger("parasweep")
 
-MIN_MEASURED = 8  # measured requests of the smallest point (as a trial's load plan: load_plan.py)
+MIN_MEASURED = 8  # measured requests of the smallest point (as a trial's load plan: points/plan.py)
 REQUESTS_PER_STREAM = 4  # a point's requests per stream: one ramp, about three durations of window
 # what is kept of each prediction: the numbers a verdict, an SLO or a noise judgement reads
 KEPT = ("output_tok_s", "output_tok_s_ci95_rel", "request_s", "j_per_output_token")
@@ -59,7 +59,7 @@ def closed_point(c: int) -> LoadPoint:
 
 def steady_point(c: int, predict: Callable[[LoadPoint], PointResult]) -> LoadPoint:
     """:func:`closed_point` with its ramp: over the request duration ``predict`` gives."""
-    from orchestrator.ramp import ramped
+    from orchestrator.points.ramp import ramped
 
     return ramped(closed_point(c), predict)
 
@@ -153,7 +153,7 @@ def predict_change(base: ParasweepConf, change: Mapping[str, Any], loads: Sequen
                    cache_dir: Path | None = None) -> Predicted:
     """``change`` applied to ``base``, predicted at each of ``loads`` (module docstring). Never raises
     for a change that cannot run: its ``reason`` says why."""
-    from orchestrator.load_plan import request_spec
+    from orchestrator.points.plan import request_spec
     from orchestrator.prediction.modelled import apply_change, configured_engine
 
     out = Predicted(dict(change))

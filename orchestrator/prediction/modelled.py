@@ -25,7 +25,7 @@ from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.validate import validate
 from orchestrator.engines.sim import prediction_argv
 from orchestrator.errors import ConfigError
-from orchestrator.load_plan import load_points, request_spec
+from orchestrator.points.plan import load_points, request_spec
 from simulator.sim_config import SimConfig
 from vocab.load import LoadPoint
 from vocab.records import PointResult

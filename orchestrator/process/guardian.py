@@ -29,7 +29,7 @@ The design, and why it is the simplest that holds:
   to do or to save, and nothing else ends them reliably (Ray's agents ignore SIGINT; a Ray worker
   turns SIGTERM into an exit that its trial would record as a failure). A trial so cut short leaves its
   run "running", and the next run closes it as killed with what its directory holds
-  (orchestrator/stale.py). What had to be stopped is written to ``guardian.log`` in the sweep
+  (orchestrator/store/stale.py). What had to be stopped is written to ``guardian.log`` in the sweep
   directory.
 
 Only this machine's processes are covered: trials on a Ray cluster joined with ``ray.address`` are

@@ -5,7 +5,7 @@ closed-loop load at which it meets every SLO, and what does it score there.
   configured with it; a layout that cannot run is *rejected* with the first line of the reason (does
   not fit in memory, tp does not divide the heads, more GPUs than the node has, ...).
 * **Steady state.** Each load point C sends 4·C requests (at least 8), its streams entering one by one
-  over one predicted request duration (``orchestrator.ramp``), as a trial's points do, and is judged
+  over one predicted request duration (``orchestrator.points.ramp``), as a trial's points do, and is judged
   on its steady-state window (``workloads.window``: after the ramp, before the drain), as every
   measured point is. Every number is the simulator's prediction in virtual time.
 * **Highest load within the SLOs.** From its starting load the concurrency steps up while every SLO

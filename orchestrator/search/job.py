@@ -75,7 +75,7 @@ def _write_answer(path: Path, lines: list[str]) -> None:
 
 
 def _tracker(cfg: ParasweepConf) -> Any:
-    from orchestrator.tracking import Tracker
+    from orchestrator.store.tracking import Tracker
 
     return Tracker(cfg.tracking.uri, cfg.tracking.experiment)
 

@@ -16,7 +16,7 @@ from orchestrator.config.schema import SWEEP_WIDE_KEYS, ParasweepConf, world_siz
 from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace
 from orchestrator.engines.registry import get_engine
 from orchestrator.engines.router import RoutedLaunch
-from orchestrator.load_plan import load_points, request_spec
+from orchestrator.points.plan import load_points, request_spec
 from vocab.load import LoadPoint, RequestSpec
 
 SINGLE_RUN_LABEL = "single run"  # the label of the one trial of `python run.py key=value ...` (no -m)

@@ -23,8 +23,8 @@ import yaml
 from orchestrator.environment import ENV_FILE
 from orchestrator.process.server import log_tail
 from orchestrator.redact import redact_argv, redact_mapping, redact_text, secret_values
+from orchestrator.store.tracking import Tracker, config_params
 from orchestrator.telemetry.server_log import resolved_params
-from orchestrator.tracking import Tracker, config_params
 from vocab.findings import Finding
 from vocab.metric_keys import MetricKey
 from vocab.records import PointResult

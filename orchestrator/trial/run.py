@@ -26,7 +26,7 @@ from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.fidelity.trust import band_for_config
 from orchestrator.prediction.modelled import step_costs_label
 from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
-from orchestrator.tracking import Tracker
+from orchestrator.store.tracking import Tracker
 from orchestrator.trial.load_driver import drive_load
 from orchestrator.trial.plan import TrialPlan
 from orchestrator.trial.recorder import TrialPaths, TrialRecorder, config_tags, run_steps

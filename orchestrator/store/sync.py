@@ -1,4 +1,4 @@
-"""``python -m orchestrator sync [--tracking-uri URI]``: replay the spool (``orchestrator/spool.py``) into
+"""``python -m orchestrator sync [--tracking-uri URI]``: replay the spool (``store/spool.py``) into
 the MLflow server once it is back; ``run.py`` does the same for its own server when it starts
 (:func:`sync_pending`) and again when a sweep ends.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.redact import redact_url
-from orchestrator.spool import (
+from orchestrator.store.spool import (
     SpoolFile,
     SyncState,
     is_placeholder,
@@ -36,7 +36,7 @@ from orchestrator.spool import (
     spool_root,
     sync_lock,
 )
-from orchestrator.tracking import (
+from orchestrator.store.tracking import (
     MLFLOW_STATUS,
     ensure_experiment,
     interrupted_status,

@@ -36,7 +36,7 @@ import yaml
 
 from orchestrator.process.guardian import engine_processes, stop_processes
 from orchestrator.redact import redact_text, secret_values
-from orchestrator.tracking import Tracker
+from orchestrator.store.tracking import Tracker
 from vocab.status import RunKind, Tag, TrialStatus
 
 log = logging.getLogger("parasweep")

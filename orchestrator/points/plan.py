@@ -14,7 +14,7 @@ from orchestrator.config.lengths import length_bounds
 from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.traffic import source_of
-from orchestrator.ramp import predicted_durations
+from orchestrator.points.ramp import predicted_durations
 
 
 def load_points(cfg: ParasweepConf) -> list[Any]:

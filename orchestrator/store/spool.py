@@ -1,5 +1,5 @@
 """The spool: tracking writes kept on local disk while the MLflow server cannot be reached, replayed
-by ``python -m orchestrator sync`` (``orchestrator/sync.py``). Layout and guarantees:
+by ``python -m orchestrator sync`` (``orchestrator/store/sync.py``). Layout and guarantees:
 docs/mlflow-layout.md, "When the tracking server goes away".
 
 One file per writing process (``runs/spool/<time>-<pid>-<n>.jsonl``): a header line (the server, the
@@ -10,7 +10,7 @@ kernel drops the lock with the process). The sync's progress lives next to the f
 ``sync-state.json``: per file, how many writes were applied, and every placeholder run id mapped
 to the real one, replaced atomically after each write.
 
-Nothing here talks to MLflow: ``orchestrator/tracking.py`` writes spool files, ``orchestrator/sync.py``
+Nothing here talks to MLflow: ``tracking.py`` writes spool files, ``sync.py``
 replays them.
 """
 

@@ -4,7 +4,7 @@ Everything goes through ``MlflowClient`` with explicit run ids (no fluent global
 trials run in Ray worker processes, several at a time, against the same store.
 
 A tracking server that stops answering does not cost results: a write that cannot reach it goes to
-this process's spool file (``orchestrator/spool.py``), and so does every later write of the same
+this process's spool file (``orchestrator/store/spool.py``), and so does every later write of the same
 run; ``python -m orchestrator sync`` replays the spool once the server is back (docs/mlflow-layout.md,
 "When the tracking server goes away").
 """
@@ -27,7 +27,7 @@ from analysis.store import StoreError, checked_store
 from orchestrator.errors import ConfigError
 from orchestrator.paths import default_tracking_uri
 from orchestrator.redact import MASK, redact_url
-from orchestrator.spool import SpoolWriter, is_placeholder, new_placeholder, spool_root
+from orchestrator.store.spool import SpoolWriter, is_placeholder, new_placeholder, spool_root
 from vocab.status import EXPERIMENT_KIND, Tag, TrialStatus
 
 log = logging.getLogger("parasweep")
