@@ -5,7 +5,9 @@ fires at the right point, with the right change and evidence that names its sour
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
+import pkgutil
 from typing import Any
 
 import pytest
@@ -311,8 +313,12 @@ def test_invalid_points_are_not_read_as_server_numbers() -> None:
 
 
 def test_no_rule_reads_the_simulators_internal_series() -> None:
-    source = inspect.getsource(diagnose_module)
-    assert "sim_" not in source and "parasweep_sim:" not in source
+    modules = [importlib.import_module(f"analysis.diagnose.{m.name}")
+               for m in pkgutil.iter_modules(diagnose_module.__path__)]
+    assert len(modules) >= 5  # every module of the package, not its front door alone
+    for module in (diagnose_module, *modules):
+        source = inspect.getsource(module)
+        assert "sim_" not in source and "parasweep_sim:" not in source, module.__name__
     # the old simulator-only summaries, at values that would once have fired every GPU rule
     internal = {"sim_stage_busy_mean": 0.05, "sim_stage_busy_min": 0.01, "sim_stage_busy_max": 0.9,
                 "sim_gpu_power_w_mean": 36.0, "parasweep_sim:stage_busy_seconds_total": 0.0,

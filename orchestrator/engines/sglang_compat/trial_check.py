@@ -40,7 +40,7 @@ from orchestrator.telemetry.server_log import resolved_config, server_log_frame
 from orchestrator.telemetry.server_metrics import read_samples
 from orchestrator.telemetry.stage_series import GAUGES
 
-# resolved values the diagnosis and the summaries read (analysis/diagnose.py, trial/summary.py)
+# resolved values the diagnosis and the summaries read (analysis/diagnose/, trial/summary.py)
 RESOLVED_NEEDED = ("version", "max_running_requests", "max_total_num_tokens", "pp_max_micro_batch_size",
                    "attention_backend", "kv_cache_tokens", "tp_size", "pp_size")
 Expect = Callable[[bool, str, str], None]  # (matched?, what matched, what differs)
