@@ -2,7 +2,7 @@
 
 - ``report [RUN_ID]``: one self-contained HTML file for a sweep or a trial (``analysis/report_html.py``);
 - ``compare``: trials of several sweeps side by side, Pareto fronts, the best under SLOs
-  (``analysis/compare.py``).
+  (``analysis/compare/``).
 """
 
 from __future__ import annotations
