@@ -16,7 +16,7 @@ import pytest
 from servers import fake_server, started
 
 from orchestrator.process.server import free_port
-from workloads import LoadPoint, RequestSpec, read_records, run_point
+from workloads import LoadPoint, RequestSpec, clock, read_records, run_point
 
 REPO = Path(__file__).resolve().parents[1]
 # a request of 400 tokens takes several seconds at 1/20 of the simulated engine's speed
@@ -61,7 +61,7 @@ class StopAfter:
 
     def __call__(self) -> str | None:
         if self.finished >= self.done:
-            self.fired_at = self.fired_at or time.time()
+            self.fired_at = self.fired_at or clock.now()  # the records' clock, not time.time()
             return self.reason
         return None
 
@@ -74,7 +74,7 @@ def test_closed_loop_stop_keeps_finished_and_records_in_flight_as_aborted(slow_e
     point = LoadPoint(num_requests=40, concurrency=4)
     res = run_point(slow_engine, point, SLOW, records_path=records, on_progress=stop.progress,
                     should_stop=stop)
-    returned = time.time()
+    returned = clock.now()
     assert stop.fired_at is not None and returned - stop.fired_at < 10  # design: within 0.2 s
     aborted = [r for r in res.records if r.error_kind == "aborted"]
     done = [r for r in res.records if r.error is None]
@@ -125,7 +125,7 @@ class StopWhenRunning:
 
     def __call__(self) -> str | None:
         if self.fired_at is None and _running(self.url) >= self.running:
-            self.fired_at = time.time()
+            self.fired_at = clock.now()  # the records' clock, not time.time()
         return "enough are running" if self.fired_at is not None else None
 
 
