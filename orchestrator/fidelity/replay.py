@@ -18,10 +18,12 @@ import numpy as np
 
 from orchestrator.fidelity.catalog import NotModelled, across_nodes, hardware_profile, model_folder
 from orchestrator.fidelity.corpus import Entry
+from orchestrator.fidelity.releases import release_defaults
 from orchestrator.prediction.modelled import engine_env
 from simulator.model_spec import ModelSpec, load_model_spec
 from simulator.predict import load_config
 from simulator.replay import replay
+from vocab.hardware import load_hardware
 from workloads.bench_serving import (
     DEFAULT_SEED,
     BenchRequest,
@@ -171,6 +173,10 @@ def plan(entry: Entry, workdir: Path) -> Plan:
     if p.pp_max_micro_batch_size is not None:
         argv += ["--pp-max-micro-batch-size", str(p.pp_max_micro_batch_size)]
     argv += _flags(entry)
+    old, old_notes = release_defaults(entry.sglang_version, entry.server_args, p.tp,
+                                      load_hardware(str(profile)).memory_gb * 1e9 / 2**20)
+    argv += old
+    notes += old_notes
     spec = load_model_spec(str(model_dir))
     requests, cap = _requests(entry, model_dir, spec, notes)
     env: dict[str, str] = {}
