@@ -69,6 +69,7 @@ class Outcome:
     max_load: int = 0  # the highest load tried: search.max_concurrency per DP replica
     same_as: str = ""  # a candidate the simulated engine cannot tell from this one, judged in its stead
     replicas_of: str = ""  # a candidate with fewer DP replicas, otherwise the same, judged in its stead
+    family: str = ""  # replicas_of's candidate alone (its overrides): the engine this one runs copies of
 
 
 @dataclass(frozen=True)
@@ -304,7 +305,8 @@ def replicated(outcome: Outcome, change: dict[str, Any], factor: int, settings: 
     as high, its additive metrics too, latencies and the score per GPU the same."""
     o = replace(outcome, change=dict(change), gpus=outcome.gpus * factor, predictions=0,
                             max_load=outcome.max_load * factor, same_as="",
-                            replicas_of=f"{factor} x ({overrides_text(outcome.change)})")
+                            replicas_of=f"{factor} x ({overrides_text(outcome.change)})",
+                            family=overrides_text(outcome.change))
     if outcome.status != OK or outcome.concurrency is None:
         return o
     o.concurrency = outcome.concurrency * factor

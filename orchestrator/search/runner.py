@@ -252,7 +252,7 @@ def _score_estimate(o: Outcome) -> Estimate:
 
 def _family(o: Outcome) -> str:
     """The engine whose replicas ``o`` runs: its own change, or the one it was judged from."""
-    return o.replicas_of.split(" x ", 1)[1] if o.replicas_of else f"({overrides_text(o.change)})"
+    return o.family or overrides_text(o.change)
 
 
 def _lost(o: Outcome, best: Outcome) -> str:
