@@ -8,7 +8,10 @@ from packaging.version import Version
 
 from orchestrator.fidelity.releases import release, release_defaults
 
-H100_MIB = 81559.0  # what an H100 80GB reports
+# GPU memory as NVML reports it, in MiB: the H200's from the real samples in tests/data/nvml/ (its README);
+# the H100 80GB's as nvidia-smi prints it on an H100 SXM (81,559 MiB). Only which side of 0.4.5's 80 GiB
+# threshold each lies on matters to the defaults.
+H100_MIB = 81559.0
 H200_MIB = 143771.0
 
 
