@@ -92,6 +92,8 @@ def engine_lines(runs: list[Any]) -> list[str]:
             text = f"Engine {engine} {', '.join(versions)}".rstrip() + why
             text += ": measured" if engine == "sglang" else ""
         lines.append(f"{who}{text}")
+        if engine == "sim" and (pace := _pace(group)):
+            lines += textwrap.wrap(pace, MAX_WIDTH, initial_indent="    ", subsequent_indent="    ")
     costs = sorted({r.data.tags.get(Tag.STEP_COSTS, "") for r in runs} - {""})
     if costs:  # what priced the simulator's numbers and predictions
         lines += textwrap.wrap(f"Step costs: {'; '.join(costs)}", MAX_WIDTH, subsequent_indent="    ")
@@ -100,6 +102,16 @@ def engine_lines(runs: list[Any]) -> list[str]:
         lines += textwrap.wrap(f"The model's error on published SGLang runs like these: {'; '.join(errors)} "
                                "(python -m orchestrator fidelity)", MAX_WIDTH, subsequent_indent="    ")
     return lines
+
+
+def _pace(runs: list[Any]) -> str:
+    """How fast simulated trials were played, when not in real time: their times and rates are still
+    the engine's own (measured on its clock), which the line says."""
+    scales = sorted({r.data.tags.get(Tag.SIM_TIME_SCALE, "") for r in runs} - {""}, key=float)
+    if not scales:
+        return ""
+    return (f"played at {'/'.join(scales)}x real time (engine.time_scale) and timed on its own clock: "
+            "every time and rate is in the engine's seconds")
 
 
 # -- 2. the table ---------------------------------------------------------------------------------

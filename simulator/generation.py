@@ -38,11 +38,15 @@ def _sse(obj: object) -> bytes:
 
 class GenerationAPI:
     def __init__(self, cfg: SimConfig, frontend: Frontend, faults: FaultInjector,
-                 wall: Callable[[float], float]) -> None:
+                 epoch: Callable[[float], float]) -> None:
         self.cfg = cfg
         self.frontend = frontend
-        self.wall = wall  # simulated time -> epoch seconds of the wall clock that plays it back
+        self.epoch = epoch  # simulated time -> epoch seconds of the engine's own clock
         self.faults = faults  # counts arrivals; may crash or freeze the engine (--sim-fault-*)
+
+    def _now(self) -> float:
+        """The engine's clock now, as epoch seconds."""
+        return self.epoch(self.frontend.now())
 
     # -- /generate ----------------------------------------------------------------------------------------
 
@@ -55,17 +59,18 @@ class GenerationAPI:
             "cached_tokens": req.cached,
             "weight_version": "default",
             "num_retractions": 0,
-            "e2e_latency": time.time() - received,
+            "e2e_latency": self._now() - received,
         }
         if self.cfg.args.enable_metrics:
             # the scheduler's own timing of the request, as SGLang 0.5.23 reports it with metrics on:
-            # seconds in the waiting queue, and the epochs of its first forward and of its prefill's end
+            # seconds in the waiting queue, and the epochs of its first forward and of its prefill's end,
+            # all on the engine's own clock (F times the wall clock's pace at --sim-time-scale F)
             meta["request_received_ts"] = received
             if req.forward_entry >= 0:
-                meta["queue_time"] = (req.forward_entry - req.arrival) / self.cfg.time_scale
-                meta["forward_entry_time"] = self.wall(req.forward_entry)
+                meta["queue_time"] = req.forward_entry - req.arrival
+                meta["forward_entry_time"] = self.epoch(req.forward_entry)
             if req.first_token_time >= 0:
-                meta["prefill_finished_time"] = self.wall(req.first_token_time)
+                meta["prefill_finished_time"] = self.epoch(req.first_token_time)
         # The model's own clock (simulated seconds, immune to wall-clock jitter): for diagnosis and tests.
         if req.first_token_time >= 0:
             meta["sim_first_token_latency"] = req.first_token_time - req.arrival
@@ -76,7 +81,7 @@ class GenerationAPI:
         return meta
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
-        received = time.time()
+        received = self._now()
         fault = self.faults.arrive()
         try:
             body = await request.json(loads=orjson.loads)

@@ -12,7 +12,6 @@ import asyncio
 import gc
 import signal
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -44,7 +43,7 @@ class SimServer:
         self.log = log
         self.sim = Simulation()
         self.driver = LiveDriver(self.sim, loop, cfg.time_scale)
-        log.wall = time.time
+        log.wall = self.driver.epoch_now  # its lines stamped on its own clock, as SGLang's are
         self.replicas = [ReplicaModel(cfg, self.sim) for _ in range(cfg.dp)]
         self.metrics: PrometheusMetrics | None = None
         if cfg.args.enable_metrics:
@@ -55,7 +54,7 @@ class SimServer:
         self.faults = FaultConf.from_args(cfg.args)
         self.generation = GenerationAPI(cfg, self.frontend,
                                         FaultInjector(self.faults, cfg, log, self.freeze_engine),
-                                        self.driver.wall)
+                                        self.driver.epoch)
         self.ready = False
         self.app = self._make_app()
 
@@ -119,8 +118,9 @@ class SimServer:
             state["last_gen_throughput"] = rep.last_gen_throughput
             state["effective_max_running_requests_per_dp"] = rep.admission.pool_size
             state["pp_max_micro_batch_size"] = rep.admission.cap  # /set_internal_state may change it
-        # Wall-clock epoch of simulated t = 0: wall = sim_wall_origin + t / sim_time_scale. With
-        # meta_info.sim_token_time a client can compare each chunk's arrival to the model's schedule.
+        # Wall-clock epoch of simulated t = 0: wall = sim_wall_origin + t / sim_time_scale, and the
+        # engine's own clock reads sim_wall_origin + t. With meta_info.sim_token_time a client can
+        # compare each chunk's arrival to the model's schedule.
         info["sim_wall_origin"] = self.driver.wall(0.0)
         info["sim_faults"] = self.faults.active()  # injected faults (docs/simulator.md, "Fault injection")
         return json_response(info)

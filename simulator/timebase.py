@@ -76,7 +76,19 @@ class LiveDriver:
         return max((self.loop.time() - self._t0_loop) * self.scale, self.sim.now)
 
     def wall(self, t_sim: float) -> float:
+        """The wall epoch at which simulated time ``t_sim`` is played."""
         return self._t0_wall + t_sim / self.scale
+
+    def epoch(self, t_sim: float) -> float:
+        """Simulated time ``t_sim`` on the engine's own clock as epoch seconds: the wall epoch of its
+        time zero plus ``t_sim``. At ``--sim-time-scale`` F this clock runs F times as fast as the wall
+        clock; every time the engine reports (log stamps, ``meta_info``) is on it, as a real engine
+        reports on its own clock. At F = 1 it is the wall clock."""
+        return self._t0_wall + t_sim
+
+    def epoch_now(self) -> float:
+        """The engine's clock now (:meth:`epoch` of the present)."""
+        return self._t0_wall + self.now()
 
     def _on_schedule(self, t: float) -> None:
         if not self._running and t < self._timer_at:

@@ -88,10 +88,12 @@ def test_kv_bound_admission(tmp_path: Path) -> None:
 
 
 def test_prefill_interference(tmp_path: Path) -> None:
-    # eight streams in real time: light work for the client, whose latencies the rule reads (a client
-    # that falls behind makes the point invalid, and the rule rightly ignores it)
+    # eight streams at a quarter of real time: light work for the client, whose latencies the rule
+    # reads (a client that falls behind makes the point invalid, and the rule rightly ignores it; on
+    # the engine's clock a stall of the client's weighs a quarter as much, so a busy machine does not)
     cfg = trial(tmp_path, "llama-3.1-8b", concurrency=[8], input_len=4096, output_len=128,
                 input_dist="lognormal:0.5", output_dist="lognormal:0.5")
+    cfg.engine.time_scale = 0.25
     found = findings(cfg, tmp_path)
     assert NEW_RULES & set(found) == {"prefill_interference"}
     stall = found["prefill_interference"]
@@ -109,6 +111,7 @@ def test_prefill_interference(tmp_path: Path) -> None:
 def test_ttft_queueing(tmp_path: Path, api: str) -> None:
     # 32 prompts of 4,096 tokens kept in flight, one output token each: the GPU prefills two at a time
     cfg = trial(tmp_path, "llama-3.1-8b", concurrency=[32], input_len=4096, output_len=1, api=api)
+    cfg.engine.time_scale = 0.25  # the client's stalls weigh a quarter as much (as above)
     found = findings(cfg, tmp_path)
     assert NEW_RULES & set(found) == {"ttft_queueing"}
     queueing = found["ttft_queueing"]

@@ -437,3 +437,26 @@ def test_busy_time_shows_bubbles_at_one_microbatch(kimi_pp8: Server) -> None:
     for rank in map(str, range(8)):
         frac = (after[rank] - before[rank]) / span
         assert 0.05 < frac < 0.35, (rank, frac)
+
+
+def test_a_scrape_is_kept_as_text_and_read_back_as_the_samples_a_parse_gives(kimi_pp8: Server,
+                                                                               tmp_path: Path) -> None:
+    # the scraper writes each scrape's text (parsing it would hold the load generator's interpreter
+    # lock for milliseconds); read back, it is the samples a parse of the whole scrape gives
+    from orchestrator.telemetry.server_metrics import MetricsScraper, parse_samples, read_samples
+
+    kimi_pp8.post("/generate", {"input_ids": [1] * 50, "sampling_params": {"max_new_tokens": 20}})
+    path = tmp_path / "server_metrics.jsonl"
+    MetricsScraper(kimi_pp8.url + "/metrics", path).scrape_once()
+    full = kimi_pp8.get("/metrics")[1].decode()
+    (scrape,) = [json.loads(line) for line in path.read_text().splitlines()]
+    assert "_bucket" in full and "_bucket" not in scrape["text"] and "# HELP" not in scrape["text"]
+    frame = read_samples(path)
+    assert frame is not None
+    parsed = parse_samples(full, scrape["ts"])
+    rows = frame.to_dict("records")
+    assert [(r["name"], r["labels"]) for r in rows] == [(r["name"], r["labels"]) for r in parsed]
+    assert len(parsed) > 100
+    # the idle engine's counters and gauges do not move between the two scrapes (its clock does)
+    assert [r for r in rows if r["name"].startswith("sglang:")] == [
+        r for r in parsed if r["name"].startswith("sglang:")]

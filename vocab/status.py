@@ -43,6 +43,9 @@ class Tag:
     ENGINE = "parasweep.engine"
     ENGINE_REASON = "parasweep.engine_reason"  # why that engine: engine=auto's choice, or the config's
     ENGINE_VERSION = "parasweep.engine_version"
+    # a simulated engine played faster or slower than real time (engine.time_scale): "4" for four of its
+    # seconds per wall second; its trial was measured on its own clock, every time and rate in its seconds
+    SIM_TIME_SCALE = "parasweep.sim_time_scale"
     CONFIG_HASH = "parasweep.config_hash"
     TRIAL_NUM = "parasweep.trial_num"
     OVERRIDES = "parasweep.overrides"  # what varies between the sweep's trials

@@ -90,7 +90,7 @@ async def _closed_loop(
             if i >= warmup and duration is not None:
                 now = time.perf_counter()
                 if deadline == float("inf"):
-                    deadline = now + duration  # the first measured send opens the window
+                    deadline = now + clock.wall_span(duration)  # the first measured send opens the window
                 elif now >= deadline:
                     return
             next_index += shards  # single-threaded loop: no lock needed between read and increment
@@ -123,7 +123,7 @@ async def _session_loop(
         if i >= warmup and duration is not None:
             now = time.perf_counter()
             if deadline == float("inf"):
-                deadline = now + duration  # the first measured send opens the window
+                deadline = now + clock.wall_span(duration)  # the first measured send opens the window
             return now >= deadline
         return False
 
@@ -134,7 +134,7 @@ async def _session_loop(
             next_session += shards  # single-threaded loop: no lock needed between read and increment
             for i in range(starts[s], starts[s + 1]):
                 if i > starts[s] and point.think_s > 0:
-                    await asyncio.sleep(point.think_s)
+                    await asyncio.sleep(clock.wall_span(point.think_s))
                 if stop_before(i):
                     return
                 await send(i, None)
@@ -157,7 +157,8 @@ async def _enter_streams(
     try:
         for k in range(n_workers):
             # this stream's place among every shard's streams, so the shards interleave their entries
-            delay = ramp_start + point.ramp_s * (k * shards + shard) / point.concurrency - time.perf_counter()
+            entry = clock.wall_span(point.ramp_s * (k * shards + shard) / point.concurrency)
+            delay = ramp_start + entry - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(worker()))
@@ -195,7 +196,7 @@ async def _open_loop(
             if enough is not None and enough():
                 break
             off = float(offsets[i])
-            delay = start_perf + off - perf()
+            delay = start_perf + clock.wall_span(off) - perf()
             if delay > 0:
                 await asyncio.sleep(delay)
             task = asyncio.create_task(one(i, start_epoch + off))
@@ -234,7 +235,7 @@ async def _open_sessions(
                 if enough is not None and enough():
                     return
                 if point.think_s > 0:
-                    await asyncio.sleep(point.think_s)
+                    await asyncio.sleep(clock.wall_span(point.think_s))
             await send(i, start_epoch + float(offsets[s]) if i == starts[s] else None)
 
     tasks: set[asyncio.Task[None]] = set()
@@ -242,7 +243,7 @@ async def _open_sessions(
         for s in range(shard, len(point.sessions), shards):
             if starts[s] >= limit or (enough is not None and enough()):
                 break
-            delay = start_perf + float(offsets[s]) - perf()
+            delay = start_perf + clock.wall_span(float(offsets[s])) - perf()
             if delay > 0:
                 await asyncio.sleep(delay)
             task = asyncio.create_task(session(s))
@@ -284,4 +285,4 @@ class LagMonitor:
         while True:
             expected = time.perf_counter() + interval
             await asyncio.sleep(interval)
-            self.samples_ms.append(max(0.0, time.perf_counter() - expected) * 1000.0)
+            self.samples_ms.append(clock.engine_span(max(0.0, time.perf_counter() - expected)) * 1000.0)

@@ -163,6 +163,10 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
         raise ConfigError("repeat", cfg.repeat, f"0 to {cfg.repeats - 1} (set by the launcher from repeats)")
     engine, reason = resolve_engine_reason(cfg)
     _validate_sim_faults(cfg, engine, reason)
+    if engine == "sglang" and cfg.engine.name == "auto":
+        # the simulated engine's pace (engine=auto plays it faster than real time where it picks it):
+        # where auto picks SGLang, the engine runs in real time whatever the config says
+        cfg.engine.time_scale = 1.0
     if cfg.engine.time_scale <= 0 or (engine == "sglang" and cfg.engine.time_scale != 1.0):
         raise ConfigError("engine.time_scale", cfg.engine.time_scale,
                           "> 0 for the simulated engine; 1.0 for sglang")

@@ -73,6 +73,8 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
     tags = {Tag.ENGINE: "sim-predict" if virtual else plan.engine_name,
             Tag.ENGINE_REASON: "predict=true" if virtual else (cfg.tracking.engine_reason
                                                                or f"engine={plan.engine_name}"),
+            **({Tag.SIM_TIME_SCALE: f"{cfg.engine.time_scale:g}"}
+               if plan.engine_name == "sim" and not virtual and cfg.engine.time_scale != 1.0 else {}),
             Tag.CONFIG_HASH: plan.config_hash,
             Tag.TRIAL_NUM: str(ident.num), Tag.OVERRIDES: ident.label,
             Tag.STEP_COSTS: step_costs_label(cfg),

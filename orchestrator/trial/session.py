@@ -24,6 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,6 +52,7 @@ from orchestrator.trial.recorder import TrialPaths
 from vocab.load import LoadPoint, RequestSpec
 from vocab.records import ENGINE_FAILED, PointResult, RecordWriter
 from vocab.telemetry import GpuSource
+from workloads import clock
 
 log = logging.getLogger("parasweep")
 
@@ -163,6 +165,7 @@ class LiveSession:
         self._group: ReplicaGroup | None = None  # DP replicas behind the router (dp.router_impl)
         self._router_metrics_url = ""
         self._pids: set[int] = set()
+        self._engine_clock = ExitStack()
 
     @property
     def other_node_places(self) -> list[dict[str, str]]:
@@ -194,6 +197,7 @@ class LiveSession:
             self.server_info = http_get_json(engine_url + "/server_info")
             # /server_info, completed by the startup log (CUDA-graph sizes, per-stage limits, backend)
             self.resolved = resolved_config(self.server_info, self.paths.read_server_log())
+            self._use_engine_clock()
             self._start_scrapers(engine_url)
             # the simulated engine reports every GPU it models (behind the router: replica 0's);
             # NVML sees this node's only
@@ -208,6 +212,16 @@ class LiveSession:
             self.__exit__()
             raise
         return self
+
+    def _use_engine_clock(self) -> None:
+        """A simulated engine played faster or slower than real time (``engine.time_scale``) is measured
+        on its own clock: every timestamp of the trial (records, GPU samples, scrapes, point windows)
+        then reads its seconds, as its log and ``meta_info`` do, so its latencies and rates are the
+        model's and not F times off. Until the session ends."""
+        scale = self.plan.cfg.engine.time_scale
+        if self.plan.engine_name == "sim" and scale != 1.0:
+            origin = float(self.server_info["sim_wall_origin"])
+            self._engine_clock.enter_context(clock.engine_clock(scale, origin))
 
     def _start_scrapers(self, engine_url: str) -> None:
         """``/metrics`` of the engine (behind the router: replica 0) into ``server_metrics.jsonl``, which
@@ -321,11 +335,11 @@ class LiveSession:
         # prefix tree (where it routes) is kept, so a prefix goes back to the replica it went to before
         flushed = flush_prefix_cache(self.url)
         self.gpu.mark()  # the energy counter read at the point's start and end (it is costly to read)
-        start = time.time()
+        start = clock.now()
         result = run_point(self.url, point, spec, records_path=records, on_progress=on_progress,
                            sock_read_timeout=workload.stall_timeout_s,
                            read_timeout_setting="workload.stall_timeout_s", should_stop=watch)
-        result.start, result.end = start, time.time()
+        result.start, result.end = start, clock.now()
         self.gpu.mark()
         result.metrics["cache_flushed"] = 1.0 if flushed else 0.0
         reason = watch.reason
@@ -362,6 +376,7 @@ class LiveSession:
             self._stop_engines(self._server)
             self._server = None
         finally:
+            self._engine_clock.close()  # the samplers that stamped on it are stopped
             if self.plan.engine_name == "sglang":  # the next trial on these GPUs needs their memory back
                 for warning in wait_gpus_free(self.env.get("CUDA_VISIBLE_DEVICES"), RELEASE_WAIT_S,
                                               self._pids or None):
