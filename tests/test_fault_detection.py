@@ -258,7 +258,9 @@ FAULTS = {
     "malformed": "{malformed_sse_fraction:0.2}",
     "cut": "{cut_stream_fraction:0.2}",
 }
-SWEEP = ["model=tiny-test", "workload=tiny", "parallelism=tp1", "ray.num_cpus=2",
+# in real time: the stall timeout counts the engine's seconds and the point timeout the wall's, and
+# the timings above are the wall's
+SWEEP = ["model=tiny-test", "workload=tiny", "parallelism=tp1", "ray.num_cpus=2", "engine.time_scale=1",
          "workload.requests_per_concurrency=5", "workload.output_len=32",
          "workload.stall_timeout_s=5", "workload.point_timeout_s=20", "engine.startup_timeout_s=60",
          "engine.stop_grace_s=2", "engine.sim_faults=" + ",".join(FAULTS.values())]

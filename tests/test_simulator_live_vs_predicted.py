@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from simulator.predict import predict_point, resolved_server_info
-from tests.test_simulator_server import Server
+from tests.test_simulator_server import TINY, Server
 from workloads import LoadPoint, RequestSpec, clock, run_point
 
 pytestmark = pytest.mark.slow
@@ -88,3 +90,26 @@ def test_live_server_and_prediction_agree_within_5_percent(tmp_path: Path) -> No
     keys = ("max_running_requests", "pp_max_micro_batch_size", "max_total_num_tokens", "sim_stage_layers")
     for key in keys:
         assert info[key] == predicted[key]
+
+
+def test_the_load_generator_times_a_time_scaled_engine_on_its_own_clock(tmp_path: Path) -> None:
+    # python -m workloads against a simulated engine at 4x real time: it finds the engine's clock in
+    # /server_info, sends the open loop's schedule in the engine's seconds (20 req/s of them, 5 of the
+    # wall clock's) and measures its latencies there: the engine's own histograms agree
+    server = Server(["--model-path", TINY, "--sim-hardware", "h100-sxm-x8", "--sim-time-scale", "4",
+                     "--enable-metrics"], tmp_path)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "workloads", "--url", server.url, "--api", "generate",
+                               "--rate", "20", "--arrival", "constant", "--requests", "40",
+                               "--input-len", "32", "--output-len", "64", "--json"],
+                              capture_output=True, text=True, timeout=120)
+        metrics = server.get("/metrics")[1].decode()
+    finally:
+        server.stop()
+    assert proc.returncode == 0, proc.stderr
+    assert "a simulated engine at 4x real time: timed on its own clock" in proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["offered_rate"] == 20.0
+    assert out["achieved_rate"] == pytest.approx(20.0, rel=0.05)  # 5 a wall second would be 1/4 of it
+    engine_e2e_ms = 1e3 * _histogram_mean(metrics, "sglang:e2e_request_latency_seconds")
+    assert out["e2e_mean_ms"] == pytest.approx(engine_e2e_ms, rel=0.05), (out["e2e_mean_ms"], engine_e2e_ms)

@@ -206,7 +206,8 @@ def test_the_simulated_engine_passes_the_first_gpu_node_check(sweep, tmp_path) -
     del info["internal_states"][0]["pp_max_micro_batch_size"]
     (broken / "server" / "server_info.json").write_text(json.dumps(info))
     metrics = broken / "telemetry" / "server_metrics.jsonl"
-    metrics.write_text(metrics.read_text().replace('\\"pp_rank\\": \\"1\\"', '\\"pp_rank\\": \\"0\\"'))
+    # each scrape is kept as its exposition text, JSON-quoted: pp_rank=\"1\"
+    metrics.write_text(metrics.read_text().replace('pp_rank=\\"1\\"', 'pp_rank=\\"0\\"'))
     _, differ = check_trial(broken)
     assert any("internal_states[0] has no pp_max_micro_batch_size" in d for d in differ), differ
     assert any("pp_rank [0] of 2" in d for d in differ), differ

@@ -7,6 +7,7 @@ import dataclasses
 import math
 import sys
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
 import orjson
@@ -14,8 +15,9 @@ import orjson
 from vocab.load import APIS, SOURCES, TRACE_SOURCES, LoadPoint, RequestSpec, Source
 from vocab.records import ERROR_KINDS, PointResult
 
+from . import clock
 from .argtypes import arrival_type, non_negative_float, non_negative_int, positive_float, positive_int
-from .backend import ServerCheckError, normalize_url, probe_server
+from .backend import ServerCheckError, normalize_url, probe_server, simulated_engine_clock
 from .metrics import DEFAULT_LAG_THRESHOLD_MS, LATENCIES, SLO, STATS
 from .runner import run_point
 from .shard import run_sync
@@ -267,17 +269,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = run_sync(probe_server(url))
         if spec.model is None and spec.api != "generate" and model is not None:
             spec = dataclasses.replace(spec, model=model)
-        result = run_point(
-            url,
-            point,
-            spec,
-            records_path=args.records,
-            sock_read_timeout=args.read_timeout,
-            read_timeout_setting="--read-timeout",
-            lag_threshold_ms=args.lag_threshold_ms,
-            slo=slo,
-            workers=args.workers,
-        )
+        # a simulated engine played at --sim-time-scale F is timed on its own clock: its latencies and
+        # rates, not the wall clock's (F times off)
+        sim_clock = run_sync(simulated_engine_clock(url))
+        if sim_clock is not None:
+            print(f"note: a simulated engine at {sim_clock[0]:g}x real time: timed on its own clock "
+                  "(every time and rate in its seconds)", file=sys.stderr)
+        with clock.engine_clock(*sim_clock) if sim_clock is not None else nullcontext():
+            result = run_point(
+                url,
+                point,
+                spec,
+                records_path=args.records,
+                sock_read_timeout=args.read_timeout,
+                read_timeout_setting="--read-timeout",
+                lag_threshold_ms=args.lag_threshold_ms,
+                slo=slo,
+                workers=args.workers,
+            )
     except ServerCheckError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

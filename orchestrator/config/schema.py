@@ -40,7 +40,9 @@ class EngineConf:
     python: str | None = None  # interpreter that runs the engine (null: the one running parasweep)
     startup_timeout_s: float = 900.0  # readiness deadline; the failure message carries the log tail
     stop_grace_s: float = 10.0  # SIGTERM to the process group, then SIGKILL after this long
-    time_scale: float = 1.0  # simulated engine only: simulated seconds per wall second
+    # simulated engine only: simulated seconds per wall second; the trial is timed on the engine's own
+    # clock, so its numbers do not change with it (conf/engine/auto.yaml and sim.yaml play at 4)
+    time_scale: float = 1.0
     sim_faults: SimFaultConf = field(default_factory=SimFaultConf)  # simulated engine only
 
 
@@ -150,12 +152,16 @@ class WorkloadConf:
     # stop a point once its throughput's 95 % confidence interval is within this fraction of its mean
     # (the request count, and max_point_s, are then upper bounds); null: always the whole count
     ci_target: float | None = 0.03
-    max_point_s: float | None = None  # measured sends stop after this long (null: the count decides)
+    # measured sends stop after this long, in the engine's seconds (a simulated engine played at
+    # engine.time_scale counts its own); null: the count decides
+    max_point_s: float | None = None
     seed: int = 0
-    # a request that receives nothing for this long fails as stalled (the point goes on)
+    # a request that receives nothing for this long fails as stalled (the point goes on); timed on the
+    # records' clock, so a simulated engine at engine.time_scale counts its own seconds
     stall_timeout_s: float = 300.0
-    # a point still running after this long is ended: its finished records are kept, the rest are
-    # recorded as timed out, and the trial fails (null: no limit beyond stall_timeout_s)
+    # a point still running after this long (wall seconds: a guard on the processes) is ended: its
+    # finished records are kept, the rest are recorded as timed out, and the trial fails (null: no
+    # limit beyond stall_timeout_s)
     point_timeout_s: float | None = 3600.0
 
 

@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import threading
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -103,13 +104,15 @@ class GpuSampler:
         return len(rows)
 
     def _loop(self) -> None:
-        # fixed-rate schedule: a slow read shortens the next wait instead of shifting every later tick
-        next_tick = now() + self.period_s
-        while not self._stop.wait(max(0.0, next_tick - now())):
+        # fixed-rate schedule: a slow read shortens the next wait instead of shifting every later tick.
+        # On the wall clock: samples are stamped on the records' clock, which runs F times as fast for a
+        # simulated engine played at F times real time, and the sampler's cost is per wall second.
+        next_tick = time.monotonic() + self.period_s
+        while not self._stop.wait(max(0.0, next_tick - time.monotonic())):
             self.sample_once()
             next_tick += self.period_s
-            if next_tick < now():  # fell behind by more than a period: skip ticks, do not burst
-                next_tick = now() + self.period_s
+            if next_tick < time.monotonic():  # fell behind by more than a period: skip ticks, do not burst
+                next_tick = time.monotonic() + self.period_s
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the thread, take a last sample (it closes the last point's window), close the source.
