@@ -37,7 +37,9 @@ def test_trials_run_side_by_side_on_disjoint_gpus(tmp_path: Path) -> None:
     # a dense 8B model that fits one GPU: world sizes 1, 2 and 4 fit the 8 declared GPUs together
     result = run_cli(["-m", "model=llama-3.1-8b", "parallelism=tp1,tp2,tp4", "ray.num_gpus=8",
                       "workload.concurrency=[1]", "workload.requests_per_point=4",
-                      "workload.warmup_requests=0", "workload.input_len=32", "workload.output_len=200"],
+                      "workload.warmup_requests=0", "workload.input_len=32", "workload.output_len=200",
+                      # in real time: each trial's few seconds of load must outlast the others' starts
+                      "engine.time_scale=1"],
                      tmp_path, timeout=300, store=True)
     assert result.returncode == 0, result.stdout + result.stderr
     runs = _trials(tmp_path)

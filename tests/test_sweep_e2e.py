@@ -65,6 +65,8 @@ def test_summary_of_a_real_sweep_fits_100_columns_and_explains(sweep) -> None:
     assert not too_wide, f"lines over {MAX_WIDTH} columns: {too_wide}"
     assert re.search(r"^Simulated engine \(engine=auto: [^)]*\): the simulator's numbers, not measured$",
                      out, re.M), out
+    assert re.search(r"^    played at 4x real time \(engine.time_scale\) and timed on its own clock: every "
+                     r"time and rate is in\n    the engine's seconds$", out, re.M), out
     # what priced those numbers, in the header and in the summary
     assert re.search(r"^\[parasweep\] step costs: (measured \(aiconfigurator-core [\d.]+: "
                      r"rtx_pro_6000_server|roofline \()", out, re.M), out
@@ -116,6 +118,8 @@ def test_mlflow_layout(sweep) -> None:
         assert tags["parasweep.engine"] == "sim"
         # why, as the sweep's driver decided it and passed it to the trial
         assert tags["parasweep.engine_reason"].startswith("engine=auto: ")
+        # engine=auto plays the simulated engine at 4x real time, timed on its own clock: said per trial
+        assert tags["parasweep.sim_time_scale"] == "4"
         assert tags["parasweep.engine_version"] and tags["parasweep.engine_version"] != "unknown"
         assert len(tags["parasweep.config_hash"]) == 16
         depths.add(params["pp.async_depth"])

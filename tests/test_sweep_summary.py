@@ -304,3 +304,20 @@ def test_help_opens_with_parasweep_and_lists_the_groups(tmp_path: Path) -> None:
         assert f"\n{group} " in groups, group
     assert "pp:\n  size:" in out  # the config keys follow
     _assert_fits(out[:out.index("== Config keys")])
+
+
+def test_a_time_scaled_simulated_engine_is_said_under_the_engine_line(tmp_path: Path) -> None:
+    from analysis.report import engine_lines
+
+    tracker = Tracker(sqlite_store(tmp_path / "mlflow.db"), EXPERIMENT)
+    parent = tracker.start_run("sweep", {Tag.KIND: RunKind.SWEEP.value})
+    for num, scale in enumerate(("4", "")):  # a trial at 4x real time, one in real time (no tag)
+        tags = {Tag.KIND: RunKind.TRIAL.value, Tag.TRIAL_NUM: str(num), Tag.ENGINE: "sim",
+                Tag.ENGINE_REASON: "engine=sim in the config"}
+        tracker.start_run(f"#{num}", {**tags, **({Tag.SIM_TIME_SCALE: scale} if scale else {})}, parent)
+    lines = engine_lines(tracker.children(parent))
+    assert lines[0] == "Simulated engine (engine=sim in the config): the simulator's numbers, not measured"
+    assert " ".join(line.strip() for line in lines[1:3]) == (
+        "played at 4x real time (engine.time_scale) and timed on its own clock: every time and rate is in "
+        "the engine's seconds")
+    assert all(len(line) <= MAX_WIDTH for line in lines)
