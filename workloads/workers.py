@@ -46,58 +46,43 @@ def _worker(
 ) -> None:
     try:
         with clock.engine_clock(*engine_clock):  # the parent's clock: the records join its own
-            _run_worker(k, n, base, point, spec, sock_read_timeout, read_timeout_setting, out, start, go)
+            get_request = prepare_requests(spec, point, k, n)
+            out.put(("ready", k, None))
+            if not go.wait(120):
+                return
+            start_perf = clock.to_perf(start.value)
+            batch: list[RequestRecord] = []
+            last = time.perf_counter()
+
+            def on_record(rec: RequestRecord) -> None:
+                nonlocal last
+                batch.append(rec)
+                now = time.perf_counter()
+                if now - last >= BATCH_INTERVAL_S:
+                    out.put(("records", k, batch[:]))
+                    batch.clear()
+                    last = now
+
+            async def main() -> list[float]:
+                return await run_shard(
+                    base,
+                    point,
+                    spec,
+                    on_record,
+                    shard=k,
+                    shards=n,
+                    start_perf=start_perf,
+                    sock_read_timeout=sock_read_timeout,
+                    read_timeout_setting=read_timeout_setting,
+                    get_request=get_request,
+                )
+
+            lag = run_sync(main())
+            if batch:
+                out.put(("records", k, batch))
+            out.put(("done", k, lag))
     except BaseException:
         out.put(("error", k, traceback.format_exc()))
-
-
-def _run_worker(
-    k: int,
-    n: int,
-    base: str,
-    point: LoadPoint,
-    spec: RequestSpec,
-    sock_read_timeout: float,
-    read_timeout_setting: str,
-    out: Any,
-    start: Any,
-    go: Any,
-) -> None:
-    get_request = prepare_requests(spec, point, k, n)
-    out.put(("ready", k, None))
-    if not go.wait(120):
-        return
-    start_perf = clock.to_perf(start.value)
-    batch: list[RequestRecord] = []
-    last = time.perf_counter()
-
-    def on_record(rec: RequestRecord) -> None:
-        nonlocal last
-        batch.append(rec)
-        now = time.perf_counter()
-        if now - last >= BATCH_INTERVAL_S:
-            out.put(("records", k, batch[:]))
-            batch.clear()
-            last = now
-
-    async def main() -> list[float]:
-        return await run_shard(
-            base,
-            point,
-            spec,
-            on_record,
-            shard=k,
-            shards=n,
-            start_perf=start_perf,
-            sock_read_timeout=sock_read_timeout,
-            read_timeout_setting=read_timeout_setting,
-            get_request=get_request,
-        )
-
-    lag = run_sync(main())
-    if batch:
-        out.put(("records", k, batch))
-    out.put(("done", k, lag))
 
 
 def run_point_workers(
