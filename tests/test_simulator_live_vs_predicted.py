@@ -113,6 +113,6 @@ def test_the_load_generator_times_a_time_scaled_engine_on_its_own_clock(tmp_path
     assert out["offered_rate"] == 20.0
     assert out["achieved_rate"] == pytest.approx(20.0, rel=0.05)  # 5 a wall second would be 1/4 of it
     engine_e2e_ms = 1e3 * _histogram_mean(metrics, "sglang:e2e_request_latency_seconds")
-    # (the client's own overhead, a millisecond or two of the wall clock's, weighs four times on the engine's:
-    # within 15 %, where the wall clock would read a quarter)
-    assert out["e2e_mean_ms"] == pytest.approx(engine_e2e_ms, rel=0.15), (out["e2e_mean_ms"], engine_e2e_ms)
+    # the client adds its own overhead (weighing four times on the engine's clock, more on a busy machine)
+    # and never takes any away: at least the engine's e2e, far from the quarter the wall clock would read
+    assert 0.97 * engine_e2e_ms <= out["e2e_mean_ms"] < 2 * engine_e2e_ms, (out["e2e_mean_ms"], engine_e2e_ms)

@@ -200,20 +200,24 @@ class ServerCheckError(Exception):
     """The URL is unreachable or does not serve an SGLang / OpenAI-compatible API."""
 
 
-async def simulated_engine_clock(base_url: str, timeout_s: float = 10.0) -> tuple[float, float] | None:
+def sim_clock(info: object) -> tuple[float, float] | None:
     """``(seconds per wall second, origin)`` of a simulated engine played faster or slower than real
-    time (its ``/server_info``: ``sim_time_scale``, ``sim_wall_origin``), to time it on its own clock
-    (:func:`workloads.clock.engine_clock`); None for any other server, or one at real time."""
-    try:
-        status, raw = await _get(base_url, "/server_info", timeout_s)
-        info = orjson.loads(raw) if status == 200 else {}
-    except (HTTPError, TimeoutError, orjson.JSONDecodeError):
-        return None
+    time, from its ``/server_info`` (``sim_time_scale``, ``sim_wall_origin``), to time it on its own
+    clock (:func:`workloads.clock.engine_clock`); None for any other server, or one at real time."""
     scale = info.get("sim_time_scale") if isinstance(info, dict) else None
     origin = info.get("sim_wall_origin") if isinstance(info, dict) else None
     if isinstance(scale, int | float) and isinstance(origin, int | float) and scale > 0 and scale != 1:
         return float(scale), float(origin)
     return None
+
+
+async def simulated_engine_clock(base_url: str, timeout_s: float = 10.0) -> tuple[float, float] | None:
+    """:func:`sim_clock` of the server at ``base_url`` (None when it has no ``/server_info``)."""
+    try:
+        status, raw = await _get(base_url, "/server_info", timeout_s)
+        return sim_clock(orjson.loads(raw)) if status == 200 else None
+    except (HTTPError, TimeoutError, orjson.JSONDecodeError):
+        return None
 
 
 async def probe_server(base_url: str, timeout_s: float = 10.0) -> str | None:

@@ -53,6 +53,7 @@ from vocab.load import LoadPoint, RequestSpec
 from vocab.records import ENGINE_FAILED, PointResult, RecordWriter
 from vocab.telemetry import GpuSource
 from workloads import clock
+from workloads.backend import sim_clock
 
 log = logging.getLogger("parasweep")
 
@@ -218,10 +219,8 @@ class LiveSession:
         on its own clock: every timestamp of the trial (records, GPU samples, scrapes, point windows)
         then reads its seconds, as its log and ``meta_info`` do, so its latencies and rates are the
         model's and not F times off. Until the session ends."""
-        scale = self.plan.cfg.engine.time_scale
-        if self.plan.engine_name == "sim" and scale != 1.0:
-            origin = float(self.server_info["sim_wall_origin"])
-            self._engine_clock.enter_context(clock.engine_clock(scale, origin))
+        if self.plan.engine_name == "sim" and (sim := sim_clock(self.server_info)) is not None:
+            self._engine_clock.enter_context(clock.engine_clock(*sim))
 
     def _start_scrapers(self, engine_url: str) -> None:
         """``/metrics`` of the engine (behind the router: replica 0) into ``server_metrics.jsonl``, which
