@@ -3,8 +3,8 @@ replica's prefix cache found: from the router's own Prometheus metrics and each 
 scraped through the trial (counters read at the window's two ends).
 
 * ``dp<i>_request_share``: the share of the point's requests the router sent to replica ``i``
-  (``smg_worker_requests_total``; scraped every ``telemetry.metrics_period_s``, so a share over a
-  window of a few scrapes is approximate).
+  (``smg_worker_requests_total``; scraped every ``telemetry.metrics_period_s`` of wall time, F of a
+  time-scaled engine's seconds, so a share over a window of a few scrapes is approximate).
 * ``dp<i>_cache_hit_rate``: replica ``i``'s prompt tokens found in its cache, of all it prefilled
   (``sglang:realtime_tokens_total``, modes ``prefill_cache`` and ``prefill_compute``).
 * ``router_tree_match_frac``: the share of cache-aware decisions that followed a cached prefix (the
@@ -32,14 +32,21 @@ def _increase(rows: pd.DataFrame, start: float, end: float) -> float | None:
 
 
 def _series(frame: pd.DataFrame | None, name: str, **labels: str) -> pd.DataFrame:
-    """The samples of metric ``name`` whose labels include ``labels``, summed per scrape."""
+    """The samples of counter ``name`` whose labels include ``labels``, summed per scrape. A scrape
+    that does not list the series reads 0: the router and the engines create a labelled counter at its
+    first increment (the router's branch counters appear with its first cache-aware decision), so a
+    scrape from before that is the counter's zero, not a missing reading."""
     if frame is None or frame.empty:
         return pd.DataFrame(columns=["ts", "value"])
     rows = frame[frame["name"] == name]
     if labels:
         parsed = [json.loads(text or "{}") for text in rows["labels"]]
         rows = rows[[all(p.get(k) == v for k, v in labels.items()) for p in parsed]]
-    return rows.groupby("ts", as_index=False)["value"].sum()
+    if rows.empty:
+        return pd.DataFrame(columns=["ts", "value"])
+    summed = rows.groupby("ts")["value"].sum()
+    scrapes = pd.Index(sorted(frame["ts"].unique()), name="ts")
+    return summed.reindex(scrapes, fill_value=0.0).reset_index()
 
 
 def routing_summary(router: pd.DataFrame | None, replicas: list[pd.DataFrame | None], worker_urls: list[str],
@@ -61,11 +68,12 @@ def routing_summary(router: pd.DataFrame | None, replicas: list[pd.DataFrame | N
         computed = _increase(_series(frame, name, mode="prefill_compute"), start, end)
         if cached is not None and computed is not None and cached + computed > 0:
             out[per_replica(rank, "cache_hit_rate")] = cached / (cached + computed)
-    branches = router[router["name"] == "smg_cache_aware_policy_branch_total"] if router is not None else None
-    if branches is not None and not branches.empty:
-        total = _increase(branches.groupby("ts", as_index=False)["value"].sum(), start, end)
-        matched = _increase(_series(router, "smg_cache_aware_policy_branch_total", branch="tree_match"),
-                            start, end)
+    branches = _series(router, "smg_cache_aware_policy_branch_total")
+    if not branches.empty:
+        total = _increase(branches, start, end)
+        tree_match = _series(router, "smg_cache_aware_policy_branch_total", branch="tree_match")
+        # no tree_match series while other branches are listed: no decision followed a cached prefix
+        matched = _increase(tree_match, start, end) if not tree_match.empty else 0.0
         if total and matched is not None:
             out[ROUTER_MATCH_FRAC] = matched / total
     ratio_sum = _increase(_series(router, "smg_cache_aware_match_ratio_sum"), start, end)

@@ -122,6 +122,20 @@ def test_the_routing_summary_reads_the_routers_and_the_replicas_counters(scraped
     assert routing_summary(router, [None, None], URLS, 1.0, 2.0) == {}
 
 
+def test_a_branch_counter_not_yet_listed_by_a_scrape_reads_zero_there(scraped: tuple) -> None:
+    # The router lists a branch counter from its first cache-aware decision on: its first scrape has
+    # none. A window between that scrape and the next (a short point, or a time-scaled engine's) is
+    # still summarised, in proportion to time, as the request counters beside it are.
+    router, replicas = scraped
+    branch = router[router["name"] == "smg_cache_aware_policy_branch_total"]
+    first, listed = router["ts"].min(), branch["ts"].min()
+    assert first < listed  # the real scrapes: the first one is before any decision
+    out = routing_summary(router, replicas, URLS, first + 0.01, listed - 0.01)
+    at_listed = branch[branch["ts"] == listed]
+    matched = at_listed[at_listed["labels"].str.contains("tree_match")]["value"].sum()
+    assert out[ROUTER_MATCH_FRAC] == pytest.approx(matched / at_listed["value"].sum())
+
+
 def test_the_summary_shows_each_replicas_part_beside_the_points_hit_rate(scraped: tuple) -> None:
     router, replicas = scraped
     point = {f"c16/{k}": v for k, v in routing_summary(router, replicas, URLS, 0.0, 2e9).items()}
