@@ -260,14 +260,19 @@ def _show_sweep(state: SweepState, runs: list[Any], status: str) -> None:
     if instead:
         _guarded("show what to run instead", lambda: _show_instead(instead, console))
     sweep_dir = Path(state.sweep_dir)
-    _log_plots(tracker, state.run_id, runs, sweep_dir)
+    if state.plots:
+        _log_plots(tracker, state.run_id, runs, sweep_dir)
     _describe_sweep(tracker, state.run_id, runs, status, _search_answer(state))
     console.print()
-    report = _html_report(tracker, state.run_id, state.uri, sweep_dir)
-    if report is not None:
-        console.print(f"Report: {_shown_path(report)}", highlight=False, markup=False)
+    if state.html:
+        report = _html_report(tracker, state.run_id, state.uri, sweep_dir)
+        if report is not None:
+            console.print(f"Report: {_shown_path(report)}", highlight=False, markup=False)
+    else:
+        console.print(f"Report: not written (report.html=false; python -m analysis report {state.run_id})",
+                      highlight=False, markup=False)
     trials = f"{_shown_path(sweep_dir)}/<n>/" if state.multirun else _shown_path(sweep_dir)
-    console.print(f"Trial files: {trials} (records, telemetry, diagnosis.json, plots)",
+    console.print(f"Trial files: {trials} (records, telemetry, diagnosis.json{', plots' * state.plots})",
                   highlight=False, markup=False)
     url = runs_url(state.experiment_id or "0", state.uri)
     # commands are printed whole, never wrapped by rich: a long one continues with a shell backslash

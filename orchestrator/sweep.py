@@ -32,6 +32,8 @@ class SweepState:
     run_id: str | None = None
     experiment_id: str | None = None
     step_costs: str = ""  # what prices the simulator's steps for the sweep's base config
+    plots: bool = True  # report.plots: the trials' and the sweep's plots at the end
+    html: bool = True  # report.html: the sweep's HTML report at the end
 
 
 ACTIVE: SweepState | None = None
@@ -45,7 +47,8 @@ def note_sweep(config: DictConfig, multirun: bool) -> None:
     ACTIVE = SweepState(tracking_uri(config.tracking.uri), config.tracking.experiment,
                         os.path.abspath(sweep_dir), multirun,
                         mode="prediction" if config.get("predict") else "measure",
-                        step_costs=_step_costs(config))
+                        step_costs=_step_costs(config), plots=bool(config.report.plots),
+                        html=bool(config.report.html))
 
 
 def _step_costs(config: DictConfig) -> str:

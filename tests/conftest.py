@@ -54,6 +54,12 @@ def sqlite_store(path: Path) -> str:
     return f"sqlite:///{path}"
 
 
+# A sweep whose test reads its numbers, not its drawings, ends without them (report.plots, report.html):
+# drawing every trial's plots and the HTML report costs the driver a second or more of CPU per trial
+# (tests/test_sweep_finish.py checks both settings; the end-to-end, report and outage tests draw).
+NO_DRAWING = ["report.plots=false", "report.html=false"]
+
+
 def run_cli(args: list[str], cwd: Path, timeout: float = 120, env: dict[str, str] | None = None,
             store: bool = False) -> subprocess.CompletedProcess[str]:
     """``python run.py ARGS`` with cwd (hence runs/) in a scratch directory. ``store``: start from an

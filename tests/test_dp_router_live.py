@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.process.server import group_alive
-from tests.conftest import run_cli
+from tests.conftest import NO_DRAWING, run_cli
 
 pytestmark = pytest.mark.slow
 
-SWEEP = ["-m", "model=llama-3.1-8b", "hardware=h100-sxm-x8", "parallelism=tp1", "ray.num_cpus=2",
+SWEEP = ["-m", "model=llama-3.1-8b", "hardware=h100-sxm-x8", "parallelism=tp1", "ray.num_cpus=2", *NO_DRAWING,
          "workload=shared-prefix", "workload.concurrency=[1]", "workload.requests_per_concurrency=64",
          "workload.shared_prefix.groups=8",
          "workload.shared_prefix.prompts_per_group=8", "workload.shared_prefix.system_len=2000",

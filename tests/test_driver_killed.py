@@ -22,7 +22,7 @@ import pytest
 from orchestrator.process.server import group_alive
 from orchestrator.store.stale import close_stale_runs, driver_tags
 from orchestrator.store.tracking import Tracker
-from tests.conftest import run_cli, sqlite_store
+from tests.conftest import NO_DRAWING, run_cli, sqlite_store
 from tests.test_interrupt import (
     RUN,
     artifacts,
@@ -42,7 +42,7 @@ SECRET = "sekrit-value-123"
 # three short trials on one simulated GPU: they run one after another
 # Each trial sends all its 600 requests (no stop rule: a point whose throughput is soon known would end
 # within a poll of its first record, and the driver must be killed while the second trial still runs)
-THREE = ["-m", "model=tiny-test", "parallelism=tp1", "workload=tiny", "workload.output_len=32",
+THREE = ["-m", "model=tiny-test", "parallelism=tp1", "workload=tiny", "workload.output_len=32", *NO_DRAWING,
          "workload.requests_per_concurrency=300", "workload.concurrency=[2]", "workload.ci_target=null",
          "ray.num_cpus=2", "ray.num_gpus=1", "workload.seed=0,1,2"]
 

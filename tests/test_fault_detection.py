@@ -33,7 +33,7 @@ from orchestrator.process.health import HealthProber
 from orchestrator.store.tracking import Tracker
 from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
 from orchestrator.trial.run import TrialOutcome, TrialRunSettings, execute_trial
-from tests.conftest import run_cli, sqlite_store
+from tests.conftest import NO_DRAWING, run_cli, sqlite_store
 from vocab.hardware import load_hardware
 from vocab.records import read_records
 from vocab.status import RunKind, Tag, TrialStatus
@@ -261,7 +261,7 @@ FAULTS = {
 # in real time: the stall timeout counts the engine's seconds and the point timeout the wall's, and
 # the timings above are the wall's
 SWEEP = ["model=tiny-test", "workload=tiny", "parallelism=tp1", "ray.num_cpus=2", "engine.time_scale=1",
-         "workload.requests_per_concurrency=5", "workload.output_len=32",
+         *NO_DRAWING, "workload.requests_per_concurrency=5", "workload.output_len=32",
          "workload.stall_timeout_s=5", "workload.point_timeout_s=20", "engine.startup_timeout_s=60",
          "engine.stop_grace_s=2", "engine.sim_faults=" + ",".join(FAULTS.values())]
 

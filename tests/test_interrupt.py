@@ -20,14 +20,14 @@ import pytest
 
 from analysis.store import client
 from orchestrator.process.server import group_alive
-from tests.conftest import ROOT, sqlite_store
+from tests.conftest import NO_DRAWING, ROOT, sqlite_store
 from vocab.status import RunKind, Tag, TrialStatus
 
 pytestmark = pytest.mark.slow  # engines, Ray and signals to real processes
 
 # short requests in a point far too long to finish: records pile up from the first seconds of load,
 # and the trial is still running whenever the signal comes
-RUN = ["model=tiny-test", "parallelism=tp1", "workload=tiny", "workload.output_len=32",
+RUN = ["model=tiny-test", "parallelism=tp1", "workload=tiny", "workload.output_len=32", *NO_DRAWING,
        "workload.requests_per_concurrency=3000", "workload.concurrency=[2]", "ray.num_cpus=2"]
 # one simulated GPU: the sweep's second trial waits for the first and is cancelled while queued
 SWEEP = ["-m", *RUN, "ray.num_gpus=1", "workload.seed=0,1"]

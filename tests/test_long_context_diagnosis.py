@@ -61,7 +61,7 @@ def findings(cfg: ParasweepConf, tmp_path: Path) -> dict[str, dict]:
 
 
 def test_kv_bound_admission(tmp_path: Path) -> None:
-    cfg = trial(tmp_path, "llama-3.1-70b", concurrency=[16], input_len=2048, output_len=256)
+    cfg = trial(tmp_path, "llama-3.1-70b", concurrency=[16], input_len=2048, output_len=512)
     cfg.tp.size, cfg.server.mem_fraction_static = 4, 0.42
     cfg.engine.time_scale = 4.0  # closed loop: the same load whatever the pace of the playback
     found = findings(cfg, tmp_path)
@@ -72,7 +72,7 @@ def test_kv_bound_admission(tmp_path: Path) -> None:
     assert "requests waited on average while about" in evidence
     assert "below the concurrency 16 and max_running_requests=" in evidence
     # how many requests the pool holds at these lengths, and where the TTFT went
-    assert ("at 2,048 + 256 tokens a request (prompt and every decode token, reserved at admission)"
+    assert ("at 2,048 + 512 tokens a request (prompt and every decode token, reserved at admission)"
             in evidence)
     assert "KV pool holds 3 requests" in evidence
     assert "queueing (each request's queue time, simulated engine's report, not measured)" in evidence

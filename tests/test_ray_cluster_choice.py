@@ -23,9 +23,9 @@ import pytest
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.launcher.ray_cluster import init_ray
 from orchestrator.process.server import free_port
-from tests.conftest import ROOT, run_cli
+from tests.conftest import NO_DRAWING, ROOT, run_cli
 
-ONE_TRIAL = ["-m", "model=tiny-test", "parallelism=pp2", "workload=tiny", "pp.async_depth=0"]
+ONE_TRIAL = ["-m", "model=tiny-test", "parallelism=pp2", "workload=tiny", "pp.async_depth=0", *NO_DRAWING]
 LOCAL = [*ONE_TRIAL, "ray.num_cpus=2"]
 CURRENT_CLUSTER = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import NO_DRAWING, run_cli
 
 pytestmark = pytest.mark.slow  # a real local Ray
 
@@ -35,7 +35,7 @@ def _schedule(workdir: Path) -> list[dict]:
 
 def test_trials_run_side_by_side_on_disjoint_gpus(tmp_path: Path) -> None:
     # a dense 8B model that fits one GPU: world sizes 1, 2 and 4 fit the 8 declared GPUs together
-    result = run_cli(["-m", "model=llama-3.1-8b", "parallelism=tp1,tp2,tp4", "ray.num_gpus=8",
+    result = run_cli(["-m", "model=llama-3.1-8b", "parallelism=tp1,tp2,tp4", "ray.num_gpus=8", *NO_DRAWING,
                       "workload.concurrency=[1]", "workload.requests_per_point=4",
                       "workload.warmup_requests=0", "workload.input_len=32", "workload.output_len=200",
                       # in real time: each trial's few seconds of load must outlast the others' starts
@@ -67,7 +67,7 @@ def test_trials_run_side_by_side_on_disjoint_gpus(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def crash_then_resume(tmp_path_factory: pytest.TempPathFactory):
     workdir = tmp_path_factory.mktemp("resume")
-    base = ["-m", "model=tiny-test", "parallelism=pp2", "workload=tiny", "ray.num_cpus=4"]
+    base = ["-m", "model=tiny-test", "parallelism=pp2", "workload=tiny", "ray.num_cpus=4", *NO_DRAWING]
     # trial 1 models a GPU with almost no memory: the engine refuses to start
     first = run_cli([*base, "hardware.memory_gb=102.6,0.001"], workdir, timeout=300, store=True)
     second = run_cli([*base, "hardware.memory_gb=102.6,0.001"], workdir, timeout=300)

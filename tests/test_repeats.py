@@ -9,11 +9,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from analysis.repeats import combine_repeats
-from tests.conftest import run_cli
+from tests.conftest import NO_DRAWING, run_cli
 from vocab.status import Tag
 
 # one configuration, long enough requests that the client's turnaround is a small part of each
-ONE = ["model=tiny-test", "hardware=h200-nvlink-x8", "parallelism=tp1", "workload=tiny",
+ONE = ["model=tiny-test", "hardware=h200-nvlink-x8", "parallelism=tp1", "workload=tiny", *NO_DRAWING,
        "workload.output_len=64", "ray.num_cpus=2", "engine=sim"]
 
 

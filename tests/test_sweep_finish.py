@@ -159,6 +159,26 @@ def test_one_trial_that_cannot_be_drawn_costs_only_its_own_plots(tmp_path: Path,
     assert list(scratch.iterdir()) == []  # the scratch space is gone
 
 
+@pytest.mark.parametrize("plots,html", [(True, True), (False, False)])
+def test_the_sweep_end_draws_and_writes_what_report_asks_for(tmp_path: Path, monkeypatch, capsys,
+                                                           plots: bool, html: bool) -> None:
+    # report.plots / report.html: a sweep that needs only its numbers (CI) ends without drawing
+    tracker, sweep_id = _sweep(tmp_path)
+    trial = _trial(tracker, sweep_id, "x=1", {Tag.STATUS: "ok", Tag.TRIAL_NUM: "0"})
+    _activate(monkeypatch, tracker, sweep_id, tmp_path)
+    monkeypatch.setattr(sweep.ACTIVE, "plots", plots)
+    monkeypatch.setattr(sweep.ACTIVE, "html", html)
+    assert finish(0) == 0
+    out = capsys.readouterr().out
+    assert "1 trial(s), status ok" in out  # the summary table either way
+    assert (_plots(tracker, trial) == {"throughput.png", "latency.png"}) is plots
+    assert ("sweep.png" in _plots(tracker, sweep_id)) is plots
+    assert (tmp_path / "sweep" / "report.html").exists() is html
+    assert ("report.html" in {a.path for a in tracker.client.list_artifacts(sweep_id)}) is html
+    if not html:
+        assert f"Report: not written (report.html=false; python -m analysis report {sweep_id})" in out
+
+
 def test_trials_sharing_a_name_keep_their_own_line_on_the_sweep_chart(tmp_path: Path, monkeypatch) -> None:
     import analysis.plots
 

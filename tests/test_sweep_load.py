@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import NO_DRAWING, run_cli
 from tests.servers import processes_mentioning
 
 pytestmark = pytest.mark.slow
@@ -24,9 +24,10 @@ def test_fifty_trials_all_close_with_their_artifacts(tmp_path: Path) -> None:
 
     out = run_cli(["-m", "model=tiny-test", "parallelism=tp1", "workload=tiny", "workload.concurrency=[2]",
                    "engine.time_scale=20", "telemetry.gpu_hz=2", "ray.num_gpus=8", "ray.num_cpus=8",
-                   f"workload.seed=range(0,{TRIALS})"], tmp_path, timeout=900, store=True)
+                   *NO_DRAWING, f"workload.seed=range(0,{TRIALS})"], tmp_path, timeout=900, store=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"{TRIALS} trial(s), status ok" in out.stdout
+    assert "Report: not written (report.html=false" in out.stdout  # NO_DRAWING reached the driver
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("parasweep")

@@ -11,7 +11,7 @@ from typing import Any
 from orchestrator.config.schema import ParasweepConf
 
 # top-level groups, or dotted keys, that do not change the measurement
-HASH_EXCLUDE = ("tracking", "ray", "search", "dry_run", "predict", "resume", "reproduce", "repeats",
+HASH_EXCLUDE = ("tracking", "report", "ray", "search", "dry_run", "predict", "resume", "reproduce", "repeats",
                 "engine.startup_timeout_s", "engine.stop_grace_s", "engine.python", "model.weights")
 
 

@@ -223,6 +223,14 @@ class TelemetryConf:
 
 
 @dataclass
+class ReportConf:
+    # what the end of a sweep draws and writes beside its summary table (the numbers are in the store
+    # either way; `python -m analysis report RUN_ID` writes the HTML report later)
+    plots: bool = True  # each trial's plots into its run and directory, every trial on one chart
+    html: bool = True  # report.html in the sweep's directory and as the sweep run's artifact
+
+
+@dataclass
 class TrackingConf:
     uri: str | None = None  # null: sqlite file runs/mlflow.db under the working directory
     experiment: str = "parasweep"
@@ -292,6 +300,7 @@ class ParasweepConf:
     workload: WorkloadConf = field(default_factory=WorkloadConf)
     telemetry: TelemetryConf = field(default_factory=TelemetryConf)
     tracking: TrackingConf = field(default_factory=TrackingConf)
+    report: ReportConf = field(default_factory=ReportConf)
     ray: RayConf = field(default_factory=RayConf)
     search: SearchConf = field(default_factory=SearchConf)
     dry_run: bool = False  # print each trial's plan and server argv, launch nothing
