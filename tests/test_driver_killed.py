@@ -290,7 +290,11 @@ def test_sigkill_of_a_sweep_then_the_same_sweep_resumes(tmp_path: Path) -> None:
     by_dir = {Path(t.data.tags[Tag.TRIAL_DIR]).name: t for t in before}
     assert set(by_dir) == {first.name, second.name}
     assert by_dir[first.name].data.tags[Tag.STATUS] == TrialStatus.OK.value
-    assert by_dir[second.name].data.tags[Tag.STATUS] == TrialStatus.RUNNING.value
+    # as the kill left it: still running (its worker died with the driver), or closed as killed by its
+    # worker on the way out (Ray ends a worker whose raylet is gone with SystemExit: on a busy machine
+    # it can live long enough to close its run); never failed, which would blame the trial
+    left = by_dir[second.name].data.tags[Tag.STATUS]
+    assert left in (TrialStatus.RUNNING.value, TrialStatus.KILLED.value)
 
     again = start_driver(THREE, tmp_path)
     try:
@@ -298,14 +302,15 @@ def test_sigkill_of_a_sweep_then_the_same_sweep_resumes(tmp_path: Path) -> None:
     finally:
         kill_all(again, tmp_path)
     assert again.returncode == 0, out + err
-    assert f"parasweep: closed trial run #{second.name}" in out
+    assert (f"parasweep: closed trial run #{second.name}" in out) is (left == TrialStatus.RUNNING.value)
     assert "parasweep: closed sweep run" in out
     assert f"skipping #{first.name}" in out
 
     store, sweeps, trials = sweep_and_trials(tmp_path)
     stale = store.get_run(by_dir[second.name].info.run_id)
     assert stale.info.status == "KILLED" and stale.data.tags[Tag.STATUS] == TrialStatus.KILLED.value
-    assert f"its driver (pid {proc.pid} on host" in stale.data.tags[Tag.STALE_CLOSED]
+    if left == TrialStatus.RUNNING.value:  # closed by the next run, with what its directory held
+        assert f"its driver (pid {proc.pid} on host" in stale.data.tags[Tag.STALE_CLOSED]
     assert {"records/requests.parquet", "server/server.log"} <= set(artifacts(store, stale.info.run_id))
     old_sweep = store.get_run(stale.data.tags[Tag.PARENT])
     assert old_sweep.info.status == "KILLED" and Tag.STALE_CLOSED in old_sweep.data.tags

@@ -3,7 +3,8 @@
 ``kill -9`` of the driver, or the OOM killer, runs no ``finally``: nothing in the driver can stop its
 trials' engines or the local Ray it started. Measured with Ray 2.60 (tests/test_driver_killed.py): after
 SIGKILL of a sweep's driver the GCS and the raylet end at once, the workers within seconds (a trial's
-worker without closing the trial's run) and with them, through the deathsig wrapper, the engines; but
+worker mostly without closing the trial's run; one that lives long enough gets Ray's exit as
+``SystemExit`` and closes it as killed) and with them, through the deathsig wrapper, the engines; but
 Ray's dashboard and runtime-env agents live on, orphaned, for about a minute. In a single run the engine
 ends by itself through the deathsig wrapper, and the trial's run is left open.
 
@@ -27,7 +28,7 @@ The design, and why it is the simplest that holds:
   that an engine frees its GPUs in order, and SIGKILL after a grace period. Everything else gets
   SIGKILL at once: with the driver gone, nothing of Ray's or of the load generator's has anything left
   to do or to save, and nothing else ends them reliably (Ray's agents ignore SIGINT; a Ray worker
-  turns SIGTERM into an exit that its trial would record as a failure). A trial so cut short leaves its
+  turns SIGTERM into an exit, which its trial records as killed). A trial so cut short leaves its
   run "running", and the next run closes it as killed with what its directory holds
   (orchestrator/store/stale.py). What had to be stopped is written to ``guardian.log`` in the sweep
   directory.

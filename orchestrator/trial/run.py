@@ -118,6 +118,9 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
     except KeyboardInterrupt:  # Ctrl-C in a single run, or Ray's soft cancel of this task
         status, error = TrialStatus.KILLED, "interrupted"
         raise
+    except SystemExit:  # Ray ends a worker this way when its raylet is gone (the driver was killed)
+        status, error = TrialStatus.KILLED, "its worker was ended (the sweep's driver or Ray went away)"
+        raise
     except (EngineStartError, EngineFailure) as exc:  # the message says it all: no traceback
         error = str(exc)
     except Exception:
