@@ -100,6 +100,23 @@ def _wait_verdict(prober: HealthProber, timeout_s: float = 15.0) -> str | None:
     return prober.verdict
 
 
+def test_the_point_timeout_counts_from_the_points_first_question_not_from_its_set_up(tmp_path: Path) -> None:
+    # the watch is made before the point's set-up (cache flush, the energy counter, the load
+    # generator's first imports) and first asked once requests are being sent: only the latter counts
+    import sys
+
+    from orchestrator.process.server import ServerProcess
+    from orchestrator.trial.session import EngineWatch
+
+    with ServerProcess([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "server.log",
+                       "127.0.0.1", 9) as server:
+        watch = EngineWatch(server, None, point_timeout_s=0.3)
+        time.sleep(0.5)  # a set-up longer than the limit
+        assert watch() is None and not watch.timed_out
+        time.sleep(0.5)
+        assert watch() == "point timed out after 0.3 s (workload.point_timeout_s)" and watch.timed_out
+
+
 def test_refused_connections_are_noticed_after_a_short_streak() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

@@ -159,7 +159,8 @@ class WorkloadConf:
     # a request that receives nothing for this long fails as stalled (the point goes on); timed on the
     # records' clock, so a simulated engine at engine.time_scale counts its own seconds
     stall_timeout_s: float = 300.0
-    # a point still running after this long (wall seconds: a guard on the processes) is ended: its
+    # a point still sending after this long (wall seconds from its first request: a guard on the
+    # processes; the client's set-up before that does not count) is ended: its
     # finished records are kept, the rest are recorded as timed out, and the trial fails (null: no
     # limit beyond stall_timeout_s)
     point_timeout_s: float | None = 3600.0
