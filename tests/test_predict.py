@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import NO_DRAWING, run_cli
 from tests.test_sweep_e2e import CONTRACT_METRICS
 from vocab.telemetry import STAGE_ACTIVITY_MEAN
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # runs the real entry point in a subprocess
 
 def test_predict_sweep_logs_prediction_runs(tmp_path: Path) -> None:
     result = run_cli(["predict=true", "-m", "model=tiny-test", "parallelism=pp2", "workload=tiny",
-                      "pp.async_depth=0,2"], tmp_path, timeout=120, store=True)
+                      "pp.async_depth=0,2", *NO_DRAWING], tmp_path, timeout=120, store=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "prediction (virtual time, simulated engine)" in result.stdout
     from mlflow.tracking import MlflowClient
@@ -46,7 +46,7 @@ def test_reproduce_a_trial_and_a_sweep(tmp_path: Path) -> None:
     """reproduce=<RUN_ID> re-composes a trial from its recorded overrides (or a sweep from its command)."""
     from mlflow.tracking import MlflowClient
 
-    base = ["predict=true", "model=tiny-test", "parallelism=pp2", "workload=tiny"]
+    base = ["predict=true", "model=tiny-test", "parallelism=pp2", "workload=tiny", *NO_DRAWING]
     first = run_cli(["-m", *base, "pp.async_depth=0,2"], tmp_path, timeout=120, store=True)
     assert first.returncode == 0, first.stdout + first.stderr
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
