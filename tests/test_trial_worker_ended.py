@@ -2,8 +2,9 @@
 
 When the raylet goes (the sweep's driver was killed), Ray ends each of its workers by raising
 ``SystemExit`` in the worker's main thread. Here a signal handler raises it in this process's main
-thread in the middle of a prediction's load, the same way, without Ray: the run must be closed with the
-status and reason of a kill, and the exit must go on up (the worker is leaving).
+thread in the middle of a prediction's load, the same way, without Ray, either while the load is being
+computed or inside a store write: the run must be closed with the status and reason of a kill, and the
+exit must go on up (the worker is leaving).
 """
 
 from __future__ import annotations
@@ -26,34 +27,38 @@ from vocab.status import Tag, TrialStatus
 
 
 def _long_prediction(tmp_path: Path) -> ParasweepConf:
-    """A prediction whose points take seconds of CPU in the simulator."""
+    """A prediction of four points, each seconds of CPU in the simulator and one store write at its end."""
     cfg = ParasweepConf()
     cfg.predict = True
     cfg.model.name, cfg.model.path = "tiny-test", "models/tiny-test"
     cfg.hardware = load_hardware("rtx-pro-6000-pcie-x8")
-    cfg.workload.concurrency = [64, 128, 256]
+    cfg.workload.concurrency = [4, 64, 128, 256]
     cfg.workload.input_len, cfg.workload.output_len = 16, 256
     cfg.tracking.uri = sqlite_store(tmp_path / "mlflow.db")
     return cfg
 
 
-def _in_the_simulation(frame: FrameType | None) -> bool:
-    """Whether the main thread is computing the load (in ``drive_load``) and not writing to the store.
-
-    An exit that lands inside a store write leaves SQLite's lock with the interrupted connection, and
-    the trial's last writes then wait for it: the run stays ``running`` until the next run closes it
-    as stale. That is the other outcome the live kill test accepts; this test is about the first."""
-    names = []
+def _where(frame: FrameType | None) -> str:
+    """``computing``: the main thread is in the load and not in the store; ``writing``: it is inside a
+    point's SQL statement; else ``elsewhere``."""
+    names, paths = [], []
     while frame is not None:
-        names.append((frame.f_code.co_name, frame.f_code.co_filename))
+        names.append(frame.f_code.co_name)
+        paths.append(frame.f_code.co_filename)
         frame = frame.f_back
-    in_load = any(name == "drive_load" for name, _ in names)
-    writing = any("sqlalchemy" in path or "mlflow" in path or path.endswith("tracking.py")
-                  for _, path in names)
-    return in_load and not writing
+    in_store = any("sqlalchemy" in path or "mlflow" in path or path.endswith("tracking.py") for path in paths)
+    if "drive_load" in names and not in_store:
+        return "computing"
+    if "log_point" in names and any(name.startswith("do_execute") for name in names):
+        return "writing"
+    return "elsewhere"
 
 
-def test_a_worker_ended_with_system_exit_closes_its_trial_killed(tmp_path: Path) -> None:
+# "writing": the statement the exit interrupts stays referenced from the exit's traceback, and with it
+# SQLite's lock on the store: unless the trial lets go of it, its closing writes wait out the busy
+# timeout and fail (about 110 s) and the run is left running
+@pytest.mark.parametrize("lands", ["computing", "writing"])
+def test_a_worker_ended_with_system_exit_closes_its_trial_killed(tmp_path: Path, lands: str) -> None:
     cfg = _long_prediction(tmp_path)
     plan = make_plan(cfg, checked_engine(cfg), TrialIdentity(0, "ended", tmp_path / "trial", ("ended",)))
     main = threading.main_thread().ident
@@ -61,12 +66,15 @@ def test_a_worker_ended_with_system_exit_closes_its_trial_killed(tmp_path: Path)
     done = threading.Event()
 
     def end_the_worker(_signum: int, frame: FrameType | None) -> None:
-        if _in_the_simulation(frame):
+        if _where(frame) == lands:
             done.set()
             sys.exit(1)
 
+    # a store write lasts milliseconds: asked that often, an exit lands in one of the four
+    every_s = 0.0005 if lands == "writing" else 0.005
+
     def keep_asking() -> None:
-        while not done.wait(0.005):
+        while not done.wait(every_s):
             signal.pthread_kill(main, signal.SIGUSR1)
 
     previous = signal.signal(signal.SIGUSR1, end_the_worker)

@@ -64,6 +64,17 @@ class TrialOutcome:
         return {"status": self.status.value, "run_id": self.run_id, "timings": self.timings}
 
 
+def _let_go_of_an_interrupted_write(exc: BaseException) -> None:
+    """Drop what the interrupt's traceback holds, so the store can be written again.
+
+    An interrupt that lands inside a write to a SQLite store leaves that write's statement referenced
+    from the traceback's frames. SQLAlchemy closes the connection, but SQLite cannot close it while the
+    statement lives, and it keeps the database locked: the trial's closing writes would each wait out
+    the busy timeout (20 s; about 110 s in all) and fail, leaving the run ``running``. Re-raising needs
+    the traceback, not the finished frames' locals."""
+    traceback.clear_frames(exc.__traceback__)
+
+
 def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
                   task_start: float | None = None) -> TrialOutcome:
     cfg, ident = plan.cfg, plan.identity
@@ -115,11 +126,13 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
                 drive_load(session, plan.points, plan.spec, paths.records_jsonl, progress, on_point)
                 timings["load_end"] = time.time()
         status = TrialStatus.OK
-    except KeyboardInterrupt:  # Ctrl-C in a single run, or Ray's soft cancel of this task
+    except KeyboardInterrupt as exc:  # Ctrl-C in a single run, or Ray's soft cancel of this task
         status, error = TrialStatus.KILLED, "interrupted"
+        _let_go_of_an_interrupted_write(exc)
         raise
-    except SystemExit:  # Ray ends a worker this way when its raylet is gone (the driver was killed)
+    except SystemExit as exc:  # Ray ends a worker this way when its raylet is gone (the driver was killed)
         status, error = TrialStatus.KILLED, "its worker was ended (the sweep's driver or Ray went away)"
+        _let_go_of_an_interrupted_write(exc)
         raise
     except (EngineStartError, EngineFailure) as exc:  # the message says it all: no traceback
         error = str(exc)
