@@ -31,6 +31,7 @@ from rich.text import Text
 
 from analysis.by_length import class_lines, class_rows
 from analysis.diagnose import overrides_text
+from analysis.differences import Seen, check_predicted, gaps_beyond_noise
 from analysis.noise import NAN, Estimate, judge, point_estimate
 from analysis.prefix_reuse import reuse_lines
 from analysis.repeats import combine_repeats, repeats_of
@@ -126,6 +127,7 @@ class _Cell:
     text: str = ""
     after: str = ""
     estimate: Estimate = field(default_factory=lambda: Estimate(NAN))
+    predicted: Estimate | None = None  # the model's value for the same point (``pred/``), if logged
 
 
 @dataclass
@@ -193,6 +195,7 @@ def sweep_table(runs: list[Any]) -> tuple[Table, list[str]]:
                     cell.text += "!"
                 if col.metric == "output_tok_s" and "output_tok_s" in predicted.get(label, {}):
                     cell.after = f" ({_fmt(predicted[label]['output_tok_s'], col.fmt)})"
+                    cell.predicted = point_estimate(predicted[label], "output_tok_s")
                 col.cells.setdefault(label, []).append(cell)
     marked = False
     unclear: dict[str, list[str]] = {}  # point -> the columns whose best is within noise
@@ -220,8 +223,12 @@ def sweep_table(runs: list[Any]) -> tuple[Table, list[str]]:
             table.add_row(*row, end_section=i == len(runs) - 1)
     if marked:
         notes.append("* best of the trials at that load point, beyond the noise of both (95 % intervals)")
-    for label, cols in unclear.items():
-        notes.append(f"{label}: within noise, no trial marked: " + "; ".join(cols))
+    names = [f"#{_num(run)}" for run in runs]
+    for label in labels:
+        if label in unclear:
+            notes.append(f"{label}: within noise, no trial marked: " + "; ".join(unclear[label]))
+        # which trials differ at all, in throughput: the question most sweeps are run to answer
+        notes.extend(_gap_notes(label, names, columns[0].cells[label]))
     if repeated:
         notes.append("×N = N repeats, each on a fresh engine: the median, judged by the 95 % interval of "
                      "their mean")
@@ -252,6 +259,45 @@ def _mark_best(cells: list[_Cell], lower_is_better: bool) -> tuple[bool, str]:
     for c in cells:
         c.text += "*" if c.eligible and c.value == best else ("" if c.text.endswith("!") else " ")
     return True, ""
+
+
+def _gap_notes(label: str, names: list[str], cells: list[_Cell], most: int = 4) -> list[str]:
+    """Which trials' throughputs at ``label`` differ beyond noise and, where the model's predictions
+    are logged beside them, what became of the gaps it predicted (:mod:`analysis.differences`)."""
+    measured = [c.estimate if c.eligible and c.value is not None else None for c in cells]
+    if sum(e is not None for e in measured) < 2:
+        return []
+
+    def listed(items: list[str]) -> str:
+        return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
+
+    gaps = gaps_beyond_noise(measured)
+    lines = [f"{label} tok/s apart beyond noise: "
+             + listed([f"{names[g.ahead]} > {names[g.behind]} {_pct(g.rel)}" for g in gaps])
+             + "; the other pairs within it" if gaps else f"{label} tok/s: no two trials apart beyond noise"]
+    # a prediction without its interval (logged before they were) cannot say what it puts apart
+    predicted = [c.predicted if m is not None and c.predicted is not None
+                 and math.isfinite(c.predicted.half_width) else None
+                 for c, m in zip(cells, measured, strict=True)]
+    if sum(p is not None for p in predicted) < 2:
+        return lines
+    checked = check_predicted(measured, predicted)
+    if not checked:
+        return [*lines, f"{label} tok/s: the model predicts no gap beyond its noise between these trials"]
+    return [*lines, f"{label} tok/s, the model's gaps: " + listed([
+        f"{names[c.predicted.ahead]} > {names[c.predicted.behind]} {_pct(c.predicted.rel)} {c.seen.value}"
+        + ("" if c.seen is Seen.CONFIRMED else f" (measured {_pct(c.measured_rel)} {_noise(c.noise_rel)})")
+        for c in checked])]
+
+
+def _pct(rel: float) -> str:
+    """A signed percentage, to two significant figures below 1 %."""
+    pct = rel * 100
+    return f"{pct:+.0f} %" if abs(pct) >= 1 or not math.isfinite(pct) else f"{pct:+.1g} %"
+
+
+def _noise(rel: float) -> str:
+    return f"±{_pct(rel)[1:]}" if math.isfinite(rel) else "noise unknown"
 
 
 def _trial_label(run: Any) -> str:

@@ -76,6 +76,12 @@ def test_summary_of_a_real_sweep_fits_100_columns_and_explains(sweep) -> None:
     # engines; on a busy machine it can fall behind)
     assert "tok/s (pred)" in out
     assert "* best of the trials" in out or "within noise, no trial marked" in out or "!" in out
+    # which trials differ in throughput, and what became of the gaps the model predicted (its
+    # predictions are logged with their intervals); a point whose client fell behind is judged by none
+    apart = re.search(r"^c\d+ tok/s(: no two trials apart beyond noise$| apart beyond noise: #)", out, re.M)
+    model = re.search(r"^c\d+ tok/s(, the model's gaps: #\d > #\d [+-]\d+ % (confirmed|reversed|not)"
+                      r"|: the model predicts no gap beyond its noise between these trials$)", out, re.M)
+    assert (apart and model) or "!" in out, out
     # the micro-batch finding, once for both trials, then the change and what it is predicted to do
     found = re.search(r"^(CRITICAL|warning): all 2 trials: .*micro-batch.*\n(  → .*\n(    .*\n)*)", out, re.M)
     assert found, out

@@ -198,9 +198,11 @@ def test_merging_rules() -> None:
     assert all(len(line) <= 40 for line in finding_lines(merged, 3, 40))
 
 
-def _measured_sweep(db: Path, half_width: float) -> tuple[Tracker, str, str]:
+def _measured_sweep(db: Path, half_width: float, pred_half_width: float | None = None
+                    ) -> tuple[Tracker, str, str]:
     """Trials as an SGLang sweep with NVML telemetry records them, each number with a 95 % interval of
-    ``half_width`` tok/s (and a TTFT p99 interval as wide in ms)."""
+    ``half_width`` tok/s (and a TTFT p99 interval as wide in ms); the model's throughput beside it,
+    with an interval of ``pred_half_width`` where given."""
     tracker = Tracker(sqlite_store(db), EXPERIMENT)
     parent = tracker.start_run("sweep", {Tag.KIND: RunKind.SWEEP.value})
     long_label = "parallelism=tp2pp4 server.max_running_requests=512 workload.concurrency=[8,32,128]"
@@ -221,7 +223,25 @@ def _measured_sweep(db: Path, half_width: float) -> tuple[Tracker, str, str]:
                                          ("c8/ttft_p99_ms_ci95_hi", ttft + half_width, 0),
                                          ("c8/itl_p99_ms", 30.0, 0), ("c8/j_per_output_token", joule, 0),
                                          ("c8/valid", 1.0, 0), ("pred/c8/output_tok_s", tok * 0.9, 0)])
+            if pred_half_width is not None:
+                tracker.log_metrics(run_id, [("pred/c8/output_tok_s_ci95", pred_half_width, 0)])
     return tracker, parent, long_label
+
+
+def test_the_trials_apart_beyond_noise_and_what_became_of_the_models_gaps(tmp_path: Path) -> None:
+    # measured 140 against 100 tok/s; the model 126 against 90 (+40 %), ±3: a gap beyond its noise
+    tracker, parent, _ = _measured_sweep(tmp_path / "narrow.db", 2.0, pred_half_width=3.0)
+    flat = " ".join(_printed(tracker.children(parent), width=100).split())
+    assert "c8 tok/s apart beyond noise: #1 > #0 +40 %; the other pairs within it" in flat
+    assert "c8 tok/s, the model's gaps: #1 > #0 +40 % confirmed" in flat
+    # ±30 each: the measured +40 % is within ±42 %, which also holds the model's +40 %
+    tracker, parent, _ = _measured_sweep(tmp_path / "wide.db", 30.0, pred_half_width=3.0)
+    flat = " ".join(_printed(tracker.children(parent), width=100).split())
+    assert "c8 tok/s: no two trials apart beyond noise" in flat
+    assert "c8 tok/s, the model's gaps: #1 > #0 +40 % not resolved (measured +40 % ±42 %)" in flat
+    # the model's numbers logged without their intervals: it cannot say what it puts apart
+    tracker, parent, _ = _measured_sweep(tmp_path / "bare.db", 2.0)
+    assert "the model's gaps" not in _printed(tracker.children(parent), width=100)
 
 
 def test_measured_trials_show_measured_energy_and_failures_within_the_width(tmp_path: Path) -> None:
