@@ -14,13 +14,16 @@ SOURCES := analysis orchestrator simulator vocab workloads hydra_plugins run.py
 # The install goes through uv (bootstrapped from pip): the same pinned versions in less than half of
 # pip's time (docs/testing.md). It compiles the installed modules, as pip does: where
 # PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile what it imports (MLflow, Ray,
-# pandas ...) again, and the suite starts hundreds. Where uv cannot install (no wheel of it for the
-# platform, an index only pip is configured for), pip does it instead.
+# pandas ...) again, and the suite starts hundreds. Where uv cannot be bootstrapped or cannot install
+# (no wheel of it for the platform, an index only pip is configured for), pip does it instead.
+# The bootstrap is quieter still (-qq: errors only): a machine whose pip configuration names extra
+# file indexes without pip or uv in them gets one warning per such index and package, which asks
+# nothing of the user.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip uv
-	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m uv pip install --quiet --compile-bytecode \
-		--python $(PY) -e ".[dev]" \
+	($(PY) -m pip install -qq --upgrade pip uv \
+		&& PYTHONWARNINGS="ignore:Editable installation" $(PY) -m uv pip install --quiet \
+			--compile-bytecode --python $(PY) -e ".[dev]") \
 		|| PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
