@@ -291,7 +291,7 @@ def _gap_notes(label: str, names: list[str], cells: list[_Cell], most: int = 4) 
 
 
 def _pct(rel: float) -> str:
-    """A signed percentage, to two significant figures below 1 %."""
+    """A signed percentage, whole above 1 %, to one significant figure below."""
     pct = rel * 100
     return f"{pct:+.0f} %" if abs(pct) >= 1 or not math.isfinite(pct) else f"{pct:+.1g} %"
 
