@@ -111,8 +111,20 @@ def test_the_load_generator_times_a_time_scaled_engine_on_its_own_clock(tmp_path
     assert "a simulated engine at 4x real time: timed on its own clock" in proc.stderr
     out = json.loads(proc.stdout)
     assert out["offered_rate"] == 20.0
-    assert out["achieved_rate"] == pytest.approx(20.0, rel=0.05)  # 5 a wall second would be 1/4 of it
+    # the schedule is in the engine's seconds: 20 a second of them (one in wall seconds would read 5)
+    assert out["scheduled_rate"] == pytest.approx(20.0, rel=1e-6)
     engine_e2e_ms = 1e3 * _histogram_mean(metrics, "sglang:e2e_request_latency_seconds")
-    # the client adds its own overhead (weighing four times on the engine's clock, more on a busy machine)
-    # and never takes any away: at least the engine's e2e, far from the quarter the wall clock would read
-    assert 0.97 * engine_e2e_ms <= out["e2e_mean_ms"] < 2 * engine_e2e_ms, (out["e2e_mean_ms"], engine_e2e_ms)
+    # the client adds its own overhead and never takes any away: at least the engine's e2e, far from
+    # the quarter the wall clock would read
+    assert 0.97 * engine_e2e_ms <= out["e2e_mean_ms"], (out["e2e_mean_ms"], engine_e2e_ms)
+    # How closely the sends followed the schedule, and how much the client added, is the client's pace
+    # on this machine, each of its wall milliseconds four on the engine's clock: beside two CPU burners
+    # the first send came 35 wall ms late (the rate read 21.5) and a starved client read 2.3 s of e2e
+    # against the engine's 0.26. Judged where the client says it kept up (its loop lag and its sends'
+    # lateness under the 20 ms line, in engine ms: the point is valid): a sender sleeping in wall
+    # seconds would read 5 a second, one timing on the engine's clock twice over 4x the e2e
+    if out["valid"] == 1.0:
+        assert out["achieved_rate"] == pytest.approx(20.0, rel=0.05)
+        assert out["e2e_mean_ms"] < 2 * engine_e2e_ms, (out["e2e_mean_ms"], engine_e2e_ms)
+    else:
+        assert out["schedule_lag_p99_ms"] > 20 or out["client_lag_p99_ms"] > 20, out

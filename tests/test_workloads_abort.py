@@ -6,6 +6,7 @@ nothing sent afterwards) are exact."""
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 import urllib.request
@@ -92,6 +93,23 @@ def test_closed_loop_stop_keeps_finished_and_records_in_flight_as_aborted(slow_e
     assert len(list(read_records(records))) == len(on_disk)
     # the connections were closed: the engine dropped the aborted requests
     assert _wait_idle(slow_engine) == 0
+
+
+@pytest.mark.slow
+def test_the_first_question_is_asked_after_the_points_full_collection(slow_engine: str) -> None:
+    # the first question starts the point's time (workload.point_timeout_s, orchestrator's
+    # EngineWatch): the full collection before a point, seconds in a large process on a busy machine,
+    # must come before it. After it, what exists is frozen out of the collector's sight.
+    frozen: list[int] = []
+
+    def should_stop() -> str:
+        frozen.append(gc.get_freeze_count())
+        return "stopped at the first question"
+
+    res = run_point(slow_engine, LoadPoint(num_requests=4, concurrency=1), SLOW, should_stop=should_stop)
+    assert frozen and frozen[0] > 0
+    assert res.records == [] and res.invalid_reasons[0] == "stopped early: stopped at the first question"
+    assert gc.get_freeze_count() == 0  # unfrozen again after the point
 
 
 @pytest.mark.slow

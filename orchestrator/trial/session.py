@@ -100,9 +100,10 @@ class EngineWatch:
         self.server, self.prober, self.point_timeout_s = server, prober, point_timeout_s
         # across nodes: the engines of the trial's other nodes; behind a router: the DP replicas
         self.others = others
-        # the point's time starts at the first question, asked once its requests are being sent: the
-        # client's set-up before that (the load generator's first imports, the cache flush, the energy
-        # counter's read) is not the point's, and on a busy machine it took 10 s of a 20 s limit
+        # the point's time starts at the first question, asked just before its first request is sent:
+        # the client's set-up before that (the load generator's first imports, the cache flush, the
+        # energy counter's read, the full garbage collection before a point) is not the point's, and
+        # on a busy machine it took 10 s of a 20 s limit
         self.started: float | None = None
         self.reason: str | None = None  # the first reason given: the load generator stops on it
         self.timed_out = False
