@@ -45,6 +45,7 @@ from vocab.telemetry import (
     QUEUE_MEAN,
     RETRACTED,
     RUNNING_MEAN,
+    SPEC_ACCEPT_LEN,
     STAGE_ACTIVITY_MAX,
     STAGE_ACTIVITY_MEAN,
     STAGE_ACTIVITY_MIN,
@@ -206,7 +207,7 @@ def _preferred(window: pd.DataFrame, column: str) -> pd.DataFrame:
 def _stage_summaries(stages: pd.DataFrame, start: float, end: float) -> dict[str, float]:
     df = pd.DataFrame({c: _col(stages, c) for c in ("ts", "dp", "pp", "tp", "running", "queue",
                                                      "token_usage", "retracted_total", "new_tokens",
-                                                     "cached_tokens")})
+                                                     "cached_tokens", "accept_len")})
     for text in ("source", "kind"):
         if text in stages:
             df[text] = stages[text].astype(str)
@@ -234,6 +235,11 @@ def _stage_summaries(stages: pd.DataFrame, start: float, end: float) -> dict[str
     if len(usage):
         out[KV_USAGE_MAX] = usage["token_usage"].max()
     out.update(_prefill_summaries(window))
+    accept = _preferred(window[window["kind"] != "prefill"] if "kind" in window else window, "accept_len")
+    if len(accept):
+        accept = accept[(accept["pp"] == accept["pp"].min()) & (accept["accept_len"] > 0)]
+    if len(accept):  # each line is its interval's mean; an idle interval reports 0 (nothing verified)
+        out[SPEC_ACCEPT_LEN] = float(accept["accept_len"].mean())
     retracted = _retracted(df, start, end)
     if retracted is not None:
         out[RETRACTED] = retracted

@@ -19,7 +19,10 @@ zip, so this runs anywhere, without a GPU, torch or SGLang's dependencies. What 
   as they appear in the source.
 - ``env``: the ``SGLANG_*`` environment variables the release reads.
 - ``checks``: the assertions and raised errors of the server-argument code that constrain the flags the
-  adapter sets (parallel sizes, the served model name), as source text with their file.
+  adapter sets (parallel sizes, the served model name, speculative decoding), as source text with their
+  file.
+- ``spec_auto_params``: the speculative-decoding steps, top-k and draft tokens the release chooses by
+  itself, branch by branch.
 
 Each file names the wheel and its SHA-256; the output is sorted, so the same wheel gives the same bytes.
 The files land in ``orchestrator/engines/sglang_compat/releases/`` (docs/sglang-adapter.md).
@@ -54,10 +57,15 @@ LOG_KEYWORDS = ("Decode batch", "Prefill batch", "KV Cache is allocated", "KV Ca
                 "#tokens:", "end. bs=", "graph bs", " begin. backend=",
                 # the pieces a batch line is assembled from (msg += ...)
                 "#running-req", "#queue-req", "#new-seq", "gen throughput", "input throughput", "#token:",
-                "mamba num", "#swa token", "#full token")
+                "mamba num", "#swa token", "#full token",
+                # speculative decoding: the batch line's acceptance, and the defaults it changes
+                "accept len: ", "accept rate: ", "Max running requests is reset",
+                "speculative_num_draft_tokens is", "spec v2", "speculative decoding does not support")
 # server-argument checks that constrain what the adapter sets: kept when their source mentions one
 CHECK_WORDS = ("attn_dp_size", "dp_size", "tp_size", "pp_size", "ep_size", "moe_dp_size",
-               "enable_dp_attention", "served_model_name", "pp_max_micro_batch_size", "pp_async_batch_depth")
+               "enable_dp_attention", "served_model_name", "pp_max_micro_batch_size", "pp_async_batch_depth",
+               "speculative_algorithm", "speculative_eagle_topk", "speculative_num_draft_tokens",
+               "speculative decoding", "SGLANG_ENABLE_PP_SPEC")
 CHECK_FILES = re.compile(r"^sglang/srt/(server_args\.py|arg_groups/[^/]+\.py)$")
 
 
@@ -392,6 +400,31 @@ def checks(files: dict[str, str]) -> list[dict[str, str]]:
     return [{"file": f, "source": s} for f, s in sorted(found)]
 
 
+# ---- speculative decoding's automatic parameters -----------------------------------------------------------
+
+def spec_auto_params(files: dict[str, str]) -> list[dict[str, object]]:
+    """The (num_steps, eagle_topk, num_draft_tokens) SGLang picks when none is given: each branch of its
+    ``auto_choose_speculative_params`` (a ``ServerArgs`` method up to 0.5.19, a hook function later) as the
+    branch's condition, source text, and the tuple it returns; the final ``else`` as condition "else"."""
+    found: list[dict[str, object]] = []
+    for path, tree in _trees(files, CHECK_FILES.pattern):
+        text = files[path]
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                   and n.name.lstrip("_") == "auto_choose_speculative_params"):
+            for node in ast.walk(fn):
+                if not isinstance(node, ast.If):
+                    continue
+                branches = [(node.test, node.body)]
+                if node.orelse and not isinstance(node.orelse[0], ast.If):
+                    branches.append((None, node.orelse))
+                for test, body in branches:
+                    returned = _literal(body[-1].value) if isinstance(body[-1], ast.Return) else None
+                    if isinstance(returned, tuple):
+                        found.append({"file": path, "when": "else" if test is None else
+                                      " ".join(_segment(text, test).split()), "returns": list(returned)})
+    return found
+
+
 # ---- the whole record ------------------------------------------------------------------------------------
 
 def facts(wheel: Path) -> dict[str, object]:
@@ -409,6 +442,7 @@ def facts(wheel: Path) -> dict[str, object]:
         "log_formats": log_formats(files),
         "env": env_vars(files),
         "checks": checks(files),
+        "spec_auto_params": spec_auto_params(files),
     }
 
 

@@ -47,6 +47,8 @@ class Admission:
         self.batch_cached = 0  # prompt tokens of the last prefill batch found in the cache
         self.cached_total = 0  # since start: prompt tokens found in the cache
         self.computed_total = 0  # since start: prompt tokens computed
+        # speculative decoding: slots each running request holds back for a step's drafts
+        self.spec_headroom = cfg.speculative.kv_headroom if cfg.speculative is not None else 0
 
     @property
     def pool_tokens(self) -> int:
@@ -108,7 +110,7 @@ class Admission:
             self.policy.order(waiting, self.computed_total)
         while waiting and rem_chunk > 0 and cap_left > 0 and self.pool_used < self.pool_size:
             req = waiting[0]
-            reserve = min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS)
+            reserve = min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS) + self.spec_headroom
             cached = self._match(req)
             uncached = req.input_len - cached
             locked = cache.protected if cache is not None else 0
@@ -188,6 +190,14 @@ class Admission:
             for r in batch.mixed:
                 r.kv_tokens += 1
             self.kv_used += len(batch.mixed)
+
+    def commit_accepted(self, req: Request, tokens: int) -> None:
+        """A speculative verify kept ``tokens`` accepted drafts of ``req`` beyond the one slot its step
+        stored at launch: their KV stays."""
+        if tokens > 0:
+            self._make_room(tokens)
+            req.kv_tokens += tokens
+            self.kv_used += tokens
 
     def prefill_done(self, batch: Batch) -> None:
         """A prefill's results are processed: each prompt it completed joins the cache, locked by its

@@ -130,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--page-size", type=int, default=None)
     a("--disable-radix-cache", action="store_true")
     a("--enable-mixed-chunk", action="store_true")
+    # speculative decoding (simulator/speculative/)
+    a("--speculative-algorithm", default=None)
+    a("--speculative-draft-model-path", "--speculative-draft-model", dest="speculative_draft_model_path",
+      default=None)
+    a("--speculative-draft-load-format", default=None)
+    a("--speculative-num-steps", type=int, default=None)
+    a("--speculative-eagle-topk", type=int, default=None)
+    a("--speculative-num-draft-tokens", type=int, default=None)
     # CUDA graphs / kernels
     a("--disable-cuda-graph", action="store_true")
     a("--cuda-graph-max-bs-decode", type=int, default=None)
@@ -156,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--sim-router", default="round_robin", choices=list(DP_ROUTERS),
       help="with --dp-size > 1: how requests are spread over the replicas: SGLang's DP controller "
            "(round_robin), or the sglang-router package's cache_aware policy in front of them")
+    a("--sim-spec-acceptance", default="auto:chat", metavar="ACCEPTANCE",
+      help="with speculative decoding: how many drafted tokens the target accepts. auto:chat|code|math (the "
+           "published accept lengths of the draft kind), a mean accept length, or rates:p1,p2,... (each "
+           "draft position's acceptance given the one before); SGLANG_SIMULATE_ACC_LEN wins where set")
     a("--sim-time-scale", type=float, default=1.0, metavar="F",
       help="simulated seconds per wall-clock second (2.0 runs twice as fast)")
     _add_fault_flags(p)

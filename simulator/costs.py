@@ -113,6 +113,14 @@ class BatchShape:
     kv_read_tokens: int  # cached tokens whose KV is read (sum of prefix/context lengths)
     attn_ctx: float  # sum over new tokens of the context each attends to
     decode: bool
+    # new tokens per sequence of a decode-mode forward: 1 for a plain decode step; a speculative verify
+    # or draft step runs several per request (each gets logits, so the LM head has seqs x width rows)
+    width: int = 1
+
+    @property
+    def logit_rows(self) -> int:
+        """Rows of the LM head: each sequence's last token, or every token of a speculative step."""
+        return self.seqs * self.width
 
 
 def pp_layer_split(num_layers: int, pp: int) -> list[int]:
@@ -276,7 +284,7 @@ class CostModel:
                  + shape.attn_ctx * st.attn_flops(shape.decode))
         fp8_flops = 2.0 * n * st.nonexpert_fp8_params
         if st.last:
-            flops += 2.0 * shape.seqs * spec.lm_head_params / tp
+            flops += 2.0 * shape.logit_rows * spec.lm_head_params / tp
         if st.moe_layers:
             touched = distinct_experts(spec.num_experts, spec.top_k, n)
             imb = ep_imbalance(spec.num_experts, self.par.ep, touched)
@@ -331,7 +339,7 @@ class CostModel:
         else:
             t += st.moe_layers * allreduce
         if st.last:
-            t += self.logits_gather_time(shape.seqs)
+            t += self.logits_gather_time(shape.logit_rows)
         return t
 
     # -- roofline collectives, one at a time (the measured source's fallback too) ------------------------

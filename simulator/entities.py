@@ -42,6 +42,8 @@ class Request:
         "prefilled",
         "prompt",
         "rid",
+        "spec_correct_drafts",
+        "spec_verify_ct",
         "stream",
         "token_seed",
     )
@@ -72,6 +74,8 @@ class Request:
         self.finish_reason: dict | None = None
         self.kv_reserved = 0
         self.kv_tokens = 0  # tokens of this request whose KV is stored
+        self.spec_verify_ct = 0  # speculative verifies it went through (SGLang's meta_info field)
+        self.spec_correct_drafts = 0  # drafted tokens the target accepted over them
         self.notify: Callable[[], None] | None = None  # set by the client side; called on new output
 
     @property

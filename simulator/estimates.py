@@ -19,6 +19,11 @@ class DecodeStep:
     #                with the overlap scheduler's host work beside it)
     comm_s: float  # of which TP/EP collectives, all stages
     memory_bound_s: float  # the same trip if it only read weights and KV at the full memory bandwidth
+    # speculative decoding (0.0 when off): one draft-verify-extend iteration, its verify alone, and the
+    # tokens the model expects it to emit per request; step_s stays the plain step it replaces
+    spec_step_s: float = 0.0
+    verify_s: float = 0.0
+    spec_tokens: float = 0.0
 
 
 def decode_step(cfg: SimConfig, batch: int, context_len: int) -> DecodeStep:
@@ -36,7 +41,13 @@ def decode_step(cfg: SimConfig, batch: int, context_len: int) -> DecodeStep:
             nbytes += st.moe_layers * touched * spec.expert_bytes * imbalance / par.tp
         floor += nbytes / bandwidth
     overlap = par.pp == 1 and not cfg.disable_overlap_schedule
-    return DecodeStep(batch, cost.ring_trip(shape, overlap), comm, floor)
+    step = cost.ring_trip(shape, overlap)
+    sd = cfg.speculative
+    if sd is None:
+        return DecodeStep(batch, step, comm, floor)
+    lens = [max(1, context_len)] * max(1, batch)
+    parts = sd.iteration.parts(lens)
+    return DecodeStep(batch, step, comm, floor, parts.total, parts.verify, sd.expected_accept_length)
 
 
 def static_prefill_s(cfg: SimConfig, batch: int, prompt_len: int) -> float:
@@ -79,7 +90,9 @@ def decode_ceiling(cfg: SimConfig, context_len: int, max_concurrency: int,
         return cost.ring_trip(shape(b), overlap)
 
     guess = None
+    gap = cfg.speculative.params.max_accept_length if cfg.speculative is not None else 1
     if itl_bound_s is not None:
+        itl_bound_s *= gap  # a speculative iteration's tokens share its time: bound the trip, not each gap
         if trip(1) > itl_bound_s:  # even one request alone misses the bound on every token
             return DecodeCeiling(0.0, 0)
         lo, hi = 1, top  # the largest micro-batch whose trip fits: a trip grows with the batch
@@ -95,8 +108,11 @@ def decode_ceiling(cfg: SimConfig, context_len: int, max_concurrency: int,
     # batch of a regime; the powers of two are there as a margin for a cost table's kinks
     batches = {top, min(top, cfg.cuda_graph_max_bs_decode), *(1 << k for k in range(top.bit_length()))}
     batches = {b for b in batches if 1 <= b <= top}
-    by_trip = max(b / trip(b) for b in batches)
-    rate = min(slots * by_trip, per_replica / trip(1))
+    # speculation emits at most its deepest path's tokens per request per iteration, and an iteration takes
+    # at least a plain step: a bound still, for a prune
+    gain = cfg.speculative.params.max_accept_length if cfg.speculative is not None else 1
+    by_trip = gain * max(b / trip(b) for b in batches)
+    rate = min(slots * by_trip, gain * per_replica / trip(1))
     if pp > 1:  # each stage runs one micro-batch at a time
         rate = min(rate, min(max(b / cost.stage_time(s, shape(b)) for b in batches) for s in range(pp)))
     return DecodeCeiling(cfg.dp * rate / itl_share, guess)

@@ -61,6 +61,14 @@ class GenerationAPI:
             "num_retractions": 0,
             "e2e_latency": self._now() - received,
         }
+        sd = self.cfg.speculative
+        if sd is not None and req.spec_verify_ct > 0:  # as SGLang 0.5.23's tokenizer manager reports them
+            proposed = req.spec_verify_ct * (sd.params.num_draft_tokens - 1)
+            meta["spec_accept_rate"] = req.spec_correct_drafts / proposed if proposed else 0.0
+            meta["spec_accept_length"] = n / req.spec_verify_ct
+            meta["spec_num_correct_drafts"] = req.spec_correct_drafts
+            meta["spec_num_proposed_drafts"] = proposed
+            meta["spec_verify_ct"] = req.spec_verify_ct
         if self.cfg.args.enable_metrics:
             # the scheduler's own timing of the request, as SGLang 0.5.23 reports it with metrics on:
             # seconds in the waiting queue, and the epochs of its first forward and of its prefill's end,

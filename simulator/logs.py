@@ -76,9 +76,12 @@ def rank_tag(cfg: SimConfig, pp_rank: int, tp_rank: int = 0, dp_rank: int = 0) -
 
 
 def decode_line(batch_size: int, used: int, usage: float, cuda_graph: bool, gen_tput: float,
-                queue: int) -> str:
+                queue: int, spec: tuple[float, float] | None = None) -> str:
+    """SGLang 0.5.23's decode batch line; with speculative decoding, the interval's accept length and
+    accept rate after the token usage."""
+    accept = f"accept len: {spec[0]:.2f}, accept rate: {spec[1]:.2f}, " if spec is not None else ""
     return (
-        f"Decode batch, #running-req: {batch_size}, #token: {used}, token usage: {usage:.2f}, "
+        f"Decode batch, #running-req: {batch_size}, #token: {used}, token usage: {usage:.2f}, {accept}"
         f"cuda graph: {cuda_graph}, gen throughput (token/s): {gen_tput:.2f}, #queue-req: {queue}"
     )
 

@@ -320,15 +320,21 @@ class MeasuredCosts:
             if surface is not None:
                 self.coverage.note(f"attention.{phase}", f"batch {seqs} not measured (roofline)")
             t = self._attention_roofline(seqs, length, shape.decode)
+        if shape.width > 1:
+            # a speculative step: each request's queries read its KV once (the tables' decode kernel), but
+            # there are width of them; where that makes the kernel compute-bound the roofline says how much
+            t *= (self._attention_roofline(seqs, length, shape.decode, shape.width)
+                  / self._attention_roofline(seqs, length, shape.decode))
         return t * self.p.scale_attention
 
-    def _attention_roofline(self, seqs: float, length: float, decode: bool) -> float:
+    def _attention_roofline(self, seqs: float, length: float, decode: bool, width: int = 1) -> float:
         """The roofline's per-layer attention time of ``seqs`` sequences of ``length``: a decode reads
-        each context's KV; a prefill of whole prompts attends causally (stage 0's layers, all alike)."""
+        each context's KV (once for all ``width`` queries of a speculative step); a prefill of whole
+        prompts attends causally (stage 0's layers, all alike)."""
         st = self.roofline.stages[0]
         if decode:
             return self._roofline(seqs * length * st.kv_bytes_per_token / st.layers,
-                                  seqs * length * st.attn_flops(True) / st.layers)
+                                  width * seqs * length * st.attn_flops(True) / st.layers)
         return self._roofline(0.0, seqs * length * (length + 1) / 2 * st.attn_flops(False) / st.layers)
 
     # -- the source's interface --------------------------------------------------------------------------
@@ -364,7 +370,7 @@ class MeasuredCosts:
         """Seconds per operator family of one forward of ``shape`` on ``stage``: attention (projections,
         kernel, elementwise), dense MLP, MoE, LM head."""
         st = self.roofline.stages[stage]
-        attn, dense, moe, head = self._layer_cache(shape.tokens, shape.seqs, shape.decode,
+        attn, dense, moe, head = self._layer_cache(shape.tokens, shape.logit_rows, shape.decode,
                                                    self.roofline.uses_cuda_graph(shape))
         return {"attention": st.layers * (attn + self._attention_cached(shape)),
                 "dense_mlp": (st.layers - st.moe_layers) * dense, "moe": st.moe_layers * moe,
@@ -373,7 +379,7 @@ class MeasuredCosts:
     def gpu_time(self, stage: int, shape: BatchShape) -> float:
         # family_times summed, without building its dict: called for every stage of every micro-batch
         st = self.roofline.stages[stage]
-        attn, dense, moe, head = self._layer_cache(shape.tokens, shape.seqs, shape.decode,
+        attn, dense, moe, head = self._layer_cache(shape.tokens, shape.logit_rows, shape.decode,
                                                    self.roofline.uses_cuda_graph(shape))
         t = (st.layers * (attn + self._attention_cached(shape)) + (st.layers - st.moe_layers) * dense
              + st.moe_layers * moe)
@@ -395,7 +401,7 @@ class MeasuredCosts:
             # the MoE layer's all-reduce becomes a dispatch and a combine (no table: the roofline's)
             t += st.moe_layers * (2 * cost.a2a_time(shape.tokens) - one)
         if st.last:  # vocab-parallel logits gathered before sampling: no table, the roofline's
-            t += cost.logits_gather_time(shape.seqs)
+            t += cost.logits_gather_time(shape.logit_rows)
         return t * self.p.scale_comm
 
 

@@ -67,8 +67,13 @@ class Reporter:
         usage = self._set(replica, batch_size)
         self.gauges.gen_throughput = replica.last_gen_throughput
         self.gauges.cuda_graph = cuda_graph
+        accept = None
+        if replica.spec is not None:  # SGLang's interval statistics, reset at each line
+            length = replica.spec_stats.interval()
+            accept = (length, replica.spec.accept_rate(length))
+            self.gauges.spec_accept_length, self.gauges.spec_accept_rate = accept
         msg = decode_line(batch_size, replica.admission.held_tokens, usage, cuda_graph,
-                          replica.last_gen_throughput, len(replica.admission.waiting))
+                          replica.last_gen_throughput, len(replica.admission.waiting), accept)
         self.log.lines([(tag, msg) for tag in self.tags])
 
     def on_idle(self, replica: ReplicaModel) -> None:

@@ -21,6 +21,7 @@ from simulator.gpus import power_w
 if TYPE_CHECKING:
     from simulator.replica import ReplicaModel
     from simulator.sim_config import SimConfig
+    from simulator.speculative.params import SpecParams
 
 # SGLang's default buckets (observability/metrics_collector.py).
 TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
@@ -34,7 +35,7 @@ class StageGauges:
     """What one replica's stages last reported (identical on every stage: SGLang's replicated state)."""
 
     __slots__ = ("cache_hit_rate", "cuda_graph", "gen_throughput", "num_queue", "num_running", "num_used",
-                 "token_usage")
+                 "spec_accept_length", "spec_accept_rate", "token_usage")
 
     def __init__(self) -> None:
         self.cache_hit_rate = 0.0  # of the last prefill batch (SGLang's gauge is not cumulative)
@@ -44,6 +45,9 @@ class StageGauges:
         self.token_usage = 0.0
         self.gen_throughput = 0.0
         self.cuda_graph = False
+        # speculative decoding: the last decode log interval's (gauges set at the log tick, as SGLang's)
+        self.spec_accept_length = 0.0
+        self.spec_accept_rate = 0.0
 
 
 class PrometheusMetrics:
@@ -99,6 +103,27 @@ class _ReplicaCollector(Collector):
             names.append("dp_rank")
             values.append(str(dp_rank))
         return names, values
+
+    def _speculative(self, params: SpecParams) -> Iterator[Metric]:
+        """SGLang 0.5.23's speculative series: the interval's accept length and rate, the draft's shape,
+        and the verify forwards so far."""
+        names, _ = self._rank_labels(0, 0)
+        length = GaugeMetricFamily("sglang:spec_accept_length", "accepted drafts + bonus token per forward",
+                                   labels=names)
+        rate = GaugeMetricFamily("sglang:spec_accept_rate", "accepted drafts / proposed drafts", labels=names)
+        steps = GaugeMetricFamily("sglang:spec_num_steps", "speculative draft steps", labels=names)
+        tokens = GaugeMetricFamily("sglang:spec_num_draft_tokens", "speculative draft tokens verified",
+                                   labels=names)
+        calls = CounterMetricFamily("sglang:spec_verify_calls", "speculative verify forwards", labels=names)
+        for dp_rank, (rep, sg) in enumerate(zip(self.replicas, self.gauges, strict=True)):
+            for pp_rank in range(self.cfg.pp):
+                _, values = self._rank_labels(dp_rank, pp_rank)
+                length.add_metric(values, sg.spec_accept_length)
+                rate.add_metric(values, sg.spec_accept_rate)
+                steps.add_metric(values, params.num_steps)
+                tokens.add_metric(values, params.num_draft_tokens)
+                calls.add_metric(values, rep.spec_stats.calls)
+        yield from (length, rate, steps, tokens, calls)
 
     def collect(self) -> Iterator[Metric]:
         cfg = self.cfg
@@ -173,6 +198,8 @@ class _ReplicaCollector(Collector):
             steps.add_metric([*dpl, "prefill"], rep.prefill_steps)
             steps.add_metric([*dpl, "decode"], rep.decode_steps)
         yield from g.values()
+        if cfg.speculative is not None:
+            yield from self._speculative(cfg.speculative.params)
         yield from (realtime, busy, busy_ratio, power, inflight, running_all, slot_reqs, steps)
         sim_time = GaugeMetricFamily("parasweep_sim:sim_time_seconds", "Simulated time since start.")
         sim_time.add_metric([], now)

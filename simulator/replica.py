@@ -20,6 +20,7 @@ from simulator.costs import decode_shape, prefill_shape
 from simulator.entities import Batch, Request, Slot, StageBusy
 from simulator.pp_loop import PipelineLoop
 from simulator.sim_config import SimConfig
+from simulator.speculative.decoding import SpecStats
 from simulator.timebase import Simulation
 
 
@@ -78,6 +79,11 @@ class ReplicaModel:
         self.output_hook: Callable[[], None] | None = None  # called once per emission event (health)
         self.pipeline = (PipelineLoop(cfg.cost, cfg.pp, cfg.depth, sim, self, self.busy) if cfg.pp > 1
                          else None)
+        # speculative decoding (pp = 1): each decode step is a draft-verify-extend iteration whose
+        # requests each emit their accepted tokens at once
+        self.spec = cfg.speculative
+        self.spec_stats = SpecStats()
+        self._accept = self.spec.accept_sampler(cfg.random_seed) if self.spec is not None else None
 
     # -- requests in -------------------------------------------------------------------------------------
 
@@ -202,7 +208,8 @@ class ReplicaModel:
                 return batch
         if slot.reqs:
             reqs = list(slot.reqs)
-            shape = decode_shape([r.context_len for r in reqs])
+            lens = [r.context_len for r in reqs]
+            shape = decode_shape(lens) if self.spec is None else self.spec.iteration.verify_shape(lens)
             return Batch(decode=True, reqs=reqs, shape=shape)
         return None
 
@@ -214,7 +221,14 @@ class ReplicaModel:
         host = cost.sched_time(len(batch.reqs) + len(batch.mixed))
         # Stage 0's scheduler thread also dispatches stage 0's forward (one graph replay, or every kernel
         # when eager), so it is free for the next turn only after both.
-        dispatch = cost.host_time(0, shape)
+        spec = self.spec if batch.decode else None
+        if spec is not None:  # the draft passes, the verify and the draft extend, each dispatched
+            lens = [r.context_len for r in batch.reqs]
+            dispatch = spec.iteration.host_time(lens)
+            step = spec.iteration.time(lens)
+        else:
+            dispatch = cost.host_time(0, shape)
+            step = cost.stage_time(0, shape)
         if self.hide_cpu:
             t = now
             self.cpu_free = now + host + dispatch
@@ -222,7 +236,7 @@ class ReplicaModel:
             t = now + host
             self.cpu_free = t + dispatch
         start = max(t, self.gpu_free)
-        end = start + cost.stage_time(0, shape)
+        end = start + step
         self.gpu_free = end
         self.busy[0].add(start, end)
         slot.in_flight = batch
@@ -252,6 +266,9 @@ class ReplicaModel:
                 reqs += batch.mixed
                 self.tokens_decode_total += len(batch.mixed)
                 self.gen_tokens_since_log += len(batch.mixed)
+        if batch.decode and self._accept is not None:
+            self._emit_accepted(reqs, now)
+            return
         vocab, eos = self._vocab, self._eos
         for req in reqs:
             if req.finished:
@@ -272,13 +289,55 @@ class ReplicaModel:
                 obs.on_token(req, now - req.last_token_time)
             req.last_token_time = now
             if len(out) >= req.max_new_tokens:
-                req.finished = True
-                req.finish_time = now
-                req.finish_reason = {"type": "length", "length": req.max_new_tokens}
-                if report:
-                    obs.on_finish(req, now)
+                self._finish(req, now, report)
             if req.notify is not None:
                 req.notify()
+        if self.output_hook is not None:
+            self.output_hook()
+
+    def _finish(self, req: Request, now: float, report: bool) -> None:
+        """``req`` has all its tokens (never an EOS id, so exactly max_new_tokens)."""
+        req.finished = True
+        req.finish_time = now
+        req.finish_reason = {"type": "length", "length": req.max_new_tokens}
+        if report and self.observer is not None:
+            self.observer.on_finish(req, now)
+
+    def _emit_accepted(self, reqs: list[Request], now: float) -> None:
+        """A speculative iteration's results: each request emits its accepted drafts and the target's
+        own token in one chunk (never past its max_new_tokens), committed to its KV."""
+        obs = self.observer
+        accept = self._accept
+        assert accept is not None
+        emitted = 0
+        for req in reqs:
+            if req.finished:
+                continue
+            out = req.output_ids
+            n = min(accept(), req.max_new_tokens - len(out))
+            for _ in range(n):
+                tok = (req.token_seed * 2654435761 + len(out) * 40503 + 12345) % self._vocab
+                while tok in self._eos:
+                    tok = (tok + 1) % self._vocab
+                out.append(tok)
+            emitted += n
+            self.admission.commit_accepted(req, n - 1)
+            report = obs is not None and req.log_metrics
+            if report:  # SGLang observes a chunk of n tokens as n inter-token latencies of interval / n
+                itl = (now - req.last_token_time) / n
+                for _ in range(n):
+                    obs.on_token(req, itl)
+            req.spec_verify_ct += 1
+            req.spec_correct_drafts += n - 1
+            req.last_token_time = now
+            if len(out) >= req.max_new_tokens:
+                self._finish(req, now, report)
+            if req.notify is not None:
+                req.notify()
+        self.spec_stats.add(len(reqs), emitted)
+        extra = emitted - len(reqs)
+        self.tokens_decode_total += extra
+        self.gen_tokens_since_log += extra
         if self.output_hook is not None:
             self.output_hook()
 

@@ -17,8 +17,11 @@ from simulator.costs import CostModel, CostParams, Parallel
 from simulator.model_spec import KV_CACHE_DTYPES, ModelConfigError, ModelSpec, load_model_spec
 from simulator.nodes import split_address
 from simulator.schedule_policy import POLICIES
-from simulator.sim_config import MIB, SimConfig, StageMemory
-from simulator.step_costs import StepCostsError, apply_step_costs
+from simulator.sim_config import MIB, SimConfig, StageMemory, page_size_for
+from simulator.speculative.acceptance import AcceptanceError
+from simulator.speculative.decoding import build_spec_decoding, load_draft
+from simulator.speculative.params import SPEC_MAX_RUNNING_REQUESTS, SpecFlagError, resolve_spec
+from simulator.step_costs import StepCosts, StepCostsError, apply_step_costs
 from vocab.hardware import HardwareConf, HardwareError, load_hardware, resolve_hardware_path
 
 # SGLang's memory tiers by total GPU memory (MiB thresholds): chunked_prefill_size, decode graph max bs
@@ -191,6 +194,29 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     if spec.context_length < 2:
         raise FlagError(f"context_length must be >= 2, got {spec.context_length}")
 
+    backend = args.attention_backend or _default_attention_backend(spec, hw)
+    try:
+        speculative = resolve_spec(
+            args.speculative_algorithm, architecture=spec.architecture, model_path=args.model_path,
+            draft_model_path=args.speculative_draft_model_path, num_steps=args.speculative_num_steps,
+            topk=args.speculative_eagle_topk, draft_tokens=args.speculative_num_draft_tokens,
+            page_size=page_size_for(args.page_size, backend), attention_backend=backend, attn_dp=False,
+            pp_size=pp, pp_spec_enabled=os.environ.get("SGLANG_ENABLE_PP_SPEC", "").lower() in ("1", "true"))
+    except SpecFlagError as e:
+        raise FlagError(str(e)) from e
+    draft = None
+    if speculative is not None:
+        if pp > 1:
+            raise FlagError("the simulated engine does not model pipeline parallelism with speculative "
+                            "decoding (SGLang runs it only with SGLANG_ENABLE_PP_SPEC=1 and EAGLE)")
+        warnings += speculative.warnings
+        try:
+            draft = load_draft(speculative, spec, hw,
+                               Parallel(tp=tp, ep=ep, moe_a2a_backend=args.moe_a2a_backend), params,
+                               args.context_length)
+        except (ModelConfigError, OSError) as e:
+            raise FlagError(f"speculative draft model {speculative.draft_model_path!r}: {e}") from e
+
     disable_overlap = bool(args.disable_overlap_schedule)
     if pp > 1 and not disable_overlap:
         warnings.append("Pipeline parallelism is incompatible with overlap schedule.")
@@ -224,9 +250,12 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     total = hw.memory_gb * 1e9
     graph_mem = 0.0 if disable_graph else graph_bs * 2 * MIB  # activations of the captured graphs
     capacities = []
+    # a draft sits beside the target (one stage) and widens every KV cell by its own layers' share
+    draft_bytes = draft.weight_bytes if draft is not None else 0.0
+    cell_factor = draft.kv_cell_factor if draft is not None else 1.0
     for st in cost.stages:
-        kv_bytes = total * frac - st.weight_bytes
-        cap = int(kv_bytes // st.kv_bytes_per_token) if kv_bytes > 0 else 0
+        kv_bytes = total * frac - st.weight_bytes - draft_bytes
+        cap = int(kv_bytes // (st.kv_bytes_per_token * cell_factor)) if kv_bytes > 0 else 0
         if cap <= 0:
             raise FlagError(
                 f"Not enough memory. Please try to increase --mem-fraction-static. (PP stage {st.index}: "
@@ -240,14 +269,19 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         raise FlagError(f"max_total_tokens too small: {token_capacity}")
 
     ctx = spec.context_length
-    if args.max_running_requests is None:
+    asked_mrr = args.max_running_requests
+    if asked_mrr is None and speculative is not None:
+        asked_mrr = SPEC_MAX_RUNNING_REQUESTS
+        warnings.append("Max running requests is reset to 48 for speculative decoding. You can override this "
+                        "by explicitly setting --max-running-requests.")
+    if asked_mrr is None:
         estimated = min(max(int(token_capacity / ctx * 512), 2048), 4096)
         mrr = min(estimated, token_capacity // 2)
     else:
-        mrr = min(args.max_running_requests, token_capacity // 2)
-        if mrr < args.max_running_requests:
+        mrr = min(asked_mrr, token_capacity // 2)
+        if mrr < asked_mrr:
             warnings.append(
-                f"max_running_requests was reduced from the requested {args.max_running_requests} to {mrr} "
+                f"max_running_requests was reduced from the requested {asked_mrr} to {mrr} "
                 "(per dp worker) due to the available KV cache capacity."
             )
     mrr = max(mrr, 1)
@@ -257,23 +291,31 @@ def resolve(args: argparse.Namespace) -> SimConfig:
 
     stages = []
     for st in cost.stages:
-        kv = token_capacity * st.kv_bytes_per_token
+        kv = token_capacity * st.kv_bytes_per_token * cell_factor
         stages.append(
             StageMemory(
-                weight_bytes=st.weight_bytes,
+                weight_bytes=st.weight_bytes + draft_bytes,
                 kv_bytes=kv,
                 graph_bytes=graph_mem,
                 token_capacity=token_capacity,
-                available_bytes=max(total - st.weight_bytes - kv - graph_mem, 0.0),
+                available_bytes=max(total - st.weight_bytes - draft_bytes - kv - graph_mem, 0.0),
             )
         )
-    backend = args.attention_backend or _default_attention_backend(spec, hw)
+    def price(model: CostModel) -> StepCosts:
+        return apply_step_costs(getattr(args, "sim_step_costs", "auto"), model, hw.kernel_tables,
+                                SGLANG_COMPAT_VERSION, backend,
+                                fuse_shared_experts=not args.disable_shared_experts_fusion)
+
     try:
-        step_costs = apply_step_costs(getattr(args, "sim_step_costs", "auto"), cost, hw.kernel_tables,
-                                      SGLANG_COMPAT_VERSION, backend,
-                                      fuse_shared_experts=not args.disable_shared_experts_fusion)
+        step_costs = price(cost)
     except StepCostsError as e:
         raise FlagError(str(e)) from e
+    decoding = None
+    if speculative is not None and draft is not None:
+        try:
+            decoding = build_spec_decoding(speculative, draft, cost, args.sim_spec_acceptance, price)
+        except AcceptanceError as e:
+            raise FlagError(f"--sim-spec-acceptance: {e}") from e
     seed = args.random_seed if args.random_seed is not None else random.randint(0, 1 << 30)
     return SimConfig(
         args=args,
@@ -305,4 +347,5 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         warnings=warnings,
         health_check_timeout_s=_health_check_timeout(),
         step_costs=step_costs,
+        speculative=decoding,
     )

@@ -116,6 +116,8 @@ class SimServer:
         info["launch_command"] = " ".join([sys.executable, "-m", "simulator", *sys.argv[1:]])
         for state, rep in zip(info["internal_states"], self.replicas, strict=True):
             state["last_gen_throughput"] = rep.last_gen_throughput
+            if rep.spec is not None:  # server-cumulative, as SGLang's internal state reports it
+                state["avg_spec_accept_length"] = rep.spec_stats.average
             state["effective_max_running_requests_per_dp"] = rep.admission.pool_size
             state["pp_max_micro_batch_size"] = rep.admission.cap  # /set_internal_state may change it
         # Wall-clock epoch of simulated t = 0: wall = sim_wall_origin + t / sim_time_scale, and the

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from simulator import SGLANG_COMPAT_VERSION, __version__
 from simulator.costs import CostModel, Parallel
 from simulator.model_spec import ModelSpec
+from simulator.speculative.decoding import SpecDecoding
 from simulator.step_costs import StepCosts
 from vocab.hardware import HardwareConf
 
@@ -25,6 +26,20 @@ class StageMemory:
     graph_bytes: float
     token_capacity: int
     available_bytes: float
+
+
+def page_size_for(asked: int | None, backend: str) -> int:
+    """Tokens per KV page. SGLang's default is 1, but some attention backends need pages and set or
+    override it (0.5.23's overrides)."""
+    if backend == "trtllm_mha":
+        return asked if asked in (16, 32, 64, 128) else 64
+    if backend == "trtllm_mla":
+        return asked if asked in (32, 64) else 64
+    if backend == "flashmla":
+        return 64
+    if backend == "fa4":
+        return 128
+    return int(asked or 1)
 
 
 @dataclass
@@ -61,6 +76,7 @@ class SimConfig:
     # what priced the kernels of each step (roofline or measured tables), for the run's records
     step_costs: StepCosts = field(default_factory=lambda: StepCosts("roofline", "roofline"))
     startup_time: float = field(default_factory=time.time)
+    speculative: SpecDecoding | None = None  # --speculative-algorithm (simulator/speculative/)
 
     @property
     def mixed_chunk(self) -> bool:
@@ -70,19 +86,8 @@ class SimConfig:
 
     @property
     def page_size(self) -> int:
-        """Tokens per KV page: the prefix cache matches and keeps whole pages. SGLang's default is 1,
-        but some attention backends need pages and set or override it (0.5.23's overrides)."""
-        asked = self.args.page_size
-        backend = self.attention_backend
-        if backend == "trtllm_mha":
-            return asked if asked in (16, 32, 64, 128) else 64
-        if backend == "trtllm_mla":
-            return asked if asked in (32, 64) else 64
-        if backend == "flashmla":
-            return 64
-        if backend == "fa4":
-            return 128
-        return int(asked or 1)
+        """Tokens per KV page: the prefix cache matches and keeps whole pages."""
+        return page_size_for(self.args.page_size, self.attention_backend)
 
     @property
     def radix_cache(self) -> bool:
@@ -107,6 +112,19 @@ class SimConfig:
     @property
     def max_req_input_len(self) -> int:
         return min(self.context_len - 1, self.max_total_num_tokens - 1)
+
+    def _speculative_info(self) -> dict:
+        """The speculative flags as SGLang reports them (null when off), and where the simulated engine's
+        acceptance came from."""
+        sd = self.speculative
+        if sd is None:
+            return {"speculative_algorithm": None}
+        p = sd.params
+        return {"speculative_algorithm": p.asked, "speculative_draft_model_path": p.draft_model_path,
+                "speculative_num_steps": p.num_steps, "speculative_eagle_topk": p.topk,
+                "speculative_num_draft_tokens": p.num_draft_tokens,
+                "sim_spec_acceptance": sd.acceptance.source,
+                "sim_spec_expected_accept_length": round(sd.expected_accept_length, 4)}
 
     def server_info(self) -> dict:
         a = self.args
@@ -144,6 +162,7 @@ class SimConfig:
             "disable_cuda_graph": self.disable_cuda_graph,
             "cuda_graph_max_bs_decode": a.cuda_graph_max_bs_decode,
             "cuda_graph_config": {"decode": {"max_bs": self.cuda_graph_max_bs_decode}},
+            **self._speculative_info(),
             "attention_backend": self.attention_backend,
             "host": a.host,
             "port": a.port,
@@ -182,6 +201,7 @@ class SimConfig:
                     "graph": round(s0.graph_bytes / GIB, 2),
                 },
                 "world_size": self.tp * self.pp,
+                **({"avg_spec_accept_length": 0.0} if self.speculative is not None else {}),
             }
             for _ in range(self.dp)
         ]

@@ -60,15 +60,22 @@ def sqlite_store(path: Path) -> str:
 NO_DRAWING = ["report.plots=false", "report.html=false"]
 
 
+# A command's timeout only guards against a hang: never below this, so a machine several times
+# oversubscribed (a CI runner beside other jobs) still finishes a sweep a quiet one runs in a minute.
+# A run of three Ray trials beside two CPU burners and two other jobs took over 300 s.
+HANG_GUARD_S = 1200.0
+
+
 def run_cli(args: list[str], cwd: Path, timeout: float = 120, env: dict[str, str] | None = None,
             store: bool = False) -> subprocess.CompletedProcess[str]:
     """``python run.py ARGS`` with cwd (hence runs/) in a scratch directory. ``store``: start from an
-    empty store at runs/mlflow.db (as after an earlier run) instead of letting the run create it."""
+    empty store at runs/mlflow.db (as after an earlier run) instead of letting the run create it.
+    ``timeout``: a hang guard, at least ``HANG_GUARD_S``."""
     if store:
         sqlite_store(cwd / "runs" / "mlflow.db")
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=full_env, check=False)
+                          text=True, timeout=max(timeout, HANG_GUARD_S), env=full_env, check=False)
 
 
 @pytest.fixture

@@ -62,6 +62,7 @@ STAGE_COLUMNS: tuple[str, ...] = (
     "retracted_total",    # requests retracted so far because the KV pool ran full (NaN: not reported)
     "new_tokens",         # prompt tokens the batch prefilled (prefill lines only; NaN otherwise)
     "cached_tokens",      # prompt tokens of the batch's new requests found in the prefix cache (the same)
+    "accept_len",         # speculative decoding: tokens per request per verify over the interval (NaN: off)
 )
 
 # Clocks-event-reason bits that are not throttling: GPU idle (1) and application-clock setting (2),
@@ -117,6 +118,9 @@ PREFILL_WITH_DECODES = "prefill_batches_with_decodes_frac"
 LOG_CACHED_TOKENS = "log_cached_tokens"
 LOG_COMPUTED_TOKENS = "log_computed_tokens"
 LOG_CACHE_HIT_RATE = "log_cache_hit_rate"
+# speculative decoding: tokens each verify emitted per request, the target's own included (SGLang's
+# "accept len"), over the window's decode lines (or gauges) of stage 0
+SPEC_ACCEPT_LEN = "spec_accept_len_mean"
 
 
 def per_gpu(gpu: int, name: str) -> str:

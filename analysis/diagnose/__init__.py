@@ -52,6 +52,12 @@ prefix_cache_thrash  ``cache_hit_rate`` < 0.8 x ``offered_hit_rate`` (and   the 
                      (not with DP behind round-robin: the split rule)       prompts the client sent
 prefix_cache_split   dp > 1 behind round-robin, offered >= 20 % and the     the same
                      hit rate >= 5 points below it
+speculation_would_pay spec off, a draft for the model, and at the least      cost model estimate
+                     loaded point < 8 requests per replica with a step
+                     within 2x its memory-bound floor
+speculation_costs    spec on, and at the busiest point the cost model's     cost model estimate; accept
+                     verify >= 1.5 plain steps (one draft step already:     length: engine log / metrics
+                     offers none)
 ==================== ====================================================== ==============================
 
 Findings carry a ``goal``: ``throughput`` for most, ``itl_p99_ms`` for prefill_interference and
@@ -62,8 +68,8 @@ missing. "Busiest" is the highest-concurrency closed-loop point whose client che
 point's numbers describe the client, not the server).
 
 The rules live by what they look at: ``engine`` (the client, the GPUs, the engine's settings),
-``pipeline``, ``kv_pool``, ``latency``, ``prefix_cache``; ``facts`` is what they read and ``evidence``
-what they share.
+``pipeline``, ``kv_pool``, ``latency``, ``prefix_cache``, ``speculation``; ``facts`` is what they read
+and ``evidence`` what they share.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ from analysis.diagnose.kv_pool import kv_capacity
 from analysis.diagnose.latency import prefill_interference, ttft_queueing
 from analysis.diagnose.pipeline import admission_cap, pp_bubble, pp_stage_imbalance, too_few_microbatches
 from analysis.diagnose.prefix_cache import prefix_cache_split, prefix_cache_thrash
+from analysis.diagnose.speculation import speculation_costs, speculation_would_pay
 from vocab.findings import SEVERITIES, Finding
 
 __all__ = [
@@ -87,7 +94,7 @@ __all__ = [
 RULES: list[Callable[[TrialFacts], list[Finding]]] = [
     client_bound, too_few_microbatches, admission_cap, pp_bubble, pp_stage_imbalance, cuda_graph_off,
     gpu_underused, kv_capacity, tp_comm_bound, prefill_interference, ttft_queueing, prefix_cache_thrash,
-    prefix_cache_split,
+    prefix_cache_split, speculation_would_pay, speculation_costs,
 ]
 
 

@@ -25,6 +25,11 @@ class StepEstimate:
     step_s: float         # one decode forward through every stage (the ring trip / the step for pp=1)
     comm_s: float         # of which TP/EP collectives
     memory_bound_s: float  # the same step if it only read weights + KV at full memory bandwidth (its floor)
+    # speculative decoding on: one draft-verify-extend iteration, its verify, and the tokens the model
+    # expects per request per iteration (all 0.0 when off)
+    spec_step_s: float = 0.0
+    verify_s: float = 0.0
+    spec_tokens: float = 0.0
 
 
 @dataclass
@@ -49,6 +54,9 @@ class TrialFacts:
     input_len: float = 0.0                      # the workload's mean prompt length (tokens; 0: unknown)
     output_len: float = 0.0                     # the workload's mean output length (tokens; 0: unknown)
     dp_router: str = "round_robin"              # how requests are spread over DP replicas (dp.router)
+    spec_algorithm: str = "none"                # spec.algorithm of the trial
+    # drafts the model could speculate with (spec.algorithm -> the acceptance a prediction would assume)
+    spec_drafts: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.interconnect not in INTERCONNECTS:

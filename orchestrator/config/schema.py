@@ -57,6 +57,8 @@ class ModelConf:
     skip_tokenizer_init: bool = True  # drive /generate with input_ids; no tokenizer files needed
     # config.json fields to override, e.g. {num_hidden_layers: 4} to shrink a model for a smoke test
     override_args: dict[str, Any] = field(default_factory=dict)
+    # draft models for speculative decoding, by spec.algorithm: config folders like the model's own
+    drafts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -85,6 +87,26 @@ class DPConf:
     # who runs it: auto | engine | smg (the router package as its own process in front of dp.size
     # servers; auto picks it for cache_aware on SGLang, whose DP controller has no such policy)
     router_impl: str = "auto"
+
+
+@dataclass
+class SpecConf:
+    """Speculative decoding (``spec=<name>``, ``conf/spec/``; docs/speculative.md): a draft proposes
+    tokens and the target verifies them in one forward."""
+
+    # none | eagle | eagle3 | mtp (the model's own next-token layers; SGLang's NEXTN) | standalone | ngram
+    algorithm: str = "none"
+    # null: SGLang's own choice for the model's architecture (Llama: 5, 4, 8; most others: 3, 1, 4)
+    num_steps: int | None = None  # draft depth
+    topk: int | None = None  # branches per draft step
+    num_draft_tokens: int | None = None  # tree tokens the target verifies per request
+    # the draft's config folder; null: the model's own (model.drafts.<algorithm>, or its MTP layers)
+    draft_model: str | None = None
+    draft_load_format: str | None = None  # null: as model.load_format
+    # how many drafted tokens the target accepts, for the simulated engine and predictions: auto (the
+    # published accept lengths of the draft kind on the workload's kind of text), a mean accept length
+    # (tokens per request per verify, SGLang's "accept len"), or per-position rates [p1, p2, ...]
+    acceptance: Any = "auto"
 
 
 @dataclass
@@ -298,6 +320,7 @@ class ParasweepConf:
     ep: EPConf = field(default_factory=EPConf)
     dp: DPConf = field(default_factory=DPConf)
     server: ServerConf = field(default_factory=ServerConf)
+    spec: SpecConf = field(default_factory=SpecConf)
     workload: WorkloadConf = field(default_factory=WorkloadConf)
     telemetry: TelemetryConf = field(default_factory=TelemetryConf)
     tracking: TrackingConf = field(default_factory=TrackingConf)

@@ -12,6 +12,7 @@ import yaml
 
 from orchestrator.config.schema import ParasweepConf, SimFaultConf
 from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace, sglang_flags
+from orchestrator.engines.sglang_compat.speculative import acceptance_flag
 from orchestrator.errors import ConfigError
 from orchestrator.redact import redact_mapping, redact_text, secret_values
 from vocab.assets import model_dir
@@ -42,8 +43,9 @@ def _simulator_fingerprint() -> str:
     digest = hashlib.sha256()
     import simulator
 
-    for path in sorted(Path(simulator.__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + path.read_bytes())
+    root = Path(simulator.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + path.read_bytes())
     return digest.hexdigest()[:12]
 
 
@@ -102,7 +104,8 @@ class SimEngine(Engine):
         return [*flags, "--sim-hardware", str(self.hardware_file(trial_dir)),
                 "--sim-step-costs", cfg.simulator.step_costs,
                 "--sim-time-scale", f"{cfg.engine.time_scale:g}", *fault_flags(cfg.engine.sim_faults),
-                *(["--sim-router", cfg.dp.router] if cfg.dp.router != "round_robin" else [])]
+                *(["--sim-router", cfg.dp.router] if cfg.dp.router != "round_robin" else []),
+                *(["--sim-spec-acceptance", acceptance_flag(cfg)] if cfg.spec.algorithm != "none" else [])]
 
     def prepare(self, cfg: ParasweepConf, trial_dir: Path) -> None:
         from dataclasses import asdict

@@ -14,7 +14,7 @@ import dataclasses
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +140,28 @@ def modelled_steps(cfg: ParasweepConf, concurrency: Mapping[str, int], resolved:
         c = math.ceil(c / cfg.dp.size)  # requests are spread over the DP replicas; caps are per replica
         batch = max(1, min(cap, math.ceil(c / min(slots, math.ceil(c / cap)))))
         step = decode_step(model, batch, context)
-        steps[label] = StepEstimate(step.batch, step.step_s, step.comm_s, step.memory_bound_s)
+        steps[label] = StepEstimate(step.batch, step.step_s, step.comm_s, step.memory_bound_s,
+                                    step.spec_step_s, step.verify_s, step.spec_tokens)
     return steps, tuple(model.cost.stage_layers)
 
 
+
+
+def with_measured_acceptance(cfg: ParasweepConf, resolved: Mapping[str, Any],
+                             measured: Sequence[float]) -> ParasweepConf:
+    """A speculative trial that measured its accept length (``measured``: the points' means) predicts its
+    changes with it: ``spec.acceptance`` becomes the per-position rate that accepts the measured mean at
+    the depth the engine ran, so a change of depth reads the same draft's acceptance on the same traffic.
+    Unchanged without speculation, or without a measurement."""
+    from simulator.speculative.acceptance import rate_for_length
+
+    steps = int_or_none(resolved.get("speculative_num_steps"))
+    tokens = int_or_none(resolved.get("speculative_num_draft_tokens"))
+    values = [m for m in measured if m and math.isfinite(m)]
+    if cfg.spec.algorithm == "none" or not values or not steps or not tokens:
+        return cfg
+    depth = max(1, min(steps, tokens - 1))
+    mean = min(max(sum(values) / len(values), 1.0), depth + 1.0)
+    changed = copy.deepcopy(cfg)
+    changed.spec.acceptance = [round(rate_for_length(mean, depth), 4)]
+    return changed

@@ -225,7 +225,11 @@ RESOLVED_KEYS = ("max_running_requests", "pp_max_micro_batch_size", "chunked_pre
                  "disable_cuda_graph", "mem_fraction_static", "attention_backend", "pp_async_batch_depth",
                  "decode_log_interval", "disable_overlap_schedule", "random_seed", "tp_size", "pp_size",
                  "ep_size", "dp_size", "attn_dp_size", "load_format", "version", "enable_mixed_chunk",
-                 "kv_cache_dtype", "max_total_tokens", "disable_radix_cache", "schedule_policy", "page_size")
+                 "kv_cache_dtype", "max_total_tokens", "disable_radix_cache", "schedule_policy", "page_size",
+                 # speculative decoding as resolved (SGLang's automatic steps included), and where the
+                 # simulated engine's acceptance came from
+                 "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+                 "speculative_num_draft_tokens", "sim_spec_acceptance", "sim_spec_expected_accept_length")
 
 
 def merge_resolved(server_info: Mapping[str, Any], startup: Mapping[str, Any],

@@ -24,11 +24,13 @@ from vocab.telemetry import STAGE_COLUMNS
 
 # log field (server_log's names) -> stage column
 _LOG_FIELDS = {"running_req": "running", "queue_req": "queue", "token_usage": "token_usage",
-               "gen_throughput": "gen_throughput", "new_token": "new_tokens", "cached_token": "cached_tokens"}
+               "gen_throughput": "gen_throughput", "new_token": "new_tokens", "cached_token": "cached_tokens",
+               "accept_len": "accept_len"}
 # /metrics gauge -> stage column
 GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queue",
            "sglang:token_usage": "token_usage", "sglang:gen_throughput": "gen_throughput",
-           "sglang:num_retracted_requests_total": "retracted_total"}
+           "sglang:num_retracted_requests_total": "retracted_total",
+           "sglang:spec_accept_length": "accept_len"}
 _RANK_LABELS = {"dp": "dp_rank", "pp": "pp_rank", "tp": "tp_rank"}
 
 

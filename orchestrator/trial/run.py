@@ -24,7 +24,7 @@ from orchestrator.engines.base import engine_version
 from orchestrator.environment import joined_placement, placement
 from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.fidelity.trust import band_for_config
-from orchestrator.prediction.modelled import step_costs_label
+from orchestrator.prediction.modelled import step_costs_label, with_measured_acceptance
 from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
 from orchestrator.store.tracking import Tracker
 from orchestrator.trial.load_driver import drive_load
@@ -34,7 +34,7 @@ from orchestrator.trial.session import EngineSession, LiveSession, VirtualSessio
 from vocab.findings import Finding
 from vocab.records import PointResult
 from vocab.status import PLACEMENT_TAGS, RunKind, Tag, TrialStatus
-from vocab.telemetry import GpuPlace, engine_layout
+from vocab.telemetry import SPEC_ACCEPT_LEN, GpuPlace, engine_layout
 
 log = logging.getLogger("parasweep")
 
@@ -240,7 +240,10 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
     def diagnosis() -> None:
         facts = trial_facts(cfg, session.resolved, results, extras, gpu.source,
                             "sim-predict" if cfg.predict else plan.engine_name)
-        findings.extend(check_findings(diagnose(facts), cfg, plan.points, settings.predictions_dir))
+        # a speculative trial's changes are predicted with the accept length it measured
+        measured = [float(e.get(SPEC_ACCEPT_LEN, float("nan"))) for e in extras.values()]
+        advised = with_measured_acceptance(cfg, session.resolved, measured)
+        findings.extend(check_findings(diagnose(facts), advised, plan.points, settings.predictions_dir))
 
     def environment() -> None:
         engine = "sim-predict" if cfg.predict else plan.engine_name

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from orchestrator.config.schema import gpus_per_node, router_process, trial_nodes
 from orchestrator.engines.base import HOST, NodePlace
 from orchestrator.engines.router import routed_launch
+from orchestrator.engines.sglang_compat.speculative import simulated_acceptance_env
 from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.gpu_release import RELEASE_WAIT_S, ensure_gpus_free, process_group_pids, wait_gpus_free
 from orchestrator.process.health import HealthProber
@@ -159,6 +160,8 @@ class LiveSession:
         self.env = dict(os.environ) if env is None else env  # CUDA_VISIBLE_DEVICES as Ray set it
         # batch log lines stamped to the millisecond, so stage series join the GPU samples
         self.env.setdefault("SGLANG_LOG_MS", "1")
+        # dummy draft weights accept nothing: SGLang's own override sets the accept length assumed
+        self.env.update(simulated_acceptance_env(plan.cfg, plan.engine_name, self.env))
         self.gpu = GpuTelemetry(GpuSource.NONE, "the engine did not start")
         self.argv: list[str] = []
         self.router_argv: list[str] = []
@@ -204,6 +207,9 @@ class LiveSession:
             self.server_info = http_get_json(engine_url + "/server_info")
             # /server_info, completed by the startup log (CUDA-graph sizes, per-stage limits, backend)
             self.resolved = resolved_config(self.server_info, self.paths.read_server_log())
+            if "SGLANG_SIMULATE_ACC_LEN" in self.env and cfg.spec.algorithm != "none":
+                # the accept length SGLang was told to verify at: where this run's acceptance came from
+                self.resolved["sglang_simulate_acc_len"] = self.env["SGLANG_SIMULATE_ACC_LEN"]
             self._use_engine_clock()
             self._start_scrapers(engine_url)
             # the simulated engine reports every GPU it models (behind the router: replica 0's);

@@ -49,7 +49,29 @@ def trial_facts(cfg: ParasweepConf, resolved: dict[str, Any], results: list[Poin
         concurrency=concurrency, idle_power_w=cfg.hardware.idle_power_w,
         power_limit_w=cfg.hardware.power_limit_w, tp_size=cfg.tp.size, dp_size=cfg.dp.size,
         interconnect=cfg.hardware.interconnect, gpu_source=gpu_source.value, engine=engine, steps=steps,
-        stage_layers=layers, input_len=input_len, output_len=output_len, dp_router=cfg.dp.router)
+        stage_layers=layers, input_len=input_len, output_len=output_len, dp_router=cfg.dp.router,
+        spec_algorithm=cfg.spec.algorithm, spec_drafts=_spec_drafts(cfg))
+
+
+def _spec_drafts(cfg: ParasweepConf) -> dict[str, str]:
+    """The drafts the trial's model could speculate with when it does not, each with the acceptance a
+    prediction of it assumes (spec.acceptance as set, on the workload's kind of text)."""
+    from orchestrator.engines.sglang_compat.speculative import acceptance_flag, has_mtp_layers
+    from simulator.speculative.acceptance import AcceptanceError, parse_acceptance
+
+    if cfg.spec.algorithm != "none":
+        return {}
+    kinds = [a for a in ("eagle3", "eagle") if a in (cfg.model.drafts or {})]
+    if has_mtp_layers(cfg):
+        kinds.append("mtp")
+    out = {}
+    for kind in kinds:
+        try:  # SGLang's usual depth for the note; the prediction resolves the model's own
+            acceptance = parse_acceptance(acceptance_flag(cfg), kind, 3)
+        except (AcceptanceError, ValueError):
+            continue  # nothing published for it and no acceptance given: it cannot be predicted
+        out[kind] = acceptance.source.split(": ")[0]
+    return out
 
 
 def _mean_lengths(cfg: ParasweepConf, results: list[PointResult]) -> tuple[float, float]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config.schema import ParasweepConf, trial_nodes
+from orchestrator.engines.sglang_compat.speculative import spec_flags
 from orchestrator.engines.sglang_compat.versions import (
     NEWEST_KNOWN,
     RENAMES,
@@ -58,6 +59,10 @@ _MANAGED = {
     "decode_log_interval": "server.decode_log_interval", "random_seed": "server.random_seed",
     "disable_radix_cache": "server.radix_cache", "schedule_policy": "server.schedule_policy",
     "port": "(chosen by parasweep: a free port per trial)", "enable_metrics": "(always on)",
+    "speculative_algorithm": "spec.algorithm", "speculative_draft_model_path": "spec.draft_model",
+    "speculative_num_steps": "spec.num_steps", "speculative_eagle_topk": "spec.topk",
+    "speculative_num_draft_tokens": "spec.num_draft_tokens",
+    "speculative_draft_load_format": "spec.draft_load_format",
 }
 
 
@@ -154,7 +159,8 @@ def _extra(args: list[Arg], cfg: ParasweepConf, version: str, flags: FlagSet | N
                               "so dp.size would no longer count GPUs; deprecated from SGLang 0.5.22")
         if value is False or value is None:
             continue
-        if canonical in ("schedule_policy", "disable_radix_cache"):
+        if canonical in ("schedule_policy", "disable_radix_cache") or (canonical.startswith("speculative_") \
+                and canonical in _MANAGED):
             raise ConfigError(key, value, f"set it with {_MANAGED[canonical]}",
                               "parasweep passes it from its own key, which the prediction, the diagnosis "
                               "and the search read")
@@ -225,6 +231,7 @@ def build_args(cfg: ParasweepConf, port: int, version: str = NEWEST_KNOWN,
             raise ConfigError("server.schedule_policy", policy, f"a policy SGLang {version} accepts",
                               f"{policy} is new in SGLang {first}")
         args.append(Arg("--schedule-policy", [policy], "server.schedule_policy", policy))
+    args += [Arg(flag, values, key, value) for flag, values, key, value in spec_flags(cfg, version)]
     interval = decode_log_interval(cfg)
     args += [
         Arg("--enable-metrics", [], "(always on)", True),
