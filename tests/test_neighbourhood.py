@@ -86,3 +86,17 @@ def test_a_finding_about_the_measurement_is_not_answered_with_a_layout() -> None
     fell_behind = Finding("client_bound", "critical", "The load generator fell behind at c32", "valid=0",
                           "Do not read those points as server numbers.", point="c32")
     assert check_findings([fell_behind], cfg, [closed_point(32)]) == [fell_behind]
+
+
+def test_a_speculative_trial_is_tried_without_speculation_and_with_one_draft_step() -> None:
+    cfg = config("llama-3.1-8b", "h100-sxm-x8", tp=2)
+    cfg.spec.algorithm = "eagle3"
+    changes = layouts(cfg)
+    assert {"spec.algorithm": "none"} in changes
+    assert {"spec.num_steps": 1, "spec.topk": 1, "spec.num_draft_tokens": 2} in changes
+    # a pipeline runs without speculation (SGLang refuses both together as parasweep launches it)
+    assert all(c.get("spec.algorithm") == "none" for c in changes if c.get("pp.size", 1) > 1)
+    cfg.spec.num_steps, cfg.spec.topk = 1, 1
+    assert {"spec.num_steps": 1, "spec.topk": 1, "spec.num_draft_tokens": 2} not in layouts(cfg)
+    cfg.spec.algorithm = "none"
+    assert all("spec.algorithm" not in c for c in layouts(cfg))

@@ -154,3 +154,20 @@ def test_a_measured_accept_length_carries_into_the_trials_predictions() -> None:
     assert chain_length(rate, 1) == pytest.approx(1 + rate)  # and what one step would accept
     assert with_measured_acceptance(conf("none"), resolved, [2.5]).spec.acceptance == "auto"
     assert with_measured_acceptance(conf(), resolved, []).spec.acceptance == "auto"
+
+
+@pytest.mark.parametrize("version", RECORDED)
+def test_each_releases_accept_length_in_its_decode_line_is_read(version: str) -> None:
+    """The decode line's acceptance part rendered from the release's own recorded format string, inside
+    the simulated engine's decode line, read by the parser that reads every release's log."""
+    from orchestrator.telemetry.server_log import parse_log_line
+    from simulator.logs import decode_line
+
+    formats = json.loads((RELEASES / f"sglang-{version}.json").read_text())["log_formats"]
+    source = next(f["source"] for f in formats if f["source"].startswith('f"accept len: {spec_accept_length'))
+    part = eval(source, {}, {"spec_accept_length": 2.5, "spec_accept_rate": 0.21})  # an f-string literal
+    line = "[2026-12-05 10:00:00] " + decode_line(12, 3000, 0.05, True, 1234.5, 0, (2.5, 0.21))
+    assert part in line
+    row = parse_log_line(line)
+    assert row is not None and row["kind"] == "decode"
+    assert (row["accept_len"], row["accept_rate"], row["running_req"]) == (2.5, 0.21, 12)

@@ -204,3 +204,17 @@ def test_a_speculative_server_caps_running_requests_and_says_so() -> None:
     assert cfg.max_total_num_tokens < load_config(LLAMA).max_total_num_tokens
     with pytest.raises(ValueError, match="--sim-spec-acceptance: no published accept length for ngram"):
         load_config([*LLAMA, "--speculative-algorithm", "NGRAM"])
+
+
+def test_the_searchs_ceiling_stays_a_bound_with_speculation() -> None:
+    """A search prunes a candidate whose ceiling cannot beat the best: with speculation each verify emits
+    several tokens a request, so a ceiling of one token a step would prune a winner."""
+    from simulator.estimates import decode_ceiling
+
+    req = RequestSpec(api="generate", input_len=256, output_len=256)
+    for c in (1, 8):
+        point = LoadPoint(num_requests=3 * c, concurrency=c, warmup_requests=c)
+        predicted = predict_point(LLAMA + EAGLE3, point, req).metrics["output_tok_s"]
+        assert decode_ceiling(load_config(LLAMA + EAGLE3), 256, c).tok_s >= predicted
+    assert decode_ceiling(load_config(LLAMA + EAGLE3), 256, 1).tok_s > 2 * decode_ceiling(
+        load_config(LLAMA), 256, 1).tok_s

@@ -8,6 +8,8 @@ MoE model each split with tp > 1 also with its experts spread over the TP group 
 Leaving the pipeline (pp = 1) drops its knobs (async depth 0, the micro-batch cap to the engine's
 default), which mean nothing without it. Attention data parallelism (SGLang's ``--attn-dp-size``,
 for MoE models) is named too, and reported as not predicted: the simulated engine does not model it.
+A speculative trial's splits with a pipeline go without speculation (SGLang runs neither together as
+parasweep launches it), and its own split is tried without speculation and with one draft step.
 """
 
 from __future__ import annotations
@@ -46,9 +48,23 @@ def layouts(cfg: ParasweepConf) -> list[dict[str, Any]]:
                     change["pp.async_depth"] = 0
                 if pp == 1 and cfg.pp.micro_batch_size is not None:
                     change["pp.micro_batch_size"] = None
+                if pp > 1 and cfg.spec.algorithm != "none":  # SGLang pipelines no speculation parasweep runs
+                    change["spec.algorithm"] = "none"
                 out.append(change)
     if moe and gpus > 1:  # the whole node as one TP/EP group with data-parallel attention
         out.append({"tp.size": gpus, "pp.size": 1, "ep.size": gpus, ATTN_DP_KEY: gpus,
                     **({"dp.size": 1} if cfg.dp.size != 1 else {}),
                     **({"pp.async_depth": 0} if cfg.pp.async_depth else {})})
+    out += _speculation(cfg)
+    return out
+
+
+def _speculation(cfg: ParasweepConf) -> list[dict[str, Any]]:
+    """A speculative trial's own layout without speculation, and with the smallest speculation SGLang
+    runs (one draft step, no tree) where it drafts more."""
+    if cfg.spec.algorithm == "none":
+        return []
+    out: list[dict[str, Any]] = [{"spec.algorithm": "none"}]
+    if cfg.spec.algorithm != "ngram" and (cfg.spec.num_steps, cfg.spec.topk) != (1, 1):
+        out.append({"spec.num_steps": 1, "spec.topk": 1, "spec.num_draft_tokens": 2})
     return out
