@@ -115,6 +115,10 @@ class _ReplicaCollector(Collector):
         tokens = GaugeMetricFamily("sglang:spec_num_draft_tokens", "speculative draft tokens verified",
                                    labels=names)
         calls = CounterMetricFamily("sglang:spec_verify_calls", "speculative verify forwards", labels=names)
+        dp_names = ["dp_rank"] if self.cfg.dp > 1 else []
+        busy = CounterMetricFamily("parasweep_sim:spec_busy_seconds",
+                                   "SIMULATED GPU seconds of speculative iterations, by part (draft passes, "
+                                   "verify, draft extend, tree kernels)", labels=[*dp_names, "part"])
         for dp_rank, (rep, sg) in enumerate(zip(self.replicas, self.gauges, strict=True)):
             for pp_rank in range(self.cfg.pp):
                 _, values = self._rank_labels(dp_rank, pp_rank)
@@ -123,7 +127,9 @@ class _ReplicaCollector(Collector):
                 steps.add_metric(values, params.num_steps)
                 tokens.add_metric(values, params.num_draft_tokens)
                 calls.add_metric(values, rep.spec_stats.calls)
-        yield from (length, rate, steps, tokens, calls)
+            for part, seconds in rep.spec_stats.seconds.items():
+                busy.add_metric([*([str(dp_rank)] if self.cfg.dp > 1 else []), part], seconds)
+        yield from (length, rate, steps, tokens, calls, busy)
 
     def collect(self) -> Iterator[Metric]:
         cfg = self.cfg

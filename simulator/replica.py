@@ -225,7 +225,9 @@ class ReplicaModel:
         if spec is not None:  # the draft passes, the verify and the draft extend, each dispatched
             lens = [r.context_len for r in batch.reqs]
             dispatch = spec.iteration.host_time(lens)
-            step = spec.iteration.time(lens)
+            parts = spec.iteration.parts(lens)
+            self.spec_stats.busy(parts)
+            step = parts.total
         else:
             dispatch = cost.host_time(0, shape)
             step = cost.stage_time(0, shape)

@@ -60,6 +60,7 @@ def test_a_speculative_trial_is_measured_within_5_percent_of_its_prediction(tmp_
         assert live == pytest.approx(pred[metric], rel=0.05), (metric, live, pred[metric])
     # multi-token chunks: per token and per chunk inter-token latency differ by the accept length
     assert pred["itl_chunk_mean_ms"] > 2 * pred["itl_mean_ms"]
+    assert pred["tpot_chunk_mean_ms"] > 2 * pred["tpot_mean_ms"]
 
     # the decode log line as 0.5.23 writes it, read by the parser parasweep reads any release's log with
     lines = [parse_log_line(x) for x in log.splitlines() if "accept len:" in x]
@@ -72,6 +73,11 @@ def test_a_speculative_trial_is_measured_within_5_percent_of_its_prediction(tmp_
     gauges = dict(re.findall(r"^(sglang:spec_\w+)\{[^}]*\} (\S+)$", metrics, re.MULTILINE))
     assert float(gauges["sglang:spec_num_steps"]) == 5 and float(gauges["sglang:spec_num_draft_tokens"]) == 8
     assert float(gauges["sglang:spec_verify_calls_total"]) > 0
+    # the simulated breakdown of the iterations' GPU time: the verify dominates at one request
+    pattern = r'^parasweep_sim:spec_busy_seconds_total\{part="(\w+)"\} (\S+)$'
+    busy = {m.group(1): float(m.group(2)) for m in re.finditer(pattern, metrics, re.MULTILINE)}
+    assert set(busy) == {"draft", "verify", "extend", "kernels"}
+    assert busy["verify"] > busy["draft"] > busy["extend"] > busy["kernels"] > 0
     expected = info["sim_spec_expected_accept_length"]
     assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(expected, rel=0.1)
     assert "published eagle3 accept lengths" in info["sim_spec_acceptance"]

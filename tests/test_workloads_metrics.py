@@ -78,6 +78,8 @@ def test_itl_tpot_ttft_e2e_match_hand_computed_values() -> None:
     assert m["itl_chunk_mean_ms"] == pytest.approx(875 / 3, rel=1e-15)
     # TPOT: (1000 - 125) / (6 - 1) = 175 and (500 - 250) / 1 = 250.
     assert (m["tpot_mean_ms"], m["tpot_p50_ms"], m["tpot_max_ms"]) == (212.5, 212.5, 250.0)
+    # TPOT per chunk: r1's 3 token-carrying chunks, (1000 - 125) / 2 = 437.5; r2's 2, 250 / 1 = 250.
+    assert (m["tpot_chunk_mean_ms"], m["tpot_chunk_max_ms"]) == (343.75, 437.5)
     assert (m["e2e_mean_ms"], m["e2e_max_ms"]) == (750.0, 1000.0)
     # The window: from B (two requests in flight, the first measured send) to the first end of a stream
     # that was not replaced (4 sends, C = 2: the third end, B + 1). Throughput counts what was delivered
@@ -109,7 +111,7 @@ def test_nothing_completed_gives_nan_latencies_and_invalid() -> None:
     ]
     point = LoadPoint(num_requests=4, concurrency=1)
     m = summarize(recs, point)
-    for name in ("ttft", "itl", "itl_chunk", "tpot", "e2e"):
+    for name in ("ttft", "itl", "itl_chunk", "tpot", "tpot_chunk", "e2e"):
         assert math.isnan(m[f"{name}_p50_ms"]) and math.isnan(m[f"{name}_mean_ms"])
     assert (m["completed"], m["errors"], m["errors_connect"], m["output_tok_s"]) == (0, 4, 4, 0.0)
     assert m["valid"] == 0.0

@@ -10,6 +10,10 @@ pollute TTFT/ITL (guidellm#444). Definitions (all latencies in ms):
 * Per-chunk ITL (``itl_chunk_*``): one sample g per gap between token-carrying chunks (the
   vLLM / bench_serving OpenAI-backend convention).
 * TPOT: per request (e2e - ttft) / (output_tokens - 1), requests with >= 2 output tokens.
+* Per-chunk TPOT (``tpot_chunk_*``): per request (e2e - ttft) / (token-carrying chunks - 1), requests
+  with >= 2 such chunks: the time per chunk a client waits. Equal to TPOT when every chunk carries one
+  token; with speculative decoding each chunk is one verify's accepted tokens, and the two differ by
+  the accept length.
 * E2E: send -> end of stream ([DONE]).
 
 Latency statistics are NaN (never 0) when no sample exists.
@@ -39,7 +43,7 @@ from .window import (
 
 NAN = float("nan")
 STATS: tuple[str, ...] = ("mean", "p50", "p90", "p95", "p99", "max")
-LATENCIES: tuple[str, ...] = ("ttft", "itl", "itl_chunk", "tpot", "e2e")
+LATENCIES: tuple[str, ...] = ("ttft", "itl", "itl_chunk", "tpot", "tpot_chunk", "e2e")
 
 DEFAULT_LAG_THRESHOLD_MS = 20.0
 CONCURRENCY_TOLERANCE = 0.95  # closed loop: achieved >= 95 % of the target
@@ -147,7 +151,10 @@ def latency_samples(records: Iterable[RequestRecord]) -> dict[str, np.ndarray]:
     gaps = (times[1:] - times[:-1])[follows] * 1000.0
     counts = tokens[1:][follows]
     itl = np.repeat(gaps / counts, counts)
-    return {"e2e": e2e, "ttft": ttft, "tpot": tpot, "itl_chunk": gaps, "itl": itl}
+    per_request = np.bincount(owner, minlength=len(started)).astype(float)
+    many = per_request > 1
+    tpot_chunk = (e2e[started][many] - ttft[many]) / (per_request[many] - 1)
+    return {"e2e": e2e, "ttft": ttft, "tpot": tpot, "tpot_chunk": tpot_chunk, "itl_chunk": gaps, "itl": itl}
 
 
 def ttft_split(records: Iterable[RequestRecord]) -> dict[str, float]:

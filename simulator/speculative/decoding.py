@@ -7,13 +7,13 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from simulator.costs import CostModel, CostParams, Parallel
 from simulator.model_spec import ModelSpec
 from simulator.speculative.acceptance import Acceptance, parse_acceptance
 from simulator.speculative.drafts import draft_spec
-from simulator.speculative.iteration import SpecIteration
+from simulator.speculative.iteration import PARTS, IterationParts, SpecIteration
 from simulator.speculative.params import SpecParams
 from vocab.hardware import HardwareConf
 
@@ -31,6 +31,13 @@ class SpecStats:
     total_verifies: int = 0
     total_tokens: int = 0
     calls: int = 0  # verify forwards (sglang:spec_verify_calls_total)
+    # simulated GPU seconds of the iterations launched, by part (draft passes, verify, draft extend,
+    # tree kernels): where speculation spends the GPU (parasweep_sim:spec_busy_seconds)
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
+
+    def busy(self, parts: IterationParts) -> None:
+        for name in PARTS:
+            self.seconds[name] += getattr(parts, name)
 
     def add(self, requests: int, tokens: int) -> None:
         self.verifies += requests

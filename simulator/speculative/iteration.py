@@ -39,6 +39,9 @@ def _step_shape(context_lens: list[int] | tuple[int, ...], width: int) -> BatchS
                       attn_ctx=float(width * ctx + b * width * (width + 1) / 2), decode=True, width=width)
 
 
+PARTS = ("draft", "verify", "extend", "kernels")
+
+
 @dataclass(frozen=True)
 class IterationParts:
     """Seconds of one speculative iteration by part; ``total`` is their sum."""
