@@ -94,3 +94,26 @@ def test_the_long_context_suggestions_are_sglang_flags(workdir: Path) -> None:
     assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
     i = argv.index("--enable-mixed-chunk")
     assert i == len(argv) - 1 or argv[i + 1].startswith("--")  # a flag without a value
+
+
+@pytest.mark.parametrize(("experiment", "algorithms"), [
+    ("spec-decode", [None, ("EAGLE3", "1"), ("EAGLE3", "3"), ("EAGLE3", None)]),
+    ("spec-decode-kimi-pcie", [None, ("EAGLE3", "1"), ("EAGLE3", None)]),
+])
+def test_dry_run_of_the_speculative_experiments_on_sglang(workdir: Path, experiment: str,
+                                                          algorithms: list) -> None:
+    # each trial's SGLang command: the draft head the model names, SGLang's own steps where unset
+    result = run_cli(["dry_run=true", "engine=sglang", "ray.num_gpus=8", "-m", f"experiment={experiment}"],
+                     workdir)
+    assert result.returncode == 0, result.stderr
+    argvs = [json.loads(line[len("argv: "):]) for line in result.stdout.splitlines()
+             if line.startswith("argv: ")]
+    seen = []
+    for argv in argvs:
+        if "--speculative-algorithm" not in argv:
+            seen.append(None)
+            continue
+        assert "eagle3-" in argv[argv.index("--speculative-draft-model-path") + 1]
+        steps = argv[argv.index("--speculative-num-steps") + 1] if "--speculative-num-steps" in argv else None
+        seen.append((argv[argv.index("--speculative-algorithm") + 1], steps))
+    assert seen == algorithms
