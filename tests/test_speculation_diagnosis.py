@@ -70,3 +70,10 @@ def test_a_compute_bound_verify_at_concurrency_128_is_told_to_draft_less(tmp_pat
     assert fewer["change_pct"]["output_tok_s"] > 10
     assert off["change_pct"]["itl_p99_ms"] < 0
     assert "speculation_would_pay" not in found
+
+
+def test_a_pipelined_trial_is_not_told_to_speculate(tmp_path: Path) -> None:
+    # SGLang runs speculation with a pipeline only behind a switch parasweep does not set
+    cfg = llama(1)
+    cfg.pp.size = 2
+    assert "speculation_would_pay" not in diagnosed(cfg, tmp_path)

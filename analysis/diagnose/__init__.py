@@ -52,8 +52,8 @@ prefix_cache_thrash  ``cache_hit_rate`` < 0.8 x ``offered_hit_rate`` (and   the 
                      (not with DP behind round-robin: the split rule)       prompts the client sent
 prefix_cache_split   dp > 1 behind round-robin, offered >= 20 % and the     the same
                      hit rate >= 5 points below it
-speculation_would_pay spec off, a draft for the model, and at the least      cost model estimate
-                     loaded point < 8 requests per replica with a step
+speculation_would_pay spec off, pp = 1, a draft for the model, and at the    cost model estimate
+                     least loaded point < 8 requests per replica with a step
                      within 2x its memory-bound floor
 speculation_costs    spec on, and at the busiest point the cost model's     cost model estimate; accept
                      verify >= 1.5 plain steps (one draft step already:     length: engine log / metrics
