@@ -29,9 +29,9 @@ def speculation_would_pay(f: TrialFacts) -> list[Finding]:
     """Speculation is off, the model has a draft, there is no pipeline (SGLang runs speculation with one
     only for EAGLE behind an environment switch parasweep does not set), and at the least loaded valid
     closed-loop point each replica decodes fewer than 8 requests a step, a step the cost model prices at
-    no more than twice its memory-bound floor: the weights are streamed for a handful of tokens, so verifying several at
-    once costs little more. The change turns on the first draft the model has; the rest are
-    alternatives. Judged on throughput (at such loads, each request's own token rate)."""
+    no more than twice its memory-bound floor: the weights are streamed for a handful of tokens, so
+    verifying several at once costs little more. The change turns on the first draft the model has; the
+    rest are alternatives. Judged on throughput (at such loads, each request's own token rate)."""
     if f.spec_algorithm != "none" or not f.spec_drafts or f.pp_size > 1:
         return []
     for label in reversed(by_load(f, [x for x in _valid(f) if x in f.concurrency])):
