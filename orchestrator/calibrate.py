@@ -27,7 +27,10 @@ from typing import Any
 
 import yaml
 
+from orchestrator.engines.sglang_compat.speculative import ALGORITHMS
 from orchestrator.errors import UserError
+from vocab.assets import model_dir
+from vocab.telemetry import SPEC_ACCEPT_LEN
 
 # The constants a run can tell apart. Where each lives (CostParams or the hardware profile) is the
 # calibration profile's own rule: simulator.calibration's field sets.
@@ -70,6 +73,8 @@ class TrialData:
     cfg: Any  # ParasweepConf
     measured: dict[str, dict[str, float]]  # point label -> metric -> value
     engine: str = ""  # the run's parasweep.engine tag: sglang (measured), sim or sim-predict (simulated)
+    # speculative decoding: point label -> the accept length the engine reported (spec_accept_len_mean)
+    accept: dict[str, float] = field(default_factory=dict)
 
     @property
     def simulated(self) -> bool:
@@ -106,7 +111,6 @@ def read_run(run_id: str, uri: str | None) -> list[TrialData]:
     from orchestrator.config.validate import typed_config
     from orchestrator.redact import redact_url
     from orchestrator.store.tracking import tracking_uri
-    from vocab.assets import model_dir
     from vocab.metric_keys import point_metrics
     from vocab.status import RunKind, Tag
 
@@ -144,8 +148,10 @@ def read_run(run_id: str, uri: str | None) -> list[TrialData]:
                 raise CalibrationInputError(
                     f"--run {run_id}: trial {r.info.run_name} ran model {cfg.model.name} ({cfg.model.path}), "
                     "which has no config.json here; add its HF config directory under models/ first")
+            accept = {str(p): m[SPEC_ACCEPT_LEN] for p, m in point_metrics(r.data.metrics).items()
+                      if str(p) in measured and SPEC_ACCEPT_LEN in m and m[SPEC_ACCEPT_LEN] >= 1}
             trials.append(TrialData(r.info.run_id, r.info.run_name or r.info.run_id, cfg, measured,
-                                    r.data.tags.get(Tag.ENGINE, "")))
+                                    r.data.tags.get(Tag.ENGINE, ""), accept))
     if not trials:
         raise CalibrationInputError(
             f"--run {run_id}: no trial with per-point metrics ({', '.join(RUN_METRICS)}) and a recorded "
@@ -327,12 +333,46 @@ def run_calibration(fit: RunFit, trials: list[TrialData], run_id: str, name: str
                            "heldout_mape_after_pct": _mape(held, "error_after_pct"),
                            "evaluations": fit.evaluations, "rows": fit.rows})
     cal.fit["not_identified"] = dict(fit.unidentified)
+    cal.spec_acceptance = measured_acceptance(trials, run_id)
     for key, value in fit.fitted.items():
         if key in fit.unidentified:
             continue  # the points cannot tell it apart: it keeps the value it had
         getattr(cal, home(key))[key] = {
             "value": round(value, 6), "source": f"{source} (start {fit.start[key]:g})"}
     return cal
+
+
+def measured_acceptance(trials: list[TrialData], run_id: str) -> dict[str, dict[str, Any]]:
+    """Per draft kind, the per-position acceptance the run's speculative trials measured: each trial's
+    mean accept length over its points, at the draft depth its engine ran (its spec keys, or SGLang's
+    own choice for the architecture), as the chain rate that accepts it; the median over trials."""
+    import statistics
+
+    from simulator.speculative.acceptance import rate_for_length
+    from simulator.speculative.params import auto_params
+    from vocab.model import read_config_json
+
+    by_kind: dict[str, list[tuple[float, float, int, int]]] = {}
+    for t in trials:
+        s = t.cfg.spec
+        if s.algorithm in ("none", "ngram") or not t.accept:
+            continue
+        arch = (read_config_json(model_dir(t.cfg.model.path)).get("architectures") or ["?"])[0]
+        steps, _, tokens = auto_params(ALGORITHMS[s.algorithm], arch)
+        if s.num_steps is not None:
+            steps, tokens = s.num_steps, s.num_draft_tokens or s.num_steps + 1
+        depth = max(1, min(steps, tokens - 1))
+        length = min(sum(t.accept.values()) / len(t.accept), depth + 1.0)
+        by_kind.setdefault(s.algorithm, []).append((rate_for_length(length, depth), length, depth,
+                                                    len(t.accept)))
+    out = {}
+    for kind, rows in by_kind.items():
+        what = "; ".join(f"{length:.2f} at {depth} steps over {n} point(s)" for _, length, depth, n in rows)
+        simulated = " (on the simulated engine: the simulator's own acceptance, not measured)" if any(
+            t.simulated for t in trials if t.cfg.spec.algorithm == kind) else ""
+        out[kind] = {"value": round(statistics.median(r for r, *_ in rows), 4),
+                     "source": f"accept length {what}, run {run_id}{simulated}"}
+    return out
 
 
 def _mape(rows: list[dict[str, Any]], key: str) -> float:

@@ -11,6 +11,8 @@ A profile calibrates one hardware profile. It overrides fields of :class:`simula
       eta_mem: {value: 0.81, source: "fit to ... (n points, residual ...)"}
     hardware_overrides:                  # HardwareConf fields
       allreduce_latency_us: {value: 9.8, source: "..."}
+    spec_acceptance:                     # speculative decoding: a measured per-position acceptance
+      eagle3: {value: 0.71, source: "accept length 2.9 at 5 steps, measured over ..."}
     fit: {...}                           # residuals and held-out errors, free-form
 
 It is read by the simulated engine (``--sim-calibration PATH``; the orchestrator's config group
@@ -41,6 +43,9 @@ class Calibration:
     source: str = ""
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # {field: {value, source}}
     hardware_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # draft kind (eagle3, eagle, mtp, standalone, ngram) -> {value: per-position acceptance, source}: what a
+    # measured run accepted, used where the acceptance is left to ``auto``
+    spec_acceptance: dict[str, dict[str, Any]] = field(default_factory=dict)
     fit: dict[str, Any] = field(default_factory=dict)
 
     def apply(self, params: CostParams, hw: HardwareConf) -> tuple[CostParams, HardwareConf]:
@@ -71,6 +76,7 @@ def _check(entries: Any, known: set[str], what: str, where: str) -> dict[str, di
 
 
 PARAM_FIELDS = {f.name for f in dataclasses.fields(CostParams)}
+DRAFT_KINDS = {"eagle3", "eagle", "mtp", "standalone", "ngram"}
 HARDWARE_FIELDS = {f.name for f in dataclasses.fields(HardwareConf)
                    if f.type in ("float", float)}  # numbers only: names and text are not fitted
 
@@ -83,7 +89,17 @@ def calibration_from_dict(data: Any, where: str = "calibration") -> Calibration:
         params=_check(data.get("params"), PARAM_FIELDS, "params", where),
         hardware_overrides=_check(data.get("hardware_overrides"), HARDWARE_FIELDS, "hardware_overrides",
                                   where),
+        spec_acceptance=_rates(_check(data.get("spec_acceptance"), DRAFT_KINDS, "spec_acceptance", where),
+                               where),
         fit=dict(data.get("fit") or {}))
+
+
+def _rates(entries: dict[str, dict[str, Any]], where: str) -> dict[str, dict[str, Any]]:
+    for kind, entry in entries.items():
+        if not 0.0 <= entry["value"] <= 1.0:
+            raise CalibrationError(f"{where}: spec_acceptance.{kind}.value is a per-position acceptance in "
+                                   f"[0, 1], got {entry['value']}")
+    return entries
 
 
 def load_calibration(path: str | Path) -> Calibration:

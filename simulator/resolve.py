@@ -101,9 +101,12 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     except HardwareError as e:
         raise FlagError(str(e)) from e
     params = CostParams()
+    calibrated_acceptance: dict = {}
     if getattr(args, "sim_calibration", None):
         try:
-            params, hw = load_calibration(args.sim_calibration).apply(params, hw)
+            calibration = load_calibration(args.sim_calibration)
+            params, hw = calibration.apply(params, hw)
+            calibrated_acceptance = calibration.spec_acceptance
         except CalibrationError as e:
             raise FlagError(str(e)) from e
     if not Path(args.model_path).is_dir():
@@ -313,7 +316,8 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     decoding = None
     if speculative is not None and draft is not None:
         try:
-            decoding = build_spec_decoding(speculative, draft, cost, args.sim_spec_acceptance, price)
+            decoding = build_spec_decoding(speculative, draft, cost, args.sim_spec_acceptance, price,
+                                           calibrated_acceptance)
         except AcceptanceError as e:
             raise FlagError(f"--sim-spec-acceptance: {e}") from e
     seed = args.random_seed if args.random_seed is not None else random.randint(0, 1 << 30)

@@ -218,3 +218,45 @@ def test_the_searchs_ceiling_stays_a_bound_with_speculation() -> None:
         assert decode_ceiling(load_config(LLAMA + EAGLE3), 256, c).tok_s >= predicted
     assert decode_ceiling(load_config(LLAMA + EAGLE3), 256, 1).tok_s > 2 * decode_ceiling(
         load_config(LLAMA), 256, 1).tok_s
+
+
+def test_a_calibrated_acceptance_is_what_auto_takes(tmp_path: Path) -> None:
+    """A calibration profile's measured acceptance (``python -m orchestrator calibrate`` writes it from a
+    run's accept lengths) stands in for the published table under ``auto``; a given one still wins."""
+    import yaml
+
+    profile = tmp_path / "cal.yaml"
+    profile.write_text(yaml.safe_dump({"name": "t", "hardware": "h100-sxm-x8", "spec_acceptance": {
+        "eagle3": {"value": 0.6, "source": "accept length 2.2 at 5 steps over 3 point(s), run abc"}}}))
+    cfg = load_config([*LLAMA, *EAGLE3, "--sim-calibration", str(profile)])
+    assert cfg.speculative.acceptance.rates == (0.6,)
+    source = cfg.speculative.acceptance.source
+    assert "calibrated" in source and "run abc" in source
+    given = load_config([*LLAMA, *EAGLE3, "--sim-calibration", str(profile), "--sim-spec-acceptance", "2"])
+    assert given.speculative.expected_accept_length == pytest.approx(2.0)
+    profile.write_text(yaml.safe_dump({"name": "t", "hardware": "h100-sxm-x8",
+                                       "spec_acceptance": {"eagle3": {"value": 1.5}}}))
+    with pytest.raises(ValueError, match=r"spec_acceptance\.eagle3\.value is a per-position acceptance"):
+        load_config([*LLAMA, *EAGLE3, "--sim-calibration", str(profile)])
+
+
+def test_calibration_turns_a_runs_accept_lengths_into_a_per_position_rate() -> None:
+    from orchestrator.calibrate import TrialData, measured_acceptance
+    from orchestrator.config.schema import ParasweepConf
+
+    def trial(steps: int | None, accept: dict[str, float]) -> TrialData:
+        cfg = ParasweepConf()
+        cfg.model.path = "models/llama-3.1-8b"
+        cfg.spec.algorithm, cfg.spec.num_steps = "eagle3", steps
+        if steps == 1:
+            cfg.spec.topk = 1
+        return TrialData("r", "t", cfg, {}, "sglang", accept)
+
+    # SGLang's own 5 steps for Llama, and one step: each trial's mean at its own depth, then the median
+    out = measured_acceptance([trial(None, {"c1": 3.0, "c8": 3.2}), trial(1, {"c1": 1.7})], "run1")
+    rate = out["eagle3"]["value"]
+    expected = sorted([rate_for_length(3.1, 5), rate_for_length(1.7, 1)])
+    assert rate == pytest.approx(sum(expected) / 2, abs=1e-4)
+    source = out["eagle3"]["source"]
+    assert "3.10 at 5 steps over 2 point(s)" in source and "run run1" in source
+    assert measured_acceptance([trial(None, {})], "run1") == {}

@@ -200,6 +200,8 @@ class CalibrationConf:
     source: str = ""
     params: dict[str, Any] = field(default_factory=dict)  # cost-model constants: {value, source}
     hardware_overrides: dict[str, Any] = field(default_factory=dict)  # hardware fields: {value, source}
+    # speculative decoding: draft kind -> {value: per-position acceptance, source} measured by a run
+    spec_acceptance: dict[str, Any] = field(default_factory=dict)
     fit: dict[str, Any] = field(default_factory=dict)  # residuals and held-out errors
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from simulator.costs import CostModel, CostParams, Parallel
 from simulator.model_spec import ModelSpec
@@ -119,10 +120,21 @@ def _draft_parallel(par: Parallel) -> Parallel:
 
 
 def build_spec_decoding(params: SpecParams, draft: Draft, target_cost: CostModel, acceptance: str,
-                        price: Callable[[CostModel], object]) -> SpecDecoding:
+                        price: Callable[[CostModel], object],
+                        calibrated: Mapping[str, Mapping[str, Any]] | None = None) -> SpecDecoding:
     """The iteration priced on the server's own target cost model; ``price`` gives the draft's cost
-    model the same step-cost source (measured tables or the roofline)."""
-    acc = parse_acceptance(acceptance, _KINDS[params.asked], params.max_accept_length - 1)
+    model the same step-cost source (measured tables or the roofline). ``calibrated``: a calibration
+    profile's measured acceptance by draft kind, which ``auto`` takes before the published table."""
+    kind = _KINDS[params.asked]
+    depth = params.max_accept_length - 1
+    measured = (calibrated or {}).get(kind)
+    if measured is not None and acceptance.strip().startswith("auto"):
+        acc = parse_acceptance(f"rates:{measured['value']}", kind, depth)
+        if acc.forced_mean is None:  # SGLANG_SIMULATE_ACC_LEN still wins, as in SGLang
+            acc = dataclasses.replace(acc, source=f"calibrated: per-position rate {measured['value']:g}, "
+                                                  f"{measured.get('source', '')}")
+    else:
+        acc = parse_acceptance(acceptance, kind, depth)
     draft_cost = None
     if draft.spec is not None:
         draft_cost = CostModel(draft.spec, target_cost.hw, _draft_parallel(target_cost.par),
