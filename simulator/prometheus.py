@@ -104,9 +104,11 @@ class _ReplicaCollector(Collector):
             values.append(str(dp_rank))
         return names, values
 
-    def _speculative(self, params: SpecParams) -> Iterator[Metric]:
-        """SGLang 0.5.23's speculative series: the interval's accept length and rate, the draft's shape,
-        and the verify forwards so far."""
+    def _speculative(self, params: SpecParams | None) -> Iterator[Metric]:
+        """SGLang's speculative series. Every release sets its gauges at each decode log line, 0 without
+        speculation (0.5.23: accept length and rate, the draft's steps and tokens, and DSpark's cap and
+        block lengths, which are always 0 here); with speculation also the verify forwards so far and the
+        simulated GPU seconds of the iterations by part."""
         names, _ = self._rank_labels(0, 0)
         length = GaugeMetricFamily("sglang:spec_accept_length", "accepted drafts + bonus token per forward",
                                    labels=names)
@@ -114,6 +116,9 @@ class _ReplicaCollector(Collector):
         steps = GaugeMetricFamily("sglang:spec_num_steps", "speculative draft steps", labels=names)
         tokens = GaugeMetricFamily("sglang:spec_num_draft_tokens", "speculative draft tokens verified",
                                    labels=names)
+        zero = [GaugeMetricFamily(f"sglang:spec_{name}", doc, labels=names) for name, doc in (
+            ("cap_length", "DSpark confidence-scheduled verify window (0: no cap scheduled)"),
+            ("block_accept_length", "DSpark uncapped full-block accept length"))]
         calls = CounterMetricFamily("sglang:spec_verify_calls", "speculative verify forwards", labels=names)
         dp_names = ["dp_rank"] if self.cfg.dp > 1 else []
         busy = CounterMetricFamily("parasweep_sim:spec_busy_seconds",
@@ -124,12 +129,18 @@ class _ReplicaCollector(Collector):
                 _, values = self._rank_labels(dp_rank, pp_rank)
                 length.add_metric(values, sg.spec_accept_length)
                 rate.add_metric(values, sg.spec_accept_rate)
-                steps.add_metric(values, params.num_steps)
-                tokens.add_metric(values, params.num_draft_tokens)
-                calls.add_metric(values, rep.spec_stats.calls)
-            for part, seconds in rep.spec_stats.seconds.items():
-                busy.add_metric([*([str(dp_rank)] if self.cfg.dp > 1 else []), part], seconds)
-        yield from (length, rate, steps, tokens, calls, busy)
+                steps.add_metric(values, params.num_steps if params is not None else 0)
+                tokens.add_metric(values, params.num_draft_tokens if params is not None else 0)
+                for gauge in zero:
+                    gauge.add_metric(values, 0.0)
+                if params is not None:
+                    calls.add_metric(values, rep.spec_stats.calls)
+            if params is not None:
+                for part, seconds in rep.spec_stats.seconds.items():
+                    busy.add_metric([*([str(dp_rank)] if self.cfg.dp > 1 else []), part], seconds)
+        yield from (length, rate, *zero, steps, tokens)
+        if params is not None:
+            yield from (calls, busy)
 
     def collect(self) -> Iterator[Metric]:
         cfg = self.cfg
@@ -204,8 +215,7 @@ class _ReplicaCollector(Collector):
             steps.add_metric([*dpl, "prefill"], rep.prefill_steps)
             steps.add_metric([*dpl, "decode"], rep.decode_steps)
         yield from g.values()
-        if cfg.speculative is not None:
-            yield from self._speculative(cfg.speculative.params)
+        yield from self._speculative(cfg.speculative.params if cfg.speculative is not None else None)
         yield from (realtime, busy, busy_ratio, power, inflight, running_all, slot_reqs, steps)
         sim_time = GaugeMetricFamily("parasweep_sim:sim_time_seconds", "Simulated time since start.")
         sim_time.add_metric([], now)
