@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+
+from alternating import alternating_medians
 
 from simulator.predict import load_config, predict_trial
 from vocab.load import LoadPoint, RequestSpec
@@ -47,13 +48,9 @@ def main() -> None:
     for name, (base, spec) in TRIALS.items():
         # off: the same running-request cap speculation sets, so both admit the same batches
         argv = {"off": [*base, "--max-running-requests", "48"], "on": [*base, *spec]}
-        times: dict[str, list[float]] = {"off": [], "on": []}
-        for _ in range(args.repeats):
-            for mode in ("off", "on"):  # alternating: machine noise hits both alike
-                t = time.perf_counter()
-                predict_trial(argv[mode], POINTS, SPEC)
-                times[mode].append(time.perf_counter() - t)
-        off, on = statistics.median(times["off"]), statistics.median(times["on"])
+        runs = {mode: lambda mode=mode, argv=argv: predict_trial(argv[mode], POINTS, SPEC) for mode in argv}
+        medians = alternating_medians(runs, args.repeats)
+        off, on = medians["off"], medians["on"]
         ratios.append(on / off)
         print(f"{name:<22} {off:>8.3f} {on:>8.3f} {on / off:>9.2f}")
     print(f"median ratio on / off: {statistics.median(ratios):.2f} (goal: at most 1.5)")

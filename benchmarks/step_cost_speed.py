@@ -15,6 +15,8 @@ import statistics
 import time
 from pathlib import Path
 
+from alternating import alternating_medians
+
 from simulator.predict import load_config, predict_trial
 from vocab.load import LoadPoint, RequestSpec
 
@@ -45,13 +47,10 @@ def main() -> None:
     print(f"{'trial':<22} {'roofline s':>11} {'measured s':>11} {'measured / roofline':>20}")
     ratios = []
     for name, argv in TRIALS.items():
-        times: dict[str, list[float]] = {"roofline": [], "measured": []}
-        for _ in range(args.repeats):
-            for mode in ("roofline", "measured"):  # alternating: machine noise hits both alike
-                t = time.perf_counter()
-                predict_trial([*argv, "--sim-step-costs", mode], POINTS, SPEC)
-                times[mode].append(time.perf_counter() - t)
-        roof, meas = statistics.median(times["roofline"]), statistics.median(times["measured"])
+        medians = alternating_medians(
+            {mode: lambda mode=mode, argv=argv: predict_trial([*argv, "--sim-step-costs", mode], POINTS, SPEC)
+             for mode in ("roofline", "measured")}, args.repeats)
+        roof, meas = medians["roofline"], medians["measured"]
         ratios.append(meas / roof)
         print(f"{name:<22} {roof:>11.3f} {meas:>11.3f} {meas / roof:>20.2f}")
     print(f"median ratio measured / roofline: {statistics.median(ratios):.2f} (goal: at most 2.0)")

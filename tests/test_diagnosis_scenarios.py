@@ -47,7 +47,8 @@ def scenario(model: str, hardware: str, tp: int = 1, pp: int = 1, concurrency: i
     return cfg
 
 
-def diagnosed(cfg: ParasweepConf, tmp_path: Path) -> dict[str, Finding]:
+def predicted_findings(cfg: ParasweepConf, tmp_path: Path) -> list[Finding]:
+    """The trial ``cfg`` predicted in virtual time, diagnosed, every suggestion checked by prediction."""
     plan = make_plan(cfg, checked_engine(cfg), TrialIdentity(0, "scenario", tmp_path / "trial", ()))
     with VirtualSession(plan) as session:
         results = [session.run_point(p, plan.spec, tmp_path / "records.jsonl", lambda done, total: None)
@@ -55,7 +56,11 @@ def diagnosed(cfg: ParasweepConf, tmp_path: Path) -> dict[str, Finding]:
     assert session.gpu.source is GpuSource.SIMULATED
     facts = trial_facts(cfg, session.resolved, results, {}, session.gpu.source, "sim-predict")
     assert facts.engine == "sim-predict"
-    findings = check_findings(diagnose(facts), cfg, plan.points)
+    return check_findings(diagnose(facts), cfg, plan.points)
+
+
+def diagnosed(cfg: ParasweepConf, tmp_path: Path) -> dict[str, Finding]:
+    findings = predicted_findings(cfg, tmp_path)
     for f in findings:
         if f.id != "client_bound":  # advice about the measurement itself has no config change
             assert f.predicted_effect, f  # every suggestion was predicted before it was made

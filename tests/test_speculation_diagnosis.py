@@ -9,13 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.diagnose import diagnose
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.prediction.verdict import gain
-from orchestrator.trial.advice import check_findings
-from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
-from orchestrator.trial.session import VirtualSession
-from orchestrator.trial.summary import trial_facts
+from tests.test_diagnosis_scenarios import predicted_findings
 from vocab.findings import Finding
 from vocab.hardware import load_hardware
 
@@ -38,12 +34,7 @@ def llama(concurrency: int, algorithm: str = "none", **server: object) -> Parasw
 
 
 def diagnosed(cfg: ParasweepConf, tmp_path: Path) -> dict[str, Finding]:
-    plan = make_plan(cfg, checked_engine(cfg), TrialIdentity(0, "scenario", tmp_path / "trial", ()))
-    with VirtualSession(plan) as session:
-        results = [session.run_point(p, plan.spec, tmp_path / "records.jsonl", lambda done, total: None)
-                   for p in plan.points]
-    facts = trial_facts(cfg, session.resolved, results, {}, session.gpu.source, "sim-predict")
-    return {f.id: f for f in check_findings(diagnose(facts), cfg, plan.points)}
+    return {f.id: f for f in predicted_findings(cfg, tmp_path)}
 
 
 def test_speculation_is_suggested_at_concurrency_one_with_its_predicted_gain(tmp_path: Path) -> None:
