@@ -60,12 +60,25 @@ LOG_KEYWORDS = ("Decode batch", "Prefill batch", "KV Cache is allocated", "KV Ca
                 "mamba num", "#swa token", "#full token",
                 # speculative decoding: the batch line's acceptance, and the defaults it changes
                 "accept len: ", "accept rate: ", "Max running requests is reset",
-                "speculative_num_draft_tokens is", "spec v2", "speculative decoding does not support")
+                "speculative_num_draft_tokens is", "spec v2", "speculative decoding does not support",
+                # prefill/decode disaggregation: the queues each role's batch line adds, the start-up
+                # changes each role makes
+                "#bootstrap-req", "#prealloc-req", "#transfer-req", "#inflight-req", "pre-allocated usage",
+                "#retracted-req", "forced as chunk cache", "Radix cache is disabled for decode",
+                "Cuda graph is disabled for prefill")
 # server-argument checks that constrain what the adapter sets: kept when their source mentions one
 CHECK_WORDS = ("attn_dp_size", "dp_size", "tp_size", "pp_size", "ep_size", "moe_dp_size",
                "enable_dp_attention", "served_model_name", "pp_max_micro_batch_size", "pp_async_batch_depth",
                "speculative_algorithm", "speculative_eagle_topk", "speculative_num_draft_tokens",
-               "speculative decoding", "SGLANG_ENABLE_PP_SPEC")
+               "speculative decoding", "SGLANG_ENABLE_PP_SPEC",
+               "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_decode_tp",
+               "disaggregation_decode_dp", "disaggregation_prefill_pp",
+               "disaggregation_decode_allocation_policy", "disaggregation_decode_enable_radix_cache",
+               "smaller_tp")  # 0.5.9's prefill-against-decode TP check (validate_disagg_tp_size)
+# prefill/decode disaggregation: the server fields whose defaults the adapter and the simulated roles rely on
+PD_FIELDS = ("disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
+             "disaggregation_decode_polling_interval", "disaggregation_decode_allocation_policy",
+             "num_reserved_decode_tokens", "disaggregation_decode_extra_slots", "optimistic_prefill_attempts")
 CHECK_FILES = re.compile(r"^sglang/srt/(server_args\.py|arg_groups/[^/]+\.py)$")
 
 
@@ -425,6 +438,30 @@ def spec_auto_params(files: dict[str, str]) -> list[dict[str, object]]:
     return found
 
 
+# ---- prefill/decode disaggregation ------------------------------------------------------------------------
+
+def pd_facts(files: dict[str, str]) -> dict[str, object]:
+    """The transfer backends ``--disaggregation-transfer-backend`` accepts (the release's module-level
+    ``DISAGG_TRANSFER_BACKEND_CHOICES`` list) and the defaults of the PD fields in ``PD_FIELDS`` (class-level
+    annotated assignments of ``ServerArgs`` or, from 0.5.20, its namespace classes)."""
+    backends: list[object] = []
+    defaults: dict[str, object] = {}
+    # from 0.5.20 the fields live in the namespace classes of arg_groups/fields/
+    for _, tree in _trees(files, r"^sglang/srt/(server_args\.py|arg_groups/.+\.py)$"):
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id ==
+                                                    "DISAGG_TRANSFER_BACKEND_CHOICES" for t in node.targets):
+                value = _literal(node.value)
+                if isinstance(value, list):
+                    backends = value
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            for stmt in cls.body:
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) \
+                        and stmt.target.id in PD_FIELDS and stmt.value is not None:
+                    defaults[stmt.target.id] = _literal(stmt.value)
+    return {"transfer_backends": backends, "defaults": dict(sorted(defaults.items()))}
+
+
 # ---- the whole record ------------------------------------------------------------------------------------
 
 def facts(wheel: Path) -> dict[str, object]:
@@ -443,6 +480,7 @@ def facts(wheel: Path) -> dict[str, object]:
         "env": env_vars(files),
         "checks": checks(files),
         "spec_auto_params": spec_auto_params(files),
+        "pd": pd_facts(files),
     }
 
 

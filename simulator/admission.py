@@ -49,6 +49,8 @@ class Admission:
         self.computed_total = 0  # since start: prompt tokens computed
         # speculative decoding: slots each running request holds back for a step's drafts
         self.spec_headroom = cfg.speculative.kv_headroom if cfg.speculative is not None else 0
+        self.peak_kv_used = 0  # the most KV held since the last reset (predictions' kv_token_usage_max)
+        self.on_release: Callable[[], None] | None = None  # a decode server retries its pre-allocations
 
     @property
     def pool_tokens(self) -> int:
@@ -190,6 +192,18 @@ class Admission:
             for r in batch.mixed:
                 r.kv_tokens += 1
             self.kv_used += len(batch.mixed)
+        if self.held_tokens > self.peak_kv_used:
+            self.peak_kv_used = self.held_tokens
+
+    def preallocate(self, req: Request) -> None:
+        """Decode server: a pool row and the KV of ``req``'s whole prompt, taken before its KV arrives."""
+        self.pool_used += 1
+        if self.pool_used > self.peak_pool_used:
+            self.peak_pool_used = self.pool_used
+        req.kv_tokens = req.input_len
+        self.kv_used += req.input_len
+        if self.held_tokens > self.peak_kv_used:
+            self.peak_kv_used = self.held_tokens
 
     def commit_accepted(self, req: Request, tokens: int) -> None:
         """A speculative verify kept ``tokens`` accepted drafts of ``req`` beyond the one slot its step
@@ -252,6 +266,8 @@ class Admission:
             req.cache_node = None
         if req.aborted and req.notify is not None:
             req.notify()  # the client side learns that an aborted request is gone
+        if self.on_release is not None:
+            self.on_release()
 
     def flush_cache(self) -> bool:
         """Empty the prefix cache (``/flush_cache``); refused (False) while any request is admitted or

@@ -138,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--speculative-num-steps", type=int, default=None)
     a("--speculative-eagle-topk", type=int, default=None)
     a("--speculative-num-draft-tokens", type=int, default=None)
+    # prefill/decode disaggregation (simulator/disagg/)
+    a("--disaggregation-mode", default="null", choices=["null", "prefill", "decode"])
+    a("--disaggregation-transfer-backend", default="mooncake",
+      choices=["mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"])
+    a("--disaggregation-bootstrap-port", type=int, default=8998)
+    a("--num-reserved-decode-tokens", type=int, default=512)
+    a("--disaggregation-decode-polling-interval", type=int, default=1)
     # CUDA graphs / kernels
     a("--disable-cuda-graph", action="store_true")
     a("--cuda-graph-max-bs-decode", type=int, default=None)
@@ -168,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="with speculative decoding: how many drafted tokens the target accepts. auto:chat|code|math (the "
            "published accept lengths of the draft kind), a mean accept length, or rates:p1,p2,... (each "
            "draft position's acceptance given the one before); SGLANG_SIMULATE_ACC_LEN wins where set")
+    a("--sim-pd-node", type=int, default=0, metavar="N",
+      help="with --disaggregation-mode: the node of the deployment this server sits on (a prefill server "
+           "sends its KV over the GPUs' link to decode servers on its node, over the network to others)")
     a("--sim-time-scale", type=float, default=1.0, metavar="F",
       help="simulated seconds per wall-clock second (2.0 runs twice as fast)")
     _add_fault_flags(p)

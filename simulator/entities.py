@@ -15,6 +15,7 @@ import numpy as np
 
 from simulator.costs import BatchShape
 from simulator.prefix_cache import CacheNode
+from vocab.records import PD_TTFT_PARTS
 
 
 class Request:
@@ -31,6 +32,7 @@ class Request:
         "finished",
         "first_token_time",
         "forward_entry",
+        "handed_off",
         "input_len",
         "kv_reserved",
         "kv_tokens",
@@ -39,6 +41,7 @@ class Request:
         "max_new_tokens",
         "notify",
         "output_ids",
+        "pd",
         "prefilled",
         "prompt",
         "rid",
@@ -77,10 +80,54 @@ class Request:
         self.spec_verify_ct = 0  # speculative verifies it went through (SGLang's meta_info field)
         self.spec_correct_drafts = 0  # drafted tokens the target accepted over them
         self.notify: Callable[[], None] | None = None  # set by the client side; called on new output
+        # disaggregation: a prefill server's request, prefilled and handed to its transfer (it leaves the
+        # running batch but keeps its KV until the transfer completes)
+        self.handed_off = False
+        self.pd: PDTimes | None = None  # disaggregation: when each part of its first token happened
 
     @property
     def context_len(self) -> int:
         return self.input_len + len(self.output_ids)
+
+
+@dataclass
+class PDTimes:
+    """A disaggregated request's way to its first token, in model seconds: it reaches both servers, the
+    decode server pre-allocates its KV (the prefill server may compute from then on), the prefill server
+    admits it to a batch, finishes its last chunk, its KV arrives, the decode server streams the token.
+    The parts of its TTFT are the differences (``parts``)."""
+
+    arrival: float = -1.0
+    preallocated: float = -1.0
+    prefill_start: float = -1.0
+    prefill_end: float = -1.0
+    transferred: float = -1.0
+    first_token: float = -1.0
+    transfer_bytes: float = 0.0  # per GPU
+
+    def parts(self) -> dict[str, float]:
+        """Bootstrap wait, prefill queue, prefill compute, transfer, decode's first step (seconds), by
+        their names in ``vocab.records.PD_TTFT_PARTS``."""
+        bootstrap = max(self.preallocated, self.arrival)
+        values = (bootstrap - self.arrival, self.prefill_start - bootstrap,
+                  self.prefill_end - self.prefill_start, self.transferred - self.prefill_end,
+                  self.first_token - self.transferred)
+        return dict(zip(PD_TTFT_PARTS, values, strict=True))
+
+
+@dataclass(frozen=True)
+class PDQueues:
+    """A disaggregated server's own queues, as its batch lines and gauges report them: a prefill server's
+    bootstrap queue (waiting for their decode server) and inflight queue (prefilled, KV on the way); a
+    decode server's pre-allocation queue, its transfer queue (KV reserved, not arrived), the prompt tokens
+    reserved for those, and the prompt tokens still waiting to be reserved."""
+
+    bootstrap: int = 0
+    inflight: int = 0
+    prealloc: int = 0
+    transfer: int = 0
+    preallocated_tokens: int = 0
+    pending_tokens: int = 0
 
 
 @dataclass

@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +18,9 @@ from simulator.entities import Request
 from simulator.replica import ReplicaModel
 from simulator.router import Router
 from simulator.sim_config import SimConfig
+
+if TYPE_CHECKING:
+    from simulator.disagg.live import Bootstrap, LiveDecode, LivePrefill
 
 
 class BadRequest(Exception):
@@ -62,6 +66,7 @@ class Frontend:
         self.router = Router(cfg.router, cfg.dp)
         self._rid_seq = itertools.count(1)
         self._output_waiters: list[asyncio.Future] = []
+        self.pd: LivePrefill | LiveDecode | None = None  # a disaggregated server's role takes requests
         for rep in replicas:
             rep.output_hook = self._on_output
 
@@ -105,7 +110,12 @@ class Frontend:
         return Request(uuid.uuid4().hex, input_len, max(max_new, 1), cfg.random_seed * 1_000_003 + seq,
                        stream=stream, log_metrics=log_metrics, prompt=prompt)
 
-    def submit(self, reqs: list[Request]) -> None:
+    def submit(self, reqs: list[Request], bootstrap: Bootstrap | None = None) -> None:
+        """Each request to its replica, or to the server's PD role with the router's bootstrap fields."""
+        if self.pd is not None:
+            for req in reqs:
+                self.pd.submit(req, bootstrap)
+            return
         now = self.now()
         for req in reqs:
             i = self.router.pick(req.prompt, [rep.load for rep in self.replicas])

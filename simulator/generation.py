@@ -13,6 +13,7 @@ from collections.abc import Callable
 import orjson
 from aiohttp import web
 
+from simulator.disagg.live import Bootstrap
 from simulator.entities import Request
 from simulator.faults import HTTP_ERROR, HTTP_ERROR_MESSAGE, FaultInjector, StreamTap
 from simulator.frontend import BadRequest, Frontend
@@ -86,6 +87,9 @@ class GenerationAPI:
             meta["sim_e2e_latency"] = req.finish_time - req.arrival
         if n and req.last_token_time >= 0:
             meta["sim_token_time"] = req.last_token_time  # simulated time the latest token was emitted
+        if req.pd is not None and req.first_token_time >= 0:  # a decode server: its TTFT's parts
+            meta.update({f"sim_pd_{part}_s": value for part, value in req.pd.parts().items()})
+            meta["sim_pd_transfer_bytes"] = req.pd.transfer_bytes
         return meta
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -111,7 +115,7 @@ class GenerationAPI:
             return json_response({"error": {"message": str(e)}}, 400)
         if fault == HTTP_ERROR:
             return json_response({"error": {"message": HTTP_ERROR_MESSAGE}}, 500)
-        self.frontend.submit(reqs)
+        self.frontend.submit(reqs, Bootstrap.of(body))
         with_text = not self.cfg.args.skip_tokenizer_init
         if not stream:
             await self.frontend.wait_all(reqs)
@@ -198,7 +202,7 @@ class GenerationAPI:
                       fault: str | None) -> web.StreamResponse:
         if fault == HTTP_ERROR:
             return openai_error(HTTP_ERROR_MESSAGE, 500, "InternalServerError")
-        self.frontend.submit(reqs)
+        self.frontend.submit(reqs, Bootstrap.of(body))
         model = body.get("model") or self.cfg.served_model_name
         created = int(time.time())
         rid = reqs[0].rid

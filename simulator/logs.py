@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from simulator.entities import PDQueues
 from simulator.sim_config import GIB, SimConfig
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
@@ -76,22 +77,33 @@ def rank_tag(cfg: SimConfig, pp_rank: int, tp_rank: int = 0, dp_rank: int = 0) -
 
 
 def decode_line(batch_size: int, used: int, usage: float, cuda_graph: bool, gen_tput: float,
-                queue: int, spec: tuple[float, float] | None = None) -> str:
+                queue: int, spec: tuple[float, float] | None = None, pd: tuple[float, PDQueues] | None = None
+                ) -> str:
     """SGLang 0.5.23's decode batch line; with speculative decoding, the interval's accept length and
-    accept rate after the token usage."""
+    accept rate after the token usage; on a decode server (``pd``: the pre-allocated share of the pool and
+    the queues), its pre-allocation and transfer queues after those."""
     accept = f"accept len: {spec[0]:.2f}, accept rate: {spec[1]:.2f}, " if spec is not None else ""
+    role = ""
+    if pd is not None:
+        share, q = pd
+        role = (f"pre-allocated usage: {share:.2f}, #prealloc-req: {q.prealloc}, "
+                f"#transfer-req: {q.transfer}, #retracted-req: 0, ")
     return (
-        f"Decode batch, #running-req: {batch_size}, #token: {used}, token usage: {usage:.2f}, {accept}"
+        f"Decode batch, #running-req: {batch_size}, #token: {used}, token usage: {usage:.2f}, {accept}{role}"
         f"cuda graph: {cuda_graph}, gen throughput (token/s): {gen_tput:.2f}, #queue-req: {queue}"
     )
 
 
 def prefill_line(new_seq: int, new_tok: int, cached_tok: int, usage: float, running: int, queue: int,
-                 pending: int, input_tput: float) -> str:
+                 pending: int, input_tput: float, pd: PDQueues | None = None) -> str:
+    """SGLang 0.5.23's prefill batch line; on a prefill server (``pd``), its bootstrap and inflight
+    queues before the graph flag (no optimistic prefill: ``--optimistic-prefill-attempts`` is 0)."""
+    role = (f"#bootstrap-req: {pd.bootstrap}, #inflight-req: {pd.inflight}, #optimistic-req: 0, "
+            if pd is not None else "")
     return (
         f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_tok}, #cached-token: {cached_tok}, "
         f"token usage: {usage:.2f}, #running-req: {running}, #queue-req: {queue}, "
-        f"#pending-token: {pending}, cuda graph: False, input throughput (token/s): {input_tput:.2f}"
+        f"#pending-token: {pending}, {role}cuda graph: False, input throughput (token/s): {input_tput:.2f}"
     )
 
 

@@ -59,8 +59,9 @@ class Reporter:
         self.gauges.cache_hit_rate = n_cached / (n_tokens + n_cached) if n_tokens + n_cached else 0.0
         adm = replica.admission
         tput = replica.input_throughput_and_reset()
+        pd = replica.pd_queues() if replica.pd_queues is not None else None
         msg = prefill_line(n_new, n_tokens, n_cached, usage, running, len(adm.waiting), adm.pending_tokens,
-                           tput)
+                           tput, pd)
         self.log.lines([(tag, msg) for tag in self.tags])
 
     def on_decode_log(self, replica: ReplicaModel, batch_size: int, cuda_graph: bool) -> None:
@@ -72,9 +73,20 @@ class Reporter:
             length = replica.spec_stats.interval()
             accept = (length, replica.spec.accept_rate(length))
             self.gauges.spec_accept_length, self.gauges.spec_accept_rate = accept
+        queue, pd = len(replica.admission.waiting), None
+        if replica.pd_queues is not None:  # a decode server: #queue-req counts those whose KV arrived
+            q = replica.pd_queues()
+            queue, pd = len(replica.kv_arrived), (q.preallocated_tokens / replica.admission.kv_capacity, q)
         msg = decode_line(batch_size, replica.admission.held_tokens, usage, cuda_graph,
-                          replica.last_gen_throughput, len(replica.admission.waiting), accept)
+                          replica.last_gen_throughput, queue, accept, pd)
         self.log.lines([(tag, msg) for tag in self.tags])
+
+    def on_kv_transferred(self, seconds: float, nbytes: float) -> None:
+        """A prefill server's request has all its KV at its decode server: SGLang observes the latency
+        (from the last chunk's forward), the speed and the size."""
+        if self.metrics is not None:
+            self.metrics.kv_transfer_latency_ms.observe(seconds * 1e3)
+            self.metrics.kv_transfer_total_mb.observe(nbytes / 1e6)
 
     def on_idle(self, replica: ReplicaModel) -> None:
         self._set(replica, 0)

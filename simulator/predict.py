@@ -65,12 +65,12 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+from collections.abc import Callable
 
 import numpy as np
 
-from simulator.admission import Admission
 from simulator.cli import build_parser
-from simulator.entities import Batch, Request
+from simulator.entities import Request
 from simulator.gpus import energy_j, mem_used_bytes, power_w
 from simulator.replica import ReplicaModel
 from simulator.resolve import FlagError, resolve
@@ -100,7 +100,8 @@ from vocab.telemetry import (
     per_stage,
 )
 
-__all__ = ["VirtualTrial", "load_config", "predict_point", "predict_trial", "resolved_server_info"]
+__all__ = ["VirtualTrial", "load_config", "predict_point", "predict_trial", "resolved_server_info",
+           "run_points"]
 
 # Closed loop: simulated seconds from a request's last token leaving the scheduler to the same worker's
 # next request reaching it. On one host this is detokenizer -> HTTP chunk -> client -> new HTTP request
@@ -170,20 +171,6 @@ def _server_prompt(spec: RequestSpec, body: dict) -> np.ndarray:
     return generate_prompts(body)[0][0]
 
 
-class _PeakKvAdmission(Admission):
-    """Admission that also keeps the highest KV use since the last reset (for ``kv_token_usage_max``).
-    KV grows only when a batch is launched (``store_kv``), so that is the one place to watch."""
-
-    def __init__(self, cfg: SimConfig, sim: Simulation) -> None:
-        super().__init__(cfg, lambda: sim.now)
-        self.peak_kv_used = 0
-
-    def store_kv(self, batch: Batch) -> None:
-        super().store_kv(batch)
-        if self.held_tokens > self.peak_kv_used:
-            self.peak_kv_used = self.held_tokens
-
-
 class VirtualTrial:
     """One engine instance (all DP replicas) on one virtual clock; load points run one after another."""
 
@@ -191,9 +178,6 @@ class VirtualTrial:
         self.cfg = cfg
         self.sim = Simulation()
         self.replicas = [ReplicaModel(cfg, self.sim) for _ in range(cfg.dp)]
-        self._kv = [_PeakKvAdmission(cfg, self.sim) for _ in self.replicas]
-        for rep, adm in zip(self.replicas, self._kv, strict=True):
-            rep.admission = adm  # before any request: nothing refers to the replaced one
         # busy seconds of every stage at the window's bounds: (when, {(replica, stage): seconds}); the
         # steady window, and the whole measured span for a point too short to have one
         self._marks: dict[str, tuple[float, dict[tuple[int, int], float]]] = {}
@@ -238,12 +222,7 @@ class VirtualTrial:
 
         point = as_sessions(point, spec)
         sim = self.sim
-        for rep in self.replicas:
-            rep.peak_in_flight = rep.in_flight
-            rep.admission.peak_pool_used = rep.admission.pool_used
-            # each point starts on an empty prefix cache, as the live trial flushes it between points
-            flushed = rep.admission.flush_cache()
-            assert flushed, "a point starts only once the previous one drained"
+        self._reset_point()
         self._marks = {}
         client = _VirtualClient(self, point, spec)
         client.start()
@@ -264,6 +243,14 @@ class VirtualTrial:
         reasons = validity_reasons(metrics, point)
         return PointResult(point, metrics, reasons, records)
 
+    def _reset_point(self) -> None:
+        for rep in self.replicas:
+            rep.peak_in_flight = rep.in_flight
+            rep.admission.peak_pool_used = rep.admission.pool_used
+            # each point starts on an empty prefix cache, as the live trial flushes it between points
+            flushed = rep.admission.flush_cache()
+            assert flushed, "a point starts only once the previous one drained"
+
     def mark(self, bound: str) -> None:
         """Keep the stages' busy time now as ``bound``: ``open``/``close`` (the steady window, see
         ``workloads.window``) or ``first``/``last`` (the first measured send, a measured request's end).
@@ -273,8 +260,8 @@ class VirtualTrial:
         self._marks[bound] = (now, {(r, s): rep.busy[s].busy_total(now) for r, rep in enumerate(self.replicas)
                                     for s in range(self.cfg.pp)})
         if bound == "open" or (bound == "first" and "open" not in self._marks):
-            for adm in self._kv:
-                adm.peak_kv_used = adm.held_tokens
+            for rep in self.replicas:
+                rep.admission.peak_kv_used = rep.admission.held_tokens
 
     def _telemetry(self, records: list[RequestRecord], output_tokens: float,
                    steady: bool) -> dict[str, float]:
@@ -291,7 +278,7 @@ class VirtualTrial:
         start, busy_start = self._marks[bounds[0]]
         end, busy_end = self._marks[bounds[1]]
         width = end - start
-        out[KV_USAGE_MAX] = max(adm.peak_kv_used / adm.kv_capacity for adm in self._kv)
+        out[KV_USAGE_MAX] = max(r.admission.peak_kv_used / r.admission.kv_capacity for r in self.replicas)
         if width <= 0:
             return out
         out.update(self._queue_and_running(records, start, end))
@@ -555,6 +542,8 @@ def record_emission(req: Request, rec: RequestRecord, now: float, emitted: int) 
         rec.first_token_time = now
         rec.server_queue_s = req.forward_entry - req.arrival  # the model's queue wait
         rec.cached_tokens = req.cached
+        if req.pd is not None:  # a disaggregated deployment: its TTFT's parts, as a decode server reports
+            rec.pd_parts_s = list(req.pd.parts().values())
     rec.chunk_times.append(now)
     rec.chunk_tokens.append(n - emitted)
     return n
@@ -572,10 +561,16 @@ def predict_trial(argv: list[str], points: list[LoadPoint], spec: RequestSpec,
     engine's PP stages turn their ring the same way whatever they served before.
     """
     engine = load_config(argv)
+    return run_points(lambda: VirtualTrial(engine), points, spec, send_spacing_s)
+
+
+def run_points(fresh: Callable[[], VirtualTrial], points: list[LoadPoint], spec: RequestSpec,
+               send_spacing_s: float = CLIENT_SEND_SPACING_S) -> list[PointResult]:
+    """Each point on a fresh engine (``fresh()``), one after another on one virtual clock."""
     results: list[PointResult] = []
     now = 0.0
     for p in points:
-        trial = VirtualTrial(engine)
+        trial = fresh()
         trial.send_spacing = send_spacing_s
         trial.sim.now = max(trial.sim.now, now)  # after its warm-up, and after the point before
         results.append(trial.run_point(p, spec))

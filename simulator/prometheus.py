@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from simulator.entities import PDQueues
 from simulator.gpus import power_w
 
 if TYPE_CHECKING:
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from simulator.speculative.params import SpecParams
 
 # SGLang's default buckets (observability/metrics_collector.py).
+# SGLang 0.5.23's buckets of a prefill server's KV transfer histograms (observability/metrics_collector.py)
+KV_TRANSFER_MS_BUCKETS = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000]
+KV_TRANSFER_MB_BUCKETS = [1, 5, 10, 50, 100, 500, 1000, 5000, 10000]
 TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
 ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
                0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0]
@@ -82,6 +86,14 @@ class PrometheusMetrics:
         self.prompt_tokens = {s: prompt.labels(model, "unified", str(s).lower()) for s in (True, False)}
         self.gen_tokens = {s: gen.labels(model, "unified", str(s).lower()) for s in (True, False)}
         self.num_requests = {s: nreq.labels(model, "unified", str(s).lower()) for s in (True, False)}
+        # disaggregation: a prefill server's KV transfers, as SGLang 0.5.23's histograms (per GPU bytes)
+        scheduler = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
+        latency = Histogram("sglang:kv_transfer_latency_ms", "KV transfer latency (simulated ms).",
+                            scheduler, buckets=KV_TRANSFER_MS_BUCKETS, registry=reg)
+        total = Histogram("sglang:kv_transfer_total_mb", "KV transferred per request (MB per GPU).",
+                          scheduler, buckets=KV_TRANSFER_MB_BUCKETS, registry=reg)
+        self.kv_transfer_latency_ms = latency.labels(model, "unified", "0", "0", "0")
+        self.kv_transfer_total_mb = total.labels(model, "unified", "0", "0", "0")
         reg.register(_ReplicaCollector(cfg, replicas, self.gauges, now, lag or (lambda: 0.0)))
 
 
@@ -103,6 +115,28 @@ class _ReplicaCollector(Collector):
             names.append("dp_rank")
             values.append(str(dp_rank))
         return names, values
+
+    def _disaggregation(self) -> Iterator[Metric]:
+        """SGLang's PD queue gauges (registered by every server, 0 outside a disaggregated role)."""
+        names, _ = self._rank_labels(0, 0)
+        docs = (("num_prefill_bootstrap_queue_reqs", "bootstrap"),
+                ("num_prefill_inflight_queue_reqs", "inflight"),
+                ("num_decode_prealloc_queue_reqs", "prealloc"),
+                ("num_decode_transfer_queue_reqs", "transfer"))
+        families = {field: GaugeMetricFamily(f"sglang:{name}", f"Requests in the {field} queue.",
+                                             labels=names) for name, field in docs}
+        pending = GaugeMetricFamily("sglang:pending_prealloc_token_usage",
+                                    "The token usage for pending preallocated tokens (not preallocated yet).",
+                                    labels=names)
+        for dp_rank, rep in enumerate(self.replicas):
+            q = rep.pd_queues() if rep.pd_queues is not None else PDQueues()
+            for pp_rank in range(self.cfg.pp):
+                _, values = self._rank_labels(dp_rank, pp_rank)
+                for field, family in families.items():
+                    family.add_metric(values, getattr(q, field))
+                pending.add_metric(values, q.pending_tokens / self.cfg.max_total_num_tokens)
+        yield from families.values()
+        yield pending
 
     def _speculative(self, params: SpecParams | None) -> Iterator[Metric]:
         """SGLang's speculative series. Every release sets its gauges at each decode log line, 0 without
@@ -215,6 +249,7 @@ class _ReplicaCollector(Collector):
             steps.add_metric([*dpl, "prefill"], rep.prefill_steps)
             steps.add_metric([*dpl, "decode"], rep.decode_steps)
         yield from g.values()
+        yield from self._disaggregation()
         yield from self._speculative(cfg.speculative.params if cfg.speculative is not None else None)
         yield from (realtime, busy, busy_ratio, power, inflight, running_all, slot_reqs, steps)
         sim_time = GaugeMetricFamily("parasweep_sim:sim_time_seconds", "Simulated time since start.")

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from simulator.admission import Admission
 from simulator.costs import decode_shape, prefill_shape
-from simulator.entities import Batch, Request, Slot, StageBusy
+from simulator.entities import Batch, PDQueues, Request, Slot, StageBusy
 from simulator.pp_loop import PipelineLoop
 from simulator.sim_config import SimConfig
 from simulator.speculative.decoding import SpecStats
@@ -34,6 +34,14 @@ class Observer(Protocol):
                          running: int) -> None: ...
     def on_decode_log(self, replica: ReplicaModel, batch_size: int, cuda_graph: bool) -> None: ...
     def on_idle(self, replica: ReplicaModel) -> None: ...
+    def on_kv_transferred(self, seconds: float, nbytes: float) -> None: ...
+
+
+class Handoff(Protocol):
+    """A prefill server's transfer side (``simulator/disagg/prefill_role.py``): told of every chunk whose
+    forward has run (the prompt tokens whose KV now leaves), and of the request whose last chunk it was."""
+
+    def chunk_done(self, req: Request, tokens: int, last: bool) -> None: ...
 
 
 class ReplicaModel:
@@ -84,6 +92,11 @@ class ReplicaModel:
         self.spec = cfg.speculative
         self.spec_stats = SpecStats()
         self._accept = self.spec.accept_sampler(cfg.random_seed) if self.spec is not None else None
+        # disaggregation: a prefill server hands each prefilled request to its transfer; a decode server
+        # takes requests whose KV has arrived into its running batch at its next turn
+        self.handoff: Handoff | None = None
+        self.kv_arrived: list[Request] = []
+        self.pd_queues: Callable[[], PDQueues] | None = None  # a disaggregated server's own queues
 
     # -- requests in -------------------------------------------------------------------------------------
 
@@ -119,7 +132,23 @@ class ReplicaModel:
     def holds(self, req: Request) -> bool:
         """Whether ``req`` is waiting, running or being prefilled on this replica."""
         adm = self.admission
-        return req in adm.waiting or adm.chunked_req is req or any(req in s.reqs for s in self.slots)
+        return req in adm.waiting or adm.chunked_req is req or any(req in s.reqs for s in self.slots) \
+            or req in self.kv_arrived
+
+    def release_handed_off(self, req: Request) -> None:
+        """Prefill server: ``req``'s KV has all arrived at its decode server: it is done here, and its pool
+        row and KV are free for the next ones."""
+        self._finish(req, self.sim.now, req.log_metrics and self.observer is not None)
+        self.admission.release(req)
+        if req.notify is not None:
+            req.notify()
+        self._wake()
+
+    def receive_kv(self, req: Request) -> None:
+        """Decode server: ``req``'s KV (pre-allocated earlier) has arrived with its first token; it joins
+        the running batch at the next turn."""
+        self.kv_arrived.append(req)
+        self._wake()
 
     # -- pp > 1: stage 0's part in the PP loop ------------------------------------------------------------
 
@@ -188,6 +217,8 @@ class ReplicaModel:
 
     def _build_batch(self, slot: Slot) -> Batch | None:
         adm = self.admission
+        if self.kv_arrived:
+            self._prebuild(slot)
         if any(r.finished for r in slot.reqs):  # aborted while the slot was idle
             adm.drop_finished(slot)
         if adm.has_work:
@@ -264,6 +295,9 @@ class ReplicaModel:
             self.admission.prefill_done(batch)
             self.prefill_steps += 1
             self.tokens_prefill_total += sum(it.tokens for it in batch.items)
+            if self.handoff is not None:
+                self._hand_off(batch)
+                return
             if batch.mixed:  # the running requests decoded in the same forward
                 reqs += batch.mixed
                 self.tokens_decode_total += len(batch.mixed)
@@ -294,6 +328,60 @@ class ReplicaModel:
                 self._finish(req, now, report)
             if req.notify is not None:
                 req.notify()
+        if self.output_hook is not None:
+            self.output_hook()
+
+    def first_token(self, req: Request) -> int:
+        """The token ``req`` starts with where no prefill server sampled it (the fake transfer backend)."""
+        return self._token(req)
+
+    def _token(self, req: Request) -> int:
+        """``req``'s next output token: deterministic per (seed, request, position), never an EOS id."""
+        tok = (req.token_seed * 2654435761 + len(req.output_ids) * 40503 + 12345) % self._vocab
+        while tok in self._eos:
+            tok = (tok + 1) % self._vocab
+        return tok
+
+    def _hand_off(self, batch: Batch) -> None:
+        """Prefill server: each chunk's KV leaves after its forward; a completed prompt's first token is
+        sampled and the request handed to its transfer (it leaves the batch, its KV stays until sent)."""
+        assert self.handoff is not None
+        now = self.sim.now
+        for it in batch.items:
+            req = it.req
+            if req.aborted:
+                continue
+            if it.last_chunk:
+                req.output_ids.append(self._token(req))
+                req.first_token_time = req.last_token_time = now
+                req.handed_off = True
+            # the decode server has no copy of a prefix this server found in its cache: it goes with the
+            # first chunk (SGLang sends cached pages early, before the forward)
+            sent = it.tokens + (req.cached if it.prefix == req.cached else 0)
+            self.handoff.chunk_done(req, sent, it.last_chunk)
+        if self.output_hook is not None:
+            self.output_hook()
+
+    def _prebuild(self, slot: Slot) -> None:
+        """Decode server: requests whose KV arrived join ``slot``'s running batch, their first token (the
+        prefill server's) streamed now: SGLang's prebuilt batch, which runs no forward."""
+        now, obs = self.sim.now, self.observer
+        for req in self.kv_arrived:
+            if req.finished:  # aborted while its KV was on the way
+                self.admission.release(req)
+                continue
+            slot.reqs.append(req)
+            req.first_token_time = req.last_token_time = now
+            if req.pd is not None:
+                req.pd.first_token = now
+            report = obs is not None and req.log_metrics
+            if report:
+                obs.on_first_token(req, now)
+            if len(req.output_ids) >= req.max_new_tokens:
+                self._finish(req, now, report)
+            if req.notify is not None:
+                req.notify()
+        self.kv_arrived = []
         if self.output_hook is not None:
             self.output_hook()
 
@@ -346,6 +434,8 @@ class ReplicaModel:
     def _return(self, slot: Slot, batch: Batch) -> None:
         slot.in_flight = None
         self.in_flight -= 1
+        if self.handoff is not None and not batch.decode:
+            slot.reqs = [r for r in slot.reqs if not r.handed_off]
         if any(r.finished for r in slot.reqs):
             self.admission.drop_finished(slot)
         if batch.decode:

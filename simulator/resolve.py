@@ -137,6 +137,13 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     if args.schedule_policy == "shortest-prefill-first" and args.disable_radix_cache:
         raise FlagError("Experimental shortest-prefill-first requires prefix caching "
                         "(drop --disable-radix-cache)")
+    if args.disaggregation_mode == "prefill" and args.disaggregation_transfer_backend == "fake":
+        raise FlagError("Prefill server does not support 'fake' as the transfer backend")
+    if args.disaggregation_mode != "null" and args.dp_size > 1:
+        raise FlagError("--dp-size > 1 with --disaggregation-mode is not modelled by the simulated engine")
+    if args.disaggregation_mode == "decode" and not args.disable_radix_cache:
+        args.disable_radix_cache = True  # SGLang 0.5.23's pd_disaggregation_hook, with this warning
+        warnings.append("Radix cache is disabled for decode server")
     if args.page_size is not None and args.page_size < 1:
         raise FlagError(f"page_size must be >= 1, got {args.page_size}")
     if args.decode_log_interval < 1:

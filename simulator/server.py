@@ -18,6 +18,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from simulator.disagg.live import TRANSFER_PATH, LiveDecode, LivePrefill, live_role
 from simulator.faults import FaultConf, FaultInjector, fail_start_out_of_memory, hold_readiness
 from simulator.frontend import Frontend
 from simulator.generation import GenerationAPI, json_response
@@ -51,6 +52,8 @@ class SimServer:
         for dp_rank, rep in enumerate(self.replicas):
             rep.observer = Reporter(cfg, log, self.metrics, dp_rank)
         self.frontend = Frontend(cfg, self.replicas, self.driver.now, loop)
+        # disaggregation: the server's role takes the requests (simulator/disagg/live.py)
+        self.frontend.pd = self.pd = live_role(cfg, self.sim, self.replicas[0], self.driver.now, loop, log)
         self.faults = FaultConf.from_args(cfg.args)
         self.generation = GenerationAPI(cfg, self.frontend,
                                         FaultInjector(self.faults, cfg, log, self.freeze_engine),
@@ -76,6 +79,8 @@ class SimServer:
         r.add_post("/v1/chat/completions", self.generation.chat)
         r.add_get("/metrics", self.metrics_handler)
         r.add_get(GPUS_PATH, self.gpus_handler)
+        if isinstance(self.pd, LivePrefill):  # served on the bootstrap port too
+            r.add_post(TRANSFER_PATH, self.pd.transfer)
         return app
 
     def freeze_engine(self) -> None:
@@ -207,12 +212,17 @@ async def _run(cfg: SimConfig, log: LogWriter) -> int:
                            shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, cfg.args.host, cfg.args.port, reuse_address=True)
-    try:
-        await site.start()
-    except OSError as e:
-        print(f"OSError: cannot bind {cfg.args.host}:{cfg.args.port}: {e}", file=sys.stderr, flush=True)
-        await runner.cleanup()
-        return 1
+    sites = [(site, cfg.args.port)]
+    if isinstance(server.pd, LivePrefill):  # the decode servers' bootstrap calls come here
+        port = cfg.args.disaggregation_bootstrap_port
+        sites.append((web.TCPSite(runner, cfg.args.host, port, reuse_address=True), port))
+    for one, port in sites:
+        try:
+            await one.start()
+        except OSError as e:
+            print(f"OSError: cannot bind {cfg.args.host}:{port}: {e}", file=sys.stderr, flush=True)
+            await runner.cleanup()
+            return 1
     if server.faults.active():
         log.warning(f"Simulated faults armed: {server.faults.active()}")
     nodes = NodeGroup(cfg.args.nnodes)
@@ -230,6 +240,8 @@ async def _run(cfg: SimConfig, log: LogWriter) -> int:
     await nodes.close()
     server.ready = False
     server.driver.stop()
+    if isinstance(server.pd, LiveDecode):
+        await server.pd.close()
     await runner.shutdown()
     await runner.cleanup()
     return code

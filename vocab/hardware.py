@@ -52,6 +52,18 @@ class HardwareConf:
         return self.num_gpus * self.nodes
 
 
+def place_servers(gpus: list[int], per_node: int) -> list[int]:
+    """The node of each of a deployment's servers (their GPU counts, in order): each takes the next GPUs
+    of the current node, or the next node when they do not fit (a server never spans nodes)."""
+    nodes, node, used = [], 0, 0
+    for n in gpus:
+        if used + n > per_node and used > 0:
+            node, used = node + 1, 0
+        nodes.append(node)
+        used += n
+    return nodes
+
+
 class HardwareError(ValueError):
     pass
 

@@ -43,6 +43,11 @@ ERROR_KINDS: tuple[str, ...] = (
 )
 
 
+# the parts of a disaggregated request's TTFT, in order: waiting for the decode server's pre-allocation,
+# queueing on the prefill server, its prefill, the KV transfer, the decode server's first step
+PD_TTFT_PARTS = ("bootstrap", "prefill_queue", "prefill", "transfer", "decode_first")
+
+
 @dataclass(slots=True)
 class RequestRecord:
     """What happened to one request. Times are epoch seconds on the load generator's clock (virtual
@@ -57,7 +62,9 @@ class RequestRecord:
     before its first forward (SGLang's ``/generate`` ``meta_info.queue_time``); None when the server
     does not report it (other APIs, metrics off). ``cached_tokens`` is the server's report of the
     prompt tokens it found in its prefix cache (``/generate``'s ``meta_info.cached_tokens``, or an
-    OpenAI usage's ``prompt_tokens_details.cached_tokens``); None when it reports none.
+    OpenAI usage's ``prompt_tokens_details.cached_tokens``); None when it reports none. ``pd_parts_s``
+    is a disaggregated deployment's account of the request's TTFT, in ``PD_TTFT_PARTS`` order (engine
+    seconds; the simulated decode server's ``meta_info.sim_pd_*_s``); None elsewhere.
     """
 
     point: str
@@ -78,6 +85,7 @@ class RequestRecord:
     http_status: int | None = None
     server_queue_s: float | None = None
     cached_tokens: int | None = None
+    pd_parts_s: list[float] | None = None
 
     @property
     def ok(self) -> bool:

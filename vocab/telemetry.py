@@ -105,6 +105,11 @@ STAGE_ACTIVITY_MIN = "stage_activity_min"
 STAGE_ACTIVITY_MAX = "stage_activity_max"
 KV_USAGE_MAX = "kv_token_usage_max"            # KV pool usage (0..1), highest reported
 RETRACTED = "retracted_reqs"                   # requests retracted (KV pool full) in the window
+# disaggregation: each role's mean GPU utilisation, the KV a request moved (MB per GPU), and the mean of
+# each part of the TTFT (pd_ttft_part: bootstrap, prefill_queue, prefill, transfer, decode_first)
+PD_PREFILL_UTIL = "pd_prefill_util_pct"
+PD_DECODE_UTIL = "pd_decode_util_pct"
+PD_TRANSFER_MB = "pd_transfer_mb_per_gpu"
 QUEUE_GROWTH = "queue_growth_req_s"            # slope of the waiting queue over the window
 RUNNING_MEAN = "running_reqs_mean"             # mean over stages of each stage's mean running requests
 QUEUE_MEAN = "queue_reqs_mean"                 # mean waiting requests, each DP replica read once, summed
@@ -136,3 +141,8 @@ def per_replica(rank: int, name: str) -> str:
 def per_stage(stage: int, name: str) -> str:
     """``stage2_activity_mean``, ``stage2_running_mean``, ``stage2_queue_mean``."""
     return f"stage{stage}_{name}"
+
+
+def pd_ttft_part(part: str) -> str:
+    """The metric of one part of a disaggregated request's TTFT (mean over the window, ms)."""
+    return f"pd_ttft_{part}_ms"

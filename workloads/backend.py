@@ -126,6 +126,7 @@ async def send_request(pool: Pool, req: PreparedRequest, api: str, rec: RequestR
         rec.finish_reason = state.finish_reason
         rec.server_queue_s = state.server_queue_s
         rec.cached_tokens = state.cached_tokens
+        rec.pd_parts_s = state.pd_parts_s
 
 
 def account_events(events: list[bytes], state: StreamState, t: float, rec: RequestRecord) -> bool:

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from vocab.load import LoadPoint
-from vocab.records import ERROR_KINDS, RequestRecord
+from vocab.records import ERROR_KINDS, PD_TTFT_PARTS, RequestRecord
+from vocab.telemetry import pd_ttft_part
 
 from .length_classes import class_metrics
 from .prefix_reuse import achieved_reuse
@@ -155,6 +156,16 @@ def latency_samples(records: Iterable[RequestRecord]) -> dict[str, np.ndarray]:
     many = per_request > 1
     tpot_chunk = (e2e[started][many] - ttft[many]) / (per_request[many] - 1)
     return {"e2e": e2e, "ttft": ttft, "tpot": tpot, "tpot_chunk": tpot_chunk, "itl_chunk": gaps, "itl": itl}
+
+
+def pd_ttft_parts(records: Iterable[RequestRecord]) -> dict[str, float]:
+    """A disaggregated deployment's TTFT by its parts (``PD_TTFT_PARTS``): the mean of each over the
+    successful requests whose server reported them, ``pd_ttft_<part>_ms``; {} when none did."""
+    parts = [r.pd_parts_s for r in records if r.error is None and r.pd_parts_s is not None]
+    if not parts:
+        return {}
+    means = np.asarray(parts, dtype=float).mean(axis=0) * 1000.0
+    return {pd_ttft_part(name): float(v) for name, v in zip(PD_TTFT_PARTS, means, strict=True)}
 
 
 def ttft_split(records: Iterable[RequestRecord]) -> dict[str, float]:
@@ -288,6 +299,7 @@ def summarize(
     for name in LATENCIES:
         m.update(_stats(name, samples[name]))
     m.update(ttft_split(ok))
+    m.update(pd_ttft_parts(ok))
     m.update(class_metrics(ok))  # per prompt-length class, where lengths vary
 
     n_measured = len(measured)

@@ -19,6 +19,9 @@ from typing import Any
 
 import orjson
 
+from vocab.records import PD_TTFT_PARTS
+
+_PD_FIRST = f"sim_pd_{PD_TTFT_PARTS[0]}_s"  # a simulated decode server's meta_info carries the TTFT's parts
 
 class StreamError(Exception):
     """A per-request failure with its ``error_kind``."""
@@ -62,6 +65,8 @@ class StreamState:
         # /generate meta_info.queue_time, sent when the server runs with --enable-metrics)
         self.server_queue_s: float | None = None
         self.cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache
+        # a simulated decode server's account of the TTFT (meta_info.sim_pd_*_s, PD_TTFT_PARTS order)
+        self.pd_parts_s: list[float] | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -79,6 +84,11 @@ class GenerateStream(StreamState):
         if type(value) in (int, float) and value >= 0:
             self.server_queue_s = float(value)
 
+    def _pd_parts(self, meta: dict[str, Any]) -> None:
+        parts = [meta.get(f"sim_pd_{name}_s") for name in PD_TTFT_PARTS]
+        if all(type(v) in (int, float) for v in parts):
+            self.pd_parts_s = [float(v) for v in parts]  # type: ignore[arg-type]
+
     def on_event(self, payload: bytes) -> int:
         # Fast path for a well-formed event; anything unusual takes the validating path below.
         try:
@@ -90,6 +100,8 @@ class GenerateStream(StreamState):
             cached = meta.get("cached_tokens")
             if type(cached) is int:
                 self.cached_tokens = cached
+            if self.pd_parts_s is None and _PD_FIRST in meta:
+                self._pd_parts(meta)
             if "error" not in obj and type(cumulative) is int and meta["finish_reason"] is None:
                 new = cumulative - self.counted
                 if new > 0:
@@ -117,6 +129,8 @@ class GenerateStream(StreamState):
             self._queue_time(meta["queue_time"])
         if type(meta.get("cached_tokens")) is int:
             self.cached_tokens = meta["cached_tokens"]
+        if self.pd_parts_s is None and _PD_FIRST in meta:
+            self._pd_parts(meta)
         finish = meta.get("finish_reason")
         if isinstance(finish, dict):
             self.finish_reason = str(finish.get("type"))

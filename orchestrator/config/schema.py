@@ -13,7 +13,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from vocab.hardware import HardwareConf
+from vocab.hardware import HardwareConf, place_servers
 
 
 @dataclass
@@ -107,6 +107,42 @@ class SpecConf:
     # published accept lengths of the draft kind on the workload's kind of text), a mean accept length
     # (tokens per request per verify, SGLang's "accept len"), or per-position rates [p1, p2, ...]
     acceptance: Any = "auto"
+
+
+@dataclass
+class PDRoleConf:
+    """One role of a disaggregated deployment (``pd.prefill``, ``pd.decode``): how many servers play it and
+    each server's layout and knobs. A null takes the trial's own value (``tp.size``, ``server.*``)."""
+
+    workers: int = 1
+    tp: int | None = None
+    pp: int | None = None
+    ep: int | None = None
+    dp: int | None = None
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    mem_fraction_static: float | None = None
+    extra_args: dict[str, Any] = field(default_factory=dict)  # over server.extra_args, for this role only
+
+
+@dataclass
+class PDConf:
+    """Prefill/decode disaggregation (``pd=<name>``, ``conf/pd/``; docs/disaggregation.md): prefill servers
+    and decode servers, the KV moved between them, the router in PD mode in front."""
+
+    enabled: bool = False
+    prefill: PDRoleConf = field(default_factory=PDRoleConf)
+    decode: PDRoleConf = field(default_factory=PDRoleConf)
+    transfer_backend: str = "mooncake"  # --disaggregation-transfer-backend: mooncake | nixl | mooncake_tcp
+    # each prefill server's bootstrap port: this and the next ones, one per prefill server (null: a free
+    # port each; SGLang's own default, 8998, fits one prefill server per host)
+    bootstrap_port: int | None = None
+    reserved_decode_tokens: int | None = None  # --num-reserved-decode-tokens (null: the engine's, 512)
+    policy: str = "round_robin"  # how the router pairs a prefill and a decode server: round_robin | random
+    # set for one server by the launcher, not for users: its role (prefill | decode) and the node of the
+    # deployment it sits on (which decides whether its KV crosses the network)
+    role: str = ""
+    node: int = 0
 
 
 @dataclass
@@ -266,7 +302,58 @@ class TrackingConf:
 
 
 def world_size(cfg: ParasweepConf) -> int:
+    """The GPUs a trial takes: its layout's, or with disaggregation every prefill and decode server's."""
+    if cfg.pd.enabled and not cfg.pd.role:
+        return sum(role_gpus(cfg, role) * getattr(cfg.pd, role).workers for role in PD_ROLES)
     return cfg.tp.size * cfg.pp.size * cfg.dp.size
+
+
+PD_ROLES = ("prefill", "decode")
+
+
+def role_gpus(cfg: ParasweepConf, role: str) -> int:
+    """The GPUs one server of ``role`` takes."""
+    r = getattr(cfg.pd, role)
+    return (r.tp or cfg.tp.size) * (r.pp or cfg.pp.size) * (r.dp or cfg.dp.size)
+
+
+def worker_config(cfg: ParasweepConf, role: str, index: int,
+                  bootstrap_port: int | None = None) -> ParasweepConf:
+    """The configuration of server ``index`` of ``role``: the role's, on its node of the deployment, a
+    prefill server with its own bootstrap port (``pd.bootstrap_port`` plus its index unless given)."""
+    from dataclasses import replace
+
+    one = role_config(cfg, role)
+    node = server_nodes(cfg)[index if role == "prefill" else cfg.pd.prefill.workers + index]
+    if role == "prefill" and bootstrap_port is None and cfg.pd.bootstrap_port is not None:
+        bootstrap_port = cfg.pd.bootstrap_port + index
+    return replace(one, pd=replace(one.pd, node=node, bootstrap_port=bootstrap_port))
+
+
+def server_nodes(cfg: ParasweepConf) -> list[int]:
+    """The node of each server of a disaggregated deployment, prefill servers first."""
+    gpus = [role_gpus(cfg, role) for role in PD_ROLES for _ in range(getattr(cfg.pd, role).workers)]
+    return place_servers(gpus, cfg.hardware.num_gpus)
+
+
+def role_config(cfg: ParasweepConf, role: str) -> ParasweepConf:
+    """The configuration one server of ``role`` is started with: the trial's, with the role's layout and
+    knobs where it sets them, marked with its role. Both roles' layouts are written out in ``pd`` (no
+    null left), so a role's server knows its peer's (SGLang 0.5.9 is told the decode side's TP)."""
+    from dataclasses import replace
+
+    def resolved(r: PDRoleConf) -> PDRoleConf:
+        return replace(r, tp=r.tp or cfg.tp.size, pp=r.pp or cfg.pp.size, ep=r.ep or cfg.ep.size,
+                       dp=r.dp or cfg.dp.size)
+
+    pd = replace(cfg.pd, prefill=resolved(cfg.pd.prefill), decode=resolved(cfg.pd.decode), role=role)
+    r = getattr(pd, role)
+    server = replace(cfg.server, extra_args={**cfg.server.extra_args, **r.extra_args},
+                     **{k: getattr(r, k) for k in ("max_running_requests", "chunked_prefill_size",
+                                                   "mem_fraction_static") if getattr(r, k) is not None})
+    return replace(cfg, tp=replace(cfg.tp, size=r.tp), ep=replace(cfg.ep, size=r.ep),
+                   pp=replace(cfg.pp, size=r.pp, async_depth=cfg.pp.async_depth if r.pp > 1 else 0),
+                   dp=replace(cfg.dp, size=r.dp), server=server, pd=pd)
 
 
 def router_process(cfg: ParasweepConf, engine: str) -> bool:
@@ -323,6 +410,7 @@ class ParasweepConf:
     dp: DPConf = field(default_factory=DPConf)
     server: ServerConf = field(default_factory=ServerConf)
     spec: SpecConf = field(default_factory=SpecConf)
+    pd: PDConf = field(default_factory=PDConf)
     workload: WorkloadConf = field(default_factory=WorkloadConf)
     telemetry: TelemetryConf = field(default_factory=TelemetryConf)
     tracking: TrackingConf = field(default_factory=TrackingConf)

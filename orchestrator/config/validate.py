@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.config.disagg import validate_pd
 from orchestrator.config.lengths import length_bounds
 from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import (
@@ -116,7 +117,7 @@ def _validate_across_nodes(cfg: ParasweepConf, ws: int) -> None:
     per_node, nodes = cfg.hardware.num_gpus, trial_nodes(cfg)
     if nodes == 1:
         return
-    if ws % per_node:
+    if ws % per_node and not cfg.pd.enabled:
         raise ConfigError("tp.size*pp.size*dp.size", ws,
                           f"a multiple of {per_node} (whole nodes of hardware {cfg.hardware.name})",
                           why=f"a trial across {nodes} nodes takes whole nodes")
@@ -124,11 +125,18 @@ def _validate_across_nodes(cfg: ParasweepConf, ws: int) -> None:
         raise ConfigError("dp.size", cfg.dp.size, "1 for a trial across nodes",
                           why="SGLang refuses data-parallel replicas across nodes (attention DP instead)")
     if not (cfg.predict or cfg.dry_run or joins_cluster(cfg.ray.address)):
-        raise ConfigError("tp.size*pp.size*dp.size", ws, f"at most {per_node} GPUs (one node) on the "
+        raise ConfigError(world_key(cfg), ws, f"at most {per_node} GPUs (one node) on the "
                           "sweep's own local Ray; across nodes: ray.address=auto or host:port of a Ray "
                           "cluster, or predict=true / dry_run=true",
                           why=f"spans {nodes} nodes of hardware {cfg.hardware.name}, one engine process "
                               "per node, and a local Ray is one node")
+
+
+def world_key(cfg: ParasweepConf) -> str:
+    """The keys a trial's world size is made of, for a message about it."""
+    if cfg.pd.enabled:
+        return "pd.prefill.workers*(tp*pp*dp)+pd.decode.workers*(tp*pp*dp)"
+    return "tp.size*pp.size*dp.size"
 
 
 def _positive(key: str, value: Any, allow_none: bool = False) -> None:
@@ -186,15 +194,17 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
     if cfg.dp.router not in DP_ROUTERS:
         raise ConfigError("dp.router", cfg.dp.router, ", ".join(DP_ROUTERS))
     _validate_router(cfg, engine)
+    validate_pd(cfg, engine)
     if not isinstance(cfg.server.radix_cache, bool):
         raise ConfigError("server.radix_cache", cfg.server.radix_cache, "true or false")
     gpus, where = available_gpus(cfg, engine)
     ws = world_size(cfg)
     if ws > gpus:
         fits = "the cluster" if cfg.hardware.nodes > 1 else "a node"
-        raise ConfigError("tp.size*pp.size*dp.size", ws, f"at most {gpus} ({where})",
-                          why=f"world size {cfg.tp.size}x{cfg.pp.size}x{cfg.dp.size} needs {ws} GPUs: "
-                              f"does not fit {fits}")
+        layout = ("the deployment" if cfg.pd.enabled
+                  else f"world size {cfg.tp.size}x{cfg.pp.size}x{cfg.dp.size}")
+        raise ConfigError(world_key(cfg), ws, f"at most {gpus} ({where})",
+                          why=f"{layout} needs {ws} GPUs: does not fit {fits}")
     _validate_across_nodes(cfg, ws)
 
     model = model_info(cfg.model.path)

@@ -15,7 +15,7 @@ import dataclasses
 import sys
 from collections.abc import Callable
 
-from orchestrator.config.schema import ParasweepConf, world_size
+from orchestrator.config.schema import PD_ROLES, ParasweepConf, role_gpus, worker_config, world_size
 from orchestrator.engines.base import HOST
 from simulator.router import BALANCE_ABS, BALANCE_REL, CACHE_THRESHOLD
 
@@ -31,10 +31,7 @@ def replica_config(cfg: ParasweepConf) -> ParasweepConf:
 def replica_gpus(visible: str | None, rank: int, per_replica: int) -> str:
     """Replica ``rank``'s ``CUDA_VISIBLE_DEVICES``: its slice of the trial's GPUs (the mask Ray set,
     else GPUs 0.. in order)."""
-    first = rank * per_replica
-    if not visible:
-        return ",".join(str(g) for g in range(first, first + per_replica))
-    return ",".join(g.strip() for g in visible.split(",")[first:first + per_replica])
+    return _gpu_slice(visible, rank * per_replica, per_replica)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +67,71 @@ def router_argv(cfg: ParasweepConf, port: int, prometheus_port: int, worker_urls
             "--cache-threshold", f"{CACHE_THRESHOLD:g}", "--balance-abs-threshold", str(BALANCE_ABS),
             "--balance-rel-threshold", f"{BALANCE_REL:g}",
             "--prometheus-host", HOST, "--prometheus-port", str(prometheus_port), "--log-level", "warn"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PDServer:
+    """One server of a disaggregated deployment: its role, index, command, port and GPUs."""
+
+    role: str
+    index: int
+    argv: list[str]
+    port: int
+    gpus: str
+    bootstrap_port: int | None  # prefill servers: where decode servers fetch their KV from
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} server {self.index}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PDLaunch:
+    """What a disaggregated trial starts: every server (prefill first, in placement order) and the
+    router in PD mode in front of them."""
+
+    servers: list[PDServer]
+    router: list[str]
+
+
+def pd_launch(cfg: ParasweepConf, server_argv: Callable[[ParasweepConf, int], list[str]],
+              ports: list[int], bootstrap_ports: list[int], router_port: int, prometheus_port: int,
+              visible: str | None, python: str = sys.executable) -> PDLaunch:
+    """Each server's command (``server_argv(its config, its port)``) on its slice of ``visible`` (the
+    GPUs in placement order: prefill servers first), one port each and a bootstrap port per prefill
+    server, and the router in PD mode on ``router_port``."""
+    servers, first = [], 0
+    for role in PD_ROLES:
+        per_server = role_gpus(cfg, role)
+        for i in range(getattr(cfg.pd, role).workers):
+            boot = bootstrap_ports[i] if role == "prefill" else None
+            one = worker_config(cfg, role, i, boot)
+            port = ports[len(servers)]
+            gpus = _gpu_slice(visible, first, per_server)
+            servers.append(PDServer(role, i, server_argv(one, port), port, gpus, boot))
+            first += per_server
+    return PDLaunch(servers, pd_router_argv(cfg, router_port, prometheus_port, servers, python))
+
+
+def _gpu_slice(visible: str | None, first: int, count: int) -> str:
+    if not visible:
+        return ",".join(str(g) for g in range(first, first + count))
+    return ",".join(g.strip() for g in visible.split(",")[first:first + count])
+
+
+def pd_router_argv(cfg: ParasweepConf, port: int, prometheus_port: int, servers: list[PDServer],
+                   python: str = sys.executable) -> list[str]:
+    """The router in PD mode: each prefill server with its bootstrap port, each decode server, the
+    pairing policy for both roles. With the fake backend there are decode servers only, and the router
+    runs as a plain router in front of them."""
+    urls = [(s, f"http://{HOST}:{s.port}") for s in servers]
+    prefill = [x for s, url in urls if s.role == "prefill" for x in ("--prefill", url, str(s.bootstrap_port))]
+    decode = [x for s, url in urls if s.role == "decode" for x in ("--decode", url)]
+    mode = ["--pd-disaggregation", *prefill, *decode] if prefill else \
+        ["--worker-urls", *(url for _, url in urls)]
+    return [python, "-m", ROUTER_MODULE, "--host", HOST, "--port", str(port), *mode,
+            "--policy", cfg.pd.policy, "--prometheus-host", HOST, "--prometheus-port", str(prometheus_port),
+            "--log-level", "warn"]
 
 
 def worker_urls(argv: list[str]) -> list[str]:

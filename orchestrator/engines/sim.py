@@ -6,16 +6,21 @@ import dataclasses
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
-from orchestrator.config.schema import ParasweepConf, SimFaultConf
+from orchestrator.config.schema import ParasweepConf, SimFaultConf, role_config
 from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace, sglang_flags
 from orchestrator.engines.sglang_compat.speculative import acceptance_flag
 from orchestrator.errors import ConfigError
 from orchestrator.redact import redact_mapping, redact_text, secret_values
 from vocab.assets import model_dir
+
+if TYPE_CHECKING:
+    from simulator.predict import VirtualTrial
 
 
 def _override_args(cfg: ParasweepConf) -> dict:
@@ -105,7 +110,8 @@ class SimEngine(Engine):
                 "--sim-step-costs", cfg.simulator.step_costs,
                 "--sim-time-scale", f"{cfg.engine.time_scale:g}", *fault_flags(cfg.engine.sim_faults),
                 *(["--sim-router", cfg.dp.router] if cfg.dp.router != "round_robin" else []),
-                *(["--sim-spec-acceptance", acceptance_flag(cfg)] if cfg.spec.algorithm != "none" else [])]
+                *(["--sim-spec-acceptance", acceptance_flag(cfg)] if cfg.spec.algorithm != "none" else []),
+                *(["--sim-pd-node", str(cfg.pd.node)] if cfg.pd.role and cfg.pd.node else [])]
 
     def prepare(self, cfg: ParasweepConf, trial_dir: Path) -> None:
         from dataclasses import asdict
@@ -133,3 +139,19 @@ def prediction_argv(cfg: ParasweepConf, workdir: Path) -> list[str]:
     sim = SimEngine()
     sim.prepare(cfg, workdir)
     return sim.simulator_flags(cfg, 30000, workdir)
+
+
+def virtual_trials(cfg: ParasweepConf, workdir: Path) -> Callable[[], VirtualTrial]:
+    """A maker of fresh engines configured as ``cfg`` (its files written under ``workdir``), each to run
+    load points on in virtual time: one engine with its DP replicas, or a disaggregated deployment's
+    prefill and decode servers. Raises ``ValueError`` as the engine would refuse to start."""
+    from simulator.predict import VirtualTrial, load_config
+
+    if not cfg.pd.enabled:
+        engine = load_config(prediction_argv(cfg, workdir))
+        return lambda: VirtualTrial(engine)
+    from simulator.predict_disagg import load_layout
+
+    decode = prediction_argv(role_config(cfg, "decode"), workdir)
+    prefill = prediction_argv(role_config(cfg, "prefill"), workdir) if cfg.pd.prefill.workers else []
+    return load_layout(prefill, decode, cfg.pd.prefill.workers, cfg.pd.decode.workers, cfg.pd.policy).fresh

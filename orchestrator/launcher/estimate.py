@@ -32,11 +32,11 @@ class TrialPrediction:
 
 def predict_trials(cfgs: list[ParasweepConf], scratch: Path,
                    budget_s: float = 10.0) -> list[TrialPrediction | None]:
-    from orchestrator.engines.sim import prediction_argv
+    from orchestrator.engines.sim import virtual_trials
     from orchestrator.points.plan import load_points, request_spec
 
     try:
-        from simulator.predict import predict_trial
+        from simulator.predict import run_points
     except ImportError:
         return [None] * len(cfgs)
     deadline = time.process_time() + budget_s
@@ -47,9 +47,9 @@ def predict_trials(cfgs: list[ParasweepConf], scratch: Path,
             out.append(None)
             continue
         try:
-            argv = prediction_argv(cfg, scratch / f"predict-{i}")
+            fresh = virtual_trials(cfg, scratch / f"predict-{i}")
             points = load_points(cfg)
-            results = predict_trial(argv, points, request_spec(cfg))
+            results = run_points(fresh, points, request_spec(cfg))
         except Exception as exc:  # e.g. a layout the simulator cannot model
             log.info("no prediction for trial %d: %s", i, (str(exc) or repr(exc)).splitlines()[0])
             out.append(None)

@@ -47,15 +47,13 @@ def predicted_durations(cfg: ParasweepConf, points: list[Any], spec_of: Callable
                         ) -> dict[str, float]:
     """Point label -> predicted request duration in seconds ({} where the model cannot predict the
     config). ``spec_of`` gives the config's request spec (asked inside: it reads the model)."""
-    from orchestrator.engines.sim import prediction_argv
-    from simulator.predict import VirtualTrial, load_config
+    from orchestrator.engines.sim import virtual_trials
 
     try:
         with tempfile.TemporaryDirectory(prefix="parasweep-ramp-") as tmp:
-            engine = load_config(prediction_argv(cfg, Path(tmp)))
+            fresh = virtual_trials(cfg, Path(tmp))
             spec = spec_of(cfg)
-            return {p.label: probe_duration(VirtualTrial(engine).run_point(duration_probe(p), spec))
-                    for p in points}
+            return {p.label: probe_duration(fresh().run_point(duration_probe(p), spec)) for p in points}
     except Exception as exc:  # a layout the model cannot run: no ramp rather than no trial
         log.info("workload.ramp=auto: no predicted request duration (%s); the streams start at once",
                  (str(exc) or repr(exc)).splitlines()[0])

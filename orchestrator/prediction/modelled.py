@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from analysis.diagnose import ENV_PREFIX, StepEstimate
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.validate import validate
-from orchestrator.engines.sim import prediction_argv
+from orchestrator.engines.sim import prediction_argv, virtual_trials
 from orchestrator.errors import ConfigError
 from orchestrator.points.plan import load_points, request_spec
 from simulator.sim_config import SimConfig
@@ -93,11 +93,11 @@ def engine_env(env: Mapping[str, str]) -> Iterator[None]:
 
 def predict_at(cfg: ParasweepConf, env: Mapping[str, str], point: LoadPoint | None) -> dict[str, float]:
     """The prediction of one load point (``None``: the config's first point) in virtual time."""
-    from simulator.predict import predict_point
+    from simulator.predict import run_points
 
     point = point or load_points(cfg)[0]
     with tempfile.TemporaryDirectory(prefix="parasweep-predict-") as tmp, engine_env(env):
-        return predict_point(prediction_argv(cfg, Path(tmp)), point, request_spec(cfg)).metrics
+        return run_points(virtual_trials(cfg, Path(tmp)), [point], request_spec(cfg))[0].metrics
 
 
 def configured_engine(cfg: ParasweepConf, env: Mapping[str, str]) -> SimConfig:
@@ -113,11 +113,10 @@ def configured_engine(cfg: ParasweepConf, env: Mapping[str, str]) -> SimConfig:
 def point_predictor(cfg: ParasweepConf, env: Mapping[str, str]) -> Callable[[LoadPoint], PointResult]:
     """Predict many load points of one config cheaply: the simulated engine is configured once and
     each point runs on a fresh engine in virtual time. Raises as ``configured_engine``."""
-    from simulator.predict import VirtualTrial
-
-    engine = configured_engine(cfg, env)
+    with tempfile.TemporaryDirectory(prefix="parasweep-predict-") as tmp, engine_env(env):
+        fresh = virtual_trials(cfg, Path(tmp))
     spec = request_spec(cfg)
-    return lambda point: VirtualTrial(engine).run_point(point, spec)
+    return lambda point: fresh().run_point(point, spec)
 
 
 def modelled_steps(cfg: ParasweepConf, concurrency: Mapping[str, int], resolved: Mapping[str, Any]

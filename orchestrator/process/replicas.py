@@ -1,11 +1,11 @@
-"""A trial's DP replicas as separate servers behind the router package (``dp.router_impl``): started,
-watched and stopped as one.
+"""A trial's servers behind the router package, started, watched and stopped as one: its DP replicas
+(``dp.router_impl``), or a disaggregated deployment's prefill and decode servers (``pd.*``).
 
-Each replica is its own process group (``server.log`` for replica 0, so everything read from the
-engine's log reads it; ``server-dp<i>.log`` for the others), each probed on ``/health``; the router
-comes last, once every replica answers, and is ready when its ``/workers`` lists all of them as healthy
-(its own ``/health`` answers 200 before it knows any). Stopped router first, then every replica's whole
-group, on success, error and Ctrl-C alike.
+Each server is its own process group with its own log (the first one's is ``server.log``, so everything
+read from the engine's log reads it), each probed on ``/health``; the router comes last, once every
+server answers, and is ready when its ``/workers`` lists all of them as healthy (its own ``/health``
+answers 200 before it knows any). Stopped router first, then every server's whole group, on success,
+error and Ctrl-C alike. A server that exits or stops answering is named in the trial's one-line failure.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 import os
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -43,12 +44,24 @@ def healthy_workers(router_url: str) -> int:
     return sum(1 for w in workers if isinstance(w, dict) and w.get("is_healthy"))
 
 
+@dataclass(frozen=True)
+class Worker:
+    """One server behind the router: what to call it, its command, port, environment and log."""
+
+    name: str  # "DP replica 1", "prefill server 0"
+    argv: list[str]
+    port: int
+    env: dict[str, str]
+    log: Path
+
+
 class ReplicaGroup:
-    """The replicas' servers and the router in front of them."""
+    """The servers and the router in front of them."""
 
     def __init__(self, logs: LogLayout, stop_grace_s: float) -> None:
         self.logs, self.stop_grace_s = logs, stop_grace_s
         self.replicas: list[ServerProcess] = []
+        self.names: list[str] = []
         self.router: ServerProcess | None = None
         self._probers: list[HealthProber] = []
 
@@ -57,19 +70,24 @@ class ReplicaGroup:
         return [r.url for r in self.replicas]
 
     def start_replicas(self, commands: list[tuple[list[str], int, dict[str, str]]], timeout_s: float) -> None:
-        """Start every replica (argv, port, environment), then wait until each answers ``/health``:
-        they load side by side, so the wait is the slowest one's, not their sum."""
-        for rank, (argv, port, env) in enumerate(commands):
-            server = ServerProcess(argv, self.logs.replica_log(rank), HOST, port, env=env,
-                                   stop_grace_s=self.stop_grace_s)
+        """Start every DP replica (argv, port, environment) and wait until each answers."""
+        self.start_workers([Worker(f"DP replica {rank}", argv, port, env, self.logs.replica_log(rank))
+                            for rank, (argv, port, env) in enumerate(commands)], timeout_s)
+
+    def start_workers(self, workers: list[Worker], timeout_s: float) -> None:
+        """Start every server, then wait until each answers ``/health``: they load side by side, so the
+        wait is the slowest one's, not their sum."""
+        for w in workers:
+            server = ServerProcess(w.argv, w.log, HOST, w.port, env=w.env, stop_grace_s=self.stop_grace_s)
             self.replicas.append(server)
+            self.names.append(w.name)
             server.start()
         deadline = time.monotonic() + timeout_s
-        for rank, server in enumerate(self.replicas):
+        for name, server in zip(self.names, self.replicas, strict=True):
             try:
                 server.wait_ready(max(1.0, deadline - time.monotonic()), self.problem)
             except EngineStartError as exc:
-                raise EngineStartError(f"DP replica {rank}: {exc}") from None
+                raise EngineStartError(f"{name}: {exc}") from None
         self._probers = [HealthProber(url).start() for url in self.urls]
 
     def start_router(self, argv: list[str], port: int, timeout_s: float) -> ServerProcess:
@@ -85,7 +103,7 @@ class ReplicaGroup:
             code = self.router.proc.poll() if self.router.proc is not None else None
             if code is not None or time.monotonic() > deadline:
                 why = exit_reason(code, "router") if code is not None else f"not all {len(self.replicas)} " \
-                      f"replicas healthy behind the router after {timeout_s:g} s (engine.startup_timeout_s)"
+                      f"servers healthy behind the router after {timeout_s:g} s (engine.startup_timeout_s)"
                 raise EngineStartError(f"{why}; router log tail ({self.router.log_path}):\n"
                                        f"{log_tail(self.router.log_path)}")
             if (problem := self.problem()) is not None:
@@ -94,14 +112,14 @@ class ReplicaGroup:
         return self.router
 
     def problem(self) -> str | None:
-        """A replica that exited or stopped answering ``/health``, or None."""
-        for rank, server in enumerate(self.replicas):
+        """A server that exited or stopped answering ``/health``, or None."""
+        for name, server in zip(self.names, self.replicas, strict=True):
             code = server.proc.poll() if server.proc is not None else None
             if code is not None:
-                return exit_reason(code, f"DP replica {rank}'s engine")
-        for rank, prober in enumerate(self._probers):
+                return exit_reason(code, f"{name}'s engine")
+        for name, prober in zip(self.names, self._probers, strict=False):
             if prober.verdict:
-                return f"DP replica {rank}'s engine not answering /health: {prober.verdict}"
+                return f"{name}'s engine not answering /health: {prober.verdict}"
         return None
 
     def gone_first(self, router_code: int | None) -> str | None:

@@ -63,6 +63,9 @@ def _comparable(trials: Sequence[SweepTrial]) -> str:
                 "workload": (w.api, w.input_len, w.output_len, w.input_dist, w.output_dist),
                 "cost model": (cfg.calibration.name, cfg.simulator.step_costs)}
 
+    if any(t.cfg.pd.enabled for t in trials):
+        # the layouts around a disaggregated deployment are not searched yet: nothing to set beside it
+        return "disaggregated trials (pd.enabled=true) are not compared with other layouts yet"
     first = what(trials[0].cfg)
     for t in trials[1:]:
         other = what(t.cfg)

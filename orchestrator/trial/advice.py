@@ -97,6 +97,8 @@ class AdviceChecker:
         self._predicted: dict[tuple[str, str], Predicted] = {}  # (change, load label) -> prediction
 
     def _checkable(self, finding: Finding) -> bool:
+        if self.cfg.pd.enabled:  # a disaggregated deployment's changes are not predicted yet
+            return False
         return finding.id not in ABOUT_THE_MEASUREMENT and finding.point in self.loads and bool(
             finding.change or finding.alternatives or self.layouts or finding.more_load)
 

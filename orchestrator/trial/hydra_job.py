@@ -19,7 +19,8 @@ from omegaconf import DictConfig
 from orchestrator.config.schema import ParasweepConf, router_process, trial_nodes
 from orchestrator.config.validate import typed_config
 from orchestrator.engines.base import NodePlace
-from orchestrator.engines.router import routed_launch
+from orchestrator.engines.router import pd_launch, routed_launch
+from orchestrator.engines.sglang_compat.disagg import DEFAULT_BOOTSTRAP_PORT
 from orchestrator.errors import UserError
 from orchestrator.prediction.at_load import shared_cache
 from orchestrator.progress import DRIVER_RENDERS_PROGRESS_ENV
@@ -29,6 +30,7 @@ from orchestrator.trial.plan import (
     TrialIdentity,
     checked_engine_with_reason,
     make_plan,
+    pd_plan_lines,
     plan_lines,
     trial_label,
 )
@@ -63,7 +65,16 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
         from orchestrator.process.server import free_port
 
         port = free_port()
-        if router_process(cfg, engine_name):  # one server per DP replica, the router in front
+        if cfg.pd.enabled:  # every prefill and decode server, the router in PD mode in front
+            def server(one: ParasweepConf, server_port: int) -> list[str]:
+                return redact_argv(plan.engine.argv(one, server_port, identity.trial_dir))
+
+            n = cfg.pd.prefill.workers + cfg.pd.decode.workers
+            first = cfg.pd.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+            boots = [first + i for i in range(cfg.pd.prefill.workers)]
+            lines = pd_plan_lines(plan, pd_launch(cfg, server, [free_port() for _ in range(n)], boots, port,
+                                                  free_port(), None))
+        elif router_process(cfg, engine_name):  # one server per DP replica, the router in front
             def replica(one: ParasweepConf, replica_port: int) -> list[str]:
                 return redact_argv(plan.engine.argv(one, replica_port, identity.trial_dir))
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.identity import config_hash, resolved_config_dict
-from orchestrator.config.schema import SWEEP_WIDE_KEYS, ParasweepConf, world_size
+from orchestrator.config.schema import PD_ROLES, SWEEP_WIDE_KEYS, ParasweepConf, role_config, world_size
 from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace
 from orchestrator.engines.registry import get_engine
-from orchestrator.engines.router import RoutedLaunch
+from orchestrator.engines.router import PDLaunch, RoutedLaunch
 from orchestrator.points.plan import load_points, request_spec
 from vocab.load import LoadPoint, RequestSpec
 
@@ -95,6 +95,24 @@ def make_plan(cfg: ParasweepConf, engine_name: str, identity: TrialIdentity) -> 
     resolved = resolved_config_dict(cfg, engine_name)
     return TrialPlan(cfg, identity, engine, load_points(cfg), request_spec(cfg), resolved,
                      config_hash(resolved, engine.version(cfg)))
+
+
+def pd_plan_lines(plan: TrialPlan, launch: PDLaunch) -> list[str]:
+    """What a dry run prints for a disaggregated trial: the deployment on one line, each server's
+    command with its GPUs (``argv[prefill server 0]: ...``), the router's, and what they were checked
+    against."""
+    cfg, ident = plan.cfg, plan.identity
+    roles = " ".join(f"{role}={getattr(cfg.pd, role).workers}x(tp={one.tp.size} pp={one.pp.size} "
+                     f"ep={one.ep.size} dp={one.dp.size})"
+                     for role, one in ((r, role_config(cfg, r)) for r in PD_ROLES))
+    lines = [f"trial {ident.num} [{ident.label}]: engine={plan.engine_name} model={cfg.model.name} "
+             f"hardware={cfg.hardware.name} disaggregated {roles} transfer={cfg.pd.transfer_backend} "
+             f"world_size={world_size(cfg)} GPUs={world_size(cfg)}"]
+    lines += [f"argv[{s.name}]: " + json.dumps(s.argv) for s in launch.servers]
+    lines += [f"router argv: {json.dumps(launch.router)}",
+              "server GPUs (positions in the trial's CUDA_VISIBLE_DEVICES): "
+              + ", ".join(f"{s.name} → {s.gpus}" for s in launch.servers)]
+    return [*lines, *plan.engine.plan_notes(role_config(cfg, "decode"))]
 
 
 def plan_lines(plan: TrialPlan, argvs: list[list[str]], routed: RoutedLaunch | None = None) -> list[str]:

@@ -47,6 +47,20 @@ class TrialPaths:
         """Behind the router package, DP replica ``rank``'s log (replica 0's is ``server_log``)."""
         return self.server_log if rank == 0 else self.server_log.with_name(f"server-dp{rank}.log")
 
+    def worker_log(self, role: str, index: int) -> Path:
+        """A disaggregated trial's server ``index`` of ``role`` (decode server 0's is ``server_log``: the
+        engine's log, which everything read from the engine's log reads)."""
+        if role == "decode" and index == 0:
+            return self.server_log
+        return self.server_log.with_name(f"server-{role}{index}.log")
+
+    def worker_metrics_jsonl(self, role: str, index: int) -> Path:
+        """A disaggregated trial's server ``index`` of ``role``'s ``/metrics`` (decode server 0's is
+        ``server_metrics_jsonl``)."""
+        if role == "decode" and index == 0:
+            return self.server_metrics_jsonl
+        return self.server_metrics_jsonl.with_name(f"server_metrics-{role}{index}.jsonl")
+
     @property
     def router_log(self) -> Path:
         return self.server_log.with_name("router.log")

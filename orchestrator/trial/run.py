@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.schema import PD_ROLES
 from orchestrator.config.traffic import traffic_note
 from orchestrator.engines.base import engine_version
 from orchestrator.environment import joined_placement, placement
@@ -224,6 +225,13 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
         for i in range(1, len(urls)):
             replicas.append(read_samples(paths.replica_metrics_jsonl(i)))
             frames[paths.replica_metrics_jsonl(i).stem] = replicas[-1]
+        if cfg.pd.enabled:  # the router's own PD metrics (smg_pd_*), and every other server's scrape
+            frames["router_metrics"] = read_samples(paths.router_metrics_jsonl)
+            for role in PD_ROLES:
+                for i in range(getattr(cfg.pd, role).workers):
+                    path = paths.worker_metrics_jsonl(role, i)
+                    if path != paths.server_metrics_jsonl:
+                        frames[path.stem] = read_samples(path)
         recorder.save_telemetry(frames)
         windows = {r.point.label: measured_window(r) for r in results}
         recorder.save_point_windows(windows)

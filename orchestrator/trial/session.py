@@ -28,15 +28,15 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.config.schema import gpus_per_node, router_process, trial_nodes
+from orchestrator.config.schema import gpus_per_node, role_config, role_gpus, router_process, trial_nodes
 from orchestrator.engines.base import HOST, NodePlace
-from orchestrator.engines.router import routed_launch
+from orchestrator.engines.router import pd_launch, routed_launch
 from orchestrator.engines.sglang_compat.speculative import simulated_acceptance_env
 from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.gpu_release import RELEASE_WAIT_S, ensure_gpus_free, process_group_pids, wait_gpus_free
 from orchestrator.process.health import HealthProber
 from orchestrator.process.node_engines import EngineFiles, OtherNodes, head_address
-from orchestrator.process.replicas import ReplicaGroup
+from orchestrator.process.replicas import ReplicaGroup, Worker
 from orchestrator.process.server import (
     ServerProcess,
     exit_reason,
@@ -173,6 +173,8 @@ class LiveSession:
         self._prober: HealthProber | None = None
         self._others: OtherNodes | None = None  # node ranks 1.. of a trial across nodes
         self._group: ReplicaGroup | None = None  # DP replicas behind the router (dp.router_impl)
+        self._speaker_url = ""  # behind the router: the server whose /server_info stands for the engine
+        self._worker_metrics: list[tuple[str, Path]] = []  # behind the router: the others' /metrics
         self._router_metrics_url = ""
         self._pids: set[int] = set()
         self._engine_clock = ExitStack()
@@ -194,16 +196,20 @@ class LiveSession:
             self._check_gpus_free()
         self.timings["engine_launch"] = time.time()
         try:
-            routed = router_process(cfg, self.plan.engine_name)
-            self._server = self._start_routed() if routed else self._start()
+            routed = router_process(cfg, self.plan.engine_name) or cfg.pd.enabled
+            if cfg.pd.enabled:
+                self._server = self._start_disaggregated()
+            else:
+                self._server = self._start_routed() if routed else self._start()
             self.timings["engine_ready"] = time.time()
             self._pids = process_group_pids(self._server.pid or 0)
             if self._group is not None:
                 for replica in self._group.replicas:
                     self._pids |= process_group_pids(replica.pid or 0)
-            # behind the router, replica 0 speaks for the engine: the router has no /server_info or
-            # /metrics of its own (its metrics are scraped apart), and server.log is replica 0's
-            engine_url = self._group.urls[0] if self._group is not None else self.url
+            # behind the router, replica 0 (disaggregated: decode server 0) speaks for the engine: the
+            # router has no /server_info or /metrics of its own (its metrics are scraped apart), and
+            # server.log is that server's
+            engine_url = self._speaker_url or self.url
             self.server_info = http_get_json(engine_url + "/server_info")
             # /server_info, completed by the startup log (CUDA-graph sizes, per-stage limits, backend)
             self.resolved = resolved_config(self.server_info, self.paths.read_server_log())
@@ -217,6 +223,8 @@ class LiveSession:
             replicas = cfg.dp.size if routed else 1
             sim = self.plan.engine_name == "sim"
             sampled = self.plan.world_size // replicas if sim else gpus_per_node(cfg)
+            if sim and cfg.pd.enabled:  # decode server 0's GPUs, the ones it models
+                sampled = role_gpus(cfg, "decode")
             self.gpu = start_gpu_telemetry(self.plan.engine_name, self.env.get("CUDA_VISIBLE_DEVICES"),
                                            sampled, engine_url, self.paths.gpu_jsonl, cfg.telemetry.gpu_hz)
             # the router's /health answers 200 whatever its replicas do: each replica has its own prober
@@ -238,10 +246,8 @@ class LiveSession:
         """``/metrics`` of the engine (behind the router: replica 0) into ``server_metrics.jsonl``, which
         the analysis reads; the other replicas' and the router's own beside it."""
         period = self.plan.cfg.telemetry.metrics_period_s
-        targets = [(engine_url + "/metrics", self.paths.server_metrics_jsonl)]
+        targets = [(engine_url + "/metrics", self.paths.server_metrics_jsonl), *self._worker_metrics]
         if self._group is not None:
-            targets += [(url + "/metrics", self.paths.replica_metrics_jsonl(rank))
-                        for rank, url in enumerate(self._group.urls) if rank]
             targets.append((self._router_metrics_url, self.paths.router_metrics_jsonl))
         self._scrapers = [MetricsScraper(url, path, period).start() for url, path in targets]
 
@@ -255,10 +261,38 @@ class LiveSession:
                                prometheus_port, self.env.get("CUDA_VISIBLE_DEVICES"))
         self.argv, self.router_argv = launch.replicas[0][0], launch.router
         self._router_metrics_url = f"http://{HOST}:{prometheus_port}/metrics"
+        self._speaker_url = f"http://{HOST}:{ports[0]}"
+        self._worker_metrics = [(f"http://{HOST}:{p}/metrics", self.paths.replica_metrics_jsonl(rank))
+                                for rank, p in enumerate(ports) if rank]
         self._group = ReplicaGroup(self.paths, cfg.engine.stop_grace_s)
         self._group.start_replicas([(argv, p, {**self.env, "CUDA_VISIBLE_DEVICES": gpus})
                                     for (argv, gpus), p in zip(launch.replicas, ports, strict=True)],
                                    cfg.engine.startup_timeout_s)
+        return self._group.start_router(self.router_argv, port, cfg.engine.startup_timeout_s)
+
+    def _start_disaggregated(self) -> ServerProcess:
+        """Every prefill and decode server on its slice of the trial's GPUs (each prefill server with a
+        bootstrap port of its own), then the router in PD mode in front of them; the router's server is
+        the trial's. Decode server 0 speaks for the engine (``server.log``, ``/server_info``)."""
+        cfg, trial_dir = self.plan.cfg, self.plan.identity.trial_dir
+        n = cfg.pd.prefill.workers + cfg.pd.decode.workers
+        ports = [free_port() for _ in range(n)]
+        boots = [cfg.pd.bootstrap_port + i if cfg.pd.bootstrap_port is not None else free_port()
+                 for i in range(cfg.pd.prefill.workers)]
+        port, prometheus_port = free_port(), free_port()
+        launch = pd_launch(cfg, lambda one, p: self.plan.engine.argv(one, p, trial_dir), ports, boots, port,
+                           prometheus_port, self.env.get("CUDA_VISIBLE_DEVICES"))
+        speaker = next(s for s in launch.servers if s.role == "decode" and s.index == 0)
+        self.argv, self.router_argv = speaker.argv, launch.router
+        self._router_metrics_url = f"http://{HOST}:{prometheus_port}/metrics"
+        self._speaker_url = f"http://{HOST}:{speaker.port}"
+        self._worker_metrics = [(f"http://{HOST}:{s.port}/metrics",
+                                  self.paths.worker_metrics_jsonl(s.role, s.index))
+                                 for s in launch.servers if s is not speaker]
+        self._group = ReplicaGroup(self.paths, cfg.engine.stop_grace_s)
+        workers = [Worker(s.name, s.argv, s.port, {**self.env, "CUDA_VISIBLE_DEVICES": s.gpus},
+                          self.paths.worker_log(s.role, s.index)) for s in launch.servers]
+        self._group.start_workers(workers, cfg.engine.startup_timeout_s)
         return self._group.start_router(self.router_argv, port, cfg.engine.startup_timeout_s)
 
     def _check_gpus_free(self) -> None:
@@ -404,7 +438,9 @@ class VirtualSession:
 
         self.plan = plan
         self._sim = SimEngine()
-        self.argv = self._sim.simulator_flags(plan.cfg, 30000, plan.identity.trial_dir)
+        # a disaggregated deployment's decode servers stand for it (the client's streams are theirs)
+        shown = role_config(plan.cfg, "decode") if plan.cfg.pd.enabled else plan.cfg
+        self.argv = self._sim.simulator_flags(shown, 30000, plan.identity.trial_dir)
         self.router_argv: list[str] = []  # the model routes the requests itself
         self.server_info: dict[str, Any] = {}
         self.resolved: dict[str, Any] = {}
@@ -424,10 +460,12 @@ class VirtualSession:
 
     def run_point(self, point: LoadPoint, spec: RequestSpec, records: Path,
                   on_progress: ProgressFn) -> PointResult:
-        from simulator.predict import predict_trial
+        from orchestrator.engines.sim import virtual_trials
+        from simulator.predict import run_points
 
         if not self._results:  # one simulation for every point, as the engine would see them
-            results = predict_trial(self.argv, self.plan.points, spec)
+            fresh = virtual_trials(self.plan.cfg, self.plan.identity.trial_dir)
+            results = run_points(fresh, self.plan.points, spec)
             self._results = {p.label: r for p, r in zip(self.plan.points, results, strict=True)}
         result = self._results[point.label]
         with RecordWriter(records) as writer:

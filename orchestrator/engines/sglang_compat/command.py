@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config.schema import ParasweepConf, trial_nodes
+from orchestrator.engines.sglang_compat.disagg import pd_flags
 from orchestrator.engines.sglang_compat.speculative import spec_flags
 from orchestrator.engines.sglang_compat.versions import (
     NEWEST_KNOWN,
@@ -232,6 +233,7 @@ def build_args(cfg: ParasweepConf, port: int, version: str = NEWEST_KNOWN,
                               f"{policy} is new in SGLang {first}")
         args.append(Arg("--schedule-policy", [policy], "server.schedule_policy", policy))
     args += [Arg(flag, values, key, value) for flag, values, key, value in spec_flags(cfg, version)]
+    args += [Arg(flag, values, key, value) for flag, values, key, value in pd_flags(cfg, version)]
     interval = decode_log_interval(cfg)
     args += [
         Arg("--enable-metrics", [], "(always on)", True),

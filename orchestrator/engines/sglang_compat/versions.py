@@ -130,6 +130,7 @@ class ReleaseFacts:
     scheduler_labels: list[str]  # the labels on every scheduler metric
     scheduler_labels_conditional: list[str]  # labels added where a setting asks (dp_rank, priority)
     env: list[str]  # SGLANG_* variables the release reads
+    pd: dict[str, object]  # disaggregation: the transfer backends it accepts, its PD fields' defaults
 
     @classmethod
     @functools.cache  # a handful of committed files, each read once per process
@@ -140,7 +141,7 @@ class ReleaseFacts:
                                   source=f"recorded flag set of SGLang {version} (read from {data['wheel']})")
         metrics = data["metrics"]
         return cls(version, flags, data["routes"], metrics["series"], metrics["scheduler_labels"],
-                   metrics["scheduler_labels_conditional"], data["env"])
+                   metrics["scheduler_labels_conditional"], data["env"], data.get("pd", {}))
 
 
 def release_facts(version: str) -> ReleaseFacts:

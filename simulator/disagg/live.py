@@ -1,0 +1,184 @@
+"""A live simulated server in one role of a disaggregated deployment, beside its peers in other processes.
+
+The router (``smg`` in PD mode) sends each request to a prefill and a decode server at once, with the
+prefill server's host, bootstrap port and a room number that both use for it. The two servers then
+exchange what SGLang's transfer engine exchanges, over the prefill server's bootstrap port:
+
+* the decode server, once it has pre-allocated the request's KV, POSTs to ``TRANSFER_PATH`` on the prefill
+  server's bootstrap port: the room, its node, and what each of its GPUs holds of a token's KV
+  (``KVSide``) so that the prefill server can price the transfer;
+* the prefill server answers when the request's KV has all arrived (its model's time: chunks sent after
+  their forwards over the path between the two nodes), with the first token it sampled and how long the
+  request queued, prefilled and transferred there.
+
+Each process runs its own clock, so the answer carries durations. The decode server places them after its
+own pre-allocation; the messages' own travel time lands in the transfer's part of the TTFT, as it would on
+real servers. A request without bootstrap fields (the health probe, SGLang's warm-up host ``2.2.2.2``) is
+served as SGLang's fake transfer serves it: decode gets it at once with a made-up first token, prefill
+computes it and sends nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from simulator.disagg.decode_role import DecodeRole
+from simulator.disagg.kv_transfer import KVSide, Link, Path, bytes_per_token, path_between
+from simulator.disagg.prefill_role import PrefillRole, Transfer
+from simulator.entities import PDTimes, Request
+from simulator.logs import LogWriter
+from simulator.replica import ReplicaModel
+from simulator.sim_config import SimConfig
+from simulator.timebase import Simulation
+
+TRANSFER_PATH = "/sim/kv_transfer"
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's warm-up and health-check requests carry this host
+_NOWHERE = Path(math.inf, 0.0)  # a fake transfer: nothing moves
+
+
+@dataclasses.dataclass(frozen=True)
+class Bootstrap:
+    """The fields the router adds to a request in PD mode."""
+
+    host: str | None
+    port: int | None
+    room: int | None
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> Bootstrap | None:
+        """The request body's bootstrap fields; None when it has none (a request sent to a server
+        directly)."""
+        host, room = body.get("bootstrap_host"), body.get("bootstrap_room")
+        if host is None and room is None:
+            return None
+        port = body.get("bootstrap_port")
+        return cls(host, int(port) if port is not None else None, int(room) if room is not None else None)
+
+    @property
+    def fake(self) -> bool:
+        return self.host in (None, FAKE_BOOTSTRAP_HOST) or self.room is None
+
+
+class LivePrefill:
+    """The prefill server's side: requests from the router, and the decode servers' bootstrap calls."""
+
+    def __init__(self, cfg: SimConfig, sim: Simulation, replica: ReplicaModel, now: Callable[[], float],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.cfg, self.sim, self.now, self.loop = cfg, sim, now, loop
+        self.role = PrefillRole(cfg, sim, replica=replica)
+        self.side = KVSide.of(cfg)
+        self.moves_kv = cfg.args.disaggregation_transfer_backend != "fake"
+        self.receivers: dict[str, Link] = {}  # each decode server's link, as this server's transfers use it
+        self._fake_room = 0
+
+    def submit(self, req: Request, bootstrap: Bootstrap | None) -> None:
+        if bootstrap is None or bootstrap.fake:
+            self._fake_room -= 1  # rooms the router never uses
+            room = self._fake_room
+            self.sim.schedule(self.now(), self.role.submit, req, room)
+            self.sim.schedule(self.now(), self.role.bootstrapped, room,
+                              Transfer(Link(self.sim), _NOWHERE, 0.0, lambda tok, times: None))
+            return
+        self.sim.schedule(self.now(), self.role.submit, req, bootstrap.room)
+
+    async def transfer(self, request: web.Request) -> web.Response:
+        """``POST TRANSFER_PATH`` from a decode server: answered when the room's KV has arrived."""
+        body = await request.json(loads=orjson.loads)
+        room, node, peer = int(body["room"]), int(body["node"]), str(body["peer"])
+        decode = KVSide(**body["kv"])
+        done: asyncio.Future = self.loop.create_future()
+
+        def arrived(token: int, times: PDTimes) -> None:
+            if not done.done():
+                done.set_result((token, times))
+
+        receiver = self.receivers.setdefault(peer, Link(self.sim))
+        per_token = bytes_per_token(self.side, decode) if self.moves_kv else 0.0
+        path = path_between(self.cfg, node == self.cfg.args.sim_pd_node)
+        transfer = Transfer(receiver, path, per_token, arrived)
+        transfer.times.preallocated = self.now()
+        self.sim.schedule(self.now(), self.role.bootstrapped, room, transfer)
+        token, t = await done
+        return web.json_response({
+            "first_token": token,
+            "prefill_queue_s": t.prefill_start - max(t.arrival, t.preallocated),
+            "prefill_s": t.prefill_end - t.prefill_start,
+            "transfer_s": t.transferred - t.prefill_end,
+            "transfer_bytes": t.transfer_bytes,
+        })
+
+
+class LiveDecode:
+    """The decode server's side: requests from the router, each pre-allocated here and its KV fetched
+    from the prefill server the router named."""
+
+    def __init__(self, cfg: SimConfig, sim: Simulation, replica: ReplicaModel, now: Callable[[], float],
+                 loop: asyncio.AbstractEventLoop, log: LogWriter) -> None:
+        self.cfg, self.sim, self.now, self.loop, self.log = cfg, sim, now, loop, log
+        self.role = DecodeRole(cfg, sim, replica=replica, reserved_tokens=cfg.args.num_reserved_decode_tokens)
+        self.kv = dataclasses.asdict(KVSide.of(cfg))
+        self.peer = f"{cfg.args.host}:{cfg.args.port}"
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def submit(self, req: Request, bootstrap: Bootstrap | None) -> None:
+        if bootstrap is None or bootstrap.fake:
+            self.sim.schedule(self.now(), self.role.submit, req, self._fake_arrival)
+            return
+        port = bootstrap.port if bootstrap.port is not None else self.cfg.args.disaggregation_bootstrap_port
+        self.sim.schedule(self.now(), self.role.submit, req,
+                          lambda r: self._fetch_soon(r, str(bootstrap.host), port, int(bootstrap.room or 0)))
+
+    def _fake_arrival(self, req: Request) -> None:
+        now = self.sim.now
+        self.role.kv_arrived(req, self.role.replica.first_token(req),
+                             PDTimes(prefill_start=now, prefill_end=now, transferred=now))
+
+    def _fetch_soon(self, req: Request, host: str, port: int, room: int) -> None:
+        task = self.loop.create_task(self._fetch(req, host, port, room, self.sim.now))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fetch(self, req: Request, host: str, port: int, room: int, preallocated: float) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        body = {"room": room, "node": self.cfg.args.sim_pd_node, "peer": self.peer, "kv": self.kv}
+        try:
+            async with self._session.post(f"http://{host}:{port}{TRANSFER_PATH}", json=body) as resp:
+                resp.raise_for_status()
+                data = await resp.json(loads=orjson.loads)
+        except (aiohttp.ClientError, OSError, ValueError) as e:
+            self.log.error(f"Decode transfer failed for request rank=0 req.rid={req.rid} "
+                           f"req.bootstrap_room={room} with exception {e}")
+            self.sim.schedule(self.now(), self.role.fail, req, f"KV transfer from {host}:{port} failed: {e}")
+            return
+        now = self.now()
+        start = preallocated + data["prefill_queue_s"]
+        times = PDTimes(prefill_start=start, prefill_end=start + data["prefill_s"], transferred=now,
+                        transfer_bytes=data["transfer_bytes"])
+        self.sim.schedule(now, self.role.kv_arrived, req, int(data["first_token"]), times)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._session is not None:
+            await self._session.close()
+
+
+def live_role(cfg: SimConfig, sim: Simulation, replica: ReplicaModel, now: Callable[[], float],
+              loop: asyncio.AbstractEventLoop, log: LogWriter) -> LivePrefill | LiveDecode | None:
+    """The server's role (``--disaggregation-mode``); None for a server that does both."""
+    mode = cfg.args.disaggregation_mode
+    if mode == "prefill":
+        return LivePrefill(cfg, sim, replica, now, loop)
+    if mode == "decode":
+        return LiveDecode(cfg, sim, replica, now, loop, log)
+    return None

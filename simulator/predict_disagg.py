@@ -1,0 +1,190 @@
+"""Predictions of a disaggregated deployment (``simulator/disagg/``): its prefill and decode servers on
+one virtual clock, driven by the same virtual client as any prediction (``simulator/predict.py``), with
+the telemetry a disaggregated trial records.
+
+Per point, beside the client's metrics: each GPU's busy fraction, power and energy (prefill servers'
+GPUs first, as ``vocab.hardware.place_servers`` places them), each role's mean GPU utilisation, and the
+KV each request moved per GPU. The TTFT's parts (bootstrap wait, prefill queue, prefill compute, KV
+transfer, decode's first step) go into each request's record, as a live decode server reports them, and
+``workloads.summarize`` averages them over the window as it does for a live trial.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.disagg.deployment import Deployment
+from simulator.entities import Request
+from simulator.gpus import energy_j, mem_used_bytes, power_w
+from simulator.predict import (
+    CLIENT_SEND_SPACING_S,
+    CLIENT_TURNAROUND_S,
+    VirtualTrial,
+    load_config,
+    run_points,
+)
+from simulator.sim_config import SimConfig
+from vocab.load import LoadPoint, RequestSpec
+from vocab.records import PointResult, RequestRecord
+from vocab.telemetry import (
+    ENERGY_J,
+    J_PER_TOKEN,
+    KV_USAGE_MAX,
+    MEM_USED_MAX,
+    PD_DECODE_UTIL,
+    PD_PREFILL_UTIL,
+    PD_TRANSFER_MB,
+    POWER_FRAC_MAX_GPU,
+    POWER_FRAC_MEAN,
+    POWER_FRAC_MIN_GPU,
+    POWER_FRAC_PEAK,
+    QUEUE_MEAN,
+    RUNNING_MEAN,
+    UTIL_MEAN,
+    per_gpu,
+)
+
+
+class VirtualPDTrial(VirtualTrial):
+    """A disaggregated deployment on one virtual clock; load points run one after another."""
+
+    def __init__(self, deployment: Deployment, seed: int = 0) -> None:  # not super's: it builds one engine
+        self.deployment = deployment
+        self.cfg = deployment.decodes[0].replica.cfg  # the client's request seeds come from it
+        self.seed = seed
+        self.sim = deployment.sim
+        self.replicas = deployment.replicas
+        self._marks = {}
+        self._seq = 0
+        self._submitted: list[Request] = []
+        self.turnaround = CLIENT_TURNAROUND_S
+        self.send_spacing = CLIENT_SEND_SPACING_S
+
+    def submit(self, prompt: np.ndarray, max_new_tokens: int) -> Request:
+        self._seq += 1
+        req = Request(f"v{self._seq}", len(prompt), max_new_tokens, self.seed * 1_000_003 + self._seq,
+                      stream=True, prompt=prompt)
+        self.deployment.submit(req, prompt)
+        self._submitted.append(req)
+        return req
+
+    def _reset_point(self) -> None:
+        super()._reset_point()
+        self._submitted = []
+
+    def mark(self, bound: str) -> None:
+        now = self.sim.now
+        self._marks[bound] = (now, {(r, s): rep.busy[s].busy_total(now) for r, rep in enumerate(self.replicas)
+                                    for s in range(rep.cfg.pp)})
+        if bound == "open" or (bound == "first" and "open" not in self._marks):
+            for rep in self.replicas:
+                rep.admission.peak_kv_used = rep.admission.held_tokens
+
+    def _telemetry(self, records: list[RequestRecord], output_tokens: float,
+                   steady: bool) -> dict[str, float]:
+        dep = self.deployment
+        configs: list[SimConfig] = [rep.cfg for rep in self.replicas]
+        out: dict[str, float] = {
+            "sim_peak_running_reqs": float(max(r.replica.admission.peak_pool_used for r in dep.decodes)),
+            MEM_USED_MAX: max(mem_used_bytes(c, s) for c in configs for s in range(c.pp)) / 2**30,
+        }
+        bounds = ("open", "close") if steady else ("first", "last")
+        if not all(b in self._marks for b in bounds):
+            return out
+        start, busy_start = self._marks[bounds[0]]
+        end, busy_end = self._marks[bounds[1]]
+        width = end - start
+        out[KV_USAGE_MAX] = max(r.admission.peak_kv_used / r.admission.kv_capacity for r in self.replicas)
+        if width <= 0:
+            return out
+        # each server's GPUs in placement order: every TP rank of a stage has the stage's busy time
+        gpu, fractions, role_util = 0, {}, {"prefill": [], "decode": []}
+        energy = 0.0
+        for r, cfg in enumerate(configs):
+            role = "prefill" if r < len(dep.prefills) else "decode"
+            for _ in range(cfg.dp):
+                for s in range(cfg.pp):
+                    busy = busy_end[r, s] - busy_start[r, s]
+                    for _ in range(cfg.tp):
+                        fractions[gpu] = (cfg, busy / width)
+                        role_util[role].append(busy / width)
+                        energy += energy_j(cfg.hw, width, busy)
+                        gpu += 1
+        power = {g: power_w(c.hw, f) / c.hw.power_limit_w for g, (c, f) in fractions.items()}
+        for g, pf in power.items():
+            out[per_gpu(g, "power_frac_mean")] = out[per_gpu(g, "power_frac_peak")] = pf
+            out[per_gpu(g, "util_mean_pct")] = 100.0 * fractions[g][1]
+        out[POWER_FRAC_MEAN] = sum(power.values()) / len(power)
+        out[POWER_FRAC_MIN_GPU] = min(power.values())
+        out[POWER_FRAC_MAX_GPU] = out[POWER_FRAC_PEAK] = max(power.values())
+        out[UTIL_MEAN] = 100.0 * sum(f for _, f in fractions.values()) / len(fractions)
+        out[PD_PREFILL_UTIL] = 100.0 * float(np.mean(role_util["prefill"])) if role_util["prefill"] else 0.0
+        out[PD_DECODE_UTIL] = 100.0 * float(np.mean(role_util["decode"]))
+        out[ENERGY_J] = energy
+        if output_tokens > 0:
+            out[J_PER_TOKEN] = energy / output_tokens
+        out.update(self._queue_and_running(records, start, end))
+        out.update(self._transfer(start, end))
+        return out
+
+    def _queue_and_running(self, records: list[RequestRecord], start: float, end: float) -> dict[str, float]:
+        """As for one engine, with a request's wait running to its prefill and its run over the decode
+        servers' slots."""
+        waiting = running = 0.0
+        for r in records:
+            if r.send_time is None or r.end_time is None or r.server_queue_s is None:
+                continue
+            admitted = r.send_time + r.server_queue_s
+            waiting += max(0.0, min(admitted, end) - max(r.send_time, start))
+            running += max(0.0, min(r.end_time, end) - max(admitted, start))
+        width = end - start
+        slots = sum(d.replica.num_slots * d.replica.cfg.dp for d in self.deployment.decodes)
+        return {QUEUE_MEAN: waiting / width, RUNNING_MEAN: running / width / slots}
+
+    def _transfer(self, start: float, end: float) -> dict[str, float]:
+        """The KV each request that arrived in the window moved, per GPU (MB)."""
+        moved = [r.pd.transfer_bytes for r in self._submitted if r.pd is not None and r.pd.first_token >= 0
+                 and start <= r.pd.arrival <= end]
+        return {PD_TRANSFER_MB: float(np.mean(moved)) / 1e6} if moved else {}
+
+
+@dataclass(frozen=True)
+class PDLayout:
+    """A disaggregated deployment's servers, configured once (each role's flags resolved); ``build``
+    makes a fresh deployment of them for each point."""
+
+    prefill: SimConfig | None  # None: the fake backend's decode servers alone
+    decode: SimConfig
+    prefill_workers: int
+    decode_workers: int
+    policy: str = "round_robin"
+
+    def build(self) -> Deployment:
+        args = self.decode.args
+        prefill = [self.prefill] * self.prefill_workers if self.prefill is not None else []
+        return Deployment(prefill, [self.decode] * self.decode_workers, policy=self.policy,
+                          seed=self.decode.random_seed, reserved_tokens=args.num_reserved_decode_tokens,
+                          moves_kv=args.disaggregation_transfer_backend != "fake")
+
+    def fresh(self) -> VirtualPDTrial:
+        return VirtualPDTrial(self.build(), seed=self.decode.random_seed)
+
+
+def load_layout(prefill_argv: list[str], decode_argv: list[str], prefill_workers: int, decode_workers: int,
+                policy: str = "round_robin") -> PDLayout:
+    """The layout the servers' command lines describe (each role's flags, as its live servers get them).
+    Raises ``ValueError`` as ``load_config`` does."""
+    prefill = load_config(prefill_argv) if prefill_workers > 0 else None
+    return PDLayout(prefill, load_config(decode_argv), prefill_workers, decode_workers, policy)
+
+
+def predict_pd_trial(prefill_argv: list[str], decode_argv: list[str], prefill_workers: int,
+                     decode_workers: int, points: list[LoadPoint], spec: RequestSpec,
+                     policy: str = "round_robin",
+                     send_spacing_s: float = CLIENT_SEND_SPACING_S) -> list[PointResult]:
+    """Every point of a disaggregated trial, each on a fresh deployment, in order on one virtual clock (as
+    ``predict_trial`` runs one engine's)."""
+    layout = load_layout(prefill_argv, decode_argv, prefill_workers, decode_workers, policy)
+    return run_points(layout.fresh, points, spec, send_spacing_s)
