@@ -63,7 +63,8 @@ LOG_KEYWORDS = ("Decode batch", "Prefill batch", "KV Cache is allocated", "KV Ca
                 "speculative_num_draft_tokens is", "spec v2", "speculative decoding does not support",
                 # prefill/decode disaggregation: the queues each role's batch line adds, the start-up
                 # changes each role makes
-                "#bootstrap-req", "#prealloc-req", "#transfer-req", "#inflight-req", "pre-allocated usage",
+                "#bootstrap-req", "#prealloc-req", "#transfer-req", "#inflight-req", "#optimistic-req",
+                "pre-allocated usage",
                 "#retracted-req", "forced as chunk cache", "Radix cache is disabled for decode",
                 "Cuda graph is disabled for prefill")
 # server-argument checks that constrain what the adapter sets: kept when their source mentions one

@@ -58,6 +58,14 @@ speculation_would_pay spec off, pp = 1, a draft for the model, and at the    cos
 speculation_costs    spec on, and at the busiest point the cost model's     cost model estimate; accept
                      verify >= 1.5 plain steps (one draft step already:     length: engine log / metrics
                      offers none)
+pd_prefill_bound     disaggregated: queueing for a prefill server >= half    the decode servers' per-request
+                     the TTFT (and 50 ms)                                   TTFT parts; role GPU busy share
+pd_decode_bound      disaggregated: decode GPUs >= 90 % busy, prefill       the same
+                     GPUs < 50 %, prompts not queueing
+pd_transfer_bound    disaggregated: KV transfer >= a quarter of the TTFT    the same; KV moved per GPU
+                     (and 50 ms); no change predicted (the path)
+pd_decode_kv_pressure disaggregated: waiting for the decode pre-allocation  the same
+                     >= a quarter of the TTFT (and 50 ms)
 ==================== ====================================================== ==============================
 
 Findings carry a ``goal``: ``throughput`` for most, ``itl_p99_ms`` for prefill_interference and
@@ -68,7 +76,8 @@ missing. "Busiest" is the highest-concurrency closed-loop point whose client che
 point's numbers describe the client, not the server).
 
 The rules live by what they look at: ``engine`` (the client, the GPUs, the engine's settings),
-``pipeline``, ``kv_pool``, ``latency``, ``prefix_cache``, ``speculation``; ``facts`` is what they read
+``pipeline``, ``kv_pool``, ``latency``, ``prefix_cache``, ``speculation``, ``disaggregation``; ``facts``
+is what they read
 and ``evidence`` what they share.
 """
 
@@ -76,6 +85,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from analysis.diagnose.disaggregation import (
+    pd_decode_bound,
+    pd_decode_kv_pressure,
+    pd_prefill_bound,
+    pd_transfer_bound,
+)
 from analysis.diagnose.engine import client_bound, cuda_graph_off, gpu_underused, tp_comm_bound
 from analysis.diagnose.evidence import ENV_PREFIX, EXTRA_ARGS_PREFIX, overrides_text
 from analysis.diagnose.facts import COST_MODEL, INTERCONNECTS, RESOLVED, StepEstimate, TrialFacts
@@ -94,7 +109,8 @@ __all__ = [
 RULES: list[Callable[[TrialFacts], list[Finding]]] = [
     client_bound, too_few_microbatches, admission_cap, pp_bubble, pp_stage_imbalance, cuda_graph_off,
     gpu_underused, kv_capacity, tp_comm_bound, prefill_interference, ttft_queueing, prefix_cache_thrash,
-    prefix_cache_split, speculation_would_pay, speculation_costs,
+    prefix_cache_split, speculation_would_pay, speculation_costs, pd_prefill_bound, pd_decode_bound,
+    pd_transfer_bound, pd_decode_kv_pressure,
 ]
 
 

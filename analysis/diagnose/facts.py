@@ -57,6 +57,9 @@ class TrialFacts:
     spec_algorithm: str = "none"                # spec.algorithm of the trial
     # drafts the model could speculate with (spec.algorithm -> the acceptance a prediction would assume)
     spec_drafts: Mapping[str, str] = field(default_factory=dict)
+    # a disaggregated deployment: prefill_workers, decode_workers, prefill_gpus, decode_gpus (per server),
+    # reserved_decode_tokens (0: the engine's); None for a trial that serves aggregated
+    pd: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.interconnect not in INTERCONNECTS:

@@ -21,6 +21,7 @@ from vocab.assets import model_dir
 
 if TYPE_CHECKING:
     from simulator.predict import VirtualTrial
+    from simulator.predict_disagg import PDLayout
 
 
 def _override_args(cfg: ParasweepConf) -> dict:
@@ -147,11 +148,16 @@ def virtual_trials(cfg: ParasweepConf, workdir: Path) -> Callable[[], VirtualTri
     prefill and decode servers. Raises ``ValueError`` as the engine would refuse to start."""
     from simulator.predict import VirtualTrial, load_config
 
-    if not cfg.pd.enabled:
-        engine = load_config(prediction_argv(cfg, workdir))
-        return lambda: VirtualTrial(engine)
+    if cfg.pd.enabled:
+        return pd_layout(cfg, workdir).fresh
+    engine = load_config(prediction_argv(cfg, workdir))
+    return lambda: VirtualTrial(engine)
+
+
+def pd_layout(cfg: ParasweepConf, workdir: Path) -> PDLayout:
+    """A disaggregated deployment's servers, each role's flags resolved once."""
     from simulator.predict_disagg import load_layout
 
     decode = prediction_argv(role_config(cfg, "decode"), workdir)
     prefill = prediction_argv(role_config(cfg, "prefill"), workdir) if cfg.pd.prefill.workers else []
-    return load_layout(prefill, decode, cfg.pd.prefill.workers, cfg.pd.decode.workers, cfg.pd.policy).fresh
+    return load_layout(prefill, decode, cfg.pd.prefill.workers, cfg.pd.decode.workers, cfg.pd.policy)

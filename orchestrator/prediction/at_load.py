@@ -80,6 +80,13 @@ def _key(engine: Any, env: Mapping[str, str], ignored: tuple[str, ...] = ()) -> 
     return repr((sorted(args.items()), engine.hw, engine.spec, sorted(env.items())))
 
 
+def deployment_key(layout: Any, env: Mapping[str, str]) -> str:
+    """A disaggregated deployment's key: each role's :func:`engine_key`, the server counts, the router's
+    pairing (equal for deployments the simulated engine cannot tell apart)."""
+    roles = [engine_key(c, env) if c is not None else "" for c in (layout.prefill, layout.decode)]
+    return repr((roles, layout.prefill_workers, layout.decode_workers, layout.policy))
+
+
 def replica_key(engine: Any, env: Mapping[str, str]) -> str:
     """:func:`engine_key` of one of the engine's DP replicas, where its replicas are interchangeable:
     equal for engines that differ only in how many replicas they run. Identical replicas fed round-robin
@@ -154,7 +161,7 @@ def predict_change(base: ParasweepConf, change: Mapping[str, Any], loads: Sequen
     """``change`` applied to ``base``, predicted at each of ``loads`` (module docstring). Never raises
     for a change that cannot run: its ``reason`` says why."""
     from orchestrator.points.plan import request_spec
-    from orchestrator.prediction.modelled import apply_change, configured_engine
+    from orchestrator.prediction.modelled import apply_change, configured_deployment, configured_engine
 
     out = Predicted(dict(change))
     for key, why in NOT_MODELLED.items():
@@ -163,11 +170,16 @@ def predict_change(base: ParasweepConf, change: Mapping[str, Any], loads: Sequen
             return out
     try:
         cfg, env = apply_change(base, change)
-        engine = configured_engine(cfg, env)
+        if cfg.pd.enabled:  # a disaggregated deployment: its servers, configured once
+            layout = configured_deployment(cfg, env)
+            fresh, out.engine = layout.fresh, deployment_key(layout, env)
+        else:
+            engine = configured_engine(cfg, env)
+            out.engine = engine_key(engine, env)
     except (UserError, ValueError) as exc:
         out.reason = f"not possible: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         return out
-    out.gpus, out.engine = world_size(cfg), engine_key(engine, env)
+    out.gpus = world_size(cfg)
     spec = request_spec(cfg)
     cache = _cache(cache_dir)
     try:
@@ -176,7 +188,10 @@ def predict_change(base: ParasweepConf, change: Mapping[str, Any], loads: Sequen
             key = _digest(out.engine, repr(spec), load.key())
             hit = cache.get(key) if cache is not None else None
             if hit is None:
-                if predict is None:
+                if predict is None and cfg.pd.enabled:
+                    def predict(point: LoadPoint) -> PointResult:
+                        return fresh().run_point(point, spec)
+                elif predict is None:
                     from simulator.predict import VirtualTrial
 
                     def predict(point: LoadPoint) -> PointResult:

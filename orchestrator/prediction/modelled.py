@@ -23,9 +23,10 @@ from omegaconf import OmegaConf
 from analysis.diagnose import ENV_PREFIX, StepEstimate
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.validate import validate
-from orchestrator.engines.sim import prediction_argv, virtual_trials
+from orchestrator.engines.sim import pd_layout, prediction_argv, virtual_trials
 from orchestrator.errors import ConfigError
 from orchestrator.points.plan import load_points, request_spec
+from simulator.predict_disagg import PDLayout
 from simulator.sim_config import SimConfig
 from vocab.load import LoadPoint
 from vocab.records import PointResult
@@ -108,6 +109,13 @@ def configured_engine(cfg: ParasweepConf, env: Mapping[str, str]) -> SimConfig:
 
     with tempfile.TemporaryDirectory(prefix="parasweep-predict-") as tmp, engine_env(env):
         return load_config(prediction_argv(cfg, Path(tmp)))
+
+
+def configured_deployment(cfg: ParasweepConf, env: Mapping[str, str]) -> PDLayout:
+    """A disaggregated deployment configured as ``cfg`` would start it (each role's flags resolved once;
+    ``fresh()`` makes a deployment to run points on). Raises as ``configured_engine``."""
+    with tempfile.TemporaryDirectory(prefix="parasweep-predict-") as tmp, engine_env(env):
+        return pd_layout(cfg, Path(tmp))
 
 
 def point_predictor(cfg: ParasweepConf, env: Mapping[str, str]) -> Callable[[LoadPoint], PointResult]:

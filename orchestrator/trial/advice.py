@@ -93,12 +93,11 @@ class AdviceChecker:
         self.slo = dict(cfg.search.slo)
         self.cache_dir, self.workers = cache_dir, workers
         self.source = f"{SOURCE}; step costs: {step_costs_label(cfg)}"
-        self.layouts = layouts(cfg)
+        # a disaggregated deployment: its findings' own changes (the layouts around it are not searched yet)
+        self.layouts = layouts(cfg) if not cfg.pd.enabled else []
         self._predicted: dict[tuple[str, str], Predicted] = {}  # (change, load label) -> prediction
 
     def _checkable(self, finding: Finding) -> bool:
-        if self.cfg.pd.enabled:  # a disaggregated deployment's changes are not predicted yet
-            return False
         return finding.id not in ABOUT_THE_MEASUREMENT and finding.point in self.loads and bool(
             finding.change or finding.alternatives or self.layouts or finding.more_load)
 

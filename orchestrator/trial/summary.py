@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from analysis.diagnose import StepEstimate, TrialFacts
-from orchestrator.config.schema import ParasweepConf, router_process
+from orchestrator.config.schema import ParasweepConf, role_gpus, router_process
 from orchestrator.trial.plan import TrialPlan
 from vocab.model import ROUTER_PACKAGE
 from vocab.records import PointResult
@@ -50,7 +50,16 @@ def trial_facts(cfg: ParasweepConf, resolved: dict[str, Any], results: list[Poin
         power_limit_w=cfg.hardware.power_limit_w, tp_size=cfg.tp.size, dp_size=cfg.dp.size,
         interconnect=cfg.hardware.interconnect, gpu_source=gpu_source.value, engine=engine, steps=steps,
         stage_layers=layers, input_len=input_len, output_len=output_len, dp_router=cfg.dp.router,
-        spec_algorithm=cfg.spec.algorithm, spec_drafts=_spec_drafts(cfg))
+        spec_algorithm=cfg.spec.algorithm, spec_drafts=_spec_drafts(cfg), pd=_deployment(cfg))
+
+
+def _deployment(cfg: ParasweepConf) -> dict[str, int] | None:
+    """A disaggregated trial's servers, as the rules on the deployment read them."""
+    if not cfg.pd.enabled:
+        return None
+    return {"prefill_workers": cfg.pd.prefill.workers, "decode_workers": cfg.pd.decode.workers,
+            "prefill_gpus": role_gpus(cfg, "prefill"), "decode_gpus": role_gpus(cfg, "decode"),
+            "reserved_decode_tokens": cfg.pd.reserved_decode_tokens or 0}
 
 
 def _spec_drafts(cfg: ParasweepConf) -> dict[str, str]:

@@ -25,6 +25,8 @@ DEFAULT_RESERVED_DECODE_TOKENS = 512  # SGLang's --num-reserved-decode-tokens
 
 
 class DecodeRole:
+    """A decode server: its replica model, its pre-allocation queue, the requests whose KV is on the way."""
+
     def __init__(self, cfg: SimConfig, sim: Simulation, link: Link | None = None,
                  reserved_tokens: int = DEFAULT_RESERVED_DECODE_TOKENS,
                  replica: ReplicaModel | None = None) -> None:

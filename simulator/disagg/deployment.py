@@ -29,6 +29,8 @@ def world(cfg: SimConfig) -> int:
 
 
 class Deployment:
+    """Prefill and decode servers on one clock, each pair's path and bytes per token, the router's pairing."""
+
     def __init__(self, prefill: list[SimConfig], decode: list[SimConfig], policy: str = "round_robin",
                  seed: int = 0, reserved_tokens: int = DEFAULT_RESERVED_DECODE_TOKENS,
                  moves_kv: bool = True, sim: Simulation | None = None) -> None:

@@ -33,6 +33,8 @@ class Transfer:
 
 
 class PrefillRole:
+    """A prefill server: its replica model, its bootstrap queue and the transfers of its requests' KV."""
+
     def __init__(self, cfg: SimConfig, sim: Simulation, link: Link | None = None,
                  replica: ReplicaModel | None = None) -> None:
         self.sim = sim

@@ -1,0 +1,63 @@
+"""The rules on a disaggregated deployment, end to end on scenarios whose bottleneck is known by
+construction: each trial predicted in virtual time, diagnosed, and the deployment's own change predicted
+before it is suggested (one more server of the starved role, for one of the other on the same GPUs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config.schema import ParasweepConf
+from tests.test_diagnosis_scenarios import predicted_findings
+from vocab.findings import Finding
+from vocab.hardware import load_hardware
+
+pytestmark = pytest.mark.slow
+
+
+def deployment(prefill: int, decode: int, concurrency: int, input_len: int, output_len: int) -> ParasweepConf:
+    cfg = ParasweepConf()
+    cfg.engine.name = "sim"
+    cfg.model.name, cfg.model.path = "llama-3.1-8b", "models/llama-3.1-8b"
+    cfg.hardware = load_hardware("h100-sxm-x8")
+    cfg.pd.enabled = True
+    cfg.pd.prefill.workers, cfg.pd.decode.workers = prefill, decode
+    cfg.workload.concurrency = [concurrency]
+    cfg.workload.input_len, cfg.workload.output_len = input_len, output_len
+    cfg.workload.requests_per_concurrency, cfg.workload.warmup_requests = 3, 1
+    return cfg
+
+
+def finding(findings: list[Finding], rule: str) -> Finding:
+    found = {f.id: f for f in findings}
+    assert rule in found, sorted(found)
+    f = found[rule]
+    assert f.predicted_effect and f.predicted_effect["verdict"] == "helps", f.predicted_effect
+    assert "prediction, not a measurement" in f.predicted_effect["source"]
+    return f
+
+
+def test_long_prompts_on_one_prefill_server_ask_for_another(tmp_path: Path) -> None:
+    # 4,000-token prompts, 16 tokens out, 32 streams: three decode servers wait on one prefill server
+    findings = predicted_findings(deployment(1, 3, 32, 4000, 16), tmp_path)
+    f = finding(findings, "pd_prefill_bound")
+    assert f.change == {"pd.prefill.workers": 2, "pd.decode.workers": 2}  # the same four GPUs
+    assert "queueing for a prefill server" in f.evidence and f.goal == "ttft_p99_ms"
+    assert "pd_decode_bound" not in {x.id for x in findings}
+
+
+def test_long_outputs_on_one_decode_server_ask_for_another(tmp_path: Path) -> None:
+    # 128-token prompts, 512 tokens out, 96 streams: one decode server, two prefill servers mostly idle
+    findings = predicted_findings(deployment(2, 1, 96, 128, 512), tmp_path)
+    f = finding(findings, "pd_decode_bound")
+    assert f.change == {"pd.decode.workers": 2, "pd.prefill.workers": 1}
+    assert "pd_prefill_bound" not in {x.id for x in findings}
+
+
+def test_a_small_decode_pool_holds_prefills_back(tmp_path: Path) -> None:
+    cfg = deployment(1, 1, 8, 3000, 256)
+    cfg.pd.decode.extra_args = {"max-total-tokens": 12000}  # three prompts with their reserves
+    f = finding(predicted_findings(cfg, tmp_path), "pd_decode_kv_pressure")
+    assert f.change == {"pd.decode.workers": 2}
+    assert "waiting for the decode server's pre-allocation" in f.evidence
