@@ -258,7 +258,7 @@ class VirtualTrial:
         (``StageBusy`` folds finished intervals as time is read)."""
         now = self.sim.now
         self._marks[bound] = (now, {(r, s): rep.busy[s].busy_total(now) for r, rep in enumerate(self.replicas)
-                                    for s in range(self.cfg.pp)})
+                                    for s in range(rep.cfg.pp)})
         if bound == "open" or (bound == "first" and "open" not in self._marks):
             for rep in self.replicas:
                 rep.admission.peak_kv_used = rep.admission.held_tokens

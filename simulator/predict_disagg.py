@@ -74,14 +74,6 @@ class VirtualPDTrial(VirtualTrial):
         super()._reset_point()
         self._submitted = []
 
-    def mark(self, bound: str) -> None:
-        now = self.sim.now
-        self._marks[bound] = (now, {(r, s): rep.busy[s].busy_total(now) for r, rep in enumerate(self.replicas)
-                                    for s in range(rep.cfg.pp)})
-        if bound == "open" or (bound == "first" and "open" not in self._marks):
-            for rep in self.replicas:
-                rep.admission.peak_kv_used = rep.admission.held_tokens
-
     def _telemetry(self, records: list[RequestRecord], output_tokens: float,
                    steady: bool) -> dict[str, float]:
         dep = self.deployment
