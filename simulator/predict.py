@@ -263,6 +263,21 @@ class VirtualTrial:
             for rep in self.replicas:
                 rep.admission.peak_kv_used = rep.admission.held_tokens
 
+    def _window(self, steady: bool, out: dict[str, float]
+                ) -> tuple[float, float, dict[tuple[int, int], float]] | None:
+        """The window the throughput was measured over (``workloads.window``: the steady one, else the
+        whole measured span) and each (replica, stage)'s busy seconds in it; None when it has no width.
+        Sets ``kv_token_usage_max`` in ``out`` when the window's bounds are known."""
+        bounds = ("open", "close") if steady else ("first", "last")
+        if not all(b in self._marks for b in bounds):
+            return None
+        start, busy_start = self._marks[bounds[0]]
+        end, busy_end = self._marks[bounds[1]]
+        out[KV_USAGE_MAX] = max(r.admission.peak_kv_used / r.admission.kv_capacity for r in self.replicas)
+        if end - start <= 0:
+            return None
+        return start, end, {key: busy_end[key] - busy_start[key] for key in busy_end}
+
     def _telemetry(self, records: list[RequestRecord], output_tokens: float,
                    steady: bool) -> dict[str, float]:
         cfg, hw = self.cfg, self.cfg.hw
@@ -271,18 +286,12 @@ class VirtualTrial:
             "sim_peak_microbatches_in_flight": float(max(rep.peak_in_flight for rep in self.replicas)),
             MEM_USED_MAX: max(mem_used_bytes(cfg, s) for s in range(cfg.pp)) / 2**30,
         }
-        bounds = ("open", "close") if steady else ("first", "last")
-        if not all(b in self._marks for b in bounds):
+        window = self._window(steady, out)
+        if window is None:
             return out
-        # the window the throughput was measured over (``workloads.window``)
-        start, busy_start = self._marks[bounds[0]]
-        end, busy_end = self._marks[bounds[1]]
+        start, end, busy = window
         width = end - start
-        out[KV_USAGE_MAX] = max(r.admission.peak_kv_used / r.admission.kv_capacity for r in self.replicas)
-        if width <= 0:
-            return out
         out.update(self._queue_and_running(records, start, end))
-        busy = {key: busy_end[key] - busy_start[key] for key in busy_end}
         # every TP rank of a stage has the stage's busy time
         layout = engine_layout(cfg.tp, cfg.pp, cfg.dp)
         frac = {p.gpu: busy[p.dp, p.pp] / width for p in layout}

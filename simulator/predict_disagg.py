@@ -31,7 +31,6 @@ from vocab.records import PointResult, RequestRecord
 from vocab.telemetry import (
     ENERGY_J,
     J_PER_TOKEN,
-    KV_USAGE_MAX,
     MEM_USED_MAX,
     PD_DECODE_UTIL,
     PD_PREFILL_UTIL,
@@ -82,15 +81,11 @@ class VirtualPDTrial(VirtualTrial):
             "sim_peak_running_reqs": float(max(r.replica.admission.peak_pool_used for r in dep.decodes)),
             MEM_USED_MAX: max(mem_used_bytes(c, s) for c in configs for s in range(c.pp)) / 2**30,
         }
-        bounds = ("open", "close") if steady else ("first", "last")
-        if not all(b in self._marks for b in bounds):
+        window = self._window(steady, out)
+        if window is None:
             return out
-        start, busy_start = self._marks[bounds[0]]
-        end, busy_end = self._marks[bounds[1]]
+        start, end, busy_by_stage = window
         width = end - start
-        out[KV_USAGE_MAX] = max(r.admission.peak_kv_used / r.admission.kv_capacity for r in self.replicas)
-        if width <= 0:
-            return out
         # each server's GPUs in placement order: every TP rank of a stage has the stage's busy time
         gpu, fractions, role_util = 0, {}, {"prefill": [], "decode": []}
         energy = 0.0
@@ -98,7 +93,7 @@ class VirtualPDTrial(VirtualTrial):
             role = "prefill" if r < len(dep.prefills) else "decode"
             for _ in range(cfg.dp):
                 for s in range(cfg.pp):
-                    busy = busy_end[r, s] - busy_start[r, s]
+                    busy = busy_by_stage[r, s]
                     for _ in range(cfg.tp):
                         fractions[gpu] = (cfg, busy / width)
                         role_util[role].append(busy / width)
