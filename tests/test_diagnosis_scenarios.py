@@ -144,13 +144,16 @@ def test_kimi_pp8_over_pcie_is_told_to_run_tp8(tmp_path: Path) -> None:
 
 def test_a_tp_group_across_two_nodes_is_told_to_pipeline(tmp_path: Path) -> None:
     """The prediction's choice, not a rule's: Llama 3.1 70B with TP16 spanning two H100 nodes joined by
-    InfiniBand. Every layer's all-reduces cross the slow link; the prediction ranks TP8 within each node
-    and a pipeline stage per node (tp.size=8 pp.size=2) first."""
+    InfiniBand. Every layer's all-reduces cross the slow link; the prediction's first choice keeps each
+    TP group within a node (TP8: a pipeline stage per node, or a prefill server on one node and a decode
+    server on the other), and a pipeline stage per node (tp.size=8 pp.size=2) is predicted to help."""
     cfg = scenario("llama-3.1-70b", "h100-sxm-x8-2nodes-ib", tp=16, concurrency=16)
     cfg.predict = True  # a trial across nodes is predicted here (a local Ray is one node)
     comm = diagnosed(cfg, tmp_path)["tp_comm_bound"]
-    assert comm.change == {"tp.size": 8, "pp.size": 2}
+    assert comm.change is not None and comm.change["tp.size"] == 8
     assert comm.predicted_effect["change_pct"]["output_tok_s"] > 20
+    pipeline = tried(comm, {"tp.size": 8, "pp.size": 2})
+    assert pipeline["verdict"] == "helps" and pipeline["change_pct"]["output_tok_s"] > 20
     # data-parallel replicas across nodes are tried, and say why they cannot run
     across = tried(comm, {"tp.size": 8, "pp.size": 1, "dp.size": 2})
     assert across["verdict"].startswith("not possible")

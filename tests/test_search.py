@@ -190,7 +190,10 @@ def test_the_search_from_the_command_line(tmp_path: Path) -> None:
     assert "not measured" in out
     assert "Search tiny: 6 candidates: 4 within the SLOs, 0 over them at any load, 0 could not win" in out
     assert "Best: server.cuda_graph=true tp.size=1 at concurrency " in out
-    assert "  python run.py server.cuda_graph=true tp.size=1 workload.concurrency=[" in out
+    # the winner's command line keeps the search's own overrides (its model, node, layout) and turns the
+    # search off
+    assert ("  python run.py model=tiny-test hardware=h200-nvlink-x8 parallelism=tp1 search.name=null "
+            "server.cuda_graph=true tp.size=1 workload.concurrency=[") in out
     # the winner as SGLang would be launched with it
     command = next(line for line in out.splitlines() if line.startswith("  SGLang as parasweep measures it"))
     assert "python -m sglang.launch_server --model-path " in command and "--tp-size 1" in command

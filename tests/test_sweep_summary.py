@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from analysis.diagnose import overrides_text
 from analysis.noise import judge, point_estimate
 from analysis.report import MAX_WIDTH, finding_lines, merge_findings, merge_texts, print_sweep_summary
 from analysis.report_view import Trial, headline
@@ -152,7 +153,7 @@ def test_findings_are_merged_across_trials_with_their_predicted_effect(predicted
     assert body.startswith("→ ")
     effects = [f["predicted_effect"] for f in micro]
     if all(e and "change_pct" in e for e in effects):  # the change, then what it is predicted to do
-        change = " ".join(f"{k}={v}".replace(" ", "") for k, v in effects[0]["change"].items())
+        change = overrides_text(effects[0]["change"])  # as a command line writes it (true, not True)
         # where the trials' advice differs in more than its numbers (one's rejected change is "worse",
         # another's "negligible"), the first trial's is printed and said to be one of several
         shown = effects[:1] if "others differ" in body else effects
@@ -295,7 +296,10 @@ def test_finish_prints_where_things_are_and_keeps_the_report(predicted_sweep, mo
     flat = " ".join(out.split())
     assert out.count("Run this instead: ") == 1 and "predicted better than every trial at c1 and c4" in flat
     assert change.get("pp.size") == 1 and change.get("pp.async_depth") in (None, 0)
-    command = next(x for x in out.splitlines() if x.startswith("  python run.py "))
+    lines = out.splitlines()
+    first = next(i for i, x in enumerate(lines) if x.startswith("  python run.py "))
+    end = next(i for i in range(first, len(lines)) if not lines[i].endswith("\\"))
+    command = " ".join(x.removesuffix("\\").strip() for x in lines[first:end + 1])  # wrapped for width
     assert "workload.concurrency=[1,4]" in command and "pp.size=1" in command
     assert "pp.async_depth=0" in command  # the base's own, or the change's: leaving the pipeline resets it
     assert "python -m sglang.launch_server" in out

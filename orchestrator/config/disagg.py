@@ -7,7 +7,14 @@ from __future__ import annotations
 import importlib.util
 
 from orchestrator.config.model_info import model_info
-from orchestrator.config.schema import PD_ROLES, ParasweepConf, role_config, role_gpus, world_size
+from orchestrator.config.schema import (
+    PD_ROLES,
+    ParasweepConf,
+    role_config,
+    role_gpus,
+    server_nodes,
+    world_size,
+)
 from orchestrator.errors import ConfigError
 from vocab.model import ROUTER_PACKAGE
 
@@ -97,6 +104,14 @@ def validate_pd(cfg: ParasweepConf, engine: str) -> None:
                           f"{cfg.hardware.name}); wider deployments with predict=true or search",
                           why=f"the deployment takes {world_size(cfg)} GPUs, and a disaggregated trial "
                               "runs its servers and router on one node")
+    placed = server_nodes(cfg)
+    if placed and max(placed) >= cfg.hardware.nodes:
+        sizes = "+".join(str(role_gpus(cfg, r)) for r in PD_ROLES for _ in range(getattr(pd, r).workers))
+        raise ConfigError("pd.prefill.workers+pd.decode.workers", f"{pd.prefill.workers}+{pd.decode.workers}",
+                          f"servers that fit the {cfg.hardware.nodes} node(s) of {cfg.hardware.num_gpus} "
+                          f"GPUs of hardware {cfg.hardware.name}",
+                          why=f"servers of {sizes} GPUs, each within one node and placed in order (prefill "
+                              f"first), need {max(placed) + 1} nodes")
     if live and importlib.util.find_spec("smg") is None:
         raise ConfigError("pd.enabled", True, f"false, or install the router: pip install {ROUTER_PACKAGE}",
                           why=f"the {engine} trial needs the router package in PD mode, which this Python "

@@ -82,8 +82,10 @@ def _key(engine: Any, env: Mapping[str, str], ignored: tuple[str, ...] = ()) -> 
 
 def deployment_key(layout: Any, env: Mapping[str, str]) -> str:
     """A disaggregated deployment's key: each role's :func:`engine_key`, the server counts, the router's
-    pairing (equal for deployments the simulated engine cannot tell apart)."""
-    roles = [engine_key(c, env) if c is not None else "" for c in (layout.prefill, layout.decode)]
+    pairing (equal for deployments the simulated engine cannot tell apart). Mixed chunked prefill acts
+    in neither role (a prefill server runs no decodes, a decode server no prefills): it is left out."""
+    roles = [_key(c, env, ("enable_mixed_chunk",)) if c is not None else ""
+             for c in (layout.prefill, layout.decode)]
     return repr((roles, layout.prefill_workers, layout.decode_workers, layout.policy))
 
 

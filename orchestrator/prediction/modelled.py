@@ -43,7 +43,8 @@ def step_costs_label(cfg: ParasweepConf) -> str:
 
 
 def apply_change(cfg: ParasweepConf, change: Mapping[str, Any]) -> tuple[ParasweepConf, dict[str, str]]:
-    """The config with ``change`` applied (config keys) and the engine environment it adds; raises
+    """The config with ``change`` applied (config keys, or a group's option: ``pd=1p3d``) and the engine
+    environment it adds; raises
     ``UserError`` (via validation) when the changed config is not possible, e.g. a layout that needs
     more GPUs than the node has."""
     from omegaconf.errors import OmegaConfBaseException
@@ -54,13 +55,17 @@ def apply_change(cfg: ParasweepConf, change: Mapping[str, Any]) -> tuple[Paraswe
     changed = copy.deepcopy(cfg)
     groups: dict[str, Any] = {}
     env: dict[str, str] = {}
-    for key, value in change.items():
+    # a group's option first (``pd=1p3d``: the group as that file composes it), then keys inside groups
+    for key, value in sorted(change.items(), key=lambda kv: "." in kv[0] or kv[0].startswith(ENV_PREFIX)):
         if key.startswith(ENV_PREFIX):
             env[key.removeprefix(ENV_PREFIX)] = str(value)
             continue
         group, _, rest = key.partition(".")
-        if not rest or not dataclasses.is_dataclass(getattr(changed, group, None)):
+        if not dataclasses.is_dataclass(getattr(changed, group, None)):
             raise ConfigError(key, value, "a key inside a config group (tp.size, server.cuda_graph, ...)")
+        if not rest:
+            groups[group] = group_option(group, type(getattr(changed, group)), value)
+            continue
         try:
             if group not in groups:
                 groups[group] = OmegaConf.structured(getattr(changed, group))
@@ -72,8 +77,40 @@ def apply_change(cfg: ParasweepConf, change: Mapping[str, Any]) -> tuple[Paraswe
         setattr(changed, group, OmegaConf.to_object(conf))
     changed.engine.name = "sim"  # predicted on the simulated engine, whatever the trial ran on
     changed.engine.time_scale = 1.0
+    changed.predict = True  # in virtual time: a deployment wider than one node is judged too
     validate(changed)
     return changed, env
+
+
+def group_option(group: str, schema: type, option: Any) -> Any:
+    """Config group ``group`` as its option ``option`` (``conf/<group>/<option>.yaml``) composes it over
+    the schema's defaults, as Hydra does for ``group=option``: an option's ``defaults`` naming other
+    options of the same group are composed first. Raises a ``ConfigError`` naming the options there are."""
+    import yaml
+    from omegaconf.errors import OmegaConfBaseException
+
+    from vocab.assets import conf_dir, group_options
+
+    def load(name: str, seen: tuple[str, ...]) -> list[dict[str, Any]]:
+        path = conf_dir() / group / f"{name}.yaml"
+        text = path.read_text() if path.is_file() and name not in seen else ""
+        if not text or "# @package _global_" in text:  # a preset of several groups: not one group's
+            raise ConfigError(group, option, ", ".join(group_options(group)) or f"an option of {group}")
+        body = yaml.safe_load(text) or {}
+        defaults = body.pop("defaults", None) or ["_self_"]
+        layers: list[dict[str, Any]] = []
+        for entry in defaults:
+            layers += [body] if entry == "_self_" else load(str(entry), (*seen, name))
+        return layers
+
+    conf = OmegaConf.structured(schema)
+    try:
+        for layer in load(str(option), ()):
+            conf = OmegaConf.merge(conf, layer)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(group, option, "an option whose keys fit the group",
+                          why=str(exc).splitlines()[0]) from None
+    return conf
 
 
 @contextlib.contextmanager

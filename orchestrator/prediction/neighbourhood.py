@@ -10,6 +10,11 @@ default), which mean nothing without it. Attention data parallelism (SGLang's ``
 for MoE models) is named too, and reported as not predicted: the simulated engine does not model it.
 A speculative trial's splits with a pipeline go without speculation (SGLang runs neither together as
 parasweep launches it), and its own split is tried without speculation and with one draft step.
+
+Disaggregated serving on the same GPUs is a layout too: servers of one TP size t (t dividing N, at most
+a node), N / t of them split every way into prefill and decode servers (at least one of each), without
+a pipeline or speculation. A disaggregated trial's neighbours are every aggregated split of its GPUs
+and the other such deployments.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ def layouts(cfg: ParasweepConf) -> list[dict[str, Any]]:
     out; at most a few dozen for a node of 8 or 16 GPUs."""
     gpus = world_size(cfg)
     moe = model_info(cfg.model.path).is_moe
-    current = (cfg.tp.size, cfg.pp.size, cfg.dp.size, cfg.ep.size)
+    # a disaggregated trial: every aggregated split is another layout, its own included
+    current = (cfg.tp.size, cfg.pp.size, cfg.dp.size, cfg.ep.size) if not cfg.pd.enabled else None
+    leave = {"pd.enabled": False} if cfg.pd.enabled else {}
     out: list[dict[str, Any]] = []
     for tp in _divisors(gpus):
         for pp in _divisors(gpus // tp):
@@ -39,7 +46,7 @@ def layouts(cfg: ParasweepConf) -> list[dict[str, Any]]:
             for ep in sorted({1, tp} if moe else {1}):
                 if (tp, pp, dp, ep) == current:
                     continue
-                change: dict[str, Any] = {"tp.size": tp, "pp.size": pp}
+                change: dict[str, Any] = {**leave, "tp.size": tp, "pp.size": pp}
                 if dp != cfg.dp.size:
                     change["dp.size"] = dp
                 if ep != cfg.ep.size:
@@ -52,10 +59,52 @@ def layouts(cfg: ParasweepConf) -> list[dict[str, Any]]:
                     change["spec.algorithm"] = "none"
                 out.append(change)
     if moe and gpus > 1:  # the whole node as one TP/EP group with data-parallel attention
-        out.append({"tp.size": gpus, "pp.size": 1, "ep.size": gpus, ATTN_DP_KEY: gpus,
+        out.append({**leave, "tp.size": gpus, "pp.size": 1, "ep.size": gpus, ATTN_DP_KEY: gpus,
                     **({"dp.size": 1} if cfg.dp.size != 1 else {}),
                     **({"pp.async_depth": 0} if cfg.pp.async_depth else {})})
     out += _speculation(cfg)
+    out += _disaggregated(cfg, gpus)
+    return out
+
+
+ROLE_KEYS = ("tp", "pp", "ep", "dp")
+
+
+def _disaggregated(cfg: ParasweepConf, gpus: int) -> list[dict[str, Any]]:
+    """Prefill and decode servers of one TP size on the same GPUs, split every way (module docstring);
+    the trial's own deployment left out. None where the trial's fake backend runs decode alone."""
+    if cfg.pd.enabled and cfg.pd.transfer_backend == "fake":
+        return []
+    out: list[dict[str, Any]] = []
+    pd = cfg.pd
+    for tp in _divisors(gpus):
+        servers = gpus // tp
+        if tp > cfg.hardware.num_gpus or servers < 2:
+            continue
+        for prefill in range(1, servers):
+            same_servers = all((r.tp or cfg.tp.size) == tp and (r.pp or cfg.pp.size) == 1
+                               for r in (pd.prefill, pd.decode))
+            if pd.enabled and same_servers and (pd.prefill.workers, pd.decode.workers) == (
+                    prefill, servers - prefill):  # the trial's own deployment
+                continue
+            change: dict[str, Any] = {"pd.enabled": True, "pd.prefill.workers": prefill,
+                                      "pd.decode.workers": servers - prefill, "tp.size": tp, "pp.size": 1}
+            if cfg.dp.size != 1:
+                change["dp.size"] = 1
+            ep = tp if cfg.ep.size > 1 else 1  # experts over the TP group where the trial spreads them
+            if ep != cfg.ep.size:
+                change["ep.size"] = ep
+            if cfg.pp.async_depth:
+                change["pp.async_depth"] = 0
+            if cfg.pp.micro_batch_size is not None:
+                change["pp.micro_batch_size"] = None
+            if cfg.spec.algorithm != "none":  # no speculation in a disaggregated deployment yet
+                change["spec.algorithm"] = "none"
+            for role in ("prefill", "decode"):  # each role takes the layout above, not its own
+                for key in ROLE_KEYS:
+                    if getattr(getattr(pd, role), key) is not None:
+                        change[f"pd.{role}.{key}"] = None
+            out.append(change)
     return out
 
 

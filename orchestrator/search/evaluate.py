@@ -30,10 +30,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from analysis.diagnose import overrides_text
-from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.schema import ParasweepConf, world_size
 from orchestrator.config.slo import check_slo, worst_ratio
 from orchestrator.errors import ConfigError, UserError
-from orchestrator.prediction.at_load import engine_key, replica_key, steady_point
+from orchestrator.prediction.at_load import deployment_key, engine_key, replica_key, steady_point
 from vocab.load import LoadPoint
 from vocab.records import PointResult
 
@@ -131,17 +131,22 @@ def _rejected(change: Mapping[str, Any], exc: Exception) -> Outcome:
 def screen(base: ParasweepConf, change: Mapping[str, Any], settings: Settings) -> Screened | Outcome:
     """Validate one candidate and bound it from the cost model, without predicting a load: a
     ``Screened`` candidate, or its rejection. Never raises for a candidate that cannot run."""
-    from orchestrator.prediction.modelled import apply_change, configured_engine
+    from orchestrator.prediction.modelled import apply_change, configured_deployment, configured_engine
 
     try:
         cfg, env = apply_change(base, change)
-        engine = configured_engine(cfg, env)
+        if cfg.pd.enabled:  # a disaggregated deployment: bounded by its decode servers
+            layout = configured_deployment(cfg, env)
+            engine, key = layout.decode, deployment_key(layout, env)
+            family = key  # its servers are not interchangeable replicas of one engine
+        else:
+            engine = configured_engine(cfg, env)
+            key, family = engine_key(engine, env), replica_key(engine, env)
     except (UserError, ValueError) as exc:
         return _rejected(change, exc)
-    gpus = cfg.tp.size * cfg.pp.size * cfg.dp.size
+    gpus = world_size(cfg)
     ceiling, start = _ceiling(engine, cfg, settings, gpus, max_load(settings, cfg))
-    return Screened(dict(change), gpus, ceiling, start, engine_key(engine, env), replica_key(engine, env),
-                    cfg.dp.size)
+    return Screened(dict(change), gpus, ceiling, start, key, family, cfg.dp.size if not cfg.pd.enabled else 1)
 
 
 def itl_bounds(slo: Mapping[str, float]) -> list[tuple[float, float]]:
@@ -151,10 +156,16 @@ def itl_bounds(slo: Mapping[str, float]) -> list[tuple[float, float]]:
             if metric.startswith("itl_") and metric.split("_")[1] in shares]
 
 
+def decoders(cfg: ParasweepConf) -> int:
+    """The servers that decode side by side: the DP replicas, or a disaggregated deployment's decode
+    servers."""
+    return max(1, cfg.pd.decode.workers if cfg.pd.enabled else cfg.dp.size)
+
+
 def max_load(settings: Settings, cfg: ParasweepConf) -> int:
-    """The highest load a candidate is tried at: ``search.max_concurrency`` per DP replica (a cap on the
-    total would hold eight replicas to an eighth of what one replica is allowed)."""
-    return settings.max_concurrency * max(1, cfg.dp.size)
+    """The highest load a candidate is tried at: ``search.max_concurrency`` per DP replica or decode
+    server (a cap on the total would hold eight replicas to an eighth of what one replica is allowed)."""
+    return settings.max_concurrency * decoders(cfg)
 
 
 def _ceiling(engine: Any, cfg: ParasweepConf, settings: Settings, gpus: int,
@@ -166,7 +177,14 @@ def _ceiling(engine: Any, cfg: ParasweepConf, settings: Settings, gpus: int,
 
     w = cfg.workload
     bounds = itl_bounds(settings.slo) or [(None, 1.0)]
-    ceilings = [decode_ceiling(engine, w.input_len, limit, bound, share) for bound, share in bounds]
+    # a disaggregated deployment's decode servers share the load (``engine`` is one of them); an
+    # engine's DP replicas are within ``engine`` already
+    servers = cfg.pd.decode.workers if cfg.pd.enabled else 1
+    ceilings = [decode_ceiling(engine, w.input_len, max(1, limit // servers), bound, share)
+                for bound, share in bounds]
+    ceilings = [replace(c, tok_s=c.tok_s * servers,
+                        concurrency=None if c.concurrency is None else c.concurrency * servers)
+                for c in ceilings]
     # where the ITL bound holds the load down, start there; elsewhere another SLO (or none) decides,
     # and doubling from UNGUESSED_START spends less than stepping down from the top
     starts = [c.concurrency for c in ceilings if c.concurrency is not None]

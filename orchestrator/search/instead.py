@@ -5,7 +5,8 @@ node and workload, where the user is already looking.
 * **Comparable.** Only a sweep whose trials share the model, the hardware, the number of GPUs, the
   workload's requests and the cost model (calibration, step costs) is answered: otherwise "better"
   would compare unlike things. Its loads are the closed-loop concurrencies every trial ran.
-* **Candidates.** Every other layout of the GPUs of the trial predicted best at the busiest load
+* **Candidates.** Every other layout of the GPUs of the trial predicted best at the busiest load,
+  aggregated or disaggregated into prefill and decode servers
   (``orchestrator/prediction/neighbourhood.py``), and the changes that trial's diagnosis suggested.
   Each trial's own config is predicted at the same loads the same way (``at_load.py``), so the
   comparison is model against model, never a prediction against a measurement.
@@ -63,9 +64,6 @@ def _comparable(trials: Sequence[SweepTrial]) -> str:
                 "workload": (w.api, w.input_len, w.output_len, w.input_dist, w.output_dist),
                 "cost model": (cfg.calibration.name, cfg.simulator.step_costs)}
 
-    if any(t.cfg.pd.enabled for t in trials):
-        # the layouts around a disaggregated deployment are not searched yet: nothing to set beside it
-        return "disaggregated trials (pd.enabled=true) are not compared with other layouts yet"
     first = what(trials[0].cfg)
     for t in trials[1:]:
         other = what(t.cfg)

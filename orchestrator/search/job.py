@@ -21,6 +21,7 @@ from orchestrator.search.measure import (
     candidate_label,
     judge,
     judged_points,
+    live_refusal,
     loads_around,
     measured_rows,
     rank_agreement,
@@ -51,7 +52,8 @@ def run_search_job(raw_cfg: Any) -> dict[str, Any]:
         raise ConfigError("search.measure_top", cfg.search.measure_top, "an integer >= 0 (0: predict only)")
     out_dir = Path(hc.runtime.output_dir).resolve()
     settings = check_settings(cfg)
-    result = run_search(cfg, out_dir, keep=max(cfg.search.measure_top, 1))
+    result = run_search(cfg, out_dir, keep=max(cfg.search.measure_top, 1),
+                        overrides=tuple(hc.overrides.task))
     answer = result.folder / ANSWER_FILE
     _write_answer(answer, result.answer)  # now: a search stopped while measuring keeps its answer so far
     run_id = _search_run(cfg, result, settings)
@@ -61,7 +63,7 @@ def run_search_job(raw_cfg: Any) -> dict[str, Any]:
               "step either side, as trials of the search's run", flush=True)
         measured = [_measure(cfg, settings, o, rank, run_id, list(hc.overrides.task), out_dir)
                     for rank, o in enumerate(top, 1)]
-        lines = measured_lines(cfg, measured, settings, run_id)
+        lines = measured_lines(cfg, measured, settings, run_id, tuple(hc.overrides.task))
         _log_measured(cfg, run_id, measured, settings, result.folder)
         for line in lines:
             print(line, flush=True)
@@ -125,6 +127,11 @@ def _measure(cfg: ParasweepConf, settings: Settings, outcome: Any, rank: int, ru
     m = Measured(outcome, rank, loads_around(outcome.concurrency or 1, cap))
     label = candidate_label(rank, outcome.change)
     run_dir = out_dir / "measured" / str(rank)
+    why = live_refusal(cfg, outcome.change)
+    if why:
+        m.status = f"not measured: it cannot run as a trial here ({why})"
+        print(f"[parasweep] not measuring #{rank} {overrides_text(outcome.change)}: {why}", flush=True)
+        return m
     print(f"[parasweep] measuring #{rank} {overrides_text(outcome.change)} at concurrency "
           f"{', '.join(map(str, m.loads))}", flush=True)
     run_trial_process(trial_argv(task, outcome.change, m.loads, run_id, label, run_dir))
@@ -161,9 +168,13 @@ def _measured_goodput(run_dir: Path, loads: list[int], settings: Settings) -> di
 
 
 def measured_lines(cfg: ParasweepConf, measured: list[Measured], settings: Settings,
-                   run_id: str) -> list[str]:
+                   run_id: str, task: tuple[str, ...] = ()) -> list[str]:
     """Predicted against measured for each candidate, the winner by measured numbers, whether the
     ranking held, and the calibration offer."""
+    if all(m.status.startswith("not measured") for m in measured):
+        return [*(f"  #{m.rank} {overrides_text(m.outcome.change)} [{m.status}]" for m in measured),
+                "None of the best can run as a trial on this machine: the prediction's answer stands "
+                "unmeasured."]
     engines = {m.engine for m in measured if m.run_id}
     simulated = engines <= {"sim"}
     kind = ("on the simulated engine in real time (a stand-in, not a GPU)" if simulated
@@ -171,6 +182,9 @@ def measured_lines(cfg: ParasweepConf, measured: list[Measured], settings: Setti
     lines = [f"Measured {kind}; beside each number, the search's prediction of the same load point:"]
     for m in measured:
         head = f"  #{m.rank} {overrides_text(m.outcome.change)} [{m.status}]"
+        if m.status.startswith("not measured"):
+            lines.append(head)
+            continue
         if m.score is None:
             lines.append(f"{head}: no load within the SLOs measured (tried {m.loads})")
             continue
@@ -190,9 +204,12 @@ def measured_lines(cfg: ParasweepConf, measured: list[Measured], settings: Setti
     scored = sorted((m for m in measured if m.score is not None), key=lambda m: -(m.score or 0.0))
     if scored:
         win = scored[0]
-        lines.append(f"Winner by measured numbers: #{win.rank} {overrides_text(win.outcome.change)} at "
+        unmeasured = [f"#{m.rank}" for m in measured if m.status.startswith("not measured")]
+        head = ("Winner by measured numbers" if not unmeasured else
+                f"Best of those measured ({', '.join(unmeasured)} could not run here)")
+        lines.append(f"{head}: #{win.rank} {overrides_text(win.outcome.change)} at "
                      f"concurrency {win.concurrency}: {settings.objective} {win.score:,.1f}")
-        lines += command_lines(cfg, win.outcome.change, win.concurrency)
+        lines += command_lines(cfg, win.outcome.change, win.concurrency, task)
     else:
         lines.append("No measured candidate met the SLOs at the loads tried: the prediction's best stands "
                      "unconfirmed (the SLOs may sit at the model's edge, or the model is off here).")

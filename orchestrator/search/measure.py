@@ -83,8 +83,10 @@ def judged_points(loads: list[int]) -> dict[int, LoadPoint]:
 def trial_argv(task: Sequence[str], change: dict[str, Any], loads: list[int], parent_run_id: str,
                label: str, run_dir: Path) -> list[str]:
     """``run.py`` with the search's overrides, the candidate's change (``++``: added where the base
-    config lacks the key, such as an engine flag under ``server.extra_args``) and the loads."""
-    changed = [f"++{overrides_text({k: v}).lstrip('+')}" for k, v in change.items()]
+    config lacks the key, such as an engine flag under ``server.extra_args``; a group's option,
+    ``pd=1p3d``, selected as it is) and the loads."""
+    changed = [overrides_text({k: v}) if "." not in k else f"++{overrides_text({k: v}).lstrip('+')}"
+               for k, v in change.items()]
     return [sys.executable, str(RUN_PY), *base_overrides(task, change), *changed,
             f"workload.concurrency=[{','.join(str(c) for c in loads)}]", "workload.rate=[]",
             "workload.warmup_per_concurrency=0", f"workload.requests_per_concurrency={REQUESTS_PER_STREAM}",
@@ -92,6 +94,24 @@ def trial_argv(task: Sequence[str], change: dict[str, Any], loads: list[int], pa
             "search.name=null",
             f"tracking.parent_run_id={parent_run_id}", f"tracking.label='{label}'",
             f"hydra.run.dir={run_dir}"]
+
+
+def live_refusal(cfg: Any, change: dict[str, Any]) -> str:
+    """Why the candidate cannot run as a trial on this machine ("" when it can): a layout wider than
+    the sweep's own local Ray, a disaggregated deployment across nodes, ... (the search judged it in
+    virtual time, where these are allowed)."""
+    import dataclasses
+
+    from orchestrator.config.validate import validate
+    from orchestrator.errors import UserError
+    from orchestrator.prediction.modelled import apply_change
+
+    try:
+        changed, _ = apply_change(cfg, change)
+        validate(dataclasses.replace(changed, predict=cfg.predict, engine=cfg.engine))
+    except (UserError, ValueError) as exc:
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return ""
 
 
 def run_trial_process(argv: list[str]) -> int:

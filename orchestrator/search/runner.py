@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import os
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,10 +82,11 @@ def search_base(cfg: ParasweepConf) -> ParasweepConf:
 
 
 def run_search(cfg: ParasweepConf, out_dir: Path, show_progress: bool = True,
-               keep: int = 1 + RUNNERS_UP) -> SearchResult:
+               keep: int = 1 + RUNNERS_UP, overrides: tuple[str, ...] = ()) -> SearchResult:
     """The search of ``cfg.search`` on ``cfg`` as the base configuration; its table is written under
     ``out_dir/search/``. Raises a ``UserError`` (one line) for a bad search or when no candidate meets
-    the SLOs, naming the one that came closest."""
+    the SLOs, naming the one that came closest. ``overrides``: the search's own command-line overrides,
+    which the winner's command line keeps (its model, hardware, workload ...)."""
     settings = check_settings(cfg)
     dims = parse_space(cfg.search.space)
     cfg = search_base(cfg)
@@ -116,7 +118,7 @@ def run_search(cfg: ParasweepConf, out_dir: Path, show_progress: bool = True,
     table.to_parquet(folder / "candidates.parquet", index=False)
     table.to_csv(folder / "candidates.csv", index=False)
     result = SearchResult(outcomes, table, folder, sampled_from=total if total > budget else None)
-    result.answer = answer_lines(cfg, result, settings)
+    result.answer = answer_lines(cfg, result, settings, overrides)
     for line in result.answer:
         print(line, flush=True)
     if not result.ranked:
@@ -140,7 +142,8 @@ def _nothing_meets(outcomes: list[Outcome], settings: Settings) -> str:
             f"({closest.reason})")
 
 
-def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings) -> list[str]:
+def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings,
+                 task: tuple[str, ...] = ()) -> list[str]:
     """The end of a search: counts, the winner as a command line, the runners-up, the rejections."""
     outcomes, ranked = result.outcomes, result.ranked
     counts = collections.Counter(o.status for o in outcomes)
@@ -160,7 +163,7 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings) -
         best = ranked[0]
         lines.append(f"Best: {overrides_text(best.change)} at concurrency {best.concurrency}: "
                      f"{_scored(best, settings)}; a higher load: {best.limit}")
-        lines += command_lines(cfg, best.change, best.concurrency)
+        lines += command_lines(cfg, best.change, best.concurrency, task)
         # more replicas of the best's engine score what it scores per GPU by construction: the noise
         # question is about the best other engine
         rival = next((o for o in ranked[1:] if _family(o) != _family(best)), None)
@@ -180,10 +183,17 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings) -
     return lines
 
 
-def command_lines(cfg: ParasweepConf, change: dict[str, Any], concurrency: int | None) -> list[str]:
-    """A candidate as a person runs it: its ``run.py`` command line at ``concurrency`` and its SGLang
-    launch command."""
-    lines = [f"  python run.py {overrides_text(change)} workload.concurrency=[{concurrency}]",
+def command_lines(cfg: ParasweepConf, change: dict[str, Any], concurrency: int | None,
+                  task: tuple[str, ...] = ()) -> list[str]:
+    """A candidate as a person runs it: its ``run.py`` command line at ``concurrency`` (the search's
+    own overrides kept, its search turned off) and its SGLang launch command."""
+    from orchestrator.search.measure import base_overrides
+
+    base = [shlex.quote(o) for o in base_overrides(task, change)]
+    off = ["search.name=null"] if any(o.startswith(("experiment=", "search=")) for o in task) else []
+    run_py = " ".join(["python", "run.py", *base, *off, overrides_text(change),
+                       f"workload.concurrency=[{concurrency}]"])
+    lines = [f"  {run_py}",
              f"  SGLang as parasweep measures it (0.5.23's flags; random weights of the config folder, "
              f"no tokenizer): {sglang_command(cfg, change)}"]
     if cfg.model.weights:
@@ -215,6 +225,8 @@ def sglang_command(cfg: ParasweepConf, change: dict[str, Any], weights: str | No
             flags = _serving(flags, weights)
         return redact_argv(["python", "-m", "sglang.launch_server", *flags])
 
+    if changed.pd.enabled:
+        return _disaggregated_command(changed, prefix, server)
     if not router_process(changed, "sglang"):
         return shlex.join([*prefix, *server(changed, 30000)])
     # one server per replica on its own GPUs (ports 30001..), the router in front on 30000
@@ -223,6 +235,33 @@ def sglang_command(cfg: ParasweepConf, change: dict[str, Any], weights: str | No
     replicas = [shlex.join([f"CUDA_VISIBLE_DEVICES={gpus}", *prefix, *argv])
                 for argv, gpus in launch.replicas]
     return " & ".join([*replicas, shlex.join(launch.router)])
+
+
+def _disaggregated_command(cfg: ParasweepConf, prefix: list[str],
+                           server: Callable[[ParasweepConf, int], list[str]]) -> str:
+    """Every prefill and decode server of a disaggregated deployment on its GPUs (ports 30001..,
+    bootstrap ports from SGLang's default up), the router in PD mode in front on 30000. Across nodes
+    each server is marked with its node, its GPUs numbered within it; the router's URLs then need the
+    nodes' addresses instead of 127.0.0.1."""
+    from orchestrator.config.schema import server_nodes
+    from orchestrator.engines.router import pd_launch
+    from orchestrator.engines.sglang_compat.disagg import DEFAULT_BOOTSTRAP_PORT
+
+    count = cfg.pd.prefill.workers + cfg.pd.decode.workers
+    launch = pd_launch(cfg, server, [30001 + i for i in range(count)],
+                       [DEFAULT_BOOTSTRAP_PORT + i for i in range(cfg.pd.prefill.workers)], 30000, 29000,
+                       None, python="python")
+    nodes = server_nodes(cfg)
+    across = len(set(nodes)) > 1
+    used: collections.Counter[int] = collections.Counter()
+    commands = []
+    for one, node in zip(launch.servers, nodes, strict=True):
+        width = len(one.gpus.split(","))
+        gpus = ",".join(str(used[node] + g) for g in range(width))
+        used[node] += width
+        command = shlex.join([f"CUDA_VISIBLE_DEVICES={gpus}", *prefix, *one.argv])
+        commands.append(f"[node {node}] {command}" if across else command)
+    return " & ".join([*commands, shlex.join(launch.router)])
 
 
 def _serving(flags: list[str], weights: str) -> list[str]:

@@ -93,8 +93,7 @@ class AdviceChecker:
         self.slo = dict(cfg.search.slo)
         self.cache_dir, self.workers = cache_dir, workers
         self.source = f"{SOURCE}; step costs: {step_costs_label(cfg)}"
-        # a disaggregated deployment: its findings' own changes (the layouts around it are not searched yet)
-        self.layouts = layouts(cfg) if not cfg.pd.enabled else []
+        self.layouts = layouts(cfg)
         self._predicted: dict[tuple[str, str], Predicted] = {}  # (change, load label) -> prediction
 
     def _checkable(self, finding: Finding) -> bool:
