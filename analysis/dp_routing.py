@@ -25,13 +25,13 @@ ROUTER_MATCH_FRAC = "router_tree_match_frac"
 ROUTER_MATCH_RATIO = "router_match_ratio_mean"
 
 
-def _increase(rows: pd.DataFrame, start: float, end: float) -> float | None:
+def increase_of(rows: pd.DataFrame, start: float, end: float) -> float | None:
     """A scraped counter's increase over [start, end] (``counter_increase``)."""
     rows = rows.sort_values("ts")
     return counter_increase(rows["ts"].to_numpy(float), rows["value"].to_numpy(float), start, end)
 
 
-def _series(frame: pd.DataFrame | None, name: str, **labels: str) -> pd.DataFrame:
+def series_of(frame: pd.DataFrame | None, name: str, **labels: str) -> pd.DataFrame:
     """The samples of counter ``name`` whose labels include ``labels``, summed per scrape. A scrape
     that does not list the series reads 0: the router and the engines create a labelled counter at its
     first increment (the router's branch counters appear with its first cache-aware decision), so a
@@ -55,7 +55,7 @@ def routing_summary(router: pd.DataFrame | None, replicas: list[pd.DataFrame | N
     out: dict[str, float] = {}
     sent_by: dict[int, float] = {}
     for rank, url in enumerate(worker_urls):
-        sent = _increase(_series(router, "smg_worker_requests_total", worker=url), start, end)
+        sent = increase_of(series_of(router, "smg_worker_requests_total", worker=url), start, end)
         if sent is not None:
             sent_by[rank] = sent
     total_sent = sum(sent_by.values())
@@ -64,20 +64,20 @@ def routing_summary(router: pd.DataFrame | None, replicas: list[pd.DataFrame | N
             out[per_replica(rank, "request_share")] = sent / total_sent
     for rank, frame in enumerate(replicas):
         name = "sglang:realtime_tokens_total"
-        cached = _increase(_series(frame, name, mode="prefill_cache"), start, end)
-        computed = _increase(_series(frame, name, mode="prefill_compute"), start, end)
+        cached = increase_of(series_of(frame, name, mode="prefill_cache"), start, end)
+        computed = increase_of(series_of(frame, name, mode="prefill_compute"), start, end)
         if cached is not None and computed is not None and cached + computed > 0:
             out[per_replica(rank, "cache_hit_rate")] = cached / (cached + computed)
-    branches = _series(router, "smg_cache_aware_policy_branch_total")
+    branches = series_of(router, "smg_cache_aware_policy_branch_total")
     if not branches.empty:
-        total = _increase(branches, start, end)
-        tree_match = _series(router, "smg_cache_aware_policy_branch_total", branch="tree_match")
+        total = increase_of(branches, start, end)
+        tree_match = series_of(router, "smg_cache_aware_policy_branch_total", branch="tree_match")
         # no tree_match series while other branches are listed: no decision followed a cached prefix
-        matched = _increase(tree_match, start, end) if not tree_match.empty else 0.0
+        matched = increase_of(tree_match, start, end) if not tree_match.empty else 0.0
         if total and matched is not None:
             out[ROUTER_MATCH_FRAC] = matched / total
-    ratio_sum = _increase(_series(router, "smg_cache_aware_match_ratio_sum"), start, end)
-    ratio_count = _increase(_series(router, "smg_cache_aware_match_ratio_count"), start, end)
+    ratio_sum = increase_of(series_of(router, "smg_cache_aware_match_ratio_sum"), start, end)
+    ratio_count = increase_of(series_of(router, "smg_cache_aware_match_ratio_count"), start, end)
     if ratio_sum is not None and ratio_count:
         out[ROUTER_MATCH_RATIO] = ratio_sum / ratio_count
     return out

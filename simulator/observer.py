@@ -88,5 +88,14 @@ class Reporter:
             self.metrics.kv_transfer_latency_ms.observe(seconds * 1e3)
             self.metrics.kv_transfer_total_mb.observe(nbytes / 1e6)
 
+    def on_pd_stage(self, stage: str, seconds: float) -> None:
+        """A disaggregated request left one stage of its timeline (SGLang's ``per_stage_req_latency``;
+        ``queue_time``: its wait in the waiting queue)."""
+        if self.metrics is not None:
+            if stage == "queue_time":
+                self.metrics.queue_time.observe(seconds)
+            else:
+                self.metrics.stage_latency(stage).observe(seconds)
+
     def on_idle(self, replica: ReplicaModel) -> None:
         self._set(replica, 0)

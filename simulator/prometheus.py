@@ -31,6 +31,12 @@ KV_TRANSFER_MB_BUCKETS = [1, 5, 10, 50, 100, 500, 1000, 5000, 10000]
 TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
 ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
                0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0]
+# SGLang 0.5.23's scheduler histograms of a request's timeline (observability/metrics_collector.py):
+# the wait in the waiting queue, and each stage's latency (exponential_buckets(0.001, 1.62, 30))
+QUEUE_TIME_BUCKETS = [0.0, 0.001, 0.005, 0.010, 0.050, 0.100, 0.200, 0.500, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40,
+                      50, 60, 70, 80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400,
+                      1600, 1800, 2000, 2500, 3000]
+STAGE_BUCKETS = [0.001 * 1.62 ** i for i in range(30)]
 E2E_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200,
                1800, 2400]
 
@@ -94,6 +100,15 @@ class PrometheusMetrics:
                           scheduler, buckets=KV_TRANSFER_MB_BUCKETS, registry=reg)
         self.kv_transfer_latency_ms = latency.labels(model, "unified", "0", "0", "0")
         self.kv_transfer_total_mb = total.labels(model, "unified", "0", "0", "0")
+        # a disaggregated server's request timeline: its queue wait and the PD stages it observes (a
+        # labelled child appears at its first observation, as SGLang's do)
+        queue = Histogram("sglang:queue_time_seconds", "Histogram of queueing time in seconds (simulated).",
+                          scheduler, buckets=QUEUE_TIME_BUCKETS, registry=reg)
+        stages = Histogram("sglang:per_stage_req_latency_seconds",
+                           "The latency of each stage of requests (simulated seconds).",
+                           [*scheduler, "stage"], buckets=STAGE_BUCKETS, registry=reg)
+        self.queue_time = queue.labels(model, "unified", "0", "0", "0")
+        self.stage_latency = lambda stage: stages.labels(model, "unified", "0", "0", "0", stage)
         reg.register(_ReplicaCollector(cfg, replicas, self.gauges, now, lag or (lambda: 0.0)))
 
 

@@ -35,6 +35,7 @@ class Observer(Protocol):
     def on_decode_log(self, replica: ReplicaModel, batch_size: int, cuda_graph: bool) -> None: ...
     def on_idle(self, replica: ReplicaModel) -> None: ...
     def on_kv_transferred(self, seconds: float, nbytes: float) -> None: ...
+    def on_pd_stage(self, stage: str, seconds: float) -> None: ...
 
 
 class Handoff(Protocol):
@@ -374,6 +375,8 @@ class ReplicaModel:
             req.first_token_time = req.last_token_time = now
             if req.pd is not None:
                 req.pd.first_token = now
+                if obs is not None:  # SGLang's decode_waiting: the KV arrived to the first forward
+                    obs.on_pd_stage("decode_waiting", now - req.pd.transferred)
             report = obs is not None and req.log_metrics
             if report:
                 obs.on_first_token(req, now)

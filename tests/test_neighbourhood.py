@@ -24,13 +24,14 @@ def splits(changes: list[dict]) -> set[tuple[int, int, int, int]]:
     """The aggregated splits among ``changes`` (tp, pp, dp, ep)."""
     return {(c.get("tp.size", 1), c.get("pp.size", 1), c.get("dp.size", 1), c.get("ep.size", 1))
             for c in changes
-            if ATTN_DP_KEY not in c and not c.get("pd.enabled") and "spec.algorithm" not in c}
+            if ATTN_DP_KEY not in c and "pd.prefill.workers" not in c and "spec.algorithm" not in c}
 
 
-def deployments(changes: list[dict]) -> set[tuple[int, int, int]]:
-    """The disaggregated deployments among ``changes``: (prefill servers, decode servers, their TP)."""
-    return {(c["pd.prefill.workers"], c["pd.decode.workers"], c["tp.size"]) for c in changes
-            if c.get("pd.enabled")}
+def deployments(changes: list[dict], tp: int = 8) -> set[tuple[int, int, int]]:
+    """The disaggregated deployments among ``changes`` of a trial of ``tp``: (prefill servers, decode
+    servers, the decode servers' TP)."""
+    return {(c["pd.prefill.workers"], c["pd.decode.workers"], c.get("pd.decode.tp", c.get("tp.size", tp)))
+            for c in changes if "pd.prefill.workers" in c}
 
 
 def test_every_split_of_the_same_gpus_over_pcie_too() -> None:
@@ -64,8 +65,7 @@ def test_disaggregated_serving_on_the_same_gpus_is_a_layout_too() -> None:
     assert deployments(around) == ({(p, 8 - p, 1) for p in range(1, 8)}
                                    | {(p, 4 - p, 2) for p in range(1, 4)} | {(1, 1, 4)})
     one = next(c for c in around if c.get("pd.enabled") and c["tp.size"] == 4)
-    assert one == {"pd.enabled": True, "pd.prefill.workers": 1, "pd.decode.workers": 1, "tp.size": 4,
-                   "pp.size": 1}
+    assert one == {"pd.enabled": True, "pd.prefill.workers": 1, "pd.decode.workers": 1, "tp.size": 4}
     # a disaggregated trial (1P1D of TP4): every aggregated split of its 8 GPUs, its own TP8 included, and
     # every other deployment; a role's own layout gives way to the one tried
     cfg = config("llama-3.1-70b", "h100-sxm-x8", tp=4)
@@ -73,8 +73,10 @@ def test_disaggregated_serving_on_the_same_gpus_is_a_layout_too() -> None:
     around = layouts(cfg)
     aggregated = [c for c in around if "pd.prefill.workers" not in c and ATTN_DP_KEY not in c]
     assert (8, 1, 1, 1) in splits(around) and all(c["pd.enabled"] is False for c in aggregated)
-    assert (1, 1, 4) not in deployments(around) and (2, 2, 2) in deployments(around)
-    assert all(c["pd.decode.tp"] is None for c in around if c.get("pd.enabled"))
+    assert (1, 1, 4) not in deployments(around, 4) and (2, 2, 2) in deployments(around, 4)
+    # the decode servers' TP is their own key: the deployment sets both roles' there, not the trial's
+    two = next(c for c in around if (c.get("pd.prefill.workers"), c.get("pd.decode.workers")) == (2, 2))
+    assert two == {"pd.prefill.workers": 2, "pd.decode.workers": 2, "pd.prefill.tp": 2, "pd.decode.tp": 2}
     # two nodes: servers up to a node wide, none across
     cfg = config("llama-3.1-70b", "h100-sxm-x8-2nodes-ib", tp=8, dp=2)
     assert max(t for _, _, t in deployments(layouts(cfg))) == 8 and (1, 1, 8) in deployments(layouts(cfg))

@@ -33,11 +33,13 @@ PD_TRIAL = ["pd=1p1d", "model=llama-3.1-8b", "hardware=h100-sxm-x8", "parallelis
 
 def test_a_disaggregated_trial_answers_every_request_through_the_router_and_records_both_roles(
         tmp_path: Path) -> None:
-    result = run_cli([*PD_TRIAL, "workload=tiny", "workload.concurrency=[2]"], tmp_path, timeout=600)
+    # outputs long enough that the window holds GPU samples of both servers
+    result = run_cli([*PD_TRIAL, "workload=tiny", "workload.concurrency=[2]", "workload.output_len=128"],
+                     tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (trial,) = [p.parent for p in tmp_path.glob("runs/outputs/**/records")]
     records = [json.loads(line) for line in (trial / "records" / "requests.jsonl").read_text().splitlines()]
-    assert records and all(r["error"] is None and r["output_tokens"] == 8 for r in records)
+    assert records and all(r["error"] is None and r["output_tokens"] == 128 for r in records)
     server = trial / "server"
     router = json.loads((server / "router_argv.json").read_text())
     assert "--pd-disaggregation" in router and "--prefill" in router and "--decode" in router
@@ -57,6 +59,14 @@ def test_a_disaggregated_trial_answers_every_request_through_the_router_and_reco
     parts = sum(metrics[f"c2/pd_ttft_{p}_ms"] for p in ("bootstrap", "prefill_queue", "prefill", "transfer",
                                                            "decode_first"))
     assert parts <= metrics["c2/ttft_mean_ms"] + 1e-6  # the router's and the client's share on top
+    # the same parts from the servers' own histograms (what a real SGLang deployment gives): every part
+    # counted, and the prefill's (the same for every request of one length, alone) as the responses say
+    stage = {p: metrics.get(f"c2/pd_stage_{p}_ms") for p in ("bootstrap", "prefill_queue", "prefill",
+                                                             "transfer", "decode_first")}
+    assert all(v is not None and v >= 0 for v in stage.values()), stage
+    assert stage["prefill"] == pytest.approx(metrics["c2/pd_ttft_prefill_ms"], rel=0.25)
+    # both roles' GPUs sampled (one TP1 server each): each role's busy share, as a prediction has it
+    assert 0 < metrics["c2/pd_decode_util_pct"] <= 100 and 0 < metrics["c2/pd_prefill_util_pct"] <= 100
     pgids = sorted(p.name for p in server.glob("*.pgid"))
     assert pgids == ["router.pgid", "server-prefill0.pgid", "server.pgid"]
     assert not any(group_alive(int((server / p).read_text())) for p in pgids)

@@ -144,5 +144,12 @@ def per_stage(stage: int, name: str) -> str:
 
 
 def pd_ttft_part(part: str) -> str:
-    """The metric of one part of a disaggregated request's TTFT (mean over the window, ms)."""
+    """The metric of one part of a disaggregated request's TTFT (mean over the window, ms), from the
+    requests' own accounts (the simulated engine sends them) or a prediction."""
     return f"pd_ttft_{part}_ms"
+
+
+def pd_stage_part(part: str) -> str:
+    """The same part from the servers' stage histograms over the window (ms): what any live deployment,
+    SGLang's included, gives."""
+    return f"pd_stage_{part}_ms"

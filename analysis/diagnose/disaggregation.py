@@ -18,7 +18,7 @@ from analysis.diagnose.evidence import by_load, scheduler_evidence, suggest
 from analysis.diagnose.facts import TrialFacts
 from vocab.findings import Finding
 from vocab.records import PD_TTFT_PARTS
-from vocab.telemetry import PD_DECODE_UTIL, PD_PREFILL_UTIL, pd_ttft_part
+from vocab.telemetry import PD_DECODE_UTIL, PD_PREFILL_UTIL, pd_stage_part, pd_ttft_part
 from vocab.values import float_or_none
 
 # a part of the TTFT this large (share, and at least this many ms) is what holds the request back
@@ -31,11 +31,14 @@ IDLE_PCT = 50.0  # ... and one below this has room to give
 
 
 def _parts(f: TrialFacts, label: str) -> dict[str, float] | None:
+    """The point's TTFT in parts: the requests' own accounts where they give them (the simulated
+    engine, predictions), else the servers' stage histograms (SGLang)."""
     m = f.points[label]
-    parts = {p: float_or_none(m.get(pd_ttft_part(p))) for p in PD_TTFT_PARTS}
-    if any(v is None for v in parts.values()):
-        return None
-    return {p: float(v) for p, v in parts.items()}  # type: ignore[arg-type]
+    for name in (pd_ttft_part, pd_stage_part):
+        parts = {p: float_or_none(m.get(name(p))) for p in PD_TTFT_PARTS}
+        if all(v is not None for v in parts.values()):
+            return {p: float(v) for p, v in parts.items()}  # type: ignore[arg-type]
+    return None
 
 
 def _points(f: TrialFacts) -> list[tuple[str, dict[str, float]]]:

@@ -67,7 +67,18 @@ def layouts(cfg: ParasweepConf) -> list[dict[str, Any]]:
     return out
 
 
-ROLE_KEYS = ("tp", "pp", "ep", "dp")
+def _role_layout(cfg: ParasweepConf, change: dict[str, Any], wanted: dict[str, int]) -> None:
+    """Give both roles the ``wanted`` sizes in as few keys as the trial allows: where a role sets a size
+    of its own (``pd.decode.tp``), the roles' keys; else the trial's (``tp.size``), which they take."""
+    roles = (cfg.pd.prefill, cfg.pd.decode)
+    for key, value in wanted.items():
+        trial = getattr(cfg, key).size
+        if any(getattr(r, key) is not None for r in roles):
+            for name, r in zip(("prefill", "decode"), roles, strict=True):
+                if (getattr(r, key) or trial) != value:
+                    change[f"pd.{name}.{key}"] = value
+        elif trial != value:
+            change[f"{key}.size"] = value
 
 
 def _disaggregated(cfg: ParasweepConf, gpus: int) -> list[dict[str, Any]]:
@@ -87,23 +98,16 @@ def _disaggregated(cfg: ParasweepConf, gpus: int) -> list[dict[str, Any]]:
             if pd.enabled and same_servers and (pd.prefill.workers, pd.decode.workers) == (
                     prefill, servers - prefill):  # the trial's own deployment
                 continue
-            change: dict[str, Any] = {"pd.enabled": True, "pd.prefill.workers": prefill,
-                                      "pd.decode.workers": servers - prefill, "tp.size": tp, "pp.size": 1}
-            if cfg.dp.size != 1:
-                change["dp.size"] = 1
-            ep = tp if cfg.ep.size > 1 else 1  # experts over the TP group where the trial spreads them
-            if ep != cfg.ep.size:
-                change["ep.size"] = ep
+            change: dict[str, Any] = {"pd.enabled": True} if not pd.enabled else {}
+            change.update({"pd.prefill.workers": prefill, "pd.decode.workers": servers - prefill})
+            # experts over the TP group where the trial spreads them
+            _role_layout(cfg, change, {"tp": tp, "pp": 1, "dp": 1, "ep": tp if cfg.ep.size > 1 else 1})
             if cfg.pp.async_depth:
                 change["pp.async_depth"] = 0
             if cfg.pp.micro_batch_size is not None:
                 change["pp.micro_batch_size"] = None
             if cfg.spec.algorithm != "none":  # no speculation in a disaggregated deployment yet
                 change["spec.algorithm"] = "none"
-            for role in ("prefill", "decode"):  # each role takes the layout above, not its own
-                for key in ROLE_KEYS:
-                    if getattr(getattr(pd, role), key) is not None:
-                        change[f"pd.{role}.{key}"] = None
             out.append(change)
     return out
 

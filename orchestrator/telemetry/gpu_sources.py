@@ -40,25 +40,27 @@ class GpuTelemetry:
             self.sampler = None
 
 
-def open_reader(engine: str, visible: str | None, world_size: int, server_url: str) -> GpuReader:
-    """The reader for ``engine``'s GPUs; raises ``NvmlUnavailable`` when NVML cannot be used."""
+def open_reader(engine: str, visible: str | None, world_size: int, server_url: str,
+                server_urls: list[str] | None = None) -> GpuReader:
+    """The reader for ``engine``'s GPUs (the simulated engine's: of ``server_url``, or of every server
+    of ``server_urls`` in order); raises ``NvmlUnavailable`` when NVML cannot be used."""
     if engine == "sim":
-        from orchestrator.telemetry.sim_gpu_source import SimulatedGpuReader
+        from orchestrator.telemetry.sim_gpu_source import ServersGpuReader, SimulatedGpuReader
 
-        return SimulatedGpuReader(server_url)
+        return ServersGpuReader(server_urls) if server_urls else SimulatedGpuReader(server_url)
     from orchestrator.telemetry.nvml_source import NvmlReader
 
     return NvmlReader.open(visible, world_size)
 
 
 def start_gpu_telemetry(engine: str, visible: str | None, world_size: int, server_url: str,
-                        jsonl_path: Path, hz: float) -> GpuTelemetry:
+                        jsonl_path: Path, hz: float, server_urls: list[str] | None = None) -> GpuTelemetry:
     if hz <= 0:
         return GpuTelemetry(GpuSource.NONE, "GPU sampling off (telemetry.gpu_hz=0)")
     from orchestrator.telemetry.nvml_source import NvmlUnavailable
 
     try:
-        reader = open_reader(engine, visible, world_size, server_url)
+        reader = open_reader(engine, visible, world_size, server_url, server_urls)
     except NvmlUnavailable as exc:
         log.warning("no GPU telemetry for this trial: %s", exc)
         return GpuTelemetry(GpuSource.NONE, f"no NVML: {exc}")

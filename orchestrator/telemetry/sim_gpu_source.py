@@ -67,3 +67,27 @@ class SimulatedGpuReader:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+class ServersGpuReader:
+    """The simulated GPUs of several servers (a disaggregated deployment's, in placement order: prefill
+    servers first) as one trial's: each server's rows, numbered on after the previous server's GPUs."""
+
+    name = GpuSource.SIMULATED
+
+    def __init__(self, base_urls: list[str], timeout_s: float = 2.0) -> None:
+        self._readers = [SimulatedGpuReader(url, timeout_s) for url in base_urls]
+
+    def read(self, energy: bool = True) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for reader in self._readers:
+            first = len(rows)
+            for row in reader.read(energy):
+                gpu = first + int(row["gpu"])
+                rows.append({**row, "gpu": gpu, "uuid": f"sim-{gpu}"})
+        return rows
+
+    def close(self) -> None:
+        for reader in self._readers:
+            reader.close()
+

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config.schema import PD_ROLES
+from orchestrator.config.schema import PD_ROLES, role_gpus, world_size
 from orchestrator.config.traffic import traffic_note
 from orchestrator.engines.base import engine_version
 from orchestrator.environment import joined_placement, placement
@@ -193,6 +193,7 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
     what it needs as arguments (telemetry summaries feed the diagnosis, which feeds the description)."""
     from analysis.diagnose import diagnose
     from analysis.dp_routing import routing_summary
+    from analysis.pd_stages import role_busy, stage_parts
     from analysis.telemetry import point_telemetry
     from orchestrator.engines.router import worker_urls
     from orchestrator.environment import fingerprint
@@ -225,6 +226,7 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
         for i in range(1, len(urls)):
             replicas.append(read_samples(paths.replica_metrics_jsonl(i)))
             frames[paths.replica_metrics_jsonl(i).stem] = replicas[-1]
+        by_role: dict[str, list[Any]] = {role: [] for role in PD_ROLES}
         if cfg.pd.enabled:  # the router's own PD metrics (smg_pd_*), and every other server's scrape
             frames["router_metrics"] = read_samples(paths.router_metrics_jsonl)
             for role in PD_ROLES:
@@ -232,6 +234,7 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
                     path = paths.worker_metrics_jsonl(role, i)
                     if path != paths.server_metrics_jsonl:
                         frames[path.stem] = read_samples(path)
+                    by_role[role].append(metrics if path == paths.server_metrics_jsonl else frames[path.stem])
         recorder.save_telemetry(frames)
         windows = {r.point.label: measured_window(r) for r in results}
         recorder.save_point_windows(windows)
@@ -241,6 +244,10 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
                                     cfg.hardware.idle_power_w, layout)
             if urls:  # DP replicas behind the router package: how it spread them, what each cache found
                 extra.update(routing_summary(router, replicas, urls, start, end))
+            if cfg.pd.enabled:  # the TTFT's parts from the servers' histograms, each role's GPUs' busy share
+                extra.update(stage_parts(by_role, start, end))
+                extra.update(role_busy(extra, role_gpus(cfg, "prefill") * cfg.pd.prefill.workers,
+                                       world_size(cfg)))
             if extra:
                 extras[r.point.label] = extra
         recorder.log_point_extras(extras)

@@ -28,7 +28,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.config.schema import gpus_per_node, role_config, role_gpus, router_process, trial_nodes
+from orchestrator.config.schema import gpus_per_node, role_config, router_process, trial_nodes
 from orchestrator.engines.base import HOST, NodePlace
 from orchestrator.engines.router import pd_launch, routed_launch
 from orchestrator.engines.sglang_compat.speculative import simulated_acceptance_env
@@ -174,6 +174,7 @@ class LiveSession:
         self._others: OtherNodes | None = None  # node ranks 1.. of a trial across nodes
         self._group: ReplicaGroup | None = None  # DP replicas behind the router (dp.router_impl)
         self._speaker_url = ""  # behind the router: the server whose /server_info stands for the engine
+        self._server_urls: list[str] = []  # disaggregated: every server, in placement order
         self._worker_metrics: list[tuple[str, Path]] = []  # behind the router: the others' /metrics
         self._router_metrics_url = ""
         self._pids: set[int] = set()
@@ -218,15 +219,14 @@ class LiveSession:
                 self.resolved["sglang_simulate_acc_len"] = self.env["SGLANG_SIMULATE_ACC_LEN"]
             self._use_engine_clock()
             self._start_scrapers(engine_url)
-            # the simulated engine reports every GPU it models (behind the router: replica 0's);
-            # NVML sees this node's only
+            # the simulated engine reports every GPU it models (behind the router: replica 0's; of a
+            # disaggregated deployment, every server's, prefill servers first); NVML sees this node's
             replicas = cfg.dp.size if routed else 1
             sim = self.plan.engine_name == "sim"
             sampled = self.plan.world_size // replicas if sim else gpus_per_node(cfg)
-            if sim and cfg.pd.enabled:  # decode server 0's GPUs, the ones it models
-                sampled = role_gpus(cfg, "decode")
             self.gpu = start_gpu_telemetry(self.plan.engine_name, self.env.get("CUDA_VISIBLE_DEVICES"),
-                                           sampled, engine_url, self.paths.gpu_jsonl, cfg.telemetry.gpu_hz)
+                                           sampled, engine_url, self.paths.gpu_jsonl, cfg.telemetry.gpu_hz,
+                                           self._server_urls if sim else None)
             # the router's /health answers 200 whatever its replicas do: each replica has its own prober
             self._prober = None if routed else HealthProber(self.url).start()
         except BaseException:
@@ -286,6 +286,7 @@ class LiveSession:
         self.argv, self.router_argv = speaker.argv, launch.router
         self._router_metrics_url = f"http://{HOST}:{prometheus_port}/metrics"
         self._speaker_url = f"http://{HOST}:{speaker.port}"
+        self._server_urls = [f"http://{HOST}:{s.port}" for s in launch.servers]
         self._worker_metrics = [(f"http://{HOST}:{s.port}/metrics",
                                   self.paths.worker_metrics_jsonl(s.role, s.index))
                                  for s in launch.servers if s is not speaker]

@@ -81,6 +81,8 @@ class DecodeRole:
             self.preallocated_tokens += req.input_len
             assert req.pd is not None
             req.pd.preallocated = self.sim.now
+            if self.replica.observer is not None:  # SGLang: pre-allocation queue to transfer queue
+                self.replica.observer.on_pd_stage("decode_bootstrap", self.sim.now - req.pd.arrival)
             preallocated(req)
 
     def fail(self, req: Request, message: str) -> None:

@@ -68,15 +68,23 @@ class PrefillRole:
     def _admit(self, req: Request, transfer: Transfer) -> None:
         transfer.times.arrival = req.arrival
         self.transfers[req.rid] = transfer
+        self._stage("prefill_bootstrap", self.sim.now - req.arrival)  # SGLang: bootstrap to waiting queue
         self.replica.submit(req, self.sim.now)
+
+    def _stage(self, stage: str, seconds: float) -> None:
+        if self.replica.observer is not None:
+            self.replica.observer.on_pd_stage(stage, seconds)
 
     def chunk_done(self, req: Request, tokens: int, last: bool) -> None:
         """A chunk's forward has run: its KV leaves; the last one also carries the first token."""
         t = self.transfers[req.rid]
         done = None
-        if last:
+        if t.times.prefill_start < 0:  # its first forward: the wait in the waiting queue ends there
             t.times.prefill_start = req.forward_entry
+            self._stage("queue_time", req.forward_entry - max(t.times.arrival, t.times.preallocated))
+        if last:
             t.times.prefill_end = self.sim.now
+            self._stage("prefill_forward", self.sim.now - t.times.prefill_start)
             self.inflight += 1
             done = lambda end: self._arrived(req, t, end)  # noqa: E731
         t.times.transfer_bytes += tokens * t.per_token
@@ -88,5 +96,6 @@ class PrefillRole:
         t.times.transferred = end
         if self.replica.observer is not None:
             self.replica.observer.on_kv_transferred(end - t.times.prefill_end, t.times.transfer_bytes)
+        self._stage("prefill_transfer_kv_cache", end - t.times.prefill_end)  # from the last chunk's end
         self.replica.release_handed_off(req)
         t.arrived(req.output_ids[0], t.times)

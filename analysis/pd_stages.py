@@ -1,0 +1,83 @@
+"""A disaggregated point's TTFT in parts and each role's GPU busy share, from what every server and GPU
+reported over the point's window: what a live deployment gives whatever its engine (SGLang sends no
+parts per request; the simulated engine sends them too, so the two can be held against each other).
+
+* ``pd_stage_<part>_ms``: the mean of each part over the requests the servers' histograms counted in the
+  window (``sglang:per_stage_req_latency_seconds{stage}`` and ``sglang:queue_time_seconds``: their
+  ``_sum`` and ``_count`` read at the window's two ends, summed over the role's servers). Each part is
+  the stage of SGLang's own request timeline that spans it (names and meaning from the releases'
+  ``req_time_stats.py``, the same from 0.5.9 to 0.5.23):
+
+  ====================  =====================================================  ==========
+  part                  SGLang stage                                           server
+  ====================  =====================================================  ==========
+  bootstrap             ``prefill_bootstrap``: bootstrap queue to waiting queue  prefill
+  prefill_queue         ``queue_time``: waiting queue to the first forward      prefill
+  prefill               ``prefill_forward``: the first forward to the last      prefill
+                        chunk's end
+  transfer              ``prefill_transfer_kv_cache``: the last chunk's end to  prefill
+                        the whole KV at the decode server
+  decode_first          ``decode_waiting``: the KV arrived to the first token    decode
+                        streamed
+  ====================  =====================================================  ==========
+
+  A request is counted in each histogram when its stage ends, so a window's parts come from slightly
+  different requests near its edges.
+* ``pd_prefill_util_pct`` / ``pd_decode_util_pct``: the mean GPU utilisation of each role's GPUs (the
+  trial's GPUs in placement order, prefill servers' first), as predictions give them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+
+from analysis.dp_routing import increase_of, series_of
+from vocab.records import PD_TTFT_PARTS
+from vocab.telemetry import PD_DECODE_UTIL, PD_PREFILL_UTIL, pd_stage_part, per_gpu
+
+PER_STAGE = "sglang:per_stage_req_latency_seconds"
+QUEUE_TIME = "sglang:queue_time_seconds"
+# each part of the TTFT: the role whose servers observe it, the histogram, the stage label (None: none)
+STAGES = {"bootstrap": ("prefill", PER_STAGE, "prefill_bootstrap"),
+          "prefill_queue": ("prefill", QUEUE_TIME, None),
+          "prefill": ("prefill", PER_STAGE, "prefill_forward"),
+          "transfer": ("prefill", PER_STAGE, "prefill_transfer_kv_cache"),
+          "decode_first": ("decode", PER_STAGE, "decode_waiting")}
+
+
+def stage_parts(scrapes: Mapping[str, Sequence[pd.DataFrame | None]], start: float, end: float
+                ) -> dict[str, float]:
+    """Each part's mean over [start, end] (module docstring), from every server's scrapes by role
+    (``{"prefill": [...], "decode": [...]}``); a part no server counted is left out."""
+    out: dict[str, float] = {}
+    for part in PD_TTFT_PARTS:
+        role, name, stage = STAGES[part]
+        labels = {"stage": stage} if stage else {}
+        total = count = 0.0
+        for frame in scrapes.get(role, []):
+            s = increase_of(series_of(frame, f"{name}_sum", **labels), start, end)
+            n = increase_of(series_of(frame, f"{name}_count", **labels), start, end)
+            if s is not None and n:
+                total, count = total + s, count + n
+        if count > 0:
+            out[pd_stage_part(part)] = 1000.0 * total / count
+    return out
+
+
+def role_busy(extra: Mapping[str, float], prefill_gpus: int, gpus: int) -> dict[str, float]:
+    """Each role's mean GPU utilisation over the window, from the per-GPU summaries of the trial's
+    ``gpus`` GPUs, the first ``prefill_gpus`` the prefill servers'."""
+    def mean(indices: range) -> float | None:
+        values = [v for g in indices if (v := extra.get(per_gpu(g, "util_mean_pct"))) is not None
+                  and math.isfinite(v)]
+        return sum(values) / len(values) if values and len(values) == len(indices) else None
+
+    out = {}
+    for key, indices in ((PD_PREFILL_UTIL, range(prefill_gpus)), (PD_DECODE_UTIL, range(prefill_gpus, gpus))):
+        value = mean(indices)
+        if value is not None and len(indices):
+            out[key] = value
+    return out
