@@ -117,3 +117,22 @@ def test_dry_run_of_the_speculative_experiments_on_sglang(workdir: Path, experim
         steps = argv[argv.index("--speculative-num-steps") + 1] if "--speculative-num-steps" in argv else None
         seen.append((argv[argv.index("--speculative-algorithm") + 1], steps))
     assert seen == algorithms
+
+
+def test_dry_run_of_the_disaggregation_experiment_on_sglang(workdir: Path) -> None:
+    # aggregated serving and two deployments of the same eight GPUs: every server on its own slice
+    result = run_cli(["dry_run=true", "engine=sglang", "ray.num_gpus=8", "-m", "experiment=pd-vs-agg-pcie"],
+                     workdir)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    heads = [line for line in lines if line.startswith("trial ")]
+    assert len(heads) == 3 and all("world_size=8 GPUs=8" in h for h in heads)
+    assert "tp=2 pp=1 ep=1 dp=4" in heads[0] and "disaggregated" not in heads[0]
+    assert "prefill=1x(tp=4 pp=1 ep=1 dp=1) decode=1x(tp=4 pp=1 ep=1 dp=1)" in heads[1]
+    assert "prefill=1x(tp=2 pp=1 ep=1 dp=1) decode=3x(tp=2 pp=1 ep=1 dp=1)" in heads[2]
+    slices = [line for line in lines if line.startswith("server GPUs")]
+    assert slices[-1].endswith("prefill server 0 → 0,1, decode server 0 → 2,3, decode server 1 → 4,5, "
+                               "decode server 2 → 6,7")
+    modes = [json.loads(line.split(": ", 1)[1]) for line in lines if line.startswith("argv[")]
+    assert [a[a.index("--disaggregation-mode") + 1] for a in modes] == ["prefill", "decode", "prefill",
+                                                                         "decode", "decode", "decode"]
