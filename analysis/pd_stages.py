@@ -23,6 +23,9 @@ parts per request; the simulated engine sends them too, so the two can be held a
 
   A request is counted in each histogram when its stage ends, so a window's parts come from slightly
   different requests near its edges.
+* ``pd_transfer_mb_per_gpu``: the KV a request moved per GPU (MB), the mean of the prefill servers'
+  ``sglang:kv_transfer_total_mb`` over the window (a histogram from SGLang 0.5.10 on, in MiB despite its
+  name; the requests of SGLang's warm-up and health probes are not in it), as predictions give it.
 * ``pd_prefill_util_pct`` / ``pd_decode_util_pct``: the mean GPU utilisation of each role's GPUs (the
   trial's GPUs in placement order, prefill servers' first), as predictions give them.
 """
@@ -36,10 +39,12 @@ import pandas as pd
 
 from analysis.dp_routing import increase_of, series_of
 from vocab.records import PD_TTFT_PARTS
-from vocab.telemetry import PD_DECODE_UTIL, PD_PREFILL_UTIL, pd_stage_part, per_gpu
+from vocab.telemetry import PD_DECODE_UTIL, PD_PREFILL_UTIL, PD_TRANSFER_MB, pd_stage_part, per_gpu
 
 PER_STAGE = "sglang:per_stage_req_latency_seconds"
 QUEUE_TIME = "sglang:queue_time_seconds"
+KV_TRANSFER_MB = "sglang:kv_transfer_total_mb"
+MIB = 2**20  # SGLang's "mb" of KV transfer: bytes / (1024 x 1024)
 # each part of the TTFT: the role whose servers observe it, the histogram, the stage label (None: none)
 STAGES = {"bootstrap": ("prefill", PER_STAGE, "prefill_bootstrap"),
           "prefill_queue": ("prefill", QUEUE_TIME, None),
@@ -65,6 +70,18 @@ def stage_parts(scrapes: Mapping[str, Sequence[pd.DataFrame | None]], start: flo
         if count > 0:
             out[pd_stage_part(part)] = 1000.0 * total / count
     return out
+
+
+def transfer_size(prefill: Sequence[pd.DataFrame | None], start: float, end: float) -> dict[str, float]:
+    """The mean KV a request moved per GPU over [start, end] (MB), from the prefill servers' scrapes;
+    {} where none counted a transfer."""
+    total = count = 0.0
+    for frame in prefill:
+        s = increase_of(series_of(frame, f"{KV_TRANSFER_MB}_sum"), start, end)
+        n = increase_of(series_of(frame, f"{KV_TRANSFER_MB}_count"), start, end)
+        if s is not None and n:
+            total, count = total + s, count + n
+    return {PD_TRANSFER_MB: total / count * MIB / 1e6} if count > 0 else {}
 
 
 def role_busy(extra: Mapping[str, float], prefill_gpus: int, gpus: int) -> dict[str, float]:

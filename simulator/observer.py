@@ -83,10 +83,10 @@ class Reporter:
 
     def on_kv_transferred(self, seconds: float, nbytes: float) -> None:
         """A prefill server's request has all its KV at its decode server: SGLang observes the latency
-        (from the last chunk's forward), the speed and the size."""
+        (from the last chunk's forward), the speed and the size (in MiB, as it divides by 1024 x 1024)."""
         if self.metrics is not None:
             self.metrics.kv_transfer_latency_ms.observe(seconds * 1e3)
-            self.metrics.kv_transfer_total_mb.observe(nbytes / 1e6)
+            self.metrics.kv_transfer_total_mb.observe(nbytes / 2**20)
 
     def on_pd_stage(self, stage: str, seconds: float) -> None:
         """A disaggregated request left one stage of its timeline (SGLang's ``per_stage_req_latency``;

@@ -96,7 +96,7 @@ class PrometheusMetrics:
         scheduler = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
         latency = Histogram("sglang:kv_transfer_latency_ms", "KV transfer latency (simulated ms).",
                             scheduler, buckets=KV_TRANSFER_MS_BUCKETS, registry=reg)
-        total = Histogram("sglang:kv_transfer_total_mb", "KV transferred per request (MB per GPU).",
+        total = Histogram("sglang:kv_transfer_total_mb", "KV transferred per request (MiB per GPU).",
                           scheduler, buckets=KV_TRANSFER_MB_BUCKETS, registry=reg)
         self.kv_transfer_latency_ms = latency.labels(model, "unified", "0", "0", "0")
         self.kv_transfer_total_mb = total.labels(model, "unified", "0", "0", "0")

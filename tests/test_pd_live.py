@@ -65,6 +65,12 @@ def test_a_disaggregated_trial_answers_every_request_through_the_router_and_reco
                                                              "transfer", "decode_first")}
     assert all(v is not None and v >= 0 for v in stage.values()), stage
     assert stage["prefill"] == pytest.approx(metrics["c2/pd_ttft_prefill_ms"], rel=0.25)
+    # the KV each request moved, from the prefill server's histogram: every prompt token's K and V of
+    # every layer (Llama-3.1-8B: 32 layers x 8 KV heads x 128 x 2 x 2 bytes), all on its one GPU
+    spec = json.loads((ROOT / "models" / "llama-3.1-8b" / "config.json").read_text())
+    per_token = spec["num_hidden_layers"] * spec["num_key_value_heads"] * 128 * 2 * 2
+    prompt = sum(r["input_tokens"] for r in records) / len(records)
+    assert metrics["c2/pd_transfer_mb_per_gpu"] == pytest.approx(prompt * per_token / 1e6, rel=0.01)
     # both roles' GPUs sampled (one TP1 server each): each role's busy share, as a prediction has it
     assert 0 < metrics["c2/pd_decode_util_pct"] <= 100 and 0 < metrics["c2/pd_prefill_util_pct"] <= 100
     pgids = sorted(p.name for p in server.glob("*.pgid"))

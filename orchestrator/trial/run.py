@@ -193,7 +193,7 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
     what it needs as arguments (telemetry summaries feed the diagnosis, which feeds the description)."""
     from analysis.diagnose import diagnose
     from analysis.dp_routing import routing_summary
-    from analysis.pd_stages import role_busy, stage_parts
+    from analysis.pd_stages import role_busy, stage_parts, transfer_size
     from analysis.telemetry import point_telemetry
     from orchestrator.engines.router import worker_urls
     from orchestrator.environment import fingerprint
@@ -246,6 +246,7 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
                 extra.update(routing_summary(router, replicas, urls, start, end))
             if cfg.pd.enabled:  # the TTFT's parts from the servers' histograms, each role's GPUs' busy share
                 extra.update(stage_parts(by_role, start, end))
+                extra.update(transfer_size(by_role["prefill"], start, end))
                 extra.update(role_busy(extra, role_gpus(cfg, "prefill") * cfg.pd.prefill.workers,
                                        world_size(cfg)))
             if extra:

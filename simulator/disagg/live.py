@@ -85,7 +85,7 @@ class LivePrefill:
             room = self._fake_room
             self.sim.schedule(self.now(), self.role.submit, req, room)
             self.sim.schedule(self.now(), self.role.bootstrapped, room,
-                              Transfer(Link(self.sim), _NOWHERE, 0.0, lambda tok, times: None))
+                              Transfer(Link(self.sim), _NOWHERE, 0.0, lambda tok, times: None, fake=True))
             return
         self.sim.schedule(self.now(), self.role.submit, req, bootstrap.room)
 

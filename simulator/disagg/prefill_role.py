@@ -30,6 +30,9 @@ class Transfer:
     # called when the last byte has arrived: the first token and the request's times so far
     arrived: Callable[[int, PDTimes], None]
     times: PDTimes = field(default_factory=PDTimes)
+    # a request with SGLang's fake bootstrap host (its warm-up, a health probe): SGLang counts no KV
+    # transfer of it in its transfer histograms
+    fake: bool = False
 
 
 class PrefillRole:
@@ -94,7 +97,7 @@ class PrefillRole:
         del self.transfers[req.rid]
         self.inflight -= 1
         t.times.transferred = end
-        if self.replica.observer is not None:
+        if self.replica.observer is not None and not t.fake:
             self.replica.observer.on_kv_transferred(end - t.times.prefill_end, t.times.transfer_bytes)
         self._stage("prefill_transfer_kv_cache", end - t.times.prefill_end)  # from the last chunk's end
         self.replica.release_handed_off(req)
