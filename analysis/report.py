@@ -439,9 +439,13 @@ def advice_text(finding: dict[str, Any]) -> str:
             text += f"; runner-up {overrides_text(runner['change'])} ({behind})"
         instead = effect.get("instead_of")
         if instead:
-            # "would not help" only when it would not: a trade-off says what it trades
-            first = (f"is a trade-off ({_effect_numbers(instead)})" if instead.get("verdict") == "trade-off"
-                     and "change_pct" in instead else "would not help")
+            # "would not help" only when it would not: a trade-off says what it trades, a change that
+            # cannot run (or is not modelled) says so, its reason in the trial's diagnosis.json
+            said = str(instead.get("verdict", ""))
+            first = (f"is a trade-off ({_effect_numbers(instead)})" if said == "trade-off"
+                     and "change_pct" in instead
+                     else f"is {said.split(':', 1)[0]}" if said.startswith(("not possible", "not predicted"))
+                     else "would not help")
             text = f"{overrides_text(instead.get('change', {}))} {first}; instead {text}"
         return text
     verdict = str(effect.get("verdict", ""))
