@@ -71,3 +71,19 @@ def test_a_small_decode_pool_holds_prefills_back(tmp_path: Path) -> None:
     f = finding(predicted_findings(cfg, tmp_path), "pd_decode_kv_pressure")
     own_change(f, {"pd.decode.workers": 2})
     assert "waiting for the decode server's pre-allocation" in f.evidence
+
+
+def test_a_ratio_change_that_needs_more_gpus_is_said_to_be_impossible(tmp_path: Path) -> None:
+    # 1P1D of TP4 on the 8-GPU PCIe node, short load of long outputs: the decode server is the
+    # bottleneck, and one more decode server would need 12 GPUs. The advice says so (not "would not
+    # help") and suggests the best layout of the same 8 GPUs instead.
+    from analysis.report import advice_text
+
+    cfg = deployment(1, 1, 8, 2000, 200)
+    cfg.model.name, cfg.model.path = "qwen3-30b-a3b", "models/qwen3-30b-a3b"
+    cfg.hardware = load_hardware("rtx-pro-6000-pcie-x8")
+    cfg.tp.size = 4
+    f = finding(predicted_findings(cfg, tmp_path), "pd_decode_bound")
+    own = next(t for t in f.predicted_effect["tried"] if t["change"] == {"pd.decode.workers": 2})
+    assert own["verdict"].startswith("not possible: pd.prefill.workers+pd.decode.workers=1+2: invalid")
+    assert advice_text(f.to_dict()).startswith("pd.decode.workers=2 is not possible; instead set ")
