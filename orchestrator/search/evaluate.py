@@ -17,6 +17,9 @@ closed-loop load at which it meets every SLO, and what does it score there.
 * **Where to start.** The cost model's ceiling (``simulator.estimates.decode_ceiling``) gives the load
   whose micro-batches keep their trip within the ITL bound; the search starts there and steps out by
   growing strides until the SLOs flip, then bisects. Without an ITL bound it doubles from 8.
+* **Disaggregated candidates** (``pd.enabled``) are judged the same way: configured as their deployment,
+  bounded by their decode servers (each one's ceiling, times their count; the load cap is per decode
+  server), their GPUs the whole deployment's.
 * **Score.** ``output_tok_s_per_gpu``: output tokens per second per GPU at that load (the default), or
   ``goodput_req_s_per_gpu``: requests per second per GPU that meet every per-request bound the SLOs
   imply (TTFT, TPOT, E2E; a percentile bound taken as a per-request one).
