@@ -95,6 +95,6 @@ def role_busy(extra: Mapping[str, float], prefill_gpus: int, gpus: int) -> dict[
     out = {}
     for key, indices in ((PD_PREFILL_UTIL, range(prefill_gpus)), (PD_DECODE_UTIL, range(prefill_gpus, gpus))):
         value = mean(indices)
-        if value is not None and len(indices):
+        if value is not None:
             out[key] = value
     return out

@@ -375,7 +375,7 @@ class ReplicaModel:
             req.first_token_time = req.last_token_time = now
             if req.pd is not None:
                 req.pd.first_token = now
-                if obs is not None:  # SGLang's decode_waiting: the KV arrived to the first forward
+                if obs is not None:  # SGLang's decode_waiting: the KV arrived to the first token streamed
                     obs.on_pd_stage("decode_waiting", now - req.pd.transferred)
             report = obs is not None and req.log_metrics
             if report:

@@ -18,7 +18,7 @@ from orchestrator.prediction.modelled import apply_change
 from orchestrator.search.evaluate import OK, REJECTED, Screened, check_settings, screen
 from orchestrator.search.measure import live_refusal, trial_argv
 from orchestrator.search.runner import command_lines, run_search, search_base
-from orchestrator.search.space import Dimension, parse_space
+from orchestrator.search.space import Dimension, parse_space, with_group_keys
 from vocab.hardware import load_hardware
 
 
@@ -51,6 +51,21 @@ def test_a_groups_option_is_a_value_of_the_space() -> None:
 
     options = sorted(p.stem for p in (conf_dir() / "pd").glob("*.yaml"))
     assert "1p3d" in options and str(e.value) == f"pd=1p9d: invalid; valid: {', '.join(options)}"
+
+
+def test_keys_inside_a_searched_group_ride_along_with_every_option() -> None:
+    # pd=<option> replaces the group; the search's own pd.* keys apply after it, as Hydra does
+    dims = with_group_keys(parse_space(["pd=choice(none,1p1d)", "tp.size=choice(1,2)"]),
+                           ("experiment=x", "pd.transfer_backend=nixl", "+pd.decode.extra_args.foo=1",
+                            "tp.size=4", "server.cuda_graph=false"))
+    assert dims[2:] == [Dimension("pd.transfer_backend", ("nixl",)),
+                        Dimension("pd.decode.extra_args.foo", (1,))]
+    base = config("llama-3.1-8b", "h100-sxm-x8")
+    cfg, _ = apply_change(base, {"pd": "1p1d", "pd.transfer_backend": "nixl"})
+    assert (cfg.pd.enabled, cfg.pd.transfer_backend) == (True, "nixl")
+    # without a group option in the space, nothing is added
+    assert with_group_keys(parse_space(["tp.size=1,2"]), ("pd.transfer_backend=nixl",)) == \
+        [Dimension("tp.size", (1, 2))]
 
 
 def test_a_disaggregated_candidate_is_bounded_by_its_decode_servers() -> None:
@@ -111,9 +126,15 @@ def test_a_deployment_is_written_as_every_server_and_the_router() -> None:
     assert all("--disaggregation-mode decode" in s for s in servers[1:4])
     assert ("--pd-disaggregation --prefill http://127.0.0.1:30001 8998 --decode http://127.0.0.1:30002"
             in servers[-1])
-    # across nodes each server says its node, its GPUs numbered within it
+    # across nodes each server says its node, its GPUs numbered within it; the run.py line predicts it
+    # (a live deployment is one host), and the servers' addresses are said to be the nodes'
     wide = config("llama-3.1-70b", "h100-sxm-x8-2nodes-ib", tp=8)
-    servers = command_lines(wide, {"pd": "1p1d"}, 8)[1].split(" & ")
+    lines = command_lines(wide, {"pd": "1p1d", "pd.bootstrap_port": 9100}, 8)
+    assert lines[0] == ("  python run.py pd=1p1d pd.bootstrap_port=9100 workload.concurrency=[8] predict=true"
+                        "  (across nodes: in prediction)")
+    assert lines[2].startswith("  Across nodes: each server's --host is its node's address")
+    assert "--disaggregation-bootstrap-port 9100" in lines[1]  # the configured bootstrap port
+    servers = lines[1].split(" & ")
     assert servers[0].startswith("  SGLang as parasweep measures it")
     assert "[node 0] CUDA_VISIBLE_DEVICES=0," in servers[0]
     assert servers[1].startswith("[node 1] CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 ")
@@ -128,3 +149,13 @@ def test_a_candidate_that_cannot_run_here_is_not_measured() -> None:
     why = live_refusal(wide, {"pd": "1p1d"})
     assert why.startswith("pd.prefill.workers+pd.decode.workers=1+1: invalid (the deployment takes 16 GPUs")
     assert live_refusal(config("llama-3.1-70b", "h100-sxm-x8", tp=4), {"pd": "1p1d"}) == ""
+
+
+@pytest.mark.slow  # two candidates predicted up to their cap
+def test_the_cap_on_load_is_per_decode_server(tmp_path: Path) -> None:
+    cfg = config("llama-3.1-8b", "h100-sxm-x8", slo={"ttft_p99_ms": 60_000.0})  # an SLO nothing misses
+    cfg.search.name, cfg.search.space, cfg.search.max_concurrency = "cap", ["pd=choice(1p1d,1p3d)"], 4
+    by = {o.change["pd"]: o for o in run_search(cfg, tmp_path, show_progress=False).outcomes}
+    assert (by["1p1d"].concurrency, by["1p3d"].concurrency) == (4, 12)
+    assert by["1p1d"].limit == "the cap search.max_concurrency=4, not an SLO"
+    assert by["1p3d"].limit == "the cap search.max_concurrency=4 per decode server (12 in all), not an SLO"

@@ -92,9 +92,9 @@ def _disaggregated(cfg: ParasweepConf, gpus: int) -> list[dict[str, Any]]:
         servers = gpus // tp
         if tp > cfg.hardware.num_gpus or servers < 2:
             continue
+        same_servers = all((r.tp or cfg.tp.size) == tp and (r.pp or cfg.pp.size) == 1
+                           and (r.dp or cfg.dp.size) == 1 for r in (pd.prefill, pd.decode))
         for prefill in range(1, servers):
-            same_servers = all((r.tp or cfg.tp.size) == tp and (r.pp or cfg.pp.size) == 1
-                               for r in (pd.prefill, pd.decode))
             if pd.enabled and same_servers and (pd.prefill.workers, pd.decode.workers) == (
                     prefill, servers - prefill):  # the trial's own deployment
                 continue

@@ -260,7 +260,8 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings,
         return outcome
     result = results[best]
     outcome.concurrency, outcome.metrics = best, dict(result.metrics)
-    outcome.limit, outcome.limit_at = _limit(results, best, settings, outcome.max_load)
+    unit = "decode server" if cfg.pd.enabled else "replica"
+    outcome.limit, outcome.limit_at = _limit(results, best, settings, outcome.max_load, unit)
     outcome.score = per_gpu * (result.metrics.get("output_tok_s", 0.0)
                                if settings.objective == "output_tok_s_per_gpu"
                                else goodput(result.records, result.point, settings.slo))
@@ -288,20 +289,21 @@ def _cannot_reach(top: PointResult, per_gpu: float, bar: float) -> float | None:
     return reach if reach < bar else None
 
 
-def _limit(results: Mapping[int, PointResult], best: int, settings: Settings, limit: int
-           ) -> tuple[str, int | None]:
+def _limit(results: Mapping[int, PointResult], best: int, settings: Settings, limit: int,
+           unit: str = "replica") -> tuple[str, int | None]:
     """What stops a load above ``best``, and the load where it broke (None: the cap)."""
     above = [c for c in results if c > best]
     if not above:
-        return _cap_text(settings, limit), None
+        return _cap_text(settings, limit, unit), None
     c = min(above)
     metric, _ = worst_ratio(results[c].metrics, settings.slo) or ("?", math.nan)
     return _slo_break_text(metric, results[c].metrics[metric], settings.slo[metric], c), c
 
 
-def _cap_text(settings: Settings, limit: int) -> str:
+def _cap_text(settings: Settings, limit: int, unit: str = "replica") -> str:
+    """The cap as what held the load: ``search.max_concurrency`` per DP replica (or decode server)."""
     replicas = limit // settings.max_concurrency
-    each = f" per replica ({limit} in all)" if replicas > 1 else ""
+    each = f" per {unit} ({limit} in all)" if replicas > 1 else ""
     return f"the cap search.max_concurrency={settings.max_concurrency}{each}, not an SLO"
 
 

@@ -29,7 +29,14 @@ from orchestrator.search.measure import (
     trial_argv,
     trial_points,
 )
-from orchestrator.search.runner import PREDICTED, SearchResult, command_lines, run_search, slo_text
+from orchestrator.search.runner import (
+    PREDICTED,
+    SearchResult,
+    command_lines,
+    run_search,
+    search_base,
+    slo_text,
+)
 from vocab.metric_keys import point_metrics
 from vocab.status import Tag
 
@@ -127,7 +134,7 @@ def _measure(cfg: ParasweepConf, settings: Settings, outcome: Any, rank: int, ru
     m = Measured(outcome, rank, loads_around(outcome.concurrency or 1, cap))
     label = candidate_label(rank, outcome.change)
     run_dir = out_dir / "measured" / str(rank)
-    why = live_refusal(cfg, outcome.change)
+    why = live_refusal(search_base(cfg), outcome.change)
     if why:
         m.status = f"not measured: it cannot run as a trial here ({why})"
         print(f"[parasweep] not measuring #{rank} {overrides_text(outcome.change)}: {why}", flush=True)

@@ -108,7 +108,8 @@ def live_refusal(cfg: Any, change: dict[str, Any]) -> str:
 
     try:
         changed, _ = apply_change(cfg, change)
-        validate(dataclasses.replace(changed, predict=cfg.predict, engine=cfg.engine))
+        # as the measured trial runs: live, on the engine the search's config names, at its loads
+        validate(dataclasses.replace(changed, predict=False, engine=cfg.engine))
     except (UserError, ValueError) as exc:
         return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return ""

@@ -36,7 +36,7 @@ from orchestrator.search.evaluate import (
 )
 from orchestrator.search.judge import RUNNERS_UP, Judge, progress_bar
 from orchestrator.search.sampled import sampled_outcomes
-from orchestrator.search.space import candidates, parse_space, size
+from orchestrator.search.space import candidates, parse_space, size, with_group_keys
 
 PREDICTED = "predicted by the simulated engine in virtual time, not measured"
 # what the SLOs are judged on (evaluate.steady_point): the window after the ramp, before the drain
@@ -88,7 +88,7 @@ def run_search(cfg: ParasweepConf, out_dir: Path, show_progress: bool = True,
     the SLOs, naming the one that came closest. ``overrides``: the search's own command-line overrides,
     which the winner's command line keeps (its model, hardware, workload ...)."""
     settings = check_settings(cfg)
-    dims = parse_space(cfg.search.space)
+    dims = with_group_keys(parse_space(cfg.search.space), overrides)
     cfg = search_base(cfg)
     workers = cfg.search.workers or os.cpu_count() or 1
     budget = cfg.search.max_candidates
@@ -187,15 +187,24 @@ def command_lines(cfg: ParasweepConf, change: dict[str, Any], concurrency: int |
                   task: tuple[str, ...] = ()) -> list[str]:
     """A candidate as a person runs it: its ``run.py`` command line at ``concurrency`` (the search's
     own overrides kept, its search turned off) and its SGLang launch command."""
+    from orchestrator.config.schema import server_nodes, world_size
+    from orchestrator.prediction.modelled import apply_change
     from orchestrator.search.measure import base_overrides
 
+    changed, _ = apply_change(cfg, change)
+    # a deployment wider than a node runs in prediction (a live one is every server and the router on
+    # one host); its SGLang servers then listen on their nodes' addresses, not the loopback
+    across = changed.pd.enabled and world_size(changed) > changed.hardware.num_gpus
     base = [shlex.quote(o) for o in base_overrides(task, change)]
     off = ["search.name=null"] if any(o.startswith(("experiment=", "search=")) for o in task) else []
     run_py = " ".join(["python", "run.py", *base, *off, overrides_text(change),
-                       f"workload.concurrency=[{concurrency}]"])
-    lines = [f"  {run_py}",
+                       f"workload.concurrency=[{concurrency}]", *(["predict=true"] if across else [])])
+    lines = [f"  {run_py}" + ("  (across nodes: in prediction)" if across else ""),
              f"  SGLang as parasweep measures it (0.5.23's flags; random weights of the config folder, "
              f"no tokenizer): {sglang_command(cfg, change)}"]
+    if changed.pd.enabled and len(set(server_nodes(changed))) > 1:
+        lines.append("  Across nodes: each server's --host is its node's address, and the router's --prefill "
+                     "and --decode URLs those addresses")
     if cfg.model.weights:
         lines.append(f"  SGLang serving the real model ({cfg.model.weights}): "
                      f"{sglang_command(cfg, change, cfg.model.weights)}")
@@ -240,17 +249,18 @@ def sglang_command(cfg: ParasweepConf, change: dict[str, Any], weights: str | No
 def _disaggregated_command(cfg: ParasweepConf, prefix: list[str],
                            server: Callable[[ParasweepConf, int], list[str]]) -> str:
     """Every prefill and decode server of a disaggregated deployment on its GPUs (ports 30001..,
-    bootstrap ports from SGLang's default up), the router in PD mode in front on 30000. Across nodes
-    each server is marked with its node, its GPUs numbered within it; the router's URLs then need the
-    nodes' addresses instead of 127.0.0.1."""
+    bootstrap ports from ``pd.bootstrap_port`` or SGLang's default up), the router in PD mode in front
+    on 30000. Across nodes each server is marked with its node, its GPUs numbered within it; the
+    router's URLs then need the nodes' addresses instead of 127.0.0.1."""
     from orchestrator.config.schema import server_nodes
     from orchestrator.engines.router import pd_launch
     from orchestrator.engines.sglang_compat.disagg import DEFAULT_BOOTSTRAP_PORT
 
     count = cfg.pd.prefill.workers + cfg.pd.decode.workers
-    launch = pd_launch(cfg, server, [30001 + i for i in range(count)],
-                       [DEFAULT_BOOTSTRAP_PORT + i for i in range(cfg.pd.prefill.workers)], 30000, 29000,
-                       None, python="python")
+    first = cfg.pd.bootstrap_port if cfg.pd.bootstrap_port is not None else DEFAULT_BOOTSTRAP_PORT
+    boots = [first + i for i in range(cfg.pd.prefill.workers)]
+    launch = pd_launch(cfg, server, [30001 + i for i in range(count)], boots, 30000, 29000, None,
+                       python="python")
     nodes = server_nodes(cfg)
     across = len(set(nodes)) > 1
     used: collections.Counter[int] = collections.Counter()

@@ -51,6 +51,19 @@ def parse_space(entries: Sequence[str]) -> list[Dimension]:
     return list(dims.values())
 
 
+def with_group_keys(dims: list[Dimension], overrides: Sequence[str]) -> list[Dimension]:
+    """``dims`` and, for each config group the space chooses an option of (``pd=choice(...)``), the
+    command line's keys inside that group (``pd.transfer_backend=nixl``) as one-valued dimensions: an
+    option replaces the whole group, and Hydra applies such keys after it, so every candidate carries
+    them. Keys the space already searches are left to it."""
+    groups = {d.key for d in dims if "." not in d.key}
+    have = {d.key for d in dims}
+    inside = [o.lstrip("+") for o in overrides
+              if not o.startswith("~") and o.lstrip("+").split("=", 1)[0].split(".", 1)[0] in groups
+              and "." in o.split("=", 1)[0] and o.lstrip("+").split("=", 1)[0] not in have]
+    return dims + parse_space(inside) if inside else dims
+
+
 def candidates(dims: Sequence[Dimension]) -> Iterator[dict[str, Any]]:
     """Every combination of the dimensions' values, in order."""
     for values in itertools.product(*(d.values for d in dims)):

@@ -208,7 +208,8 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
     frames: dict[str, Any] = {}
     extras: dict[str, dict[str, float]] = {}
     findings: list[Finding] = []
-    layout = engine_layout(cfg.tp.size, cfg.pp.size, cfg.dp.size)
+    # a disaggregated trial's GPUs are several servers', none of them the trial's own layout: no stages
+    layout = engine_layout(cfg.tp.size, cfg.pp.size, cfg.dp.size) if not cfg.pd.enabled else []
 
     def telemetry() -> None:
         recorder.set_tags({Tag.GPU_TELEMETRY: gpu.source.value, Tag.GPU_TELEMETRY_NOTE: gpu.note})

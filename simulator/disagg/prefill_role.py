@@ -33,6 +33,7 @@ class Transfer:
     # a request with SGLang's fake bootstrap host (its warm-up, a health probe): SGLang counts no KV
     # transfer of it in its transfer histograms
     fake: bool = False
+    admitted: float = -1.0  # when it left the bootstrap queue for the waiting queue
 
 
 class PrefillRole:
@@ -70,6 +71,7 @@ class PrefillRole:
 
     def _admit(self, req: Request, transfer: Transfer) -> None:
         transfer.times.arrival = req.arrival
+        transfer.admitted = self.sim.now
         self.transfers[req.rid] = transfer
         self._stage("prefill_bootstrap", self.sim.now - req.arrival)  # SGLang: bootstrap to waiting queue
         self.replica.submit(req, self.sim.now)
@@ -84,7 +86,7 @@ class PrefillRole:
         done = None
         if t.times.prefill_start < 0:  # its first forward: the wait in the waiting queue ends there
             t.times.prefill_start = req.forward_entry
-            self._stage("queue_time", req.forward_entry - max(t.times.arrival, t.times.preallocated))
+            self._stage("queue_time", req.forward_entry - t.admitted)
         if last:
             t.times.prefill_end = self.sim.now
             self._stage("prefill_forward", self.sim.now - t.times.prefill_start)
