@@ -78,6 +78,7 @@ from simulator.router import Router
 from simulator.sim_config import SimConfig
 from simulator.text import chat_prompt, completion_prompts, generate_prompts
 from simulator.timebase import Simulation
+from vocab.hardware import HardwareConf
 from vocab.load import LoadPoint, RequestSpec
 from vocab.records import PointResult, RequestRecord
 from vocab.telemetry import (
@@ -294,16 +295,7 @@ class VirtualTrial:
         out.update(self._queue_and_running(records, start, end))
         # every TP rank of a stage has the stage's busy time
         layout = engine_layout(cfg.tp, cfg.pp, cfg.dp)
-        frac = {p.gpu: busy[p.dp, p.pp] / width for p in layout}
-        power_frac = {g: power_w(hw, f) / hw.power_limit_w for g, f in frac.items()}
-        for g, pf in power_frac.items():
-            out[per_gpu(g, "power_frac_mean")] = pf
-            out[per_gpu(g, "power_frac_peak")] = pf  # no samples in virtual time: the window mean
-            out[per_gpu(g, "util_mean_pct")] = 100.0 * frac[g]
-        out[POWER_FRAC_MEAN] = sum(power_frac.values()) / len(power_frac)
-        out[POWER_FRAC_MIN_GPU] = min(power_frac.values())
-        out[POWER_FRAC_MAX_GPU] = out[POWER_FRAC_PEAK] = max(power_frac.values())
-        out[UTIL_MEAN] = 100.0 * sum(frac.values()) / len(frac)
+        out.update(gpu_summaries(hw, {p.gpu: busy[p.dp, p.pp] / width for p in layout}))
         energy = sum(energy_j(hw, width, busy[p.dp, p.pp]) for p in layout)
         out[ENERGY_J] = energy
         if output_tokens > 0:  # the window's energy over the window's tokens
@@ -331,8 +323,27 @@ class VirtualTrial:
             waiting += max(0.0, min(admitted, end) - max(r.send_time, start))
             running += max(0.0, min(r.end_time, end) - max(admitted, start))
         width = end - start
-        slots = self.cfg.pp + (self.cfg.depth if self.cfg.pp > 1 else 0)
-        return {QUEUE_MEAN: waiting / width, RUNNING_MEAN: running / width / (self.cfg.dp * slots)}
+        return {QUEUE_MEAN: waiting / width, RUNNING_MEAN: running / width / self._slots()}
+
+    def _slots(self) -> int:
+        """The micro-batch slots requests run in: every DP replica's, each replica's PP stages plus its
+        async depth."""
+        return self.cfg.dp * (self.cfg.pp + (self.cfg.depth if self.cfg.pp > 1 else 0))
+
+
+def gpu_summaries(hw: HardwareConf, frac: dict[int, float]) -> dict[str, float]:
+    """Each GPU's and the trial's power and utilisation summaries from each GPU's busy fraction over the
+    window (``frac``, by GPU index): no samples in virtual time, so a GPU's peak is its window mean."""
+    out: dict[str, float] = {}
+    power_frac = {g: power_w(hw, f) / hw.power_limit_w for g, f in frac.items()}
+    for g, pf in power_frac.items():
+        out[per_gpu(g, "power_frac_mean")] = out[per_gpu(g, "power_frac_peak")] = pf
+        out[per_gpu(g, "util_mean_pct")] = 100.0 * frac[g]
+    out[POWER_FRAC_MEAN] = sum(power_frac.values()) / len(power_frac)
+    out[POWER_FRAC_MIN_GPU] = min(power_frac.values())
+    out[POWER_FRAC_MAX_GPU] = out[POWER_FRAC_PEAK] = max(power_frac.values())
+    out[UTIL_MEAN] = 100.0 * sum(frac.values()) / len(frac)
+    return out
 
 
 class _VirtualClient:

@@ -17,11 +17,12 @@ import numpy as np
 
 from simulator.disagg.deployment import Deployment
 from simulator.entities import Request
-from simulator.gpus import energy_j, mem_used_bytes, power_w
+from simulator.gpus import energy_j, mem_used_bytes
 from simulator.predict import (
     CLIENT_SEND_SPACING_S,
     CLIENT_TURNAROUND_S,
     VirtualTrial,
+    gpu_summaries,
     load_config,
     run_points,
 )
@@ -35,14 +36,6 @@ from vocab.telemetry import (
     PD_DECODE_UTIL,
     PD_PREFILL_UTIL,
     PD_TRANSFER_MB,
-    POWER_FRAC_MAX_GPU,
-    POWER_FRAC_MEAN,
-    POWER_FRAC_MIN_GPU,
-    POWER_FRAC_PEAK,
-    QUEUE_MEAN,
-    RUNNING_MEAN,
-    UTIL_MEAN,
-    per_gpu,
 )
 
 
@@ -87,7 +80,8 @@ class VirtualPDTrial(VirtualTrial):
         start, end, busy_by_stage = window
         width = end - start
         # each server's GPUs in placement order: every TP rank of a stage has the stage's busy time
-        gpu, fractions, role_util = 0, {}, {"prefill": [], "decode": []}
+        fractions: dict[int, float] = {}
+        role_util: dict[str, list[float]] = {"prefill": [], "decode": []}
         energy = 0.0
         for r, cfg in enumerate(configs):
             role = "prefill" if r < len(dep.prefills) else "decode"
@@ -95,18 +89,10 @@ class VirtualPDTrial(VirtualTrial):
                 for s in range(cfg.pp):
                     busy = busy_by_stage[r, s]
                     for _ in range(cfg.tp):
-                        fractions[gpu] = (cfg, busy / width)
+                        fractions[len(fractions)] = busy / width
                         role_util[role].append(busy / width)
                         energy += energy_j(cfg.hw, width, busy)
-                        gpu += 1
-        power = {g: power_w(c.hw, f) / c.hw.power_limit_w for g, (c, f) in fractions.items()}
-        for g, pf in power.items():
-            out[per_gpu(g, "power_frac_mean")] = out[per_gpu(g, "power_frac_peak")] = pf
-            out[per_gpu(g, "util_mean_pct")] = 100.0 * fractions[g][1]
-        out[POWER_FRAC_MEAN] = sum(power.values()) / len(power)
-        out[POWER_FRAC_MIN_GPU] = min(power.values())
-        out[POWER_FRAC_MAX_GPU] = out[POWER_FRAC_PEAK] = max(power.values())
-        out[UTIL_MEAN] = 100.0 * sum(f for _, f in fractions.values()) / len(fractions)
+        out.update(gpu_summaries(configs[-1].hw, fractions))  # every server runs on the profile's GPUs
         out[PD_PREFILL_UTIL] = 100.0 * float(np.mean(role_util["prefill"])) if role_util["prefill"] else 0.0
         out[PD_DECODE_UTIL] = 100.0 * float(np.mean(role_util["decode"]))
         out[ENERGY_J] = energy
@@ -116,19 +102,10 @@ class VirtualPDTrial(VirtualTrial):
         out.update(self._transfer(start, end))
         return out
 
-    def _queue_and_running(self, records: list[RequestRecord], start: float, end: float) -> dict[str, float]:
-        """As for one engine, with a request's wait running to its prefill and its run over the decode
-        servers' slots."""
-        waiting = running = 0.0
-        for r in records:
-            if r.send_time is None or r.end_time is None or r.server_queue_s is None:
-                continue
-            admitted = r.send_time + r.server_queue_s
-            waiting += max(0.0, min(admitted, end) - max(r.send_time, start))
-            running += max(0.0, min(r.end_time, end) - max(admitted, start))
-        width = end - start
-        slots = sum(d.replica.num_slots * d.replica.cfg.dp for d in self.deployment.decodes)
-        return {QUEUE_MEAN: waiting / width, RUNNING_MEAN: running / width / slots}
+    def _slots(self) -> int:
+        """A request's wait runs to its prefill (``server_queue_s``), its run over the decode servers'
+        slots."""
+        return sum(d.replica.num_slots * d.replica.cfg.dp for d in self.deployment.decodes)
 
     def _transfer(self, start: float, end: float) -> dict[str, float]:
         """The KV each request that arrived in the window moved, per GPU (MB)."""
