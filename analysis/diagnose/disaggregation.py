@@ -52,6 +52,11 @@ def _points(f: TrialFacts) -> list[tuple[str, dict[str, float]]]:
     return out
 
 
+def _dominant(parts: dict[str, float], part: str, share: float) -> bool:
+    """Whether ``part`` is at least ``share`` of the TTFT, and at least MIN_MS."""
+    return parts[part] >= max(MIN_MS, share * sum(parts.values()))
+
+
 def _split(parts: dict[str, float]) -> str:
     total = sum(parts.values())
     names = {"bootstrap": "waiting for the decode server's pre-allocation", "prefill_queue": "queueing for a "
@@ -86,8 +91,7 @@ def pd_prefill_bound(f: TrialFacts) -> list[Finding]:
     if f.pd is None:
         return []
     for label, parts in _points(f):
-        total = sum(parts.values())
-        if parts["prefill_queue"] < max(MIN_MS, DOMINANT_SHARE * total):
+        if not _dominant(parts, "prefill_queue", DOMINANT_SHARE):
             continue
         busy_p, _ = _role_busy(f, label)
         busy = f"; the prefill servers' GPUs {busy_p:.0f} % busy" if busy_p is not None else ""
@@ -133,9 +137,9 @@ def pd_transfer_bound(f: TrialFacts) -> list[Finding]:
     if f.pd is None:
         return []
     for label, parts in _points(f):
-        total = sum(parts.values())
-        if parts["transfer"] < max(MIN_MS, TRANSFER_SHARE * total):
+        if not _dominant(parts, "transfer", TRANSFER_SHARE):
             continue
+        total = sum(parts.values())
         moved = float_or_none(f.points[label].get("pd_transfer_mb_per_gpu"))
         size = f"; {moved:.0f} MB per GPU per request" if moved is not None else ""
         share = parts["transfer"] / total
@@ -157,8 +161,7 @@ def pd_decode_kv_pressure(f: TrialFacts) -> list[Finding]:
     if f.pd is None:
         return []
     for label, parts in _points(f):
-        total = sum(parts.values())
-        if parts["bootstrap"] < max(MIN_MS, BOOTSTRAP_SHARE * total):
+        if not _dominant(parts, "bootstrap", BOOTSTRAP_SHARE):
             continue
         reserved = f.pd.get("reserved_decode_tokens") or 512
         fewer = {"pd.reserved_decode_tokens": max(64, reserved // 2)}
