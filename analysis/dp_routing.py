@@ -15,6 +15,7 @@ scraped through the trial (counters read at the window's two ends).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -76,8 +77,21 @@ def routing_summary(router: pd.DataFrame | None, replicas: list[pd.DataFrame | N
         matched = increase_of(tree_match, start, end) if not tree_match.empty else 0.0
         if total and matched is not None:
             out[ROUTER_MATCH_FRAC] = matched / total
-    ratio_sum = increase_of(series_of(router, "smg_cache_aware_match_ratio_sum"), start, end)
-    ratio_count = increase_of(series_of(router, "smg_cache_aware_match_ratio_count"), start, end)
-    if ratio_sum is not None and ratio_count:
-        out[ROUTER_MATCH_RATIO] = ratio_sum / ratio_count
+    ratio = histogram_mean([router], "smg_cache_aware_match_ratio", start, end)
+    if ratio is not None:
+        out[ROUTER_MATCH_RATIO] = ratio
     return out
+
+
+def histogram_mean(frames: Sequence[pd.DataFrame | None], name: str, start: float, end: float,
+                   **labels: str) -> float | None:
+    """The mean of what histogram ``name`` counted over [start, end], over several servers' scrapes
+    (the increases of its ``_sum`` and ``_count`` read at the window's ends, each summed); None where
+    none counted anything."""
+    total = count = 0.0
+    for frame in frames:
+        s = increase_of(series_of(frame, f"{name}_sum", **labels), start, end)
+        n = increase_of(series_of(frame, f"{name}_count", **labels), start, end)
+        if s is not None and n:
+            total, count = total + s, count + n
+    return total / count if count > 0 else None

@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from analysis.dp_routing import increase_of, series_of
+from analysis.dp_routing import histogram_mean
 from vocab.records import PD_TTFT_PARTS
 from vocab.telemetry import PD_DECODE_UTIL, PD_PREFILL_UTIL, PD_TRANSFER_MB, pd_stage_part, per_gpu
 
@@ -60,28 +60,17 @@ def stage_parts(scrapes: Mapping[str, Sequence[pd.DataFrame | None]], start: flo
     out: dict[str, float] = {}
     for part in PD_TTFT_PARTS:
         role, name, stage = STAGES[part]
-        labels = {"stage": stage} if stage else {}
-        total = count = 0.0
-        for frame in scrapes.get(role, []):
-            s = increase_of(series_of(frame, f"{name}_sum", **labels), start, end)
-            n = increase_of(series_of(frame, f"{name}_count", **labels), start, end)
-            if s is not None and n:
-                total, count = total + s, count + n
-        if count > 0:
-            out[pd_stage_part(part)] = 1000.0 * total / count
+        mean = histogram_mean(scrapes.get(role, []), name, start, end, **({"stage": stage} if stage else {}))
+        if mean is not None:
+            out[pd_stage_part(part)] = 1000.0 * mean
     return out
 
 
 def transfer_size(prefill: Sequence[pd.DataFrame | None], start: float, end: float) -> dict[str, float]:
     """The mean KV a request moved per GPU over [start, end] (MB), from the prefill servers' scrapes;
     {} where none counted a transfer."""
-    total = count = 0.0
-    for frame in prefill:
-        s = increase_of(series_of(frame, f"{KV_TRANSFER_MB}_sum"), start, end)
-        n = increase_of(series_of(frame, f"{KV_TRANSFER_MB}_count"), start, end)
-        if s is not None and n:
-            total, count = total + s, count + n
-    return {PD_TRANSFER_MB: total / count * MIB / 1e6} if count > 0 else {}
+    mean = histogram_mean(prefill, KV_TRANSFER_MB, start, end)
+    return {PD_TRANSFER_MB: mean * MIB / 1e6} if mean is not None else {}
 
 
 def role_busy(extra: Mapping[str, float], prefill_gpus: int, gpus: int) -> dict[str, float]:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 from simulator.model_spec import KV_CACHE_DTYPES
-from vocab.model import DP_ROUTERS
+from vocab.model import DEFAULT_RESERVED_DECODE_TOKENS, DP_ROUTERS
 
 _HRI = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]i?)?\s*$")
 _HRI_MULT = {"k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--disaggregation-transfer-backend", default="mooncake",
       choices=["mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"])
     a("--disaggregation-bootstrap-port", type=int, default=8998)
-    a("--num-reserved-decode-tokens", type=int, default=512)
+    a("--num-reserved-decode-tokens", type=int, default=DEFAULT_RESERVED_DECODE_TOKENS)
     a("--disaggregation-decode-polling-interval", type=int, default=1)
     # CUDA graphs / kernels
     a("--disable-cuda-graph", action="store_true")

@@ -312,7 +312,7 @@ class ReplicaModel:
                 continue
             out = req.output_ids
             # deterministic per (seed, request, position); never an EOS id, so lengths are exactly
-            # max_new_tokens
+            # max_new_tokens (``_token``, written out: this runs for every token of every request)
             tok = (req.token_seed * 2654435761 + len(out) * 40503 + 12345) % vocab
             while tok in eos:
                 tok = (tok + 1) % vocab
@@ -408,7 +408,7 @@ class ReplicaModel:
                 continue
             out = req.output_ids
             n = min(accept(), req.max_new_tokens - len(out))
-            for _ in range(n):
+            for _ in range(n):  # ``_token``, written out: every accepted token
                 tok = (req.token_seed * 2654435761 + len(out) * 40503 + 12345) % self._vocab
                 while tok in self._eos:
                     tok = (tok + 1) % self._vocab

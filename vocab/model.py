@@ -17,6 +17,10 @@ DEFAULT_CONTEXT_LENGTH = 2048
 # SGLang reserves KV for at most this many of a request's decode tokens when it admits it (its
 # CLIP_MAX_NEW_TOKENS): the simulated engine's admission and the diagnosis's KV-pool arithmetic agree
 CLIP_MAX_NEW_TOKENS = 4096
+# disaggregation: SGLang's --num-reserved-decode-tokens default (the KV a decode server keeps per request it
+# holds), and how the router pairs a prefill and a decode server (the policies parasweep runs it with)
+DEFAULT_RESERVED_DECODE_TOKENS = 512
+PD_POLICIES = ("round_robin", "random")
 # SGLang's --schedule-policy values that start an engine (0.5.9-0.5.23; hrrn from 0.5.20,
 # shortest-prefill-first from 0.5.22), all modelled by the simulated engine. "priority" is not one: SGLang
 # accepts it on the command line and fails at start-up ("Unknown schedule_policy").

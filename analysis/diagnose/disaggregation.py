@@ -17,8 +17,9 @@ from typing import Any
 from analysis.diagnose.evidence import by_load, scheduler_evidence, suggest
 from analysis.diagnose.facts import TrialFacts
 from vocab.findings import Finding
+from vocab.model import DEFAULT_RESERVED_DECODE_TOKENS
 from vocab.records import PD_TTFT_PARTS
-from vocab.telemetry import PD_DECODE_UTIL, PD_PREFILL_UTIL, pd_stage_part, pd_ttft_part
+from vocab.telemetry import PD_DECODE_UTIL, PD_PREFILL_UTIL, PD_TRANSFER_MB, pd_stage_part, pd_ttft_part
 from vocab.values import float_or_none
 
 # a part of the TTFT this large (share, and at least this many ms) is what holds the request back
@@ -140,7 +141,7 @@ def pd_transfer_bound(f: TrialFacts) -> list[Finding]:
         if not _dominant(parts, "transfer", TRANSFER_SHARE):
             continue
         total = sum(parts.values())
-        moved = float_or_none(f.points[label].get("pd_transfer_mb_per_gpu"))
+        moved = float_or_none(f.points[label].get(PD_TRANSFER_MB))
         size = f"; {moved:.0f} MB per GPU per request" if moved is not None else ""
         share = parts["transfer"] / total
         return [Finding(
@@ -163,7 +164,7 @@ def pd_decode_kv_pressure(f: TrialFacts) -> list[Finding]:
     for label, parts in _points(f):
         if not _dominant(parts, "bootstrap", BOOTSTRAP_SHARE):
             continue
-        reserved = f.pd.get("reserved_decode_tokens") or 512
+        reserved = f.pd.get("reserved_decode_tokens") or DEFAULT_RESERVED_DECODE_TOKENS
         fewer = {"pd.reserved_decode_tokens": max(64, reserved // 2)}
         change, *alternatives = [*_trade(f, "decode"), fewer]
         return [Finding(

@@ -16,10 +16,9 @@ from orchestrator.config.schema import (
     world_size,
 )
 from orchestrator.errors import ConfigError
-from vocab.model import ROUTER_PACKAGE
+from vocab.model import PD_POLICIES, ROUTER_PACKAGE
 
 TRANSFER_BACKENDS = ("mooncake", "nixl", "mooncake_tcp", "fake")
-PD_POLICIES = ("round_robin", "random")
 
 
 def _count(key: str, value: object, low: int) -> None:

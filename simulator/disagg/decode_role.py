@@ -20,8 +20,7 @@ from simulator.entities import PDQueues, PDTimes, Request
 from simulator.replica import ReplicaModel
 from simulator.sim_config import SimConfig
 from simulator.timebase import Simulation
-
-DEFAULT_RESERVED_DECODE_TOKENS = 512  # SGLang's --num-reserved-decode-tokens
+from vocab.model import DEFAULT_RESERVED_DECODE_TOKENS
 
 
 class DecodeRole:
@@ -92,6 +91,13 @@ class DecodeRole:
         req.aborted = req.finished = True
         req.finish_reason = {"type": "abort", "message": message, "status_code": 500}
         self.replica.admission.release(req)
+
+    def fake_arrived(self, req: Request) -> None:
+        """The fake transfer backend: ``req``'s KV is there at once (garbage, as SGLang's fake backend
+        leaves it), its first token made here."""
+        now = self.sim.now
+        self.kv_arrived(req, self.replica.first_token(req), PDTimes(prefill_start=now, prefill_end=now,
+                                                                   transferred=now))
 
     def kv_arrived(self, req: Request, first_token: int, times: PDTimes) -> None:
         """The prefill server's last byte of ``req``'s KV is here, with the first token."""

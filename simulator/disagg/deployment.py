@@ -12,7 +12,7 @@ import random
 
 import numpy as np
 
-from simulator.disagg.decode_role import DEFAULT_RESERVED_DECODE_TOKENS, DecodeRole
+from simulator.disagg.decode_role import DecodeRole
 from simulator.disagg.kv_transfer import KVSide, Path, bytes_per_token, path_between
 from simulator.disagg.prefill_role import PrefillRole, Transfer
 from simulator.entities import PDTimes, Request
@@ -20,8 +20,7 @@ from simulator.replica import ReplicaModel
 from simulator.sim_config import SimConfig
 from simulator.timebase import Simulation
 from vocab.hardware import place_servers
-
-PD_POLICIES = ("round_robin", "random")
+from vocab.model import DEFAULT_RESERVED_DECODE_TOKENS, PD_POLICIES
 
 
 def world(cfg: SimConfig) -> int:
@@ -74,8 +73,7 @@ class Deployment:
         req.pd = PDTimes(arrival=self.sim.now)
         if not self.prefills:  # the fake backend: a decode server alone, its KV garbage and instant
             decode = self.decodes[self.pick()[1]]
-            decode.submit(req, lambda r: decode.kv_arrived(r, decode.replica.first_token(r), PDTimes(
-                prefill_start=self.sim.now, prefill_end=self.sim.now, transferred=self.sim.now)))
+            decode.submit(req, decode.fake_arrived)
             return
         i, j = self.pick()
         self._room += 1

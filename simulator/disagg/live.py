@@ -131,16 +131,11 @@ class LiveDecode:
 
     def submit(self, req: Request, bootstrap: Bootstrap | None) -> None:
         if bootstrap is None or bootstrap.fake:
-            self.sim.schedule(self.now(), self.role.submit, req, self._fake_arrival)
+            self.sim.schedule(self.now(), self.role.submit, req, self.role.fake_arrived)
             return
         port = bootstrap.port if bootstrap.port is not None else self.cfg.args.disaggregation_bootstrap_port
         self.sim.schedule(self.now(), self.role.submit, req,
                           lambda r: self._fetch_soon(r, str(bootstrap.host), port, int(bootstrap.room or 0)))
-
-    def _fake_arrival(self, req: Request) -> None:
-        now = self.sim.now
-        self.role.kv_arrived(req, self.role.replica.first_token(req),
-                             PDTimes(prefill_start=now, prefill_end=now, transferred=now))
 
     def _fetch_soon(self, req: Request, host: str, port: int, room: int) -> None:
         task = self.loop.create_task(self._fetch(req, host, port, room, self.sim.now))
