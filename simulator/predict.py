@@ -176,18 +176,22 @@ class VirtualTrial:
     """One engine instance (all DP replicas) on one virtual clock; load points run one after another."""
 
     def __init__(self, cfg: SimConfig) -> None:
-        self.cfg = cfg
-        self.sim = Simulation()
-        self.replicas = [ReplicaModel(cfg, self.sim) for _ in range(cfg.dp)]
+        sim = Simulation()
+        self._begin(cfg, sim, [ReplicaModel(cfg, sim) for _ in range(cfg.dp)])
+        self.router = Router(cfg.router, cfg.dp)
+        if cfg.server_warmup:
+            self._warm_up()
+
+    def _begin(self, cfg: SimConfig, sim: Simulation, replicas: list[ReplicaModel]) -> None:
+        """What every virtual trial holds: the config its requests' seeds come from, the clock, the
+        replicas whose busy time marks its windows, and the client's state."""
+        self.cfg, self.sim, self.replicas = cfg, sim, replicas
         # busy seconds of every stage at the window's bounds: (when, {(replica, stage): seconds}); the
         # steady window, and the whole measured span for a point too short to have one
         self._marks: dict[str, tuple[float, dict[tuple[int, int], float]]] = {}
-        self.router = Router(cfg.router, cfg.dp)
         self._seq = 0
         self.turnaround = CLIENT_TURNAROUND_S
         self.send_spacing = CLIENT_SEND_SPACING_S
-        if cfg.server_warmup:
-            self._warm_up()
 
     def _warm_up(self) -> None:
         """SGLang's server warm-up, before anything is measured: one short request through every replica,
@@ -204,13 +208,17 @@ class VirtualTrial:
             self.sim.run_until(self.sim.peek() + 1.0)
 
     def submit(self, prompt: np.ndarray, max_new_tokens: int) -> Request:
-        """A streamed request to the replica the router picks, arriving now."""
+        """A streamed request, arriving now."""
         self._seq += 1
         seed = self.cfg.random_seed * 1_000_003 + self._seq
         req = Request(f"v{self._seq}", len(prompt), max_new_tokens, seed, stream=True, prompt=prompt)
+        self._dispatch(req, prompt)
+        return req
+
+    def _dispatch(self, req: Request, prompt: np.ndarray) -> None:
+        """``req`` to the replica the router picks."""
         rep = self.replicas[self.router.pick(prompt, [r.load for r in self.replicas])]
         rep.submit(req, self.sim.now)
-        return req
 
     # -- one point ------------------------------------------------------------------------------------
 

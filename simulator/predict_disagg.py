@@ -20,7 +20,6 @@ from simulator.entities import Request
 from simulator.gpus import energy_j, mem_used_bytes
 from simulator.predict import (
     CLIENT_SEND_SPACING_S,
-    CLIENT_TURNAROUND_S,
     VirtualTrial,
     gpu_summaries,
     load_config,
@@ -42,25 +41,16 @@ from vocab.telemetry import (
 class VirtualPDTrial(VirtualTrial):
     """A disaggregated deployment on one virtual clock; load points run one after another."""
 
-    def __init__(self, deployment: Deployment, seed: int = 0) -> None:  # not super's: it builds one engine
+    def __init__(self, deployment: Deployment) -> None:  # not super's: that builds one engine
         self.deployment = deployment
-        self.cfg = deployment.decodes[0].replica.cfg  # the client's request seeds come from it
-        self.seed = seed
-        self.sim = deployment.sim
-        self.replicas = deployment.replicas
-        self._marks = {}
-        self._seq = 0
         self._submitted: list[Request] = []
-        self.turnaround = CLIENT_TURNAROUND_S
-        self.send_spacing = CLIENT_SEND_SPACING_S
+        # the client's request seeds come from decode server 0's config, as its stream is the client's
+        self._begin(deployment.decodes[0].replica.cfg, deployment.sim, deployment.replicas)
 
-    def submit(self, prompt: np.ndarray, max_new_tokens: int) -> Request:
-        self._seq += 1
-        req = Request(f"v{self._seq}", len(prompt), max_new_tokens, self.seed * 1_000_003 + self._seq,
-                      stream=True, prompt=prompt)
+    def _dispatch(self, req: Request, prompt: np.ndarray) -> None:
+        """``req`` to the prefill and decode servers the router pairs."""
         self.deployment.submit(req, prompt)
         self._submitted.append(req)
-        return req
 
     def _reset_point(self) -> None:
         super()._reset_point()
@@ -133,7 +123,7 @@ class PDLayout:
                           moves_kv=args.disaggregation_transfer_backend != "fake")
 
     def fresh(self) -> VirtualPDTrial:
-        return VirtualPDTrial(self.build(), seed=self.decode.random_seed)
+        return VirtualPDTrial(self.build())
 
 
 def load_layout(prefill_argv: list[str], decode_argv: list[str], prefill_workers: int, decode_workers: int,
