@@ -102,6 +102,31 @@ def replica_key(engine: Any, env: Mapping[str, str]) -> str:
 
 
 @dataclass(frozen=True)
+class Configured:
+    """A config as the simulated engine would start it, once: fresh virtual trials of it, its keys, and
+    the engine a cost-model bound reads."""
+
+    fresh: Callable[[], Any]  # a fresh engine (or deployment) to run load points on
+    key: str  # engine_key / deployment_key: equal for configs the simulated engine cannot tell apart
+    family: str  # replica_key: equal for configs that differ only in their count of like replicas
+    engine: Any  # the engine's SimConfig, or one decode server's for a disaggregated deployment
+
+
+def configure(cfg: ParasweepConf, env: Mapping[str, str]) -> Configured:
+    """``cfg`` configured once, an engine or a disaggregated deployment (its servers are not replicas of
+    one engine: its family is itself). Raises as the engine would refuse to start (``ValueError``)."""
+    from orchestrator.prediction.modelled import configured_deployment, configured_engine
+    from simulator.predict import VirtualTrial
+
+    if cfg.pd.enabled:
+        layout = configured_deployment(cfg, env)
+        key = deployment_key(layout, env)
+        return Configured(layout.fresh, key, key, layout.decode)
+    engine = configured_engine(cfg, env)
+    return Configured(lambda: VirtualTrial(engine), engine_key(engine, env), replica_key(engine, env), engine)
+
+
+@dataclass(frozen=True)
 class Load:
     """A load to predict at: a closed loop of ``concurrency`` streams (steady, ramped), or an open
     loop's own point."""
@@ -163,7 +188,7 @@ def predict_change(base: ParasweepConf, change: Mapping[str, Any], loads: Sequen
     """``change`` applied to ``base``, predicted at each of ``loads`` (module docstring). Never raises
     for a change that cannot run: its ``reason`` says why."""
     from orchestrator.points.plan import request_spec
-    from orchestrator.prediction.modelled import apply_change, configured_deployment, configured_engine
+    from orchestrator.prediction.modelled import apply_change
 
     out = Predicted(dict(change))
     for key, why in NOT_MODELLED.items():
@@ -172,12 +197,8 @@ def predict_change(base: ParasweepConf, change: Mapping[str, Any], loads: Sequen
             return out
     try:
         cfg, env = apply_change(base, change)
-        if cfg.pd.enabled:  # a disaggregated deployment: its servers, configured once
-            layout = configured_deployment(cfg, env)
-            fresh, out.engine = layout.fresh, deployment_key(layout, env)
-        else:
-            engine = configured_engine(cfg, env)
-            out.engine = engine_key(engine, env)
+        configured = configure(cfg, env)
+        out.engine = configured.key
     except (UserError, ValueError) as exc:
         out.reason = f"not possible: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         return out
@@ -185,19 +206,13 @@ def predict_change(base: ParasweepConf, change: Mapping[str, Any], loads: Sequen
     spec = request_spec(cfg)
     cache = _cache(cache_dir)
     try:
-        predict: Callable[[LoadPoint], PointResult] | None = None
+        def predict(point: LoadPoint) -> PointResult:
+            return configured.fresh().run_point(point, spec)
+
         for load in loads:
             key = _digest(out.engine, repr(spec), load.key())
             hit = cache.get(key) if cache is not None else None
             if hit is None:
-                if predict is None and cfg.pd.enabled:
-                    def predict(point: LoadPoint) -> PointResult:
-                        return fresh().run_point(point, spec)
-                elif predict is None:
-                    from simulator.predict import VirtualTrial
-
-                    def predict(point: LoadPoint) -> PointResult:
-                        return VirtualTrial(engine).run_point(point, spec)
                 point = (steady_point(load.concurrency, predict) if load.concurrency is not None
                          else load.point)
                 assert point is not None

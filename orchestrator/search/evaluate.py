@@ -36,7 +36,7 @@ from analysis.diagnose import overrides_text
 from orchestrator.config.schema import ParasweepConf, world_size
 from orchestrator.config.slo import check_slo, worst_ratio
 from orchestrator.errors import ConfigError, UserError
-from orchestrator.prediction.at_load import deployment_key, engine_key, replica_key, steady_point
+from orchestrator.prediction.at_load import configure, steady_point
 from vocab.load import LoadPoint
 from vocab.records import PointResult
 
@@ -134,22 +134,17 @@ def _rejected(change: Mapping[str, Any], exc: Exception) -> Outcome:
 def screen(base: ParasweepConf, change: Mapping[str, Any], settings: Settings) -> Screened | Outcome:
     """Validate one candidate and bound it from the cost model, without predicting a load: a
     ``Screened`` candidate, or its rejection. Never raises for a candidate that cannot run."""
-    from orchestrator.prediction.modelled import apply_change, configured_deployment, configured_engine
+    from orchestrator.prediction.modelled import apply_change
 
     try:
         cfg, env = apply_change(base, change)
-        if cfg.pd.enabled:  # a disaggregated deployment: bounded by its decode servers
-            layout = configured_deployment(cfg, env)
-            engine, key = layout.decode, deployment_key(layout, env)
-            family = key  # its servers are not interchangeable replicas of one engine
-        else:
-            engine = configured_engine(cfg, env)
-            key, family = engine_key(engine, env), replica_key(engine, env)
+        configured = configure(cfg, env)  # a disaggregated deployment: bounded by its decode servers
     except (UserError, ValueError) as exc:
         return _rejected(change, exc)
     gpus = world_size(cfg)
-    ceiling, start = _ceiling(engine, cfg, settings, gpus, max_load(settings, cfg))
-    return Screened(dict(change), gpus, ceiling, start, key, family, cfg.dp.size if not cfg.pd.enabled else 1)
+    ceiling, start = _ceiling(configured.engine, cfg, settings, gpus, max_load(settings, cfg))
+    return Screened(dict(change), gpus, ceiling, start, configured.key, configured.family,
+                    cfg.dp.size if not cfg.pd.enabled else 1)
 
 
 def itl_bounds(slo: Mapping[str, float]) -> list[tuple[float, float]]:
