@@ -7,6 +7,7 @@ pp vs layers, ...) live in :mod:`orchestrator.config.validate`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -328,6 +329,13 @@ def worker_config(cfg: ParasweepConf, role: str, index: int,
     if role == "prefill" and bootstrap_port is None and cfg.pd.bootstrap_port is not None:
         bootstrap_port = cfg.pd.bootstrap_port + index
     return replace(one, pd=replace(one.pd, node=node, bootstrap_port=bootstrap_port))
+
+
+def bootstrap_ports(cfg: ParasweepConf, fallback: Callable[[int], int]) -> list[int]:
+    """Each prefill server's bootstrap port: ``pd.bootstrap_port`` and the next ones, else
+    ``fallback(index)`` (a free port for a trial, SGLang's default and up for a printed command)."""
+    first = cfg.pd.bootstrap_port
+    return [first + i if first is not None else fallback(i) for i in range(cfg.pd.prefill.workers)]
 
 
 def server_nodes(cfg: ParasweepConf) -> list[int]:

@@ -252,13 +252,12 @@ def _disaggregated_command(cfg: ParasweepConf, prefix: list[str],
     bootstrap ports from ``pd.bootstrap_port`` or SGLang's default up), the router in PD mode in front
     on 30000. Across nodes each server is marked with its node, its GPUs numbered within it; the
     router's URLs then need the nodes' addresses instead of 127.0.0.1."""
-    from orchestrator.config.schema import server_nodes
+    from orchestrator.config.schema import bootstrap_ports, server_nodes
     from orchestrator.engines.router import pd_launch
     from orchestrator.engines.sglang_compat.disagg import DEFAULT_BOOTSTRAP_PORT
 
     count = cfg.pd.prefill.workers + cfg.pd.decode.workers
-    first = cfg.pd.bootstrap_port if cfg.pd.bootstrap_port is not None else DEFAULT_BOOTSTRAP_PORT
-    boots = [first + i for i in range(cfg.pd.prefill.workers)]
+    boots = bootstrap_ports(cfg, lambda i: DEFAULT_BOOTSTRAP_PORT + i)
     launch = pd_launch(cfg, server, [30001 + i for i in range(count)], boots, 30000, 29000, None,
                        python="python")
     nodes = server_nodes(cfg)

@@ -28,7 +28,13 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.config.schema import gpus_per_node, role_config, router_process, trial_nodes
+from orchestrator.config.schema import (
+    bootstrap_ports,
+    gpus_per_node,
+    role_config,
+    router_process,
+    trial_nodes,
+)
 from orchestrator.engines.base import HOST, NodePlace
 from orchestrator.engines.router import pd_launch, routed_launch
 from orchestrator.engines.sglang_compat.speculative import simulated_acceptance_env
@@ -277,8 +283,7 @@ class LiveSession:
         cfg, trial_dir = self.plan.cfg, self.plan.identity.trial_dir
         n = cfg.pd.prefill.workers + cfg.pd.decode.workers
         ports = [free_port() for _ in range(n)]
-        boots = [cfg.pd.bootstrap_port + i if cfg.pd.bootstrap_port is not None else free_port()
-                 for i in range(cfg.pd.prefill.workers)]
+        boots = bootstrap_ports(cfg, lambda _: free_port())
         port, prometheus_port = free_port(), free_port()
         launch = pd_launch(cfg, lambda one, p: self.plan.engine.argv(one, p, trial_dir), ports, boots, port,
                            prometheus_port, self.env.get("CUDA_VISIBLE_DEVICES"))
