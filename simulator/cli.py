@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Callable
 
-from simulator.model_spec import KV_CACHE_DTYPES
+from simulator.model_spec import KV_CACHE_DTYPES, ONLINE_FP8
 from vocab.model import DEFAULT_RESERVED_DECODE_TOKENS, DP_ROUTERS
 
 _HRI = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]i?)?\s*$")
@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--context-length", type=human_readable_int, default=None)
     a("--dtype", default="auto")
     a("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES))
+    # SGLang's --quantization: "fp8" quantizes an unquantized checkpoint's linear layers at load time
+    # (a checkpoint already in FP8 is unchanged); the other methods are not modelled
+    a("--quantization", default=None, choices=[ONLINE_FP8])
     # parallelism
     a("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
     a("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1)
@@ -147,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--disaggregation-decode-polling-interval", type=int, default=1)
     # CUDA graphs / kernels
     a("--disable-cuda-graph", action="store_true")
-    a("--cuda-graph-max-bs-decode", type=int, default=None)
+    # SGLang spells it --cuda-graph-max-bs before 0.5.14 (and accepts that spelling until 0.5.20)
+    a("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs", dest="cuda_graph_max_bs_decode", type=int,
+      default=None)
     a("--attention-backend", default=None)
     # network / observability
     a("--host", default="127.0.0.1")
@@ -158,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
     a("--random-seed", type=int, default=None)
     a("--stream-interval", type=int, default=1)
+    # the scheduler takes new requests from its socket only every N decode iterations (simulator/replica.py)
+    a("--scheduler-recv-interval", type=int, default=1)
     a("--skip-server-warmup", action="store_true")
     a("--watchdog-timeout", type=float, default=300.0)
     # simulator-only

@@ -8,6 +8,7 @@ biases (well under 0.1 % of any model here).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,21 @@ DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0}
 def is_fp8(bytes_per_param: float) -> bool:
     """Weights stored as FP8 (one byte each, plus block scales)."""
     return 1.0 <= bytes_per_param < 1.01
+
+
+ONLINE_FP8 = "fp8"  # SGLang's --quantization fp8
+
+
+def quantized_online(spec: ModelSpec) -> ModelSpec:
+    """``spec`` as SGLang serves it with ``--quantization fp8``: an unquantized checkpoint's linear layers
+    (attention projections, MLPs, experts) quantized to FP8 at load time, one scale per tensor; the
+    embedding, the LM head and the KV cache keep their dtypes. A checkpoint that is already quantized is
+    served as it is."""
+    if spec.quant_desc:
+        return spec
+    return dataclasses.replace(
+        spec, attn_bytes_per_param=1.0, dense_mlp_bytes_per_param=1.0, expert_bytes_per_param=1.0,
+        shared_expert_bytes_per_param=1.0, quant_desc="fp8 (online, per tensor) on linear layers")
 
 
 @dataclass(frozen=True)

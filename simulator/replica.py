@@ -68,6 +68,14 @@ class ReplicaModel:
         self.cursor = 0
         self.cpu_free = 0.0
         self.turn_pending = False
+        # SGLang's --scheduler-recv-interval N (pp = 1): requests that reached the scheduler's socket are
+        # taken in only once N decode iterations have passed since the last take; any other iteration
+        # (a prefill, nothing to run) takes them at once (SchedulerRecvSkipper: a decode weighs 1, any
+        # other forward mode as much as the whole interval)
+        self.recv_interval = max(1, int(cfg.args.scheduler_recv_interval)) if cfg.pp == 1 else 1
+        self.recv_count = 0
+        self.unreceived: list[Request] = []
+        self.last_decode = False  # the last launched batch was decode-only
         self.gpu_free = 0.0  # pp = 1: when the GPU finishes the step launched last
         self.busy = [StageBusy() for _ in range(cfg.pp)]
         self.in_flight = 0
@@ -109,7 +117,7 @@ class ReplicaModel:
     @property
     def load(self) -> int:
         """Requests this replica holds: arriving, waiting or admitted (what a router counts in flight)."""
-        return self.arriving + len(self.admission.waiting) + self.admission.pool_used
+        return self.arriving + len(self.unreceived) + len(self.admission.waiting) + self.admission.pool_used
 
     def _arrive(self, req: Request) -> None:
         self.arriving -= 1
@@ -117,8 +125,20 @@ class ReplicaModel:
         req.arrival_work = self.admission.computed_total
         if req.aborted:
             return
+        if self.recv_interval > 1 and any(s.reqs for s in self.slots):  # a running batch to decode
+            self.unreceived.append(req)  # on the socket until the scheduler next polls it
+            return
         self.admission.waiting.append(req)
         self._wake()
+
+    def _receive(self, decoded: bool) -> None:
+        """The scheduler's poll of its socket after an iteration (``decoded``: a decode-only one)."""
+        self.recv_count += 1 if decoded else self.recv_interval
+        if self.recv_count >= self.recv_interval:
+            self.recv_count = 0
+            if self.unreceived:
+                self.admission.waiting.extend(r for r in self.unreceived if not r.aborted)
+                self.unreceived = []
 
     def abort(self, req: Request) -> None:
         """The client went away: drop the request at the next opportunity (SGLang aborts it too)."""
@@ -134,7 +154,7 @@ class ReplicaModel:
         """Whether ``req`` is waiting, running or being prefilled on this replica."""
         adm = self.admission
         return req in adm.waiting or adm.chunked_req is req or any(req in s.reqs for s in self.slots) \
-            or req in self.kv_arrived
+            or req in self.kv_arrived or req in self.unreceived
 
     def release_handed_off(self, req: Request) -> None:
         """Prefill server: ``req``'s KV has all arrived at its decode server: it is done here, and its pool
@@ -176,7 +196,8 @@ class ReplicaModel:
     def idle(self) -> bool:
         """No request waits, is being prefilled or runs in any slot."""
         adm = self.admission
-        return not adm.waiting and adm.chunked_req is None and not any(s.reqs for s in self.slots)
+        return (not adm.waiting and not self.unreceived and adm.chunked_req is None
+                and not any(s.reqs for s in self.slots))
 
     def on_idle(self) -> None:
         if self.observer is not None and self.in_flight == 0 and not self.admission.waiting:
@@ -203,6 +224,8 @@ class ReplicaModel:
             slot = self.slots[self.cursor]
             if slot.in_flight is not None:
                 return  # blocking receive of this slot's output; its return wakes us
+            if self.recv_interval > 1:
+                self._receive(self.last_decode)
             batch = self._build_batch(slot)
             self.cursor = (self.cursor + 1) % self.num_slots
             if batch is None:
@@ -213,6 +236,10 @@ class ReplicaModel:
                 self._wake()
                 return
             skipped = 0
+        if self.unreceived and self.in_flight == 0 and not self.admission.has_work:
+            self._receive(False)  # an iteration with nothing to run polls the socket
+            self._wake()
+            return
         if self.observer is not None and self.in_flight == 0 and not self.admission.waiting:
             self.observer.on_idle(self)
 
@@ -247,6 +274,7 @@ class ReplicaModel:
 
     def _launch(self, slot: Slot, batch: Batch, now: float) -> None:
         cost = self.cost
+        self.last_decode = batch.decode
         self.admission.store_kv(batch)
         shape = batch.shape
         batch.cuda_graph = cost.uses_cuda_graph(shape)

@@ -14,7 +14,14 @@ from pathlib import Path
 from simulator import SGLANG_COMPAT_VERSION
 from simulator.calibration import CalibrationError, load_calibration
 from simulator.costs import CostModel, CostParams, Parallel
-from simulator.model_spec import KV_CACHE_DTYPES, ModelConfigError, ModelSpec, load_model_spec
+from simulator.model_spec import (
+    KV_CACHE_DTYPES,
+    ONLINE_FP8,
+    ModelConfigError,
+    ModelSpec,
+    load_model_spec,
+    quantized_online,
+)
 from simulator.nodes import split_address
 from simulator.schedule_policy import POLICIES
 from simulator.sim_config import MIB, SimConfig, StageMemory, page_size_for
@@ -116,6 +123,8 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     except ModelConfigError as e:
         raise FlagError(str(e)) from e
     spec = dataclasses.replace(spec, kv_bytes_per_elem=KV_CACHE_DTYPES[args.kv_cache_dtype])
+    if getattr(args, "quantization", None) == ONLINE_FP8:
+        spec = quantized_online(spec)
 
     tp, pp, ep, dp, depth = args.tp_size, args.pp_size, args.ep_size, args.dp_size, args.pp_async_batch_depth
     for name, v in (("tp_size", tp), ("pp_size", pp), ("ep_size", ep), ("dp_size", dp)):

@@ -176,6 +176,7 @@ class SimConfig:
             "log_level": a.log_level,
             "random_seed": self.random_seed,
             "stream_interval": a.stream_interval,
+            "scheduler_recv_interval": a.scheduler_recv_interval,
             # scheduler init info
             "status": "ready",
             "max_total_num_tokens": self.max_total_num_tokens,

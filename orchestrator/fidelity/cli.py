@@ -1,5 +1,7 @@
-"""``python -m orchestrator fidelity --published FILE [--json OUT]``: every published entry predicted the
-way it was measured, predicted against measured per metric, and the error per family.
+"""``python -m orchestrator fidelity [--published FILE | --silicon [CSV] | --forward [FILE]] [--json OUT]``:
+every published entry predicted the way it was measured, predicted against measured per metric, and the
+error per family. ``--silicon`` replays the served SGLang runs aiconfigurator-core ships, beside
+AIConfigurator's own estimate of each; ``--forward`` the published forward-only step timings.
 
 Every entry is either compared or skipped with its reason. The prediction is the simulated engine's,
 in virtual time: nothing is launched and nothing here is a measurement of this machine.
@@ -28,6 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--published", default=DEFAULT_CORPUS, metavar="FILE",
                    help=f"JSON lines of measured runs (default: {DEFAULT_CORPUS}; format: docs/fidelity.md)")
+    p.add_argument("--silicon", nargs="?", const="", default=None, metavar="CSV",
+                   help="replay the served SGLang runs of aiconfigurator-core's silicon_sample.csv (default: "
+                        "the installed file) beside AIConfigurator's estimate of each (docs/fidelity.md)")
+    p.add_argument("--no-aiconfigurator", action="store_true",
+                   help="with --silicon: leave AIConfigurator's estimates out (faster)")
+    p.add_argument("--forward", nargs="?", const="", default=None, metavar="FILE",
+                   help="replay published forward-only step timings (SGLang bench_one_batch; default: the "
+                        "shipped data/published/forward.jsonl)")
     p.add_argument("--json", dest="json_out", metavar="OUT", help="write the comparison as JSON to OUT")
     p.add_argument("--only", action="append", default=[], metavar="ID",
                    help="replay only the entries whose id contains ID (repeatable)")
@@ -112,6 +122,18 @@ def main(argv: list[str]) -> int:
         parser.error(f"--workers {args.workers}: invalid; valid: 1 or more processes")
     if args.json_out and not Path(args.json_out).resolve().parent.is_dir():
         parser.error(f"--json {args.json_out}: invalid; valid: a file in an existing folder")
+    if args.silicon is not None and args.forward is not None:
+        parser.error("--silicon and --forward: one at a time")
+    if args.silicon is not None:
+        from orchestrator.fidelity.served_cli import run_silicon
+
+        return run_silicon(args.silicon or None, args.only, args.workers, not args.no_aiconfigurator,
+                           args.json_out)
+    if args.forward is not None:
+        from orchestrator.fidelity.forward import main as forward_main
+
+        return forward_main(([args.forward] if args.forward else [])
+                            + (["--json", args.json_out] if args.json_out else []))
     if args.published == DEFAULT_CORPUS and not Path(DEFAULT_CORPUS).is_file():
         from vocab.assets import published_dir
 

@@ -36,6 +36,10 @@ from workloads.bench_serving import (
 # Benchmark tools whose sending the replay follows (lower-cased prefixes of ``workload.tool``)
 SGLANG_BENCH = "sglang.bench_serving"
 VLLM_BENCH = ("vllm bench",)
+# vLLM's older benchmarks/benchmark_serving.py (InferenceX's client is a fork of it) draws random lengths
+# one-sided from ratio x L to L, as SGLang's tool does; aiperf sends fixed lengths
+ONE_SIDED_BENCH = ("benchmark_serving",)
+FIXED_LENGTH_BENCH = ("aiperf",)
 SINGLE_REQUEST_DATASETS = ("synthetic single request", "synthetic input_ids")
 VLLM_SEED = 0  # vLLM's bench serve --seed default
 
@@ -65,6 +69,9 @@ def _flags(entry: Entry) -> list[str]:
 
     for key, flag in (("chunked_prefill_size", "--chunked-prefill-size"),
                       ("max_running_requests", "--max-running-requests"),
+                      ("cuda_graph_max_bs", "--cuda-graph-max-bs"),
+                      ("stream_interval", "--stream-interval"),
+                      ("scheduler_recv_interval", "--scheduler-recv-interval"),
                       ("max_prefill_tokens", "--max-prefill-tokens"),
                       ("max_total_num_tokens", "--max-total-tokens"),
                       ("page_size", "--page-size")):
@@ -84,6 +91,9 @@ def _flags(entry: Entry) -> list[str]:
         out.append("--disable-cuda-graph")
     if a.get("enable_mixed_chunk") is True:
         out.append("--enable-mixed-chunk")
+    for key in ("kv_cache_dtype", "quantization"):
+        if isinstance(a.get(key), str):
+            out += [f"--{key.replace('_', '-')}", a[key]]
     return out
 
 
@@ -111,9 +121,11 @@ def _requests(entry: Entry, model_dir: Path, spec: ModelSpec, notes: list[str]
                               "published (only one request at a time is replayed)")
         return [BenchRequest(w.input_len, out, 0.0)], 1
     sglang = tool.startswith(SGLANG_BENCH)
-    if not sglang and not tool.startswith(VLLM_BENCH):
+    one_sided = sglang or tool.startswith(ONE_SIDED_BENCH)
+    fixed = tool.startswith(FIXED_LENGTH_BENCH)
+    if not one_sided and not fixed and not tool.startswith(VLLM_BENCH):
         raise NotModelled(f"benchmark tool {w.tool!r}: its sending is not replayed (sglang.bench_serving, "
-                          "vllm bench serve)")
+                          "vllm bench serve, benchmark_serving, aiperf)")
     seed = w.seed if w.seed is not None else (DEFAULT_SEED if sglang else VLLM_SEED)
     rng = np.random.RandomState(seed)
     rate = w.request_rate if w.request_rate is not None else math.inf
@@ -121,8 +133,8 @@ def _requests(entry: Entry, model_dir: Path, spec: ModelSpec, notes: list[str]
         if w.random_input_len is None or w.random_output_len is None:
             raise NotModelled("random dataset without random_input_len / random_output_len")
         # SGLang's tool draws from ratio x L to L; vLLM's around L, within +-ratio (0.0: exactly L)
-        ratio = w.random_range_ratio or 0.0
-        if not sglang:
+        ratio = 1.0 if fixed else w.random_range_ratio or 0.0
+        if not one_sided and not fixed:
             if ratio:
                 raise NotModelled(f"vLLM's --random-range-ratio {ratio:g} (lengths drawn around the "
                                   "nominal one): only fixed lengths are replayed for that tool")

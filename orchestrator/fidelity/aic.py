@@ -1,0 +1,191 @@
+"""AIConfigurator's own estimate of one aggregated SGLang serving point.
+
+aiconfigurator-core ships measured serving runs (``systems/silicon_sample.csv``) next to the estimator
+that AIConfigurator checks against them. To set parasweep's predictions beside AIConfigurator's on the
+same rows, this module asks the installed core estimator for the TTFT and TPOT of one ``agg`` row, the
+way AIConfigurator's accuracy tool does it: that tool calls the upper ``aiconfigurator`` package's
+``cli_estimate`` once per row (mode agg, backend sglang, the row's sizes, batch, parallelism and
+quantization, everything else left at its default). ``cli_estimate`` is not installed here, so its agg
+path is rebuilt from the core pieces it is made of:
+
+- tables: the row's SGLang version if the core serves it; otherwise, as the tool retries, the default
+  version (the system's ``current`` slot: core 0.12.0 answers only its slot versions, 0.5.14 and
+  0.5.16, and refuses a row's 0.5.9). The tool retries on the message "Failed to load perf database",
+  which core 0.12.0 no longer gives for such a version; this module retries on the refusal it gives.
+  Silicon data only (``SILICON`` mode), no transfer policy;
+- the model: ``ModelConfig`` from the row's parallelism and GEMM/MoE quantization; the missing MoE width
+  inferred for MoE models; KV-cache and attention precision left to the checkpoint's quantization
+  config (an fp8/fp8_block/nvfp4 checkpoint implies an FP8 KV cache and FP8 attention, downgraded to
+  BF16 attention where the tables hold none); no speculative decoding;
+- the run: ``run_agg`` of a fresh SGLang backend (what the upper package's ``InferenceSession``
+  forwards to; a fresh one, because a backend caches its results by sizes alone, not by model), with a
+  context budget of one prompt (``ctx_tokens = isl``), the backend's default memory fraction and
+  sequence length. Its TTFT is one prefill step times a queueing factor that grows with the steps
+  needed to admit the whole batch; its TPOT averages the mixed and decode-only steps.
+
+A checkpoint is read from the configs bundled with the core. AIConfigurator downloads any other from
+Hugging Face; this module does not go online, and instead reads a bundled checkpoint whose config has
+the same architecture (``meta-llama/Llama-3.1-8B-Instruct`` is priced as ``Meta-Llama-3.1-8B``: the two
+configs differ only in their end-of-sequence tokens), or gives no estimate.
+
+Whatever the core refuses (an unknown model or system, a parallelism it cannot lay out, a model that
+does not fit in memory) comes back as an estimate without numbers and a one-line reason. Answers are
+cached per row's arguments; the core itself caches its tables per system and version and each
+checkpoint's config, so only the first estimate on a system pays for loading tables (about a second).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the core is imported only when an estimate is asked for: it is an optional dependency
+    from aiconfigurator_core.sdk.perf_database import PerfDatabase
+
+BACKEND = "sglang"
+# Hub ids with no bundled config, and the bundled checkpoint with the same architecture that prices them.
+SAME_ARCHITECTURE = {"meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Meta-Llama-3.1-8B"}
+REASON_CHARS = 300  # a reason is cut to this length; the core's messages can run to several sentences
+
+
+@dataclass(frozen=True)
+class AicEstimate:
+    ttft_ms: float | None
+    tpot_ms: float | None
+    why_none: str = ""  # one line: why AIC gives no estimate (out of memory, unsupported model/system, ...)
+    version: str = ""  # the table version AIC used, e.g. "0.5.14"
+
+
+def estimate_agg(model_path: str, system: str, isl: int, osl: int, batch_size: int, tp: int, pp: int,
+                 attention_dp: int, moe_tp: int, moe_ep: int, gemm_quant: str | None, moe_quant: str | None,
+                 backend_version: str | None) -> AicEstimate:
+    """AIConfigurator's TTFT and TPOT (ms) for one aggregated SGLang row of ``silicon_sample.csv``.
+
+    The arguments are the row's columns as they stand (``tp_size`` included, even where it holds TP×EP).
+    An empty or NaN cell is left out, as the accuracy tool leaves it out of its call: the version and
+    quantizations then take the core's defaults, the batch ``cli_estimate``'s 128, TP, PP and attention
+    DP 1, and a missing MoE width is inferred from the other. Never raises."""
+    try:
+        sizes = (_size(isl), _size(osl), _size(batch_size, 128), _size(tp, 1), _size(pp, 1),
+                 _size(attention_dp, 1), _size(moe_tp), _size(moe_ep))
+    except (TypeError, ValueError) as exc:
+        return AicEstimate(None, None, why_none=f"a size is not a number: {_reason(exc)}")
+    if sizes[0] is None or sizes[1] is None:
+        return AicEstimate(None, None, why_none="the row gives no input or output length")
+    return _estimate(model_path, system, *sizes, _text(gemm_quant), _text(moe_quant), _text(backend_version))
+
+
+def _size(value: float | None, default: int | None = None) -> int | None:
+    """A CSV size cell as an int, ``default`` where it is empty or NaN."""
+    return default if value is None or math.isnan(value) else int(value)
+
+
+def _text(value: str | float | None) -> str | None:
+    """A CSV text cell, None where it is empty or NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return str(value).strip() or None
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, KeyError):  # an unknown quantization name: KeyError('fp6')
+        text = f"unknown name {text}"
+    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 1] + "…"
+
+
+@functools.cache
+def _estimate(model_path: str, system: str, isl: int, osl: int, batch_size: int, tp: int, pp: int,
+              attention_dp: int, moe_tp: int | None, moe_ep: int | None, gemm_quant: str | None,
+              moe_quant: str | None, backend_version: str | None) -> AicEstimate:
+    try:
+        version, database = _database(system, backend_version)
+    except Exception as exc:
+        return AicEstimate(None, None, why_none=_reason(exc))
+    try:
+        ttft, tpot = _run_agg(_checkpoint(model_path), system, database, isl, osl, batch_size, tp, pp,
+                              attention_dp, moe_tp, moe_ep, gemm_quant, moe_quant)
+    except Exception as exc:
+        return AicEstimate(None, None, why_none=_reason(exc), version=version)
+    return AicEstimate(ttft, tpot, version=version)
+
+
+@functools.cache
+def _database(system: str, requested: str | None) -> tuple[str, PerfDatabase]:
+    """(version, tables) for a system: the requested SGLang version if the core serves it, else the
+    default one. The core refuses a version outside its slots with a ValueError (and answers None for a
+    version it cannot load)."""
+    from aiconfigurator_core.sdk.perf_database import get_latest_database_version
+
+    if requested is not None:
+        try:
+            database = _tables(system, requested)
+        except ValueError:
+            database = None
+        if database is not None:
+            return requested, database
+    version = get_latest_database_version(system=system, backend=BACKEND)
+    if version is None:
+        raise ValueError(f"aiconfigurator-core has no {BACKEND} tables for system {system!r}")
+    database = _tables(system, version)
+    if database is None:
+        raise ValueError(f"aiconfigurator-core could not load its {BACKEND} {version} tables for {system!r}")
+    return version, database
+
+
+def _tables(system: str, version: str) -> PerfDatabase | None:
+    from aiconfigurator_core.sdk.perf_database import get_database_view
+
+    return get_database_view(system, BACKEND, version, allow_missing_data=False, database_mode="SILICON",
+                             transfer_policy=None)
+
+
+@functools.cache
+def _checkpoint(model_path: str) -> str:
+    """The checkpoint AIConfigurator reads for a model: its bundled config, or one of the same
+    architecture."""
+    from aiconfigurator_core.sdk.common import DefaultHFModels
+
+    if model_path in DefaultHFModels:
+        return model_path
+    if model_path in SAME_ARCHITECTURE:
+        return SAME_ARCHITECTURE[model_path]
+    raise LookupError(f"no config for {model_path} is bundled with aiconfigurator-core "
+                      "(AIConfigurator would download it from Hugging Face)")
+
+
+def _run_agg(checkpoint: str, system: str, database: PerfDatabase, isl: int, osl: int, batch_size: int,
+             tp: int, pp: int, attention_dp: int, moe_tp: int | None, moe_ep: int | None,
+             gemm_quant: str | None, moe_quant: str | None) -> tuple[float, float]:
+    from aiconfigurator_core.sdk.backends.factory import get_backend
+    from aiconfigurator_core.sdk.config import ModelConfig, RuntimeConfig
+    from aiconfigurator_core.sdk.config_builders import build_model_config
+    from aiconfigurator_core.sdk.models import (
+        check_is_moe,
+        get_model,
+        resolve_context_fmha_by_data,
+        resolve_dsv4_moe_arch,
+        resolve_nvfp4_for_system,
+    )
+
+    if check_is_moe(checkpoint):
+        moe_tp, moe_ep = ModelConfig(tp_size=tp, attention_dp_size=attention_dp, moe_tp_size=moe_tp,
+                                     moe_ep_size=moe_ep).resolve_moe_parallelism()
+    model_config = build_model_config(tp, pp, attention_dp, moe_tp, moe_ep, gemm_quant_mode=gemm_quant,
+                                      moe_quant_mode=moe_quant)
+    resolve_context_fmha_by_data(model_config, checkpoint, database, BACKEND, is_context_role=True)
+    resolve_dsv4_moe_arch(model_config, checkpoint, system_name=system, backend_name=BACKEND)
+    resolve_nvfp4_for_system(model_config, system, checkpoint)
+    model = get_model(checkpoint, model_config, BACKEND)
+    summary = get_backend(BACKEND).run_agg(
+        model, database, RuntimeConfig(isl=isl, osl=osl, batch_size=batch_size), ctx_tokens=isl,
+        max_seq_len=None, free_gpu_memory_fraction=None, decode_tokens_per_iteration=1.0)
+    if summary.check_oom():
+        raise RuntimeError(f"out of memory: {checkpoint}'s weights, activations and the batch's KV cache "
+                           f"exceed {system}'s memory at tp={tp} pp={pp} dp={attention_dp}")
+    result = summary.get_result_dict()
+    if result is None:
+        raise RuntimeError("the estimator produced no result for this configuration")
+    return float(result["ttft"]), float(result["tpot"])

@@ -1,0 +1,165 @@
+"""Served runs of the silicon CSV predicted twice, by parasweep's simulated engine and by AIConfigurator,
+and the two held against the measurement on the same rows.
+
+parasweep replays a row the way it was measured (``silicon.to_entry``: its launch flags, its client's
+closed loop, lengths and seed) and takes the client's own mean TTFT and mean per-request TPOT from the
+replayed records. AIConfigurator's estimate is computed in the same run with the installed
+aiconfigurator-core, called as its own accuracy tool calls it (``aic.estimate_agg``): the CSV's layout
+columns as given, nominal lengths, its default prefill budget. Neither number is a measurement.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from orchestrator.fidelity.catalog import NotModelled
+from orchestrator.fidelity.silicon import SiliconRow, Unreplayable, to_entry
+
+METRICS = ("ttft_ms", "tpot_ms")
+
+
+@dataclass
+class Served:
+    """One row: measured, parasweep's prediction and AIConfigurator's estimate (None where it gives
+    none, with why)."""
+
+    id: str
+    family: str
+    group: str
+    system: str
+    cohort: str
+    concurrency: int
+    isl: int
+    osl: int
+    measured: dict[str, float]
+    parasweep: dict[str, float]
+    aiconfigurator: dict[str, float | None]
+    aic_why_none: str = ""
+    notes: list[str] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+
+    def error(self, who: str, metric: str) -> float | None:
+        """Signed relative error of ``who``'s number (predicted / measured - 1)."""
+        pred = getattr(self, who).get(metric)
+        return None if pred is None else pred / self.measured[metric] - 1.0
+
+    def as_json(self) -> dict[str, object]:
+        out = asdict(self)
+        out["error"] = {who: {m: None if (e := self.error(who, m)) is None else round(e, 4) for m in METRICS}
+                        for who in ("parasweep", "aiconfigurator")}
+        return out
+
+
+def predict_row(row: SiliconRow, with_aic: bool = True) -> tuple[str, object]:
+    """("ok", Served) or ("skip", reason), for a worker process."""
+    from orchestrator.fidelity.replay import predict
+
+    try:
+        entry, notes = to_entry(row)
+        plan, predicted = predict(entry)
+    except (Unreplayable, NotModelled) as e:
+        return "skip", str(e)
+    except (ValueError, RuntimeError) as e:
+        return "skip", f"the replay failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    aic: dict[str, float | None] = {"ttft_ms": None, "tpot_ms": None}
+    why = "not asked (--no-aiconfigurator)"
+    if with_aic:
+        from orchestrator.fidelity.aic import estimate_agg
+
+        c = row.columns
+        est = estimate_agg(row.model, row.system, row.isl, row.osl, int(c["batch_size"]),  # type: ignore[arg-type]
+                           _col(c, "tp_size"), _col(c, "pp_size"), _col(c, "attention_dp_size"),
+                           _col(c, "moe_tp_size"), _col(c, "moe_ep_size"), _qmode(c["gemm_quant_mode"]),
+                           _qmode(c["moe_quant_mode"]), row.version or None)
+        aic = {"ttft_ms": est.ttft_ms, "tpot_ms": est.tpot_ms}
+        why = est.why_none
+    return "ok", Served(
+        id=row.id, family=row.family, group=row.group, system=row.system, cohort=row.cohort,
+        concurrency=row.concurrency, isl=row.isl, osl=row.osl,
+        measured={"ttft_ms": row.ttft_ms, "tpot_ms": row.tpot_ms},
+        parasweep={"ttft_ms": predicted["mean_ttft_ms"], "tpot_ms": predicted["mean_tpot_ms"]},
+        aiconfigurator=aic, aic_why_none=why if aic["ttft_ms"] is None else "",
+        notes=[*notes, *plan.notes], duplicates=row.duplicates)
+
+
+def _col(c: dict[str, object], key: str) -> int:
+    v = c.get(key)
+    return 1 if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)  # type: ignore[call-overload]
+
+
+def _qmode(v: object) -> str | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
+def _with_aic(row: SiliconRow) -> tuple[str, object]:
+    return predict_row(row, True)
+
+
+def _without_aic(row: SiliconRow) -> tuple[str, object]:
+    return predict_row(row, False)
+
+
+def predict_all(rows: Sequence[SiliconRow], workers: int | None = None, with_aic: bool = True,
+                progress: Callable[[int, int], None] | None = None
+                ) -> tuple[list[Served], list[dict[str, str]]]:
+    """(predicted rows, skipped rows with their reasons), on ``workers`` processes."""
+    fn = _with_aic if with_aic else _without_aic
+    results: list[tuple[str, object]] = []
+    if workers == 1:
+        for i, r in enumerate(rows):
+            results.append(fn(r))
+            if progress:
+                progress(i + 1, len(rows))
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for i, res in enumerate(pool.map(fn, rows, chunksize=4)):
+                results.append(res)
+                if progress:
+                    progress(i + 1, len(rows))
+    served: list[Served] = []
+    skipped: list[dict[str, str]] = []
+    for row, (kind, value) in zip(rows, results, strict=True):
+        if kind == "ok":
+            served.append(value)  # type: ignore[arg-type]
+        else:
+            skipped.append({"id": row.id, "reason": str(value)})
+    return served, skipped
+
+
+@dataclass(frozen=True)
+class Side:
+    """Median |error| of one metric over some rows, for parasweep and for AIConfigurator on the rows where
+    both have a number."""
+
+    label: str
+    metric: str
+    rows: int  # rows parasweep predicted
+    parasweep: float
+    both: int  # rows both predicted
+    parasweep_on_both: float
+    aiconfigurator_on_both: float
+
+
+def _median_abs(values: Sequence[float | None]) -> float:
+    xs = [abs(v) for v in values if v is not None]
+    return statistics.median(xs) if xs else math.nan
+
+
+def side_by_side(served: Sequence[Served], key: Callable[[Served], str]) -> list[Side]:
+    """One line per group of ``key`` and metric, and one for all rows."""
+    groups: dict[str, list[Served]] = {}
+    for s in served:
+        groups.setdefault(key(s), []).append(s)
+    groups["all"] = list(served)
+    out: list[Side] = []
+    for label, rs in sorted(groups.items(), key=lambda kv: (kv[0] == "all", kv[0])):
+        for m in METRICS:
+            both = [s for s in rs if s.aiconfigurator.get(m) is not None]
+            out.append(Side(label, m, len(rs), _median_abs([s.error("parasweep", m) for s in rs]), len(both),
+                            _median_abs([s.error("parasweep", m) for s in both]),
+                            _median_abs([s.error("aiconfigurator", m) for s in both])))
+    return out

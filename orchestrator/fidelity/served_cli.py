@@ -1,0 +1,98 @@
+"""``python -m orchestrator fidelity --silicon [CSV]``: the served rows replayed, printed measured /
+parasweep / AIConfigurator, the rows not replayed counted per reason, and the median errors side by side
+per family, per GPU and overall."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator.errors import UserError
+from orchestrator.fidelity.served import METRICS, Served, Side, predict_all, side_by_side
+from orchestrator.fidelity.silicon import default_csv, read_silicon, select
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None or math.isnan(x) else (f"{x:,.0f}" if x >= 100 else f"{x:.3g}")
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None or math.isnan(x) else f"{100 * x:+.0f}%"
+
+
+def row_table(served: Sequence[Served]) -> str:
+    lines = [f"{'row':46} {'C':>4} {'isl/osl':>9}  {'TTFT ms: measured':>17} {'parasweep':>15} "
+             f"{'AIConfigurator':>15}  {'TPOT ms: measured':>17} {'parasweep':>15} {'AIConfigurator':>15}"]
+    for s in served:
+        cells = [f"{s.id[:46]:46} {s.concurrency:>4} {s.isl // 1000}k/{s.osl // 1000 or s.osl}".ljust(62)]
+        for m in METRICS:
+            p, a = s.parasweep.get(m), s.aiconfigurator.get(m)
+            cells.append(f"{_ms(s.measured[m]):>17} {_ms(p):>8} {_pct(s.error('parasweep', m)):>6} "
+                         f"{_ms(a):>8} {_pct(s.error('aiconfigurator', m)):>6}")
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
+
+
+def side_table(sides: Sequence[Side], what: str) -> str:
+    lines = [f"{what:42} {'metric':6} {'rows':>5} {'parasweep':>10}   {'rows both':>9} {'parasweep':>10} "
+             f"{'AIConfigurator':>14}"]
+    for s in sides:
+        lines.append(f"{s.label[:42]:42} {s.metric.removesuffix('_ms').upper():6} {s.rows:>5} "
+                     f"{100 * s.parasweep:>9.1f}%   {s.both:>9} {100 * s.parasweep_on_both:>9.1f}% "
+                     f"{100 * s.aiconfigurator_on_both:>13.1f}%")
+    return "\n".join(lines)
+
+
+def run_silicon(path: str | None, only: list[str], workers: int | None, with_aic: bool,
+                json_out: str | None) -> int:
+    try:
+        file = Path(path) if path else default_csv()
+        rows, cleaning = read_silicon(file)
+    except UserError as e:
+        print(f"fidelity: {e}", file=sys.stderr)
+        return 2
+    rows = select(rows, only)
+    if not rows:
+        print(f"fidelity: --only {' '.join(only)}: no row of {file} matches", file=sys.stderr)
+        return 2
+    print(f"fidelity: replaying {len(rows)} served SGLang run(s) of {file} on the simulated engine "
+          "(predictions in virtual time, not measurements)"
+          + ("; AIConfigurator's estimate of each from the installed aiconfigurator-core"
+             if with_aic else ""), flush=True)
+    for line in cleaning.lines():
+        print(f"  cleaning: {line}")
+
+    def progress(done: int, total: int) -> None:
+        if done % 25 == 0 or done == total:
+            print(f"  {done}/{total} rows", file=sys.stderr, flush=True)
+
+    served, skipped = predict_all(rows, workers, with_aic, progress)
+    print(row_table(served))
+    print("(mean TTFT and mean per-request TPOT over the measured requests; "
+          "error = predicted / measured - 1)")
+    for reason, n in Counter(s["reason"] for s in skipped).most_common():
+        print(f"not replayed: {n} row(s): {reason}")
+    aic_none = Counter(s.aic_why_none for s in served if s.aic_why_none)
+    for reason, n in aic_none.most_common():
+        print(f"no AIConfigurator estimate: {n} row(s): {reason}")
+    total = len(served) + len(skipped)
+    share = 100 * len(served) / total
+    print(f"predicted {len(served)} of {total} distinct aggregated row(s) ({share:.0f} %)")
+    print()
+    families = side_by_side(served, lambda s: s.family)
+    systems = side_by_side(served, lambda s: s.system)
+    print(side_table(families, "family (model, layout, precision, GPU)"))
+    print()
+    print(side_table(systems, "GPU"))
+    print("(median |error|; 'rows both': the rows AIConfigurator estimates too, both medians over them)")
+    if json_out:
+        out = {"source": str(file), "cleaning": cleaning.lines(), "compared": [s.as_json() for s in served],
+               "skipped": skipped,
+               "summary": {"family": [s.__dict__ for s in families], "gpu": [s.__dict__ for s in systems]}}
+        Path(json_out).write_text(json.dumps(out, indent=1) + "\n")
+        print(f"written: {json_out}")
+    return 0

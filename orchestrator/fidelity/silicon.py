@@ -1,0 +1,309 @@
+"""Measured SGLang serving runs that ship inside aiconfigurator-core (``systems/silicon_sample.csv``),
+cleaned and turned into entries the replay runs the way they were measured.
+
+The file holds one row per measured point: model, GPU system, precision, layout, the nominal input and
+output lengths, the closed-loop concurrency and two numbers, the mean TTFT and the mean per-request TPOT.
+Most rows are InferenceX runs (a public benchmark that reruns SGLang releases nightly); the rest are
+AIConfigurator's own "gap analysis" runs, whose client is not public. docs/fidelity.md, "Recent served
+runs", has the protocol and the launch flags per source, which this module restates as data.
+
+Cleaning, each step counted and said (:class:`Cleaning`):
+
+* only SGLang rows; disaggregated rows are counted apart (not replayed here);
+* 20 GB200 "aggregated" rows at TP72 are multi-node disaggregated runs from an older export schema:
+  dropped;
+* legacy rows store TP x EP in ``tp_size`` (``tp16 / moe_tp4 / moe_ep4`` is ``--tp 4 --ep-size 4`` on four
+  GPUs): the real layout is restored;
+* the same measurement exported several times (identical lengths, concurrency, TTFT and TPOT; DeepSeek-R1
+  and -V3 naming the same checkpoint) is kept once, the others listed as its duplicates.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import pandas as pd
+
+from orchestrator.errors import UserError
+from orchestrator.fidelity.corpus import Entry
+
+# InferenceX's client: vLLM's older benchmarks/benchmark_serving.py, closed loop of C streams
+INFERENCEX_TOOL = "benchmark_serving (InferenceX)"
+INFERENCEX_REQUESTS_PER_STREAM = 10  # --num-prompts 10·C
+INFERENCEX_RANGE_RATIO = 0.8  # --random-range-ratio: lengths uniform in [floor(0.8·L), L]
+INFERENCEX_SEED = 0
+WARMUP_FROM = "2026-01-21"  # InferenceX's client sends 2·C warm-up requests from this date on
+# AIConfigurator's own runs: the only harness it publishes is aiperf at 20·C requests of fixed lengths
+GAP_TOOL = "aiperf (AIConfigurator gap analysis, assumed)"
+GAP_REQUESTS_PER_STREAM = 20
+PREDICTED_SOURCE = "aiconfigurator-core systems/silicon_sample.csv"
+
+# (pattern on the CSV's model_path, why the simulated engine does not price it)
+UNMODELLED = (
+    (r"qwen3\.5", "Qwen3.5's linear-attention (Gated DeltaNet) layers are not modelled by the simulated "
+                  "engine"),
+    (r"glm-5", "GLM-5's sparse attention (DSA, SGLang's nsa backend) is not modelled by the simulated "
+               "engine"),
+)
+# (pattern on model_path, precision, folder under models/, --quantization, what the mapping assumes)
+MODELS = (
+    (r"deepseek-(r1|v3)", "fp8", "deepseek-v3", None,
+     "DeepSeek-R1 (0528) has DeepSeek-V3's architecture and FP8 block weights"),
+    (r"qwen3-235b-a22b-fp8", "fp8", "qwen3-235b-a22b-fp8", None, ""),
+    (r"qwen3-32b$", "bf16", "qwen3-32b", None, ""),
+    (r"llama-3\.1-8b", "fp8", "llama-3.1-8b", "fp8",
+     "the BF16 checkpoint quantized to FP8 at load (--quantization fp8): the checkpoint is not recorded"),
+)
+SYSTEMS = {"h100_sxm": "h100-sxm-x8", "h200_sxm": "h200-nvlink-x8", "b200_sxm": "b200-sxm-x8",
+           "b300_sxm": "b300-sxm-x8"}
+GPU_NAMES = {"h100_sxm": "NVIDIA H100 80GB", "h200_sxm": "NVIDIA H200 141GB", "b200_sxm": "NVIDIA B200",
+             "b300_sxm": "NVIDIA B300"}
+MISLABELLED_TP = 72  # GB200 NVL72 "aggregated" rows: really multi-node disaggregated
+
+
+class SiliconError(UserError):
+    """A silicon CSV that cannot be read; the message names the file and what is wrong."""
+
+
+@dataclass
+class SiliconRow:
+    """One distinct measured point, its layout as it ran."""
+
+    id: str
+    source: str  # the CSV's silicon_data_source: where the row was exported from
+    cohort: str  # "inferencex" or "gap-analysis"
+    version: str  # SGLang release as recorded ("" where the image was not recorded)
+    model: str  # Hugging Face id as the CSV names it
+    system: str  # aiconfigurator-core's system name
+    precision: str  # fp8, fp4, bf16
+    isl: int
+    osl: int
+    concurrency: int
+    tp: int
+    ep: int
+    columns: dict[str, object]  # the CSV's layout columns as given (AIConfigurator reads these)
+    ttft_ms: float
+    tpot_ms: float
+    fixes: list[str] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+
+    @property
+    def group(self) -> str:
+        """The model x GPU group a fitted term is held out by."""
+        return f"{_short_model(self.model)} on {self.system}"
+
+    @property
+    def family(self) -> str:
+        """Model, GPU, layout and precision: the rows a trust band is computed over."""
+        layout = f"TP{self.tp}" + (f" EP{self.ep}" if self.ep > 1 else "")
+        return f"{_short_model(self.model)} {layout} {self.precision} on {self.system}"
+
+
+@dataclass
+class Cleaning:
+    """What the reader did to the file, counted."""
+
+    sglang_rows: int = 0
+    disaggregated: int = 0
+    mislabelled: list[str] = field(default_factory=list)
+    relabelled: int = 0  # legacy TP x EP rows given their real layout
+    duplicates: int = 0
+    distinct: int = 0
+
+    def lines(self) -> list[str]:
+        return [f"{self.sglang_rows} SGLang rows: {self.disaggregated} disaggregated (not replayed here)",
+                f"{len(self.mislabelled)} GB200 'aggregated' rows at TP{MISLABELLED_TP} dropped: multi-node "
+                "disaggregated runs from an older export schema",
+                f"{self.relabelled} rows storing TP x EP in tp_size given their real layout "
+                "(--tp = --ep-size = moe_ep)",
+                f"{self.duplicates} rows repeating another export of the same measurement folded into it",
+                f"{self.distinct} distinct aggregated measurements"]
+
+
+def default_csv() -> Path:
+    """The file the installed aiconfigurator-core ships."""
+    try:
+        root = resources.files("aiconfigurator_core")
+    except ModuleNotFoundError:
+        raise SiliconError("--silicon: aiconfigurator-core is not installed; give the CSV's path") from None
+    return Path(str(root)) / "systems" / "silicon_sample.csv"
+
+
+def _short_model(model: str) -> str:
+    name = model.split("/")[-1]
+    return "DeepSeek-R1" if re.match(r"deepseek-(r1|v3)", name.lower()) else name
+
+
+def _int(v: object) -> int | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)  # type: ignore[arg-type]
+
+
+def _text(v: object) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
+def read_silicon(path: str | Path) -> tuple[list[SiliconRow], Cleaning]:
+    """The distinct aggregated SGLang measurements of the CSV at ``path``, cleaned (module doc)."""
+    file = Path(path)
+    try:
+        df = pd.read_csv(file)
+    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise SiliconError(f"--silicon {file}: cannot read it as CSV ({e})") from None
+    needed = {"id", "silicon_data_source", "backend", "backend_version", "model_path", "system", "precision",
+              "mode", "isl", "osl", "batch_size", "tp_size", "moe_tp_size", "moe_ep_size",
+              "silicon_ttft_ms", "silicon_tpot_ms"}
+    missing = sorted(needed - set(df.columns))
+    if missing:
+        raise SiliconError(f"--silicon {file}: missing column(s) {', '.join(missing)}; valid: the format of "
+                           "aiconfigurator-core's systems/silicon_sample.csv")
+    clean = Cleaning()
+    df = df[df["backend"] == "sglang"]
+    clean.sglang_rows = len(df)
+    clean.disaggregated = int((df["mode"] != "agg").sum())
+    kept: dict[tuple, SiliconRow] = {}
+    for rec in df[df["mode"] == "agg"].to_dict("records"):
+        row = _row(rec, clean)
+        if row is None:
+            continue
+        key = (row.system, _short_model(row.model), row.precision, row.isl, row.osl, row.concurrency,
+               round(row.ttft_ms, 3), round(row.tpot_ms, 3))
+        if key in kept:
+            clean.duplicates += 1
+            first = kept[key]
+            # keep the export that names its configuration (db-dump rows carry InferenceX's config_id)
+            if "config_id=" in row.source and "config_id=" not in first.source:
+                row.duplicates = [*first.duplicates, first.id]
+                kept[key] = row
+            else:
+                first.duplicates.append(row.id)
+            continue
+        kept[key] = row
+    rows = list(kept.values())
+    clean.distinct = len(rows)
+    return rows, clean
+
+
+def _row(rec: dict, clean: Cleaning) -> SiliconRow | None:
+    tp, moe_tp, moe_ep = (_int(rec.get(k)) or 1 for k in ("tp_size", "moe_tp_size", "moe_ep_size"))
+    ident = str(rec["id"])
+    if tp == MISLABELLED_TP:
+        clean.mislabelled.append(ident)
+        return None
+    fixes: list[str] = []
+    ep = moe_ep
+    if moe_ep > 1 and moe_tp > 1 and tp == moe_tp * moe_ep:
+        fixes.append(f"tp_size {tp} stores TP x EP: ran as --tp {moe_ep} --ep-size {moe_ep}")
+        tp = moe_ep
+        clean.relabelled += 1
+    source = _text(rec.get("silicon_data_source"))
+    cohort = "gap-analysis" if "gap-analysis" in source or "aic-auto-gap" in source else "inferencex"
+    columns = {k: rec.get(k) for k in ("batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size",
+                                       "moe_ep_size", "gemm_quant_mode", "moe_quant_mode")}
+    return SiliconRow(
+        id=ident, source=source, cohort=cohort, version=_text(rec.get("backend_version")),
+        model=str(rec["model_path"]), system=str(rec["system"]),
+        precision=_text(rec.get("precision")) or "bf16", isl=int(rec["isl"]), osl=int(rec["osl"]),
+        concurrency=_concurrency(rec, source), tp=tp, ep=ep, columns=columns,
+        ttft_ms=float(rec["silicon_ttft_ms"]), tpot_ms=float(rec["silicon_tpot_ms"]), fixes=fixes)
+
+
+def _concurrency(rec: dict, source: str) -> int:
+    """The closed loop's stream count: the source's silicon_concurrency (aggregated SGLang rows never use
+    attention DP, so it equals batch_size)."""
+    m = re.search(r"silicon_concurrency=(\d+)", source)
+    return int(m.group(1)) if m else int(rec["batch_size"])
+
+
+def measured_on(row: SiliconRow) -> str:
+    """The date the source says the row was measured ("" where it does not)."""
+    m = re.search(r"measured=(\d{4}-\d{2}-\d{2})", row.source)
+    return m.group(1) if m else ""
+
+
+class Unreplayable(Exception):
+    """A row whose model or GPU the simulated engine does not price; the message says why."""
+
+
+def model_for(row: SiliconRow) -> tuple[str, str | None, str]:
+    """(folder under models/, --quantization or None, what the mapping assumes) for ``row``."""
+    key = row.model.lower()
+    for pattern, why in UNMODELLED:
+        if re.search(pattern, key):
+            raise Unreplayable(why)
+    if row.precision == "fp4":
+        raise Unreplayable("NVFP4 weights (modelopt_fp4) are not priced by the simulated engine")
+    for pattern, precision, folder, quant, note in MODELS:
+        if re.search(pattern, key) and row.precision == precision:
+            return folder, quant, note
+    raise Unreplayable(f"model {row.model} in {row.precision}: no model folder maps to it")
+
+
+def launch_flags(row: SiliconRow) -> tuple[dict[str, object], list[str]]:
+    """The SGLang flags the row's source launched it with, as the replay's ``server_args``, and what is
+    assumed. InferenceX's DeepSeek-R1 scripts, read at the commit in effect on the row's date
+    (docs/fidelity.md, "Recent served runs"); the gap-analysis runs publish no launch: SGLang's defaults
+    for the layout."""
+    notes: list[str] = []
+    args: dict[str, object] = {"disable_radix_cache": True}
+    if row.cohort == "gap-analysis":
+        notes.append("launch not published: SGLang's defaults for the layout (radix cache off: the prompts "
+                     "share no prefix either way)")
+        return args, notes
+    if not row.version:
+        notes.append("release not recorded (November 2025): the launch flags of the March 2026 script")
+    if measured_on(row) and measured_on(row) < WARMUP_FROM:
+        notes.append(f"measured before {WARMUP_FROM}, without the client's warm-up requests: the replayed "
+                     "engine has run only its own start-up warm-up")
+    if row.system == "h200_sxm":
+        cap = 512 if (row.isl, row.osl) == (1024, 1024) else 256
+        args |= {"max_running_requests": cap, "cuda_graph_max_bs": cap, "chunked_prefill_size": 32768,
+                 "max_prefill_tokens": 32768, "mem_fraction_static": 0.82, "stream_interval": 10}
+    elif row.system in ("b200_sxm", "b300_sxm"):
+        if row.tp >= 8:
+            args |= {"max_running_requests": 128, "cuda_graph_max_bs": 128, "mem_fraction_static": 0.82,
+                     "chunked_prefill_size": 32768, "max_prefill_tokens": 32768}
+        else:
+            args |= {"max_running_requests": 32, "cuda_graph_max_bs": 32, "mem_fraction_static": 0.95,
+                     "chunked_prefill_size": 8192, "max_prefill_tokens": 8192}
+        args |= {"kv_cache_dtype": "fp8_e4m3", "stream_interval": 30,
+                 "scheduler_recv_interval": 10 if row.concurrency < 16 or row.tp < 8 else 30}
+    return args, notes
+
+
+def to_entry(row: SiliconRow) -> tuple[Entry, list[str]]:
+    """``row`` as a replayable entry (the corpus's format) and what its mapping assumes; raises
+    :class:`Unreplayable`."""
+    folder, quant, model_note = model_for(row)
+    if row.system not in SYSTEMS:
+        raise Unreplayable(f"GPU system {row.system}: no hardware profile maps to it")
+    args, notes = launch_flags(row)
+    if quant:
+        args["quantization"] = quant
+    notes = [n for n in (model_note, *row.fixes, *notes) if n]
+    gap = row.cohort == "gap-analysis"
+    per_stream = GAP_REQUESTS_PER_STREAM if gap else INFERENCEX_REQUESTS_PER_STREAM
+    if gap:
+        notes.append(f"client not published: closed loop of {row.concurrency} streams, {per_stream}·C "
+                     "requests of the nominal lengths (AIConfigurator's aiperf harness)")
+    workload = {"tool": GAP_TOOL if gap else INFERENCEX_TOOL, "dataset": "random",
+                "num_prompts": per_stream * row.concurrency, "random_input_len": row.isl,
+                "random_output_len": row.osl,
+                "random_range_ratio": 1.0 if gap else INFERENCEX_RANGE_RATIO,
+                "request_rate": "inf", "max_concurrency": row.concurrency, "seed": INFERENCEX_SEED}
+    entry = Entry.model_validate({
+        "id": row.id, "source_url": f"{PREDICTED_SOURCE}: {row.source}", "model": row.model,
+        "gpu": GPU_NAMES[row.system], "gpu_count": row.tp, "sglang_version": row.version or "0.5.5",
+        "parallelism": {"tp": row.tp, "ep": row.ep}, "server_args": args, "workload": workload,
+        "measured": {"mean_ttft_ms": row.ttft_ms, "mean_tpot_ms": row.tpot_ms},
+        "parasweep": {"model": folder, "hardware": SYSTEMS[row.system]}})
+    return entry, notes
+
+
+def select(rows: Iterable[SiliconRow], only: list[str]) -> list[SiliconRow]:
+    """The rows whose id, model or system contains one of ``only`` (all where it is empty)."""
+    return [r for r in rows if not only or any(s in r.id or s in r.model or s in r.system for s in only)]
