@@ -5,6 +5,13 @@ family, and every headline that moved by more than two points. ``--update`` reco
 there.
 
     .venv/bin/python benchmarks/fidelity_corpus.py [--update]
+    .venv/bin/python benchmarks/fidelity_corpus.py --silicon [--from OUT.json] [--update]
+
+``--silicon``: the served SGLang rows of aiconfigurator-core's silicon CSV instead, parasweep's median
+|error| beside AIConfigurator's on the same rows, TTFT and TPOT, per GPU and overall, before (the rows
+recorded in ``data/published/silicon_errors.json``) and now; ``--from`` reads a run already written by
+``python -m orchestrator fidelity --silicon --json OUT.json`` instead of replaying every row again (a
+quarter of an hour on two cores).
 
 A change to the model is kept when the corpus as a whole agrees better and no family gets worse by more
 than another gains (docs/fidelity.md).
@@ -14,15 +21,20 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
 from pathlib import Path
 
 from orchestrator.fidelity.cli import replay_all, summary_table
 from orchestrator.fidelity.compare import Row, by_family
 from orchestrator.fidelity.corpus import read_corpus
+from orchestrator.fidelity.served import Served, predict_all, side_by_side
+from orchestrator.fidelity.served_cli import side_table
+from orchestrator.fidelity.silicon import default_csv, read_silicon
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "data" / "published" / "sglang.jsonl"
 BASELINE = REPO / "data" / "published" / "errors.json"  # also what predictions quote their error from
+SILICON_BASELINE = REPO / "data" / "published" / "silicon_errors.json"
 
 
 def _rows(data: list[dict]) -> list[Row]:
@@ -30,10 +42,40 @@ def _rows(data: list[dict]) -> list[Row]:
                 r["hardware"]) for r in data]
 
 
+def _served(path: str | None) -> list[Served]:
+    if path:
+        keep = {f.name for f in fields(Served)}
+        return [Served(**{k: v for k, v in r.items() if k in keep})
+                for r in json.loads(Path(path).read_text())["compared"]]
+    rows, _ = read_silicon(default_csv())
+    return predict_all(rows)[0]
+
+
+def _silicon(path: str | None, update: bool) -> int:
+    served = _served(path)
+    if SILICON_BASELINE.is_file():
+        before = _served(str(SILICON_BASELINE))
+        print(f"before (recorded: {len(before)} rows)")
+        print(side_table(side_by_side(before, lambda s: s.system), "GPU"))
+        print()
+    print(f"now ({len(served)} rows)")
+    print(side_table(side_by_side(served, lambda s: s.system), "GPU"))
+    print("(median |error|; 'rows both': the rows AIConfigurator estimates too, both medians over them)")
+    if update:
+        SILICON_BASELINE.write_text(json.dumps({"compared": [s.as_json() for s in served]}, indent=0) + "\n")
+        print(f"\nbaseline written: {SILICON_BASELINE}")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--update", action="store_true", help="record the current errors as the baseline")
+    p.add_argument("--silicon", action="store_true", help="the served rows of the silicon CSV (module doc)")
+    p.add_argument("--from", dest="from_json", metavar="OUT.json",
+                   help="with --silicon: a run written by `fidelity --silicon --json` instead of a replay")
     args = p.parse_args()
+    if args.silicon:
+        return _silicon(args.from_json, args.update)
     rows, _, skipped, _ = replay_all(read_corpus(CORPUS))
     print(f"{len({r.id for r in rows})} entries compared, {len(skipped)} skipped\n")
     if BASELINE.is_file():

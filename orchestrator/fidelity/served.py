@@ -10,6 +10,7 @@ columns as given, nominal lengths, its default prefill budget. Neither number is
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -70,6 +71,9 @@ def predict_row(row: SiliconRow, with_aic: bool = True) -> tuple[str, object]:
     if with_aic:
         from orchestrator.fidelity.aic import estimate_agg
 
+        # the core logs a warning per estimate it makes with BF16 attention tables where the checkpoint
+        # implies FP8 (docs/fidelity.md says so once); a row's own refusal comes back as its reason
+        logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
         c = row.columns
         est = estimate_agg(row.model, row.system, row.isl, row.osl, int(c["batch_size"]),  # type: ignore[arg-type]
                            _col(c, "tp_size"), _col(c, "pp_size"), _col(c, "attention_dp_size"),

@@ -38,9 +38,11 @@ INFERENCEX_REQUESTS_PER_STREAM = 10  # --num-prompts 10·C
 INFERENCEX_RANGE_RATIO = 0.8  # --random-range-ratio: lengths uniform in [floor(0.8·L), L]
 INFERENCEX_SEED = 0
 WARMUP_FROM = "2026-01-21"  # InferenceX's client sends 2·C warm-up requests from this date on
-# AIConfigurator's own runs: the only harness it publishes is aiperf at 20·C requests of fixed lengths
+# AIConfigurator's own runs: their client is not published; aiperf (the harness AIConfigurator publishes)
+# sends fixed lengths. The request count is unknown too: 10·C as InferenceX's client sends, which gives the
+# means as much burst and drain as those rows have
 GAP_TOOL = "aiperf (AIConfigurator gap analysis, assumed)"
-GAP_REQUESTS_PER_STREAM = 20
+GAP_REQUESTS_PER_STREAM = 10
 PREDICTED_SOURCE = "aiconfigurator-core systems/silicon_sample.csv"
 
 # (pattern on the CSV's model_path, why the simulated engine does not price it)
@@ -289,7 +291,8 @@ def to_entry(row: SiliconRow) -> tuple[Entry, list[str]]:
     per_stream = GAP_REQUESTS_PER_STREAM if gap else INFERENCEX_REQUESTS_PER_STREAM
     if gap:
         notes.append(f"client not published: closed loop of {row.concurrency} streams, {per_stream}·C "
-                     "requests of the nominal lengths (AIConfigurator's aiperf harness)")
+                     "requests of the nominal lengths (fixed lengths as AIConfigurator's aiperf harness "
+                     "sends them; the count as InferenceX's)")
     workload = {"tool": GAP_TOOL if gap else INFERENCEX_TOOL, "dataset": "random",
                 "num_prompts": per_stream * row.concurrency, "random_input_len": row.isl,
                 "random_output_len": row.osl,
