@@ -58,9 +58,14 @@ def gemm_dtype(bytes_per_param: float) -> str | None:
     return None
 
 
+def is_four_bit(bytes_per_param: float) -> bool:
+    """Weights of 4 bits with group scales (4-bit integers, or NVFP4 where the model says so)."""
+    return 0.5 < bytes_per_param < 0.6
+
+
 def moe_dtype(bytes_per_param: float) -> str | None:
     """The tables' fused-MoE dtype for routed experts stored at this many bytes per parameter."""
-    if 0.5 < bytes_per_param < 0.6:  # 4-bit integers with group scales: SGLang runs them with Marlin
+    if is_four_bit(bytes_per_param):  # 4-bit integers with group scales: SGLang runs them with Marlin
         return "int4_wo"
     return gemm_dtype(bytes_per_param)
 
@@ -112,7 +117,7 @@ class MeasuredCosts:
         gemm_tables: dict[str, GemmTable | None] = {}
 
         def gemm(name: str, n: int, k: int, wbytes: float) -> _Gemm:
-            dtype = gemm_dtype(wbytes)
+            dtype = "nvfp4" if s.nvfp4 and is_four_bit(wbytes) else gemm_dtype(wbytes)
             if dtype is not None and dtype not in gemm_tables:
                 gemm_tables[dtype] = tables.gemm(dtype)
             table = gemm_tables.get(dtype) if dtype else None
@@ -200,7 +205,8 @@ class MeasuredCosts:
 
     def _moe_table(self):  # type: ignore[no-untyped-def]
         s, par = self.spec, self.par
-        dtype = moe_dtype(s.expert_bytes_per_param)
+        dtype = "nvfp4" if s.nvfp4 and is_four_bit(s.expert_bytes_per_param) else moe_dtype(
+            s.expert_bytes_per_param)
         moe_tp = par.tp // par.ep
         shape = f"{s.hidden}x{s.moe_inter} top-{s.top_k} of {s.num_experts}, moe_tp {moe_tp} ep {par.ep}"
         if dtype is None:

@@ -31,6 +31,7 @@ def is_fp8(bytes_per_param: float) -> bool:
 
 
 ONLINE_FP8 = "fp8"  # SGLang's --quantization fp8
+NVFP4_GROUP = 16
 
 
 def quantized_online(spec: ModelSpec) -> ModelSpec:
@@ -89,6 +90,9 @@ class ModelSpec:
     dense_inter: int = 0  # a dense layer's MLP intermediate size
     moe_inter: int = 0  # one routed expert's intermediate size
     shared_inter: int = 0  # all shared experts of a MoE layer together
+    # the quantized weights are NVFP4 (4-bit floats, one FP8 scale per 16): the same bytes per weight as
+    # 4-bit integers with BF16 scales per 32, but other kernels (the tables' nvfp4 rows)
+    nvfp4: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -166,6 +170,9 @@ _CATEGORY_MODULES = {
 }
 
 
+ATTENTION_INPUT_MODULE = "model.layers.1.self_attn.q_b_proj"
+
+
 def _ignored(module: str, ignore: list[str]) -> bool:
     for pat in ignore:
         if pat.startswith("re:"):
@@ -194,17 +201,29 @@ def _quant_bytes(cfg: dict, base: float) -> tuple[dict[str, float], str]:
         # packed integers plus one BF16 scale per group (symmetric: no zero point)
         qbytes = bits / 8 + (BF16_BYTES / group if group else 0.0)
         desc = f"compressed-tensors ({w.get('type', 'int')}{bits}, group {group})"
+    elif method == "modelopt" and str(q.get("quant_algo", "")).upper() == "NVFP4":
+        group = int(q.get("group_size", NVFP4_GROUP))
+        qbytes = 0.5 + 1.0 / group  # 4-bit floats + one FP8 scale per group
+        desc = f"NVFP4 (group {group})"
+        ignore = [p.replace(".", r"\.").replace("*", ".*") for p in q.get("exclude_modules") or []]
+        ignore = [f"re:{p}$" for p in ignore]
     elif method == "fp8":
         block = q.get("weight_block_size") or [128, 128]
         qbytes = 1.0 + 4.0 / (block[0] * block[1])  # FP8 weights + one FP32 scale per block
         desc = f"fp8 (block {block[0]}x{block[1]})"
     else:
-        raise ModelConfigError(f"unsupported quant_method {method!r} (supported: compressed-tensors, fp8)")
+        raise ModelConfigError(f"unsupported quant_method {method!r} (supported: compressed-tensors, fp8, "
+                               "modelopt NVFP4)")
     quantized = []
     for cat, module in _CATEGORY_MODULES.items():
         if not _ignored(module, ignore):
             per_cat[cat] = qbytes
             quantized.append(cat)
+    if "attn" in quantized and _ignored(ATTENTION_INPUT_MODULE, ignore):
+        # NVIDIA's NVFP4 recipes keep the attention's input projections (most of its weights) in BF16 and
+        # quantize only its output projection: the attention is priced as BF16
+        per_cat["attn"] = base
+        quantized.remove("attn")
     return per_cat, f"{desc} on {', '.join(quantized) or 'nothing'}"
 
 
@@ -331,5 +350,6 @@ def spec_from_config(
         dense_inter=inter,
         moe_inter=moe_inter,
         shared_inter=shared_inter,
+        nvfp4=quant_desc.startswith("NVFP4"),
     )
 

@@ -68,8 +68,7 @@ def test_unmodelled_rows_say_why(silicon) -> None:
     rows, _ = silicon
     qwen35 = next(r for r in rows if "Qwen3.5" in r.model)
     glm = next(r for r in rows if "GLM-5" in r.model)
-    fp4 = next(r for r in rows if r.precision == "fp4" and "DeepSeek" in r.model)
-    for row, words in ((qwen35, "linear-attention"), (glm, "sparse attention"), (fp4, "NVFP4")):
+    for row, words in ((qwen35, "linear-attention"), (glm, "sparse attention")):
         with pytest.raises(Unreplayable, match=words):
             to_entry(row)
 
@@ -91,6 +90,20 @@ def test_inferencex_launch_and_client(silicon, tmp_path: Path) -> None:
                 and r.version == "0.5.9" and "DeepSeek" in r.model)
     argv = " ".join(plan(to_entry(b200)[0], tmp_path).argv)
     assert "--kv-cache-dtype fp8_e4m3" in argv and "--max-running-requests 128" in argv
+
+
+def test_nvfp4_rows_run_nvidias_checkpoint_on_its_own_kernels(silicon, tmp_path: Path) -> None:
+    rows, _ = silicon
+    fp4 = next(r for r in rows if r.precision == "fp4" and "DeepSeek" in r.model and r.system == "b200_sxm")
+    entry, _ = to_entry(fp4)
+    argv = " ".join(plan(entry, tmp_path).argv)
+    assert "deepseek-r1-nvfp4" in argv and "--kv-cache-dtype fp8_e4m3" in argv
+    from simulator.predict import load_config
+
+    cfg = load_config(plan(entry, tmp_path).argv)
+    assert cfg.spec.nvfp4 and cfg.spec.expert_bytes_per_param == 0.5625
+    assert cfg.spec.attn_bytes_per_param == 2.0  # the recipe keeps the attention's projections in BF16
+    assert cfg.cost.source is not None and cfg.cost.source.coverage.priced["moe.experts"] == "measured"
 
 
 def test_llama_fp8_rows_quantize_the_checkpoint_at_load(silicon, tmp_path: Path) -> None:

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from orchestrator.errors import UserError
 from orchestrator.fidelity.served import METRICS, Served, Side, predict_all, side_by_side
-from orchestrator.fidelity.silicon import default_csv, read_silicon, select
+from orchestrator.fidelity.silicon import UNMODELLED, default_csv, read_silicon, select
+
+ARCHITECTURES_NOT_MODELLED = {why for _, why in UNMODELLED}
 
 
 def _ms(x: float | None) -> str:
@@ -80,8 +82,9 @@ def run_silicon(path: str | None, only: list[str], workers: int | None, with_aic
     for reason, n in aic_none.most_common():
         print(f"no AIConfigurator estimate: {n} row(s): {reason}")
     total = len(served) + len(skipped)
-    share = 100 * len(served) / total
-    print(f"predicted {len(served)} of {total} distinct aggregated row(s) ({share:.0f} %)")
+    modelled = total - sum(1 for s in skipped if s["reason"] in ARCHITECTURES_NOT_MODELLED)
+    print(f"predicted {len(served)} of {total} distinct aggregated row(s); of the {modelled} whose "
+          f"architecture the simulated engine models, {100 * len(served) / max(modelled, 1):.0f} %")
     print()
     families = side_by_side(served, lambda s: s.family)
     systems = side_by_side(served, lambda s: s.system)

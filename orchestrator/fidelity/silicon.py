@@ -56,6 +56,8 @@ UNMODELLED = (
 MODELS = (
     (r"deepseek-(r1|v3)", "fp8", "deepseek-v3", None,
      "DeepSeek-R1 (0528) has DeepSeek-V3's architecture and FP8 block weights"),
+    (r"deepseek-(r1|v3)", "fp4", "deepseek-r1-nvfp4", None,
+     "NVIDIA's NVFP4 DeepSeek-R1 (0528): DeepSeek-V3's architecture, MLPs and experts in NVFP4"),
     (r"qwen3-235b-a22b-fp8", "fp8", "qwen3-235b-a22b-fp8", None, ""),
     (r"qwen3-32b$", "bf16", "qwen3-32b", None, ""),
     (r"llama-3\.1-8b", "fp8", "llama-3.1-8b", "fp8",
@@ -237,8 +239,6 @@ def model_for(row: SiliconRow) -> tuple[str, str | None, str]:
     for pattern, why in UNMODELLED:
         if re.search(pattern, key):
             raise Unreplayable(why)
-    if row.precision == "fp4":
-        raise Unreplayable("NVFP4 weights (modelopt_fp4) are not priced by the simulated engine")
     for pattern, precision, folder, quant, note in MODELS:
         if re.search(pattern, key) and row.precision == precision:
             return folder, quant, note
@@ -265,6 +265,10 @@ def launch_flags(row: SiliconRow) -> tuple[dict[str, object], list[str]]:
         cap = 512 if (row.isl, row.osl) == (1024, 1024) else 256
         args |= {"max_running_requests": cap, "cuda_graph_max_bs": cap, "chunked_prefill_size": 32768,
                  "max_prefill_tokens": 32768, "mem_fraction_static": 0.82, "stream_interval": 10}
+    elif row.system in ("b200_sxm", "b300_sxm") and row.precision == "fp4":
+        args |= {"max_running_requests": 256, "cuda_graph_max_bs": 256, "mem_fraction_static": 0.85,
+                 "chunked_prefill_size": 16384, "kv_cache_dtype": "fp8_e4m3", "stream_interval": 10,
+                 "scheduler_recv_interval": 10 if row.concurrency < 16 else 30}
     elif row.system in ("b200_sxm", "b300_sxm"):
         if row.tp >= 8:
             args |= {"max_running_requests": 128, "cuda_graph_max_bs": 128, "mem_fraction_static": 0.82,
