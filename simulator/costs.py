@@ -94,6 +94,15 @@ class CostParams:
     scale_attention: float = 1.0
     scale_moe: float = 1.0
     scale_comm: float = 1.0
+    # Candidate terms, held to measurements by benchmarks/fidelity_terms.py (docs/fidelity.md, "Pricing
+    # what a step is missing"); 0 until one is kept. allreduce_wait_us: the spread of the ranks' arrival
+    # at an all-reduce inside a forward, each collective waiting for the slowest of the TP group:
+    # sigma x sqrt(2 ln tp) per all-reduce (the expected maximum of tp such lags). request_path_us: a
+    # request's way from the client to the scheduler and its first token's way back (HTTP, tokenizer and
+    # detokenizer processes), charged at once as a later arrival (the TTFT sees their sum), in virtual
+    # time only (a live engine has its real front end).
+    allreduce_wait_us: float = 0.0
+    request_path_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -344,6 +353,12 @@ class CostModel:
 
     # -- roofline collectives, one at a time (the measured source's fallback too) ------------------------
 
+    def allreduce_wait(self) -> float:
+        """Seconds an all-reduce inside a forward waits for the slowest of the TP group's ranks
+        (``CostParams.allreduce_wait_us``)."""
+        tp = self.par.tp
+        return self.p.allreduce_wait_us * 1e-6 * math.sqrt(2.0 * math.log(tp)) if tp > 1 else 0.0
+
     def allreduce_time(self, tokens: int) -> float:
         """One TP all-reduce of ``tokens`` hidden states (ring, alpha-beta). A TP group wider than a
         node runs at the network's bandwidth per GPU, every ring crossing it, with its latency added."""
@@ -351,8 +366,9 @@ class CostModel:
         act = tokens * self.spec.hidden * BF16_BYTES
         if self._tp_inter:
             return ((self.hw.allreduce_latency_us * 1e-6 + self._inter_latency)
-                    + 2.0 * (tp - 1) / tp * act / self._inter_link)
-        return self.hw.allreduce_latency_us * 1e-6 + 2.0 * (tp - 1) / tp * act / self._link
+                    + 2.0 * (tp - 1) / tp * act / self._inter_link + self.allreduce_wait())
+        return (self.hw.allreduce_latency_us * 1e-6 + 2.0 * (tp - 1) / tp * act / self._link
+                + self.allreduce_wait())
 
     def a2a_time(self, tokens: int) -> float:
         """One all-to-all MoE dispatch (or combine) of the k routed copies of ``tokens`` hidden states."""

@@ -402,6 +402,8 @@ class MeasuredCosts:
             if curve is not None:
                 self.coverage.note("allreduce", f"{elems} elements outside the measured range")
             one = cost.allreduce_time(shape.tokens)
+        else:
+            one += cost.allreduce_wait()
         t = 2 * st.layers * one
         if self.par.ep > 1 and self.par.moe_a2a_backend != "none":
             # the MoE layer's all-reduce becomes a dispatch and a combine (no table: the roofline's)

@@ -218,7 +218,7 @@ class VirtualTrial:
     def _dispatch(self, req: Request, prompt: np.ndarray) -> None:
         """``req`` to the replica the router picks."""
         rep = self.replicas[self.router.pick(prompt, [r.load for r in self.replicas])]
-        rep.submit(req, self.sim.now)
+        rep.submit(req, self.sim.now + self.cfg.cost.p.request_path_us * 1e-6)
 
     # -- one point ------------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """How far to trust a prediction: the model's error on published runs like the configuration's
-(``data/published/errors.json``, written by benchmarks/fidelity_corpus.py from the corpus's replay), and
-the diagnosis and "run this instead" saying when a predicted gain is inside it."""
+(``data/published/errors.json`` and ``silicon_errors.json``, written by benchmarks/fidelity_corpus.py from
+the replays), of every number and of each kind, and the diagnosis and "run this instead" saying when a
+predicted gain is inside it."""
 
 from __future__ import annotations
 
@@ -9,11 +10,26 @@ import statistics
 
 from analysis.report import _effect_numbers, instead_lines
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.fidelity.trust import ERRORS_FILE, MIN_ENTRIES, band_for, band_for_config
+from orchestrator.fidelity.trust import (
+    ERRORS_FILE,
+    MIN_ENTRIES,
+    SILICON_ERRORS_FILE,
+    TPOT,
+    TTFT,
+    band_for,
+    band_for_config,
+    bands_text,
+    kind_of,
+)
 from vocab.assets import published_dir
 from vocab.hardware import load_hardware
 
-ROWS = json.loads((published_dir() / ERRORS_FILE).read_text())["compared"]
+CORPUS = json.loads((published_dir() / ERRORS_FILE).read_text())["compared"]
+SILICON = json.loads((published_dir() / SILICON_ERRORS_FILE).read_text())["compared"]
+# both in one shape: (id, metric, error, family, layout, hardware)
+ROWS = CORPUS + [{"id": r["id"], "metric": f"mean_{m}", "error": e, "family": r["kind"],
+                  "layout": r["layout"], "hardware": r["hardware"]}
+                 for r in SILICON for m, e in r["error"]["parasweep"].items() if e is not None]
 
 
 def _cfg(model: str, hardware: str, pp: int = 1) -> ParasweepConf:
@@ -37,6 +53,23 @@ def test_a_band_is_the_median_error_of_the_most_specific_group_with_enough_runs(
     assert family is not None and family.group == "dense runs"
     # a family with none at all: the corpus's
     assert band_for("router", "TP", "h100-sxm-x8").group == "runs"  # type: ignore[union-attr]
+
+
+def test_a_band_of_one_kind_of_number_reads_only_those() -> None:
+    key = ("moe", "TP", "b200-sxm-x8")  # published corpus runs and InferenceX's served runs alike
+    exact = [r for r in ROWS if (r["family"], r["layout"], r["hardware"]) == key]
+    ttft = [r for r in exact if kind_of(r["metric"]) == TTFT]
+    tpot = [r for r in exact if kind_of(r["metric"]) == TPOT]
+    assert {r["id"] for r in ttft} & {r["id"] for r in SILICON}  # the served rows count
+    for kind, rows in ((TTFT, ttft), (TPOT, tpot)):
+        band = band_for(*key, kind)
+        assert band is not None and band.kind == kind
+        assert band.error == statistics.median(abs(r["error"]) for r in rows)
+        assert band.text().startswith(f"{kind} ±")
+    # the model misses TTFT by more than TPOT on these runs: one band for both would hide it
+    assert band_for(*key, TTFT).error > band_for(*key, TPOT).error  # type: ignore[union-attr]
+    text = bands_text(_cfg("deepseek-v3", "b200-sxm-x8"))
+    assert "TTFT ±" in text and "TPOT/ITL ±" in text
 
 
 def test_a_change_of_family_carries_the_wider_band() -> None:

@@ -176,7 +176,9 @@ def plan(entry: Entry, workdir: Path) -> Plan:
     profile, net_note = across_nodes(profile, entry.nodes, workdir)
     if net_note:
         notes.append(net_note)
+    calibration = entry.parasweep.get("calibration")  # constants in place of the model's defaults
     argv = ["--model-path", str(model_dir), "--sim-hardware", str(profile), "--sim-step-costs", "auto",
+            *(["--sim-calibration", calibration] if calibration else []),
             "--tp-size", str(p.tp), "--pp-size", str(p.pp), "--ep-size", str(p.ep), "--dp-size", str(p.dp)]
     if entry.nodes > 1:
         argv += ["--nnodes", str(entry.nodes), "--dist-init-addr", "127.0.0.1:5000"]

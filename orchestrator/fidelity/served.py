@@ -13,9 +13,13 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
 
 from orchestrator.fidelity.catalog import NotModelled
 from orchestrator.fidelity.silicon import SiliconRow, Unreplayable, to_entry
@@ -32,6 +36,9 @@ class Served:
     family: str
     group: str
     system: str
+    kind: str  # the trust bands' family: dense, moe, pp, router
+    layout: str  # TP, or EP where experts are spread
+    hardware: str  # parasweep's hardware profile
     cohort: str
     concurrency: int
     isl: int
@@ -55,13 +62,19 @@ class Served:
         return out
 
 
-def predict_row(row: SiliconRow, with_aic: bool = True) -> tuple[str, object]:
-    """("ok", Served) or ("skip", reason), for a worker process."""
+def predict_row(row: SiliconRow, with_aic: bool = True, params: dict[str, float] | None = None
+                ) -> tuple[str, object]:
+    """("ok", Served) or ("skip", reason), for a worker process. ``params``: cost-model constants in place
+    of the defaults (a candidate term's value, benchmarks/fidelity_terms.py)."""
     from orchestrator.fidelity.replay import predict
 
     try:
         entry, notes = to_entry(row)
-        plan, predicted = predict(entry)
+        with tempfile.TemporaryDirectory(prefix="parasweep-terms-") as tmp:
+            if params:
+                entry.parasweep["calibration"] = str(_calibration(Path(tmp), entry.parasweep["hardware"],
+                                                                  params))
+            plan, predicted = predict(entry)
     except (Unreplayable, NotModelled) as e:
         return "skip", str(e)
     except (ValueError, RuntimeError) as e:
@@ -82,12 +95,22 @@ def predict_row(row: SiliconRow, with_aic: bool = True) -> tuple[str, object]:
         aic = {"ttft_ms": est.ttft_ms, "tpot_ms": est.tpot_ms}
         why = est.why_none
     return "ok", Served(
-        id=row.id, family=row.family, group=row.group, system=row.system, cohort=row.cohort,
+        id=row.id, family=row.family, group=row.group, system=row.system, kind=plan.family,
+        layout=plan.layout, hardware=plan.hardware, cohort=row.cohort,
         concurrency=row.concurrency, isl=row.isl, osl=row.osl,
         measured={"ttft_ms": row.ttft_ms, "tpot_ms": row.tpot_ms},
         parasweep={"ttft_ms": predicted["mean_ttft_ms"], "tpot_ms": predicted["mean_tpot_ms"]},
         aiconfigurator=aic, aic_why_none=why if aic["ttft_ms"] is None else "",
         notes=[*notes, *plan.notes], duplicates=row.duplicates)
+
+
+def _calibration(folder: Path, hardware: str, params: dict[str, float]) -> Path:
+    """A calibration profile holding ``params`` (the simulated engine's way to take constants)."""
+    path = folder / "terms.yaml"
+    path.write_text(yaml.safe_dump({"name": "terms", "hardware": hardware, "source": "candidate terms",
+                                    "params": {k: {"value": float(v), "source": "candidate"}
+                                               for k, v in params.items()}}))
+    return path
 
 
 def _col(c: dict[str, object], key: str) -> int:

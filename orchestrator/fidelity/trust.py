@@ -1,13 +1,19 @@
-"""How far to trust a prediction: the error of the model on published measurements like it.
+"""How far to trust a prediction: the error of the model on measurements like it that it did not come from.
 
-``data/published/errors.json`` holds, for the current model, every published number the corpus compares
-(``benchmarks/fidelity_corpus.py --update`` writes it after a change to the model is accepted). A
-configuration belongs to a family: ``pp`` (pipeline stages), ``router`` (DP replicas), ``moe`` or
-``dense``; within it to a layout (TP, or EP where experts are spread) and a GPU. Its band is the median
-absolute error of the most specific group with at least ``MIN_ENTRIES`` published runs: the family on
-that GPU and layout, else the family, else the whole corpus. Every prediction carries the band in words
-("±24 % (median) on 12 published dense runs"); a predicted gain smaller than the band is inside what
-the model gets wrong about a single configuration, and the diagnosis and "run this instead" say so.
+Two sets of measured numbers, both replayed by ``python -m orchestrator fidelity`` and recorded after a
+change to the model is accepted: the published corpus (``data/published/errors.json``, written by
+``benchmarks/fidelity_corpus.py --update``: every number it compares) and the served SGLang runs of
+aiconfigurator-core's silicon sample (``data/published/silicon_errors.json``, ``--silicon --update``: each
+row's mean TTFT and mean TPOT). No constant of the model was fitted to either, so each error is out of
+sample. A configuration belongs to a family: ``pp`` (pipeline stages), ``router`` (DP replicas), ``moe``
+or ``dense``; within it to a layout (TP, or EP where experts are spread) and a GPU. Its band is the median
+absolute error of the most specific group with at least ``MIN_ENTRIES`` published runs: the family on that
+GPU and layout, else the family, else everything. A band is of all numbers, or of one kind of number
+(``THROUGHPUT``, ``TTFT``, ``TPOT`` with ITL): the model is wrong by different amounts about each, so a
+predicted change of a TTFT is judged against the TTFT band. Every prediction carries its bands in words
+("±24 % (median) on 12 published dense runs; TTFT ±40 % on 9, TPOT/ITL ±10 % on 9"); a predicted gain
+smaller than its band is inside what the model gets wrong about a single configuration, and the
+diagnosis and "run this instead" say so.
 """
 
 from __future__ import annotations
@@ -24,21 +30,36 @@ from orchestrator.config.schema import ParasweepConf
 from vocab.assets import published_dir
 
 ERRORS_FILE = "errors.json"
+SILICON_ERRORS_FILE = "silicon_errors.json"
 MIN_ENTRIES = 3
+# the kinds of number a band can be of (an empty kind: every number)
+THROUGHPUT, TTFT, TPOT = "throughput", "TTFT", "TPOT/ITL"
+KIND_OF_GOAL = {"throughput": THROUGHPUT, "ttft_p99_ms": TTFT, "itl_p99_ms": TPOT, "tpot_p99_ms": TPOT}
+
+
+def kind_of(metric: str) -> str:
+    """The kind of a compared number, by its name (``mean_ttft_ms``, ``output_throughput``, ...)."""
+    if "ttft" in metric:
+        return TTFT
+    if "tpot" in metric or "itl" in metric:
+        return TPOT
+    return THROUGHPUT
 
 
 @dataclass(frozen=True)
 class Band:
     error: float  # median |predicted / measured - 1| over the group's compared numbers
-    entries: int  # published runs in the group
+    entries: int  # measured runs in the group
     group: str  # "dense runs", "moe TP runs on h200-nvlink-x8", "runs"
+    kind: str = ""  # THROUGHPUT, TTFT, TPOT; "" for every number
 
     @property
     def pct(self) -> float:
         return 100.0 * self.error
 
     def text(self) -> str:
-        return f"±{self.pct:.0f} % (median) on {self.entries} published {self.group}"
+        what = f"{self.kind} " if self.kind else ""
+        return f"{what}±{self.pct:.0f} % (median) on {self.entries} published {self.group}"
 
     def inside(self, gain_pct: float) -> bool:
         """Whether a predicted change of ``gain_pct`` per cent is within the band."""
@@ -47,29 +68,39 @@ class Band:
 
 @functools.cache
 def _rows() -> tuple[dict, ...]:
+    """Every recorded error: the corpus's numbers and the silicon rows' TTFT and TPOT, in one shape
+    (id, metric, error, family, layout, hardware)."""
+    out: list[dict] = []
     path = published_dir() / ERRORS_FILE
-    if not path.is_file():
-        return ()
-    return tuple(json.loads(path.read_text())["compared"])
+    if path.is_file():
+        out += json.loads(path.read_text())["compared"]
+    path = published_dir() / SILICON_ERRORS_FILE
+    if path.is_file():
+        for r in json.loads(path.read_text())["compared"]:
+            for metric, error in r["error"]["parasweep"].items():
+                if error is not None:
+                    out.append({"id": r["id"], "metric": f"mean_{metric}", "error": error,
+                                "family": r["kind"], "layout": r["layout"], "hardware": r["hardware"]})
+    return tuple(out)
 
 
-def _band(rows: list[dict], group: str) -> Band | None:
+def _band(rows: list[dict], group: str, kind: str) -> Band | None:
     entries = len({r["id"] for r in rows})
     if entries < MIN_ENTRIES:
         return None
-    return Band(statistics.median(abs(r["error"]) for r in rows), entries, group)
+    return Band(statistics.median(abs(r["error"]) for r in rows), entries, group, kind)
 
 
-def band_for(family: str, layout: str, hardware: str) -> Band | None:
-    """The band of the most specific group with enough published runs (module doc); None without the
-    errors file."""
-    rows = list(_rows())
+def band_for(family: str, layout: str, hardware: str, kind: str = "") -> Band | None:
+    """The band of the most specific group with enough published runs (module doc), of every number or of
+    one ``kind``; None without the errors files."""
+    rows = [r for r in _rows() if not kind or kind_of(r["metric"]) == kind]
     if not rows:
         return None
     exact = [r for r in rows if r["family"] == family and r["layout"] == layout and r["hardware"] == hardware]
     same = [r for r in rows if r["family"] == family]
-    return (_band(exact, f"{family} {layout} runs on {hardware}") or _band(same, f"{family} runs")
-            or _band(rows, "runs"))
+    return (_band(exact, f"{family} {layout} runs on {hardware}", kind)
+            or _band(same, f"{family} runs", kind) or _band(rows, "runs", kind))
 
 
 def family_of(cfg: ParasweepConf, change: Mapping[str, Any] | None = None) -> tuple[str, str, str]:
@@ -89,9 +120,20 @@ def family_of(cfg: ParasweepConf, change: Mapping[str, Any] | None = None) -> tu
     return family, "EP" if size("ep") > 1 else "TP", cfg.hardware.name
 
 
-def band_for_config(cfg: ParasweepConf, change: Mapping[str, Any] | None = None) -> Band | None:
-    """The band of ``cfg``; with a ``change``, the wider of the configuration's and the changed one's (a
-    predicted difference between two families carries the errors of both)."""
-    bands = [b for b in (band_for(*family_of(cfg)), band_for(*family_of(cfg, change)) if change else None)
-             if b is not None]
+def band_for_config(cfg: ParasweepConf, change: Mapping[str, Any] | None = None, kind: str = ""
+                    ) -> Band | None:
+    """The band of ``cfg`` (of every number, or of one ``kind``); with a ``change``, the wider of the
+    configuration's and the changed one's (a predicted difference between two families carries the errors
+    of both)."""
+    bands = [b for b in (band_for(*family_of(cfg), kind),
+                         band_for(*family_of(cfg, change), kind) if change else None) if b is not None]
     return max(bands, key=lambda b: b.error) if bands else None
+
+
+def bands_text(cfg: ParasweepConf) -> str:
+    """Every band of ``cfg`` in words: of all numbers, then of TTFT and of TPOT/ITL where known."""
+    whole = band_for_config(cfg)
+    if whole is None:
+        return ""
+    kinds = [b for b in (band_for_config(cfg, kind=TTFT), band_for_config(cfg, kind=TPOT)) if b is not None]
+    return "; ".join([whole.text(), *(f"{b.kind} ±{b.pct:.0f} % on {b.entries}" for b in kinds)])

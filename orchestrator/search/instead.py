@@ -33,7 +33,7 @@ from analysis.diagnose import overrides_text
 from analysis.noise import Estimate, judge
 from orchestrator.config.schema import ParasweepConf, world_size
 from orchestrator.config.slo import worst_ratio
-from orchestrator.fidelity.trust import band_for_config
+from orchestrator.fidelity.trust import THROUGHPUT, band_for_config
 from orchestrator.prediction.at_load import Load, Predicted, predict_many
 from orchestrator.prediction.modelled import step_costs_label
 from orchestrator.prediction.neighbourhood import layouts
@@ -152,7 +152,7 @@ def _answer(best: Predicted, base: SweepTrial, own: Mapping[str, Predicted], loa
         kept.append(f"workload.concurrency=[{concurrency}]")
     env = [f"{k.removeprefix('env.')}={v}" for k, v in best.change.items() if k.startswith("env.")]
     keys = {k: v for k, v in best.change.items() if not k.startswith("env.")}
-    band = band_for_config(cfg, best.change)
+    band = band_for_config(cfg, best.change, THROUGHPUT)
     if band is not None:  # how far such predictions are from published measurements
         for one in per_load.values():
             one["inside_model_error"] = band.inside(one["change_pct"].get("output_tok_s", 0.0))

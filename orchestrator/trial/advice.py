@@ -50,7 +50,7 @@ from analysis.diagnose import overrides_text
 from analysis.noise import Estimate, judge
 from orchestrator.config.schema import ParasweepConf, world_size
 from orchestrator.config.slo import worst_ratio
-from orchestrator.fidelity.trust import band_for_config
+from orchestrator.fidelity.trust import KIND_OF_GOAL, band_for_config
 from orchestrator.prediction.at_load import Load, Predicted, predict_change, predict_changes
 from orchestrator.prediction.modelled import step_costs_label
 from orchestrator.prediction.neighbourhood import layouts
@@ -206,7 +206,7 @@ class AdviceChecker:
             effect.update(verdict=OVER_SLO, slo_miss=miss)
         if goal != "throughput":
             effect["goal"] = goal
-        band = band_for_config(self.cfg, change)
+        band = band_for_config(self.cfg, change, KIND_OF_GOAL.get(goal, ""))
         if band is not None:  # how far such predictions are from published measurements
             effect.update(model_error_pct=band.pct, model_error=band.text())
         return effect

@@ -24,7 +24,7 @@ from orchestrator.config.traffic import traffic_note
 from orchestrator.engines.base import engine_version
 from orchestrator.environment import joined_placement, placement
 from orchestrator.errors import EngineFailure, EngineStartError
-from orchestrator.fidelity.trust import band_for_config
+from orchestrator.fidelity.trust import bands_text
 from orchestrator.prediction.modelled import step_costs_label, with_measured_acceptance
 from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
 from orchestrator.store.tracking import Tracker
@@ -90,7 +90,7 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
             Tag.CONFIG_HASH: plan.config_hash,
             Tag.TRIAL_NUM: str(ident.num), Tag.OVERRIDES: ident.label,
             Tag.STEP_COSTS: step_costs_label(cfg),
-            **({Tag.PREDICTION_ERROR: band.text()} if (band := band_for_config(cfg)) else {}),
+            **({Tag.PREDICTION_ERROR: text} if (text := bands_text(cfg)) else {}),
             **({Tag.TRAFFIC: traffic_note(cfg)} if cfg.workload.source != "random" else {})}
     run_id = recorder.open(ident.run_name + (" (predicted)" if virtual else ""),
                            RunKind.PREDICTION if virtual else RunKind.TRIAL, tags,
