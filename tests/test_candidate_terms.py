@@ -1,5 +1,5 @@
-"""The cost model's candidate terms (benchmarks/fidelity_terms.py holds them to measurements): each adds
-what its definition says, and nothing while it is 0."""
+"""The cost model's terms held to measurements by benchmarks/fidelity_terms.py: each adds what its
+definition says, and nothing while it is 0 (the prefill overlap loss is kept at 1, the others at 0)."""
 
 from __future__ import annotations
 
@@ -42,3 +42,22 @@ def test_the_request_path_delays_the_first_token_not_the_rest() -> None:
     slow = bench_metrics(replay(cfg, requests))
     assert slow["mean_ttft_ms"] - base["mean_ttft_ms"] == pytest.approx(40.0, abs=0.5)
     assert slow["mean_tpot_ms"] == pytest.approx(base["mean_tpot_ms"], rel=1e-6)
+
+
+def test_a_prefill_loses_its_share_of_the_overlap_and_a_decode_does_not() -> None:
+    from simulator.costs import prefill_shape
+
+    cost = _cfg(2).cost
+    shape = prefill_shape([(256, 0)])  # a prefill: eager
+    work = cost.gpu_time(0, shape) + cost.comm_time(0, shape)
+    host = cost.host_time(0, shape)
+    for loss in (0.0, 0.5, 1.0):
+        cost.p = dataclasses.replace(cost.p, prefill_overlap_loss=loss)
+        assert cost.stage_time(0, shape) == pytest.approx(max(work, host) + loss * min(work, host))
+    graphed = decode_shape([500] * 4)  # a decode replayed from a graph: no dispatch to overlap
+    assert cost.stage_time(0, graphed) == pytest.approx(
+        cost.gpu_time(0, graphed) + cost.comm_time(0, graphed) + cost.host_time(0, graphed))
+    eager = decode_shape([500] * 400)  # above the captured sizes: an eager decode overlaps fully
+    assert not cost.uses_cuda_graph(eager)
+    assert cost.stage_time(0, eager) == pytest.approx(max(
+        cost.gpu_time(0, eager) + cost.comm_time(0, eager), cost.host_time(0, eager)))

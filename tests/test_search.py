@@ -170,7 +170,8 @@ def test_no_candidate_meets_the_slos_names_the_closest(tmp_path: Path) -> None:
         run_search(tiny(tmp_path, {"itl_p99_ms": 0.5}), tmp_path, show_progress=False)
     message = str(e.value)
     assert message.startswith("search.slo: no candidate meets itl_p99_ms <= 0.5; closest: "
-                              "server.cuda_graph=true tp.size=1 misses by ")
+                              "server.cuda_graph=true tp.size=")  # graphs: the eager ones are slower
+    assert " misses by " in message
     assert "at concurrency 1" in message and "\n" not in message
     table = pd.read_csv(tmp_path / "search" / "candidates.csv")  # the table is written all the same
     assert set(table["status"]) == {OVER_SLO, REJECTED}

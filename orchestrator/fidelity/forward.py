@@ -194,9 +194,10 @@ def step_parts(cost: CostModel, shape: BatchShape) -> dict[str, float]:
     - ``gpu``, ``comm``, ``dispatch``: the forward as the cost model prices it (``breakdown``): kernels,
       TP collectives, and the host's dispatch not hidden behind them (one graph replay, or an eager
       forward's kernels one by one where the host is the slower side).
-    - ``sampling``: the sampler's kernels dispatched after the forward's, exposed only where the host is
-      still dispatching when the GPU is done (an eager, host-bound forward); the argmax's GPU time is in
-      the head's.
+    - ``sampling``: the sampler's kernels dispatched after the forward's: after an eager prefill, as
+      much of their dispatch as host and GPU do not overlap (all of it at ``prefill_overlap_loss`` 1), and
+      what is left of it past the GPU's work; after a decode, only what outlasts the GPU's work.
+      The argmax's GPU time is in the head's.
 
     Both host parts are paid in full: the step starts from a synchronised, idle GPU and nothing overlaps
     them (no overlap scheduler). Not charged: ``poll`` (no request socket), ``process`` (no results
@@ -208,7 +209,7 @@ def step_parts(cost: CostModel, shape: BatchShape) -> dict[str, float]:
     sampler_host = SAMPLER_KERNELS * (cost.p.host_op_us + cost.hw.kernel_launch_us) * 1e-6
     parts = {"prepare_batch": h.schedule(b), "forward_batch_init": h.prepare(b), "gpu": forward["gpu"],
              "comm": forward["comm"], "dispatch": forward["host_exposed"],
-             "sampling": max(0.0, forward["host"] + sampler_host - forward["total"])}
+             "sampling": _sampling(cost, forward, sampler_host, not shape.decode)}
     parts["total"] = sum(parts.values())
     return parts
 
@@ -411,3 +412,12 @@ def main(argv: list[str]) -> int:
         Path(args.json_out).write_text(json.dumps(out, indent=1) + "\n")
         print(f"written: {args.json_out}")
     return 0
+
+
+def _sampling(cost: CostModel, forward: dict[str, float], sampler_host: float, prefill: bool) -> float:
+    """The sampler's dispatch a step pays (``step_parts``)."""
+    beyond = max(0.0, forward["host"] + sampler_host - forward["total"])
+    if not (forward["eager"] and prefill):
+        return beyond
+    loss = cost.p.prefill_overlap_loss
+    return loss * sampler_host + (1.0 - loss) * beyond

@@ -136,4 +136,6 @@ def bands_text(cfg: ParasweepConf) -> str:
     if whole is None:
         return ""
     kinds = [b for b in (band_for_config(cfg, kind=TTFT), band_for_config(cfg, kind=TPOT)) if b is not None]
-    return "; ".join([whole.text(), *(f"{b.kind} ±{b.pct:.0f} % on {b.entries}" for b in kinds)])
+    return "; ".join([whole.text(), *(f"{b.kind} ±{b.pct:.0f} % on {b.entries}"
+                                      + ("" if b.group == whole.group else f" published {b.group}")
+                                      for b in kinds)])
