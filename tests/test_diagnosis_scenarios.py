@@ -119,24 +119,28 @@ def test_kimi_pp8_gets_the_micro_batch_suggestion(tmp_path: Path) -> None:
 
 def test_kimi_pp8_over_pcie_is_told_to_run_tp8(tmp_path: Path) -> None:
     """The demo's deployment: Kimi K2 in eight pipeline stages over PCIe at c32, on the measured kernel
-    tables. Nothing rules TP out over PCIe: the prediction ranks TP8 first (its collectives cost less
-    than the stages' idle time), and the findings say so; more load is said apart, not as the fix."""
+    tables. Nothing rules TP out over PCIe: the prediction ranks a layout of fewer stages and wider TP
+    groups first (TP8, or TP4 x PP2 where a prefill's dispatch on eight ranks costs more; their
+    collectives cost less than the stages' idle time), and the findings say so; more load is said apart,
+    not as the fix."""
     cfg = scenario("kimi-k2", "rtx-pro-6000-pcie-x8", pp=8, concurrency=32)
     cfg.simulator.step_costs = "measured"
     found = diagnosed(cfg, tmp_path)
     micro = found["too_few_microbatches"]
     effect = micro.predicted_effect
-    assert micro.change == {"tp.size": 8, "pp.size": 1} and effect["change_pct"]["output_tok_s"] > 50
+    assert micro.change in ({"tp.size": 8, "pp.size": 1}, {"tp.size": 4, "pp.size": 2})
+    assert effect["change_pct"]["output_tok_s"] > 50
     assert found["pp_bubble"].change == micro.change  # one voice
-    first = tried(micro, {"pp.micro_batch_size": 4})
-    assert first["verdict"] != "helps"
+    first = tried(micro, {"pp.micro_batch_size": 4})  # the finding's own knob, predicted behind the layout
+    assert first["change_pct"]["output_tok_s"] < effect["change_pct"]["output_tok_s"]
     assert "step costs: measured (aiconfigurator-core" in effect["source"]
     assert effect["runner_up"]["change"] != micro.change and effect["runner_up"]["behind_pct"] > 0
     # what the pipeline needs, apart: the same configuration at twice the load
     assert effect["load"]["predicted_at"] == "c64" and effect["load"]["change"] == {}
     assert "More load is what this configuration needs, not a fix" in micro.suggestion
     line = advice_text(micro.to_dict())
-    assert line.startswith("pp.micro_batch_size=4 ") and "; instead set tp.size=8 pp.size=1" in line
+    layout = " ".join(f"{k}={v}" for k, v in micro.change.items())
+    assert line.startswith(f"set {layout}: predicted ") and "runner-up" in line
     # attention DP is named, and said not to be predicted
     attn = next(t for t in effect["tried"] if "server.extra_args.attn-dp-size" in t["change"])
     assert "does not model attention DP" in attn["verdict"]
@@ -146,14 +150,15 @@ def test_a_tp_group_across_two_nodes_is_told_to_pipeline(tmp_path: Path) -> None
     """The prediction's choice, not a rule's: Llama 3.1 70B with TP16 spanning two H100 nodes joined by
     InfiniBand. Every layer's all-reduces cross the slow link; the prediction's first choice keeps each
     TP group within a node (TP8: a pipeline stage per node, or a prefill server on one node and a decode
-    server on the other), and a pipeline stage per node (tp.size=8 pp.size=2) is predicted to help."""
+    server on the other), and a pipeline stage per node (tp.size=8 pp.size=2) is predicted to raise the
+    throughput by a fifth or more (helping, or a trade-off against a latency)."""
     cfg = scenario("llama-3.1-70b", "h100-sxm-x8-2nodes-ib", tp=16, concurrency=16)
     cfg.predict = True  # a trial across nodes is predicted here (a local Ray is one node)
     comm = diagnosed(cfg, tmp_path)["tp_comm_bound"]
     assert comm.change is not None and comm.change["tp.size"] == 8
     assert comm.predicted_effect["change_pct"]["output_tok_s"] > 20
     pipeline = tried(comm, {"tp.size": 8, "pp.size": 2})
-    assert pipeline["verdict"] == "helps" and pipeline["change_pct"]["output_tok_s"] > 20
+    assert pipeline["verdict"] in ("helps", "trade-off") and pipeline["change_pct"]["output_tok_s"] > 20
     # data-parallel replicas across nodes are tried, and say why they cannot run
     across = tried(comm, {"tp.size": 8, "pp.size": 1, "dp.size": 2})
     assert across["verdict"].startswith("not possible")

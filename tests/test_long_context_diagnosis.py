@@ -99,12 +99,15 @@ def test_prefill_interference(tmp_path: Path) -> None:
     stall = found["prefill_interference"]
     assert "(load generator)" in stall["evidence"] and "mixed chunk off" in stall["evidence"]
     assert stall["goal"] == "itl_p99_ms"
-    assert stall["change"]["server.extra_args.enable-mixed-chunk"] is True
-    assert stall["change"]["server.chunked_prefill_size"] < 8192
-    # predicted for what it buys (the ITL tail) and what it costs (TTFT), on the same point
+    # the remedy: smaller chunks mixed into the running decodes, the suggestion where it helps, else the
+    # best trade-off (its prefills' dispatch, chunk by chunk, can cost more TTFT than the ITL it buys)
     effect = stall["predicted_effect"]
-    assert effect["goal"] == "itl_p99_ms" and effect["change_pct"]["itl_p99_ms"] <= -30
-    assert "ttft_p99_ms" in effect["change_pct"]
+    best = stall["change"] or effect["best_trade_off"]["change"]
+    assert best["server.extra_args.enable-mixed-chunk"] is True
+    assert best["server.chunked_prefill_size"] < 8192
+    # predicted for what it buys (the ITL tail) and what it costs (TTFT), on the same point
+    mixed = next(t for t in effect["tried"] if t["change"] == best)
+    assert mixed["change_pct"]["itl_p99_ms"] <= -30 and "ttft_p99_ms" in mixed["change_pct"]
 
 
 @pytest.mark.parametrize("api", ["generate", "completions"])

@@ -79,7 +79,7 @@ def test_a_ratio_change_that_needs_more_gpus_is_said_to_be_impossible(tmp_path: 
     # help") and suggests the best layout of the same 8 GPUs instead.
     from analysis.report import advice_text
 
-    cfg = deployment(1, 1, 8, 2000, 200)
+    cfg = deployment(1, 1, 8, 1000, 400)
     cfg.model.name, cfg.model.path = "qwen3-30b-a3b", "models/qwen3-30b-a3b"
     cfg.hardware = load_hardware("rtx-pro-6000-pcie-x8")
     cfg.tp.size = 4
