@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.errors import UserError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class CorpusError(UserError):
@@ -94,15 +96,16 @@ def _where(err: dict[str, Any]) -> str:
     return ".".join(str(p) for p in err["loc"]) or "(line)"
 
 
-def read_corpus(path: str | Path) -> list[Entry]:
-    """Every entry of the JSON-lines file at ``path`` (blank lines and lines starting with ``#`` skipped).
-    Raises :class:`CorpusError` naming the first bad line."""
+def read_json_lines(path: str | Path, model: type[M], flag: str) -> list[M]:
+    """Every object of the JSON-lines file at ``path`` as ``model`` (blank lines and lines starting with
+    ``#`` skipped; ids unique). Raises :class:`CorpusError` naming the first bad line and field; ``flag``
+    is the option the file was given with, for the message."""
     file = Path(path)
     try:
         lines = file.read_text(encoding="utf-8").splitlines()
     except OSError as e:
-        raise CorpusError(f"--published {file}: cannot read it ({e.strerror or e})") from None
-    entries: list[Entry] = []
+        raise CorpusError(f"{flag} {file}: cannot read it ({e.strerror or e})") from None
+    entries: list[M] = []
     seen: dict[str, int] = {}
     for n, line in enumerate(lines, start=1):
         text = line.strip()
@@ -116,16 +119,23 @@ def read_corpus(path: str | Path) -> list[Entry]:
             raise CorpusError(f"{file} line {n}: a JSON object per line is expected, "
                               f"got {type(data).__name__}")
         try:
-            entry = Entry.model_validate(data)
+            entry = model.model_validate(data)
         except ValidationError as e:
             first = e.errors()[0]
             ident = data.get("id", "?")
             more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
             raise CorpusError(f"{file} line {n} ({ident}): {_where(first)}: {first['msg']}{more}") from None
-        if entry.id in seen:
-            raise CorpusError(f"{file} line {n}: id {entry.id!r} already used on line {seen[entry.id]}")
-        seen[entry.id] = n
+        ident = str(getattr(entry, "id", ""))
+        if ident in seen:
+            raise CorpusError(f"{file} line {n}: id {ident!r} already used on line {seen[ident]}")
+        seen[ident] = n
         entries.append(entry)
     if not entries:
-        raise CorpusError(f"--published {file}: no entries (one JSON object per line expected)")
+        raise CorpusError(f"{flag} {file}: no entries (one JSON object per line expected)")
     return entries
+
+
+def read_corpus(path: str | Path) -> list[Entry]:
+    """Every entry of the JSON-lines file at ``path`` (blank lines and lines starting with ``#`` skipped).
+    Raises :class:`CorpusError` naming the first bad line."""
+    return read_json_lines(path, Entry, "--published")

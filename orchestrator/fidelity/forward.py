@@ -35,11 +35,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.errors import UserError
 from orchestrator.fidelity.catalog import NotModelled, hardware_profile, model_folder
-from orchestrator.fidelity.corpus import CorpusError
+from orchestrator.fidelity.corpus import read_json_lines
 from orchestrator.fidelity.releases import GRAPH_MAX_BS, release
 from simulator.costs import BatchShape, CostModel, decode_shape, prefill_shape
 from simulator.predict import load_config
@@ -104,39 +104,7 @@ class ForwardEntry(BaseModel):
 def read_forward(path: str | Path) -> list[ForwardEntry]:
     """Every entry of the JSON-lines file at ``path`` (blank lines and lines starting with ``#``
     skipped). Raises :class:`CorpusError` naming the first bad line and field."""
-    file = Path(path)
-    try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise CorpusError(f"--forward {file}: cannot read it ({e.strerror or e})") from None
-    entries: list[ForwardEntry] = []
-    seen: dict[str, int] = {}
-    for n, line in enumerate(lines, start=1):
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CorpusError(f"{file} line {n}: not JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(data, dict):
-            raise CorpusError(f"{file} line {n}: a JSON object per line is expected, "
-                              f"got {type(data).__name__}")
-        try:
-            entry = ForwardEntry.model_validate(data)
-        except ValidationError as e:
-            first = e.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(line)"
-            more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-            raise CorpusError(f"{file} line {n} ({data.get('id', '?')}): {where}: {first['msg']}{more}"
-                              ) from None
-        if entry.id in seen:
-            raise CorpusError(f"{file} line {n}: id {entry.id!r} already used on line {seen[entry.id]}")
-        seen[entry.id] = n
-        entries.append(entry)
-    if not entries:
-        raise CorpusError(f"--forward {file}: no entries (one JSON object per line expected)")
-    return entries
+    return read_json_lines(path, ForwardEntry, "--forward")
 
 
 @dataclass
