@@ -28,11 +28,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from orchestrator.fidelity.cli import replay_all
 from orchestrator.fidelity.corpus import read_corpus
-from orchestrator.fidelity.served import Served, predict_row
+from orchestrator.fidelity.served import Served, calibration_file, predict_row
 from orchestrator.fidelity.silicon import SiliconRow, default_csv, read_silicon, to_entry
 from orchestrator.fidelity.trust import THROUGHPUT, TPOT, TTFT, kind_of
 from simulator.model_spec import load_model_spec
@@ -242,9 +240,7 @@ def corpus_check(param: str, value: float, workers: int | None) -> bool:
     entries = read_corpus(CORPUS)
     before = replay_all(entries, workers)[0]
     with tempfile.TemporaryDirectory(prefix="parasweep-terms-") as tmp:
-        cal = Path(tmp) / "terms.yaml"
-        cal.write_text(yaml.safe_dump({"name": "terms", "hardware": "any", "source": "candidate term",
-                                       "params": {param: {"value": value, "source": "candidate"}}}))
+        cal = calibration_file(Path(tmp), "any", {param: value})
         for e in entries:
             e.parasweep["calibration"] = str(cal)
         after = replay_all(entries, workers)[0]

@@ -49,8 +49,16 @@ ELEMENTWISE_KERNELS_HEAD = 4  # final norm, logits gather, sampling, embedding o
 DUAL_STREAM_TOKENS = 1024
 
 
-def gemm_dtype(bytes_per_param: float) -> str | None:
-    """The tables' GEMM dtype for weights stored at this many bytes per parameter (None: no table)."""
+def is_four_bit(bytes_per_param: float) -> bool:
+    """Weights of 4 bits with group scales (4-bit integers, or NVFP4 where the model says so)."""
+    return 0.5 < bytes_per_param < 0.6
+
+
+def gemm_dtype(bytes_per_param: float, nvfp4: bool = False) -> str | None:
+    """The tables' GEMM dtype for weights stored at this many bytes per parameter (None: no table);
+    ``nvfp4``: the model's 4-bit weights are NVFP4 (``ModelSpec.nvfp4``)."""
+    if nvfp4 and is_four_bit(bytes_per_param):
+        return "nvfp4"
     if bytes_per_param == 2.0:
         return "bfloat16"
     if is_fp8(bytes_per_param):  # FP8 with per-block scales
@@ -58,16 +66,12 @@ def gemm_dtype(bytes_per_param: float) -> str | None:
     return None
 
 
-def is_four_bit(bytes_per_param: float) -> bool:
-    """Weights of 4 bits with group scales (4-bit integers, or NVFP4 where the model says so)."""
-    return 0.5 < bytes_per_param < 0.6
-
-
-def moe_dtype(bytes_per_param: float) -> str | None:
+def moe_dtype(bytes_per_param: float, nvfp4: bool = False) -> str | None:
     """The tables' fused-MoE dtype for routed experts stored at this many bytes per parameter."""
-    if is_four_bit(bytes_per_param):  # 4-bit integers with group scales: SGLang runs them with Marlin
+    # 4-bit integers with group scales (not NVFP4): SGLang runs them with Marlin
+    if is_four_bit(bytes_per_param) and not nvfp4:
         return "int4_wo"
-    return gemm_dtype(bytes_per_param)
+    return gemm_dtype(bytes_per_param, nvfp4)
 
 
 @dataclass
@@ -117,7 +121,7 @@ class MeasuredCosts:
         gemm_tables: dict[str, GemmTable | None] = {}
 
         def gemm(name: str, n: int, k: int, wbytes: float) -> _Gemm:
-            dtype = "nvfp4" if s.nvfp4 and is_four_bit(wbytes) else gemm_dtype(wbytes)
+            dtype = gemm_dtype(wbytes, s.nvfp4)
             if dtype is not None and dtype not in gemm_tables:
                 gemm_tables[dtype] = tables.gemm(dtype)
             table = gemm_tables.get(dtype) if dtype else None
@@ -205,8 +209,7 @@ class MeasuredCosts:
 
     def _moe_table(self):  # type: ignore[no-untyped-def]
         s, par = self.spec, self.par
-        dtype = "nvfp4" if s.nvfp4 and is_four_bit(s.expert_bytes_per_param) else moe_dtype(
-            s.expert_bytes_per_param)
+        dtype = moe_dtype(s.expert_bytes_per_param, s.nvfp4)
         moe_tp = par.tp // par.ep
         shape = f"{s.hidden}x{s.moe_inter} top-{s.top_k} of {s.num_experts}, moe_tp {moe_tp} ep {par.ep}"
         if dtype is None:

@@ -58,8 +58,9 @@ class AicEstimate:
     version: str = ""  # the table version AIC used, e.g. "0.5.14"
 
 
-def estimate_agg(model_path: str, system: str, isl: int, osl: int, batch_size: int, tp: int, pp: int,
-                 attention_dp: int, moe_tp: int, moe_ep: int, gemm_quant: str | None, moe_quant: str | None,
+def estimate_agg(model_path: str, system: str, isl: float, osl: float, batch_size: float | None,
+                 tp: float | None, pp: float | None, attention_dp: float | None, moe_tp: float | None,
+                 moe_ep: float | None, gemm_quant: str | float | None, moe_quant: str | float | None,
                  backend_version: str | None) -> AicEstimate:
     """AIConfigurator's TTFT and TPOT (ms) for one aggregated SGLang row of ``silicon_sample.csv``.
 

@@ -23,6 +23,8 @@ from vocab.assets import hardware_dir, models_dir
 # (pattern on the lower-cased HF id, folder under models/, what the mapping assumes or "")
 MODELS: tuple[tuple[str, str, str], ...] = (
     (r"llama-3\.1-8b|meta-llama-3\.1-8b", "llama-3.1-8b", ""),
+    (r"meta-llama-3-8b", "llama-3.1-8b",
+     "Llama-3-8B has Llama-3.1-8B's shapes (32 layers, hidden 4,096, 8 KV heads, vocab 128,256)"),
     (r"llama-3\.1-70b", "llama-3.1-70b", ""),
     (r"llama-3\.3-70b", "llama-3.1-70b", "Llama 3.3 70B has Llama 3.1 70B's architecture"),
     (r"llama-3\.1-405b", "llama-3.1-405b", ""),

@@ -43,7 +43,7 @@ from orchestrator.fidelity.corpus import read_json_lines
 from orchestrator.fidelity.releases import GRAPH_MAX_BS, release
 from simulator.costs import BatchShape, CostModel, decode_shape, prefill_shape
 from simulator.predict import load_config
-from vocab.assets import models_dir, published_dir
+from vocab.assets import published_dir
 
 DEFAULT_FILE = "data/published/forward.jsonl"  # the shipped runs (also found outside a checkout)
 
@@ -51,13 +51,6 @@ DEFAULT_FILE = "data/published/forward.jsonl"  # the shipped runs (also found ou
 # variant goes through a live server and is refused by name
 FORWARD_TOOLS = ("bench_one_batch", "bench_latency", "one_batch")
 SERVER_TOOL = "_server"
-# published models whose shapes a shipped folder has though ``catalog.py`` does not list them:
-# (pattern on the lower-cased HF id, folder under models/, what the mapping assumes)
-SAME_SHAPES: tuple[tuple[str, str, str], ...] = (
-    (r"meta-llama-3-8b", "llama-3.1-8b",
-     "Llama-3-8B has Llama-3.1-8B's shapes (32 layers, hidden 4,096, 8 KV heads, vocab 128,256): "
-     "replayed on models/llama-3.1-8b"),
-)
 INFERRED_H100 = "H100"  # an inferred GPU that names H100 among its candidates: priced as an H100 SXM
 ROCM_GPU = r"\bamd\b|rocm|instinct|\bmi\d{3}"
 # The sampler's kernels a greedy decode launches after the forward, outside the CUDA graph (SGLang's
@@ -201,11 +194,6 @@ def _check_tool(entry: ForwardEntry) -> None:
 
 
 def _model(entry: ForwardEntry) -> tuple[Path, str]:
-    key = entry.model.lower()
-    if not entry.parasweep.get("model"):
-        for pattern, folder, note in SAME_SHAPES:
-            if re.search(pattern, key) and (models_dir() / folder / "config.json").is_file():
-                return models_dir() / folder, note
     return model_folder(entry.model, entry.parasweep.get("model"))
 
 

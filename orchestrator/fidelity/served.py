@@ -72,7 +72,7 @@ def predict_row(row: SiliconRow, with_aic: bool = True, params: dict[str, float]
         entry, notes = to_entry(row)
         with tempfile.TemporaryDirectory(prefix="parasweep-terms-") as tmp:
             if params:
-                entry.parasweep["calibration"] = str(_calibration(Path(tmp), entry.parasweep["hardware"],
+                entry.parasweep["calibration"] = str(calibration_file(Path(tmp), entry.parasweep["hardware"],
                                                                   params))
             plan, predicted = predict(entry)
     except (Unreplayable, NotModelled) as e:
@@ -87,11 +87,10 @@ def predict_row(row: SiliconRow, with_aic: bool = True, params: dict[str, float]
         # the core logs a warning per estimate it makes with BF16 attention tables where the checkpoint
         # implies FP8 (docs/fidelity.md says so once); a row's own refusal comes back as its reason
         logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
-        c = row.columns
-        est = estimate_agg(row.model, row.system, row.isl, row.osl, int(c["batch_size"]),  # type: ignore[arg-type]
-                           _col(c, "tp_size"), _col(c, "pp_size"), _col(c, "attention_dp_size"),
-                           _col(c, "moe_tp_size"), _col(c, "moe_ep_size"), _qmode(c["gemm_quant_mode"]),
-                           _qmode(c["moe_quant_mode"]), row.version or None)
+        c = row.columns  # the cells as they stand: the estimator leaves an empty one out, as its tool does
+        est = estimate_agg(row.model, row.system, row.isl, row.osl, c["batch_size"], c["tp_size"],
+                           c["pp_size"], c["attention_dp_size"], c["moe_tp_size"], c["moe_ep_size"],
+                           c["gemm_quant_mode"], c["moe_quant_mode"], row.version or None)
         aic = {"ttft_ms": est.ttft_ms, "tpot_ms": est.tpot_ms}
         why = est.why_none
     return "ok", Served(
@@ -104,22 +103,13 @@ def predict_row(row: SiliconRow, with_aic: bool = True, params: dict[str, float]
         notes=[*notes, *plan.notes], duplicates=row.duplicates)
 
 
-def _calibration(folder: Path, hardware: str, params: dict[str, float]) -> Path:
+def calibration_file(folder: Path, hardware: str, params: dict[str, float]) -> Path:
     """A calibration profile holding ``params`` (the simulated engine's way to take constants)."""
     path = folder / "terms.yaml"
     path.write_text(yaml.safe_dump({"name": "terms", "hardware": hardware, "source": "candidate terms",
                                     "params": {k: {"value": float(v), "source": "candidate"}
                                                for k, v in params.items()}}))
     return path
-
-
-def _col(c: dict[str, object], key: str) -> int:
-    v = c.get(key)
-    return 1 if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)  # type: ignore[call-overload]
-
-
-def _qmode(v: object) -> str | None:
-    return None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
 
 def _with_aic(row: SiliconRow) -> tuple[str, object]:
@@ -151,7 +141,7 @@ def predict_all(rows: Sequence[SiliconRow], workers: int | None = None, with_aic
     skipped: list[dict[str, str]] = []
     for row, (kind, value) in zip(rows, results, strict=True):
         if kind == "ok":
-            served.append(value)  # type: ignore[arg-type]
+            served.append(value)
         else:
             skipped.append({"id": row.id, "reason": str(value)})
     return served, skipped
