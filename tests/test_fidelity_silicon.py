@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator.fidelity.replay import plan
-from orchestrator.fidelity.served import predict_row
+from orchestrator.fidelity.served import COLD, predict_row, side_by_side
 from orchestrator.fidelity.silicon import (
     SiliconError,
     Unreplayable,
     default_csv,
     read_silicon,
     to_entry,
+    warmed_up,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,6 +114,45 @@ def test_llama_fp8_rows_quantize_the_checkpoint_at_load(silicon, tmp_path: Path)
     assert "--quantization fp8" in " ".join(plan(entry, tmp_path).argv)
     assert any("quantized to FP8 at load" in n for n in notes)
     assert any("client not published" in n for n in notes)
+
+
+def test_gap_batches_keep_or_vary_their_lengths_as_their_numbers_show(silicon, tmp_path: Path) -> None:
+    rows, _ = silicon
+    # the H100 batch shows the waves of fixed lengths; the H200 batch's TTFTs rule them out
+    qwen = next(r for r in rows if "Qwen3-32B" in r.model and r.system == "h100_sxm")
+    llama = next(r for r in rows if "Llama-3.1-8B" in r.model and r.concurrency >= 64)
+    fixed = plan(to_entry(qwen)[0], tmp_path).requests
+    assert {(r.input_len, r.output_len) for r in fixed} == {(qwen.isl, qwen.osl)}
+    entry, notes = to_entry(llama)
+    varied = plan(entry, tmp_path).requests
+    assert len({r.input_len for r in varied}) > 1 and len({r.output_len for r in varied}) > 1
+    assert all(int(0.8 * llama.isl) <= r.input_len <= llama.isl for r in varied)
+    assert any("rule out fixed lengths" in n for n in notes)
+
+
+def test_rows_beyond_the_scripts_cap_ran_with_another_launch(silicon, tmp_path: Path) -> None:
+    rows, _ = silicon
+    c512 = next(r for r in rows if r.system == "b200_sxm" and r.precision == "fp8" and r.tp == 8
+                and r.concurrency == 512 and r.cohort == "inferencex")
+    entry, notes = to_entry(c512)
+    argv = " ".join(plan(entry, tmp_path).argv)
+    assert "--max-running-requests 512" in argv and "--cuda-graph-max-bs 512" in argv
+    assert any("over the script's --max-running-requests 128" in n for n in notes)
+
+
+def test_rows_measured_without_warm_up_are_scored_apart(silicon) -> None:
+    rows, _ = silicon
+    # InferenceX's client sent no warm-up before 2026-01-21: the November NVFP4 rows
+    cold = [r for r in rows if not warmed_up(r)]
+    assert cold and all(r.cohort == "inferencex" and r.version == "" for r in cold if r.precision == "fp4")
+    warm = next(r for r in rows if r.id == H200_C16)
+    assert warmed_up(warm)
+    got = [predict_row(r, with_aic=False)[1] for r in (cold[0], warm)]
+    assert [s.warmed for s in got] == [False, True]  # type: ignore[attr-defined]
+    sides = side_by_side(got, lambda s: s.system)  # type: ignore[arg-type]
+    labels = {(s.label, s.metric): s.rows for s in sides}
+    assert labels[("all", "ttft_ms")] == 1 and labels[(COLD, "ttft_ms")] == 1
+    assert cold[0].system != warm.system and (cold[0].system, "ttft_ms") not in labels  # not among its GPU's
 
 
 def test_replayed_latencies_follow_the_load(silicon) -> None:

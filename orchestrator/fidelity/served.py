@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.fidelity.catalog import NotModelled
-from orchestrator.fidelity.silicon import SiliconRow, Unreplayable, to_entry
+from orchestrator.fidelity.silicon import SiliconRow, Unreplayable, to_entry, warmed_up
 
 METRICS = ("ttft_ms", "tpot_ms")
 
@@ -47,6 +47,7 @@ class Served:
     parasweep: dict[str, float]
     aiconfigurator: dict[str, float | None]
     aic_why_none: str = ""
+    warmed: bool = True  # the client warmed the server up first (silicon.warmed_up); scored apart if not
     notes: list[str] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
 
@@ -99,7 +100,7 @@ def predict_row(row: SiliconRow, with_aic: bool = True, params: dict[str, float]
         concurrency=row.concurrency, isl=row.isl, osl=row.osl,
         measured={"ttft_ms": row.ttft_ms, "tpot_ms": row.tpot_ms},
         parasweep={"ttft_ms": predicted["mean_ttft_ms"], "tpot_ms": predicted["mean_tpot_ms"]},
-        aiconfigurator=aic, aic_why_none=why if aic["ttft_ms"] is None else "",
+        aiconfigurator=aic, aic_why_none=why if aic["ttft_ms"] is None else "", warmed=warmed_up(row),
         notes=[*notes, *plan.notes], duplicates=row.duplicates)
 
 
@@ -166,14 +167,24 @@ def _median_abs(values: Sequence[float | None]) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
+COLD = "measured without warm-up (apart)"
+
+
 def side_by_side(served: Sequence[Served], key: Callable[[Served], str]) -> list[Side]:
-    """One line per group of ``key`` and metric, and one for all rows."""
+    """One line per group of ``key`` and metric over the rows measured warmed up, one for all of those,
+    and one for the rows measured without the client's warm-up (kept out of the others: their means hold
+    one-off costs no replay of a warm server has)."""
+    warm = [s for s in served if s.warmed]
     groups: dict[str, list[Served]] = {}
-    for s in served:
+    for s in warm:
         groups.setdefault(key(s), []).append(s)
-    groups["all"] = list(served)
+    groups["all"] = warm
+    cold = [s for s in served if not s.warmed]
+    if cold:
+        groups[COLD] = cold
+    order = {"all": 1, COLD: 2}
     out: list[Side] = []
-    for label, rs in sorted(groups.items(), key=lambda kv: (kv[0] == "all", kv[0])):
+    for label, rs in sorted(groups.items(), key=lambda kv: (order.get(kv[0], 0), kv[0])):
         for m in METRICS:
             both = [s for s in rs if s.aiconfigurator.get(m) is not None]
             out.append(Side(label, m, len(rs), _median_abs([s.error("parasweep", m) for s in rs]), len(both),

@@ -43,6 +43,15 @@ WARMUP_FROM = "2026-01-21"  # InferenceX's client sends 2·C warm-up requests fr
 # means as much burst and drain as those rows have
 GAP_TOOL = "aiperf (AIConfigurator gap analysis, assumed)"
 GAP_REQUESTS_PER_STREAM = 10
+# Gap-analysis batches (the folder of the source file) whose own numbers rule out fixed lengths: with every
+# request the same length a closed loop stays in waves (all C prompts arrive together, SGLang prefills them
+# all before any decodes, they finish together, their successors arrive together), so the mean TTFT is at
+# least half the time to prefill C prompts. The H200 batch reports Llama-3.1-8B at 128 streams of 4,000
+# tokens with a mean TTFT of 0.8 s where one H200 needs about 4 s for half of 512k prompt tokens: its
+# lengths varied (how is not published; benchmark_serving's one-sided spread is assumed). The H100 batch
+# shows the waves' signature instead (TTFT growing in proportion to C x ISL) and keeps fixed lengths.
+GAP_VARIED_BATCHES = ("data/h200_sxm/sglang/0.5.6.post2/",)
+GAP_VARIED_TOOL = "benchmark_serving-like lengths (AIConfigurator gap analysis, client not published)"
 PREDICTED_SOURCE = "aiconfigurator-core systems/silicon_sample.csv"
 
 # (pattern on the CSV's model_path, why the simulated engine does not price it)
@@ -229,6 +238,16 @@ def measured_on(row: SiliconRow) -> str:
     return m.group(1) if m else ""
 
 
+def warmed_up(row: SiliconRow) -> bool:
+    """Whether the client sent its warm-up requests before the measured ones. Without them (InferenceX
+    before 2026-01-21) the measured means also hold what a server pays once, on its first requests of a
+    shape (kernel compilation and autotuning, first-touch allocations): no replay of a warm server
+    predicts that, so such rows are scored apart. A row without a date (the gap-analysis runs) counts as
+    warmed up."""
+    day = measured_on(row)
+    return not day or day >= WARMUP_FROM
+
+
 class Unreplayable(Exception):
     """A row whose model or GPU the simulated engine does not price; the message says why."""
 
@@ -258,9 +277,9 @@ def launch_flags(row: SiliconRow) -> tuple[dict[str, object], list[str]]:
         return args, notes
     if not row.version:
         notes.append("release not recorded (November 2025): the launch flags of the March 2026 script")
-    if measured_on(row) and measured_on(row) < WARMUP_FROM:
+    if not warmed_up(row):
         notes.append(f"measured before {WARMUP_FROM}, without the client's warm-up requests: the replayed "
-                     "engine has run only its own start-up warm-up")
+                     "engine has run only its own start-up warm-up (scored apart)")
     if row.system == "h200_sxm":
         cap = 512 if (row.isl, row.osl) == (1024, 1024) else 256
         args |= {"max_running_requests": cap, "cuda_graph_max_bs": cap, "chunked_prefill_size": 32768,
@@ -278,6 +297,13 @@ def launch_flags(row: SiliconRow) -> tuple[dict[str, object], list[str]]:
                      "chunked_prefill_size": 8192, "max_prefill_tokens": 8192}
         args |= {"kv_cache_dtype": "fp8_e4m3", "stream_interval": 30,
                  "scheduler_recv_interval": 10 if row.concurrency < 16 or row.tp < 8 else 30}
+    cap = args.get("max_running_requests")
+    if isinstance(cap, int) and row.concurrency > cap:
+        # the script's cap would hold C - cap streams back for a whole request each (tens of seconds of
+        # TTFT); the rows beyond it measure far less, so they ran with another launch, not published
+        notes.append(f"{row.concurrency} streams over the script's --max-running-requests {cap}: launched "
+                     f"otherwise (not published); replayed with the cap and graphs at {row.concurrency}")
+        args |= {"max_running_requests": row.concurrency, "cuda_graph_max_bs": row.concurrency}
     return args, notes
 
 
@@ -293,14 +319,20 @@ def to_entry(row: SiliconRow) -> tuple[Entry, list[str]]:
     notes = [n for n in (model_note, *row.fixes, *notes) if n]
     gap = row.cohort == "gap-analysis"
     per_stream = GAP_REQUESTS_PER_STREAM if gap else INFERENCEX_REQUESTS_PER_STREAM
-    if gap:
+    tool, ratio = INFERENCEX_TOOL, INFERENCEX_RANGE_RATIO
+    if gap and any(batch in row.source for batch in GAP_VARIED_BATCHES):
+        tool = GAP_VARIED_TOOL
+        notes.append(f"client not published: closed loop of {row.concurrency} streams, {per_stream}·C "
+                     f"requests, lengths uniform in [{INFERENCEX_RANGE_RATIO:g}·L, L] (this batch's TTFTs "
+                     "rule out fixed lengths; the spread is benchmark_serving's, assumed)")
+    elif gap:
+        tool, ratio = GAP_TOOL, 1.0
         notes.append(f"client not published: closed loop of {row.concurrency} streams, {per_stream}·C "
                      "requests of the nominal lengths (fixed lengths as AIConfigurator's aiperf harness "
                      "sends them; the count as InferenceX's)")
-    workload = {"tool": GAP_TOOL if gap else INFERENCEX_TOOL, "dataset": "random",
+    workload = {"tool": tool, "dataset": "random",
                 "num_prompts": per_stream * row.concurrency, "random_input_len": row.isl,
-                "random_output_len": row.osl,
-                "random_range_ratio": 1.0 if gap else INFERENCEX_RANGE_RATIO,
+                "random_output_len": row.osl, "random_range_ratio": ratio,
                 "request_rate": "inf", "max_concurrency": row.concurrency, "seed": INFERENCEX_SEED}
     entry = Entry.model_validate({
         "id": row.id, "source_url": f"{PREDICTED_SOURCE}: {row.source}", "model": row.model,

@@ -205,9 +205,9 @@ class LiveSession:
         try:
             routed = router_process(cfg, self.plan.engine_name) or cfg.pd.enabled
             if cfg.pd.enabled:
-                self._server = self._start_disaggregated()
+                self._server = self._retrying_taken_ports(self._start_disaggregated)
             else:
-                self._server = self._start_routed() if routed else self._start()
+                self._server = self._retrying_taken_ports(self._start_routed) if routed else self._start()
             self.timings["engine_ready"] = time.time()
             self._pids = process_group_pids(self._server.pid or 0)
             if self._group is not None:
@@ -256,6 +256,20 @@ class LiveSession:
         if self._group is not None:
             targets.append((self._router_metrics_url, self.paths.router_metrics_jsonl))
         self._scrapers = [MetricsScraper(url, path, period).start() for url, path in targets]
+
+    def _retrying_taken_ports(self, start: Callable[[], ServerProcess]) -> ServerProcess:
+        """``start`` (servers behind a router), again on fresh ports when one of the ports probed free was
+        taken before its server bound it (trials start side by side), up to PORT_ATTEMPTS times."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return start()
+            except EngineStartError as exc:
+                if attempt == PORT_ATTEMPTS or "address already in use" not in str(exc).lower():
+                    raise
+                self._stop_engines(None)
+                self._group = None
+                log.warning("a port was taken before its server bound it; starting again on new ports")
+        raise AssertionError("unreachable")
 
     def _start_routed(self) -> ServerProcess:
         """The DP replicas, each a server of one replica on its slice of the trial's GPUs, then the
