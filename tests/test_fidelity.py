@@ -77,6 +77,25 @@ def test_an_entry_is_predicted_with_the_tools_numbers_and_the_headline_its_load_
     assert saturated(offline) and compared_metrics(offline)[1] == "output_throughput"
 
 
+def test_a_ratio_to_another_run_replays_both_and_compares_the_ratio(tmp_path: Path) -> None:
+    entry = _entry("pp-blog-dsv31-pp4tp8-fixed4k-prefill-thpt")  # "3.20x the TP8 baseline's throughput"
+    reference = entry.reference()
+    assert (reference.parallelism.tp, reference.parallelism.pp, reference.gpu) == (8, 1, "NVIDIA H20 141GB")
+    assert reference.nodes == 1 and "chunked_prefill_size" not in reference.server_args  # null: its default
+    assert reference.server_args["max_running_requests"] == 128  # the rest as the entry has it
+    assert compared_metrics(entry) == (["input_throughput_relative"], "input_throughput_relative")
+    # the source's 16 requests of 128K, sent at once (not stated: said in the entry)
+    requests = plan(entry, tmp_path).requests
+    assert [(r.input_len, r.output_len, r.offset_s) for r in requests] == [(131072, 1, 0.0)] * 16
+    out = tmp_path / "out.json"
+    assert main(["--only", entry.id, "--json", str(out), "--workers", "1"]) == 0
+    (row,) = json.loads(out.read_text())["compared"]
+    _, mine = predict(entry)
+    _, theirs = predict(reference)
+    assert row["predicted"] == pytest.approx(mine["input_throughput"] / theirs["input_throughput"])
+    assert row["predicted"] > 1.5  # four pipeline stages of eight GPUs against one group of eight
+
+
 def test_what_cannot_be_modelled_is_skipped_with_its_reason() -> None:
     with pytest.raises(NotModelled, match="attention DP"):
         predict(_entry("moe-pr2643-dsv3-h200-tp8dpa-sharegpt5000"))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from orchestrator.errors import UserError
 from orchestrator.fidelity.catalog import NotModelled
-from orchestrator.fidelity.compare import CHECKS, Row, Summary, by_family, rows_for
+from orchestrator.fidelity.compare import CHECKS, RELATIVE, Row, Summary, by_family, rows_for
 from orchestrator.fidelity.corpus import Entry, read_corpus
 
 DEFAULT_CORPUS = "data/published/sglang.jsonl"  # the shipped corpus (also found outside a checkout)
@@ -52,6 +52,14 @@ def _one(entry: Entry) -> tuple[str, object]:
 
     try:
         plan, predicted = predict(entry)
+        if entry.relative_to:  # a ratio to another run: that run replayed too, and the ratio predicted
+            reference = entry.reference()
+            ref_plan, ref = predict(reference)
+            predicted |= {k: predicted[base] / ref[base] for k in RELATIVE
+                          if (base := k.removesuffix("_relative")) in predicted and ref.get(base)}
+            p = reference.parallelism
+            plan.notes.append(f"relative to {entry.relative_to.get('id', 'another run')}: TP{p.tp} PP{p.pp} "
+                              f"on {ref_plan.hardware}, replayed the same way")
     except NotModelled as e:
         return "skip", str(e)
     except (ValueError, RuntimeError) as e:  # e.g. lengths the workload cannot draw, a run that never drains

@@ -28,6 +28,8 @@ THROUGHPUTS = ("output_throughput", "request_throughput", "input_throughput", "t
 LATENCIES = tuple(f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl", "e2e")
                   for stat in ("mean", "median", "p99"))
 SINGLE = ("ttft_s", "speed_tok_s")
+# a rate published only as a ratio to another run's (Entry.relative_to): this run's over that one's
+RELATIVE = tuple(f"{k}_relative" for k in (*THROUGHPUTS[:-1], "speed_tok_s"))
 LATENCY_HEADLINES = ("median_e2e_ms", "mean_e2e_ms", "median_itl_ms", "median_tpot_ms", "median_ttft_ms")
 CHECKS = ("total_input_tokens", "total_output_tokens")
 KEEPS_UP = 0.9  # served / offered requests per second at or above which a rate is below saturation
@@ -71,6 +73,9 @@ def saturated(entry: Entry) -> bool:
 def compared_metrics(entry: Entry) -> tuple[list[str], str | None]:
     """The measured metrics compared for ``entry`` and which one is its headline."""
     m = entry.numbers()
+    relative = [k for k in RELATIVE if k in m]
+    if relative:
+        return relative, relative[0]
     names = [k for k in SINGLE if k in m]
     throughput = next((k for k in THROUGHPUTS if k in m), None)
     if throughput is not None and not names:

@@ -78,6 +78,10 @@ class Entry(BaseModel):
     # where parasweep should look when the names above are not in its catalogue: {"model": a folder
     # under models/ or a path, "hardware": a profile under conf/hardware/ or a path}
     parasweep: dict[str, str] = Field(default_factory=dict)
+    # a number published only as a ratio to another run of the same source ("3.2x the TP8 baseline"):
+    # that run's fields where they differ from this one's ("id" describes it; a server_args key set to
+    # null is dropped); measured keys ending in "_relative" are then this run's number over that one's
+    relative_to: dict[str, Any] | None = None
 
     @field_validator("measured")
     @classmethod
@@ -85,6 +89,22 @@ class Entry(BaseModel):
         if not any(isinstance(x, int | float) and not isinstance(x, bool) for x in v.values()):
             raise ValueError("needs at least one number")
         return v
+
+    def reference(self) -> Entry:
+        """The run this entry's relative numbers divide by: this entry with ``relative_to``'s fields."""
+        if not self.relative_to:
+            raise ValueError(f"{self.id}: no relative_to")
+        data = self.model_dump()
+        for key, value in self.relative_to.items():
+            if key == "id":
+                continue
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = {k: v for k, v in {**data[key], **value}.items() if v is not None}
+            else:
+                data[key] = value
+        data["id"] = f"{self.id} (reference: {self.relative_to.get('id', 'relative_to')})"
+        data["relative_to"] = None
+        return Entry.model_validate(data)
 
     def numbers(self) -> dict[str, float]:
         """The measured values that are numbers (flags such as ``ttft_is_approximate`` left out)."""

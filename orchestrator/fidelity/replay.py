@@ -41,6 +41,9 @@ VLLM_BENCH = ("vllm bench",)
 ONE_SIDED_BENCH = ("benchmark_serving",)
 FIXED_LENGTH_BENCH = ("aiperf",)
 SINGLE_REQUEST_DATASETS = ("synthetic single request", "synthetic input_ids")
+# num_prompts requests of input_len / output_len tokens, all sent at once (a source that averages a
+# throughput over a few identical long requests without naming its client)
+BURST_DATASET = "synthetic burst"
 VLLM_SEED = 0  # vLLM's bench serve --seed default
 
 
@@ -120,6 +123,10 @@ def _requests(entry: Entry, model_dir: Path, spec: ModelSpec, notes: list[str]
             raise NotModelled(f"{w.num_prompts} requests of a synthetic workload whose sending is not "
                               "published (only one request at a time is replayed)")
         return [BenchRequest(w.input_len, out, 0.0)], 1
+    if dataset.startswith(BURST_DATASET):
+        if w.input_len is None or w.output_len is None:
+            raise NotModelled("a synthetic burst needs workload.input_len and workload.output_len")
+        return [BenchRequest(w.input_len, w.output_len, 0.0) for _ in range(w.num_prompts)], w.max_concurrency
     sglang = tool.startswith(SGLANG_BENCH)
     one_sided = sglang or tool.startswith(ONE_SIDED_BENCH)
     fixed = tool.startswith(FIXED_LENGTH_BENCH)
