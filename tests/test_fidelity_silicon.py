@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 
 from orchestrator.fidelity.replay import plan
-from orchestrator.fidelity.served import COLD, predict_row, side_by_side
+from orchestrator.fidelity.served import APART, predict_row, side_by_side
 from orchestrator.fidelity.silicon import (
+    SLOWER_BEYOND,
     SiliconError,
     Unreplayable,
     default_csv,
+    no_faster,
     read_silicon,
+    slower_than_a_lesser_gpu,
     to_entry,
     warmed_up,
 )
@@ -141,18 +144,40 @@ def test_rows_beyond_the_scripts_cap_ran_with_another_launch(silicon, tmp_path: 
 
 
 def test_rows_measured_without_warm_up_are_scored_apart(silicon) -> None:
-    rows, _ = silicon
+    rows, clean = silicon
     # InferenceX's client sent no warm-up before 2026-01-21: the November NVFP4 rows
     cold = [r for r in rows if not warmed_up(r)]
     assert cold and all(r.cohort == "inferencex" and r.version == "" for r in cold if r.precision == "fp4")
+    assert all("without warm-up" in r.apart for r in cold)
     warm = next(r for r in rows if r.id == H200_C16)
-    assert warmed_up(warm)
+    assert warmed_up(warm) and not warm.apart
+    assert clean.apart == sum(1 for r in rows if r.apart) > len(cold)
     got = [predict_row(r, with_aic=False)[1] for r in (cold[0], warm)]
-    assert [s.warmed for s in got] == [False, True]  # type: ignore[attr-defined]
+    assert [bool(s.apart) for s in got] == [True, False]  # type: ignore[attr-defined]
     sides = side_by_side(got, lambda s: s.system)  # type: ignore[arg-type]
     labels = {(s.label, s.metric): s.rows for s in sides}
-    assert labels[("all", "ttft_ms")] == 1 and labels[(COLD, "ttft_ms")] == 1
+    assert labels[("all", "ttft_ms")] == 1 and labels[(APART["measured without warm-up"], "ttft_ms")] == 1
     assert cold[0].system != warm.system and (cold[0].system, "ttft_ms") not in labels  # not among its GPU's
+
+
+def test_a_row_far_slower_than_on_a_lesser_gpu_is_scored_apart(silicon) -> None:
+    rows, _ = silicon
+    # the B300's figures are those of the B200 or higher (HBM 3 % lower): no hardware reason to be slower
+    assert no_faster("b200_sxm", "b300_sxm") and not no_faster("b200_sxm", "h200_sxm")
+    b300 = [r for r in rows if r.system == "b300_sxm"]
+    slow = [r for r in b300 if "slower than" in r.apart]
+    assert slow and all("b200_sxm" in r.apart for r in slow)
+    # the same script on B200, 8k prompts at 4 streams: 0.3 s of TTFT there, 1.4 s on the B300
+    r = next(r for r in b300 if (r.precision, r.tp, r.ep, r.isl, r.concurrency) == ("fp4", 4, 4, 8192, 4))
+    twin = next(t for t in rows if t.system == "b200_sxm" and (t.model, t.precision, t.tp, t.ep, t.isl, t.osl,
+                t.concurrency) == (r.model, r.precision, r.tp, r.ep, r.isl, r.osl, r.concurrency))
+    assert r.ttft_ms > SLOWER_BEYOND * twin.ttft_ms and "slower than" in r.apart
+    assert "scored apart" in " ".join(to_entry(r)[1])
+    # a B300 row within the spread of its twin is scored with the others
+    near = [r for r in b300 if not r.apart]
+    assert near and all(not slower_than_a_lesser_gpu(r, rows) for r in near)
+    # H200 rows run another script (no receive interval): never twins of the B200's
+    assert not any("h200_sxm" in r.apart for r in rows if r.system == "b200_sxm")
 
 
 def test_replayed_latencies_follow_the_load(silicon) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.fidelity.catalog import NotModelled
-from orchestrator.fidelity.silicon import SiliconRow, Unreplayable, to_entry, warmed_up
+from orchestrator.fidelity.silicon import SiliconRow, Unreplayable, to_entry
 
 METRICS = ("ttft_ms", "tpot_ms")
 
@@ -47,7 +47,7 @@ class Served:
     parasweep: dict[str, float]
     aiconfigurator: dict[str, float | None]
     aic_why_none: str = ""
-    warmed: bool = True  # the client warmed the server up first (silicon.warmed_up); scored apart if not
+    apart: str = ""  # why the row is scored apart from the others, "" where it is not (silicon.apart_reason)
     notes: list[str] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
 
@@ -100,7 +100,7 @@ def predict_row(row: SiliconRow, with_aic: bool = True, params: dict[str, float]
         concurrency=row.concurrency, isl=row.isl, osl=row.osl,
         measured={"ttft_ms": row.ttft_ms, "tpot_ms": row.tpot_ms},
         parasweep={"ttft_ms": predicted["mean_ttft_ms"], "tpot_ms": predicted["mean_tpot_ms"]},
-        aiconfigurator=aic, aic_why_none=why if aic["ttft_ms"] is None else "", warmed=warmed_up(row),
+        aiconfigurator=aic, aic_why_none=why if aic["ttft_ms"] is None else "", apart=row.apart,
         notes=[*notes, *plan.notes], duplicates=row.duplicates)
 
 
@@ -167,22 +167,28 @@ def _median_abs(values: Sequence[float | None]) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
-COLD = "measured without warm-up (apart)"
+APART = {"measured without warm-up": "measured without warm-up (apart)",
+         "slower than": "slower than on a lesser GPU (apart)"}
+
+
+def apart_label(s: Served) -> str:
+    """The line a row scored apart is counted on: one per kind of reason."""
+    return next(label for key, label in APART.items() if key in s.apart)
 
 
 def side_by_side(served: Sequence[Served], key: Callable[[Served], str]) -> list[Side]:
-    """One line per group of ``key`` and metric over the rows measured warmed up, one for all of those,
-    and one for the rows measured without the client's warm-up (kept out of the others: their means hold
-    one-off costs no replay of a warm server has)."""
-    warm = [s for s in served if s.warmed]
+    """One line per group of ``key`` and metric over the rows that judge the model, one for all of those,
+    and one per kind of reason for the rows scored apart (silicon.apart_reason: their measurements hold
+    what no replay of a warm server on their GPU predicts)."""
+    scored = [s for s in served if not s.apart]
     groups: dict[str, list[Served]] = {}
-    for s in warm:
+    for s in scored:
         groups.setdefault(key(s), []).append(s)
-    groups["all"] = warm
-    cold = [s for s in served if not s.warmed]
-    if cold:
-        groups[COLD] = cold
-    order = {"all": 1, COLD: 2}
+    groups["all"] = scored
+    for s in served:
+        if s.apart:
+            groups.setdefault(apart_label(s), []).append(s)
+    order = {"all": 1, **{label: 2 for label in APART.values()}}
     out: list[Side] = []
     for label, rs in sorted(groups.items(), key=lambda kv: (order.get(kv[0], 0), kv[0])):
         for m in METRICS:

@@ -20,6 +20,7 @@ Cleaning, each step counted and said (:class:`Cleaning`):
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable
@@ -104,6 +105,7 @@ class SiliconRow:
     tpot_ms: float
     fixes: list[str] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
+    apart: str = ""  # why the row is scored apart from the others ("" where it is not): apart_reason
 
     @property
     def group(self) -> str:
@@ -127,6 +129,7 @@ class Cleaning:
     relabelled: int = 0  # legacy TP x EP rows given their real layout
     duplicates: int = 0
     distinct: int = 0
+    apart: int = 0  # rows replayed but scored apart (apart_reason)
 
     def lines(self) -> list[str]:
         return [f"{self.sglang_rows} SGLang rows: {self.disaggregated} disaggregated (not replayed here)",
@@ -135,7 +138,8 @@ class Cleaning:
                 f"{self.relabelled} rows storing TP x EP in tp_size given their real layout "
                 "(--tp = --ep-size = moe_ep)",
                 f"{self.duplicates} rows repeating another export of the same measurement folded into it",
-                f"{self.distinct} distinct aggregated measurements"]
+                f"{self.distinct} distinct aggregated measurements, {self.apart} of them scored apart "
+                "(measured without warm-up, or slower than on a GPU whose figures are no higher)"]
 
 
 def default_csv() -> Path:
@@ -198,6 +202,9 @@ def read_silicon(path: str | Path) -> tuple[list[SiliconRow], Cleaning]:
         kept[key] = row
     rows = list(kept.values())
     clean.distinct = len(rows)
+    for row in rows:
+        row.apart = apart_reason(row, rows)
+    clean.apart = sum(1 for r in rows if r.apart)
     return rows, clean
 
 
@@ -238,6 +245,16 @@ def measured_on(row: SiliconRow) -> str:
     return m.group(1) if m else ""
 
 
+def apart_reason(row: SiliconRow, rows: Iterable[SiliconRow]) -> str:
+    """Why ``row`` is replayed and listed but kept out of the errors that judge the model ("" where it is
+    not): its measurement holds what no replay of a warm server on its GPU can predict. Either the client
+    sent no warm-up (:func:`warmed_up`), or the row is far slower than a twin measured warmed up on a
+    GPU whose figures are no higher than its own (:func:`slower_than_a_lesser_gpu`)."""
+    if not warmed_up(row):
+        return f"measured without warm-up (before {WARMUP_FROM})"
+    return slower_than_a_lesser_gpu(row, rows)
+
+
 def warmed_up(row: SiliconRow) -> bool:
     """Whether the client sent its warm-up requests before the measured ones. Without them (InferenceX
     before 2026-01-21) the measured means also hold what a server pays once, on its first requests of a
@@ -246,6 +263,53 @@ def warmed_up(row: SiliconRow) -> bool:
     warmed up."""
     day = measured_on(row)
     return not day or day >= WARMUP_FROM
+
+
+# A row this many times slower than its twin (TTFT or TPOT) cannot be explained by hardware whose figures
+# are no higher: two exports of one configuration on one GPU differ by up to 1.3x in this file
+SLOWER_BEYOND = 1.5
+FIGURES_WITHIN = 1.05  # "no higher": every figure at most 5 % above the other GPU's
+
+
+@functools.cache
+def _figures(system: str) -> tuple[float, ...]:
+    from vocab.hardware import load_hardware
+
+    hw = load_hardware(SYSTEMS[system])
+    return hw.peak_tflops_bf16, hw.peak_tflops_fp8, hw.mem_bw_gbs, hw.link_bw_gbs
+
+
+def no_faster(gpu: str, than: str) -> bool:
+    """Whether ``gpu``'s figures (dense BF16 and FP8 FLOPs, memory and link bandwidth) are all no higher
+    than ``than``'s (within FIGURES_WITHIN)."""
+    return all(a <= FIGURES_WITHIN * b for a, b in zip(_figures(gpu), _figures(than), strict=True))
+
+
+def slower_than_a_lesser_gpu(row: SiliconRow, rows: Iterable[SiliconRow]) -> str:
+    """Why ``row`` contradicts its GPU's figures, or "": its TTFT or TPOT is more than SLOWER_BEYOND times
+    that of a twin (the same model, precision, layout, lengths, concurrency and launch flags) measured
+    warmed up on another GPU whose figures are no higher. The hardware cannot do that; a release or
+    kernel path of the row's own can (InferenceX's B300 runs of SGLang 0.5.10: 8k prompts 4-6x slower
+    than the same script's on B200)."""
+    try:
+        model_for(row)  # a row the replay does not run has no launch known to compare
+    except Unreplayable:
+        return ""
+    if row.system not in SYSTEMS:
+        return ""
+    flags = launch_flags(row)[0]
+    for twin in rows:
+        if (twin.system == row.system or twin.system not in SYSTEMS or not warmed_up(twin)
+                or (_short_model(twin.model), twin.precision, twin.tp, twin.ep, twin.isl, twin.osl,
+                    twin.concurrency, twin.cohort) != (_short_model(row.model), row.precision, row.tp, row.ep,
+                                                       row.isl, row.osl, row.concurrency, row.cohort)
+                or launch_flags(twin)[0] != flags or not no_faster(twin.system, row.system)):
+            continue
+        ratio = max(row.ttft_ms / twin.ttft_ms, row.tpot_ms / twin.tpot_ms)
+        if ratio > SLOWER_BEYOND:
+            return (f"{ratio:.1f}x slower than the same launch on {twin.system} ({twin.id}), a GPU whose "
+                    "figures are no higher")
+    return ""
 
 
 class Unreplayable(Exception):
@@ -279,7 +343,7 @@ def launch_flags(row: SiliconRow) -> tuple[dict[str, object], list[str]]:
         notes.append("release not recorded (November 2025): the launch flags of the March 2026 script")
     if not warmed_up(row):
         notes.append(f"measured before {WARMUP_FROM}, without the client's warm-up requests: the replayed "
-                     "engine has run only its own start-up warm-up (scored apart)")
+                     "engine has run only its own start-up warm-up")
     if row.system == "h200_sxm":
         cap = 512 if (row.isl, row.osl) == (1024, 1024) else 256
         args |= {"max_running_requests": cap, "cuda_graph_max_bs": cap, "chunked_prefill_size": 32768,
@@ -317,6 +381,8 @@ def to_entry(row: SiliconRow) -> tuple[Entry, list[str]]:
     if quant:
         args["quantization"] = quant
     notes = [n for n in (model_note, *row.fixes, *notes) if n]
+    if row.apart:
+        notes.append(f"scored apart: {row.apart}")
     gap = row.cohort == "gap-analysis"
     per_stream = GAP_REQUESTS_PER_STREAM if gap else INFERENCEX_REQUESTS_PER_STREAM
     tool, ratio = INFERENCEX_TOOL, INFERENCEX_RANGE_RATIO

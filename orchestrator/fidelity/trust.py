@@ -76,8 +76,9 @@ def _rows() -> tuple[dict, ...]:
         out += json.loads(path.read_text())["compared"]
     path = published_dir() / SILICON_ERRORS_FILE
     if path.is_file():
-        # rows measured without the client's warm-up hold one-off costs: not an error of the model's
-        for r in (r for r in json.loads(path.read_text())["compared"] if r.get("warmed", True)):
+        # rows scored apart (measured without warm-up, slower than on a lesser GPU) hold what no replay
+        # of a warm server on their GPU predicts: not an error of the model's
+        for r in (r for r in json.loads(path.read_text())["compared"] if not r.get("apart")):
             for metric, error in r["error"]["parasweep"].items():
                 if error is not None:
                     out.append({"id": r["id"], "metric": f"mean_{metric}", "error": error,
