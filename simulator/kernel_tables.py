@@ -106,7 +106,11 @@ def _read(path: Path, filters: tuple[tuple[str, str, object], ...], columns: tup
           ) -> list[dict[str, object]]:
     """Rows of one table matching ``filters``, as dicts; cached per process (predictions build many
     cost models from the same tables)."""
-    table = pq.read_table(path, columns=list(columns), filters=list(filters) or None)
+    # a column some systems' tables lack (A100's attention tables have no window_size: every row is
+    # full attention) cannot filter them: such a filter is dropped
+    present = set(pq.read_schema(path).names)
+    kept = [f for f in filters if f[0] in present]
+    table = pq.read_table(path, columns=list(columns), filters=kept or None)
     return table.to_pylist()
 
 

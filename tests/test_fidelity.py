@@ -32,6 +32,15 @@ def test_the_shipped_corpus_reads_with_a_source_for_every_entry() -> None:
     assert all(e.source_url.startswith("https://") for e in entries)
 
 
+def test_the_set_kept_aside_reads_and_shares_no_run_with_the_corpus() -> None:
+    aside = read_corpus(ROOT / "data" / "published" / "aside" / "served.jsonl")
+    corpus = read_corpus(CORPUS)
+    assert len(aside) >= 15 and all(e.source_url.startswith("https://") for e in aside)
+    assert not {e.id for e in aside} & {e.id for e in corpus}
+    # and no page of the corpus: the set judges the model on sources it has not seen either
+    assert not {e.source_url for e in aside} & {e.source_url for e in corpus}
+
+
 def test_a_bad_line_is_refused_with_its_line_number(tmp_path: Path) -> None:
     good = CORPUS.read_text().splitlines()[0]
     bad = json.loads(good) | {"id": "mine", "gpu_count": "eight"}

@@ -31,6 +31,7 @@ MODELS: tuple[tuple[str, str, str], ...] = (
     (r"qwen3-8b-fp8", "qwen3-8b-fp8", ""),
     (r"qwen3-8b", "qwen3-8b", ""),
     (r"qwen3-30b-a3b", "qwen3-30b-a3b", ""),
+    (r"qwen3-32b", "qwen3-32b", ""),
     (r"qwen3-235b-a22b-fp8", "qwen3-235b-a22b-fp8", ""),
     (r"qwen3-235b-a22b", "qwen3-235b-a22b", ""),
     (r"deepseek-v3\.1", "deepseek-v3", "DeepSeek-V3.1 has DeepSeek-V3's architecture"),
@@ -50,6 +51,7 @@ GPUS: tuple[tuple[str, str], ...] = (
     (r"h200", "h200-nvlink-x8"),
     (r"h100", "h100-sxm-x8"),
     (r"b200", "b200-sxm-x8"),
+    (r"b300", "b300-sxm-x8"),
     (r"a100", "a100-sxm-x8"),
     (r"a40\b", "a40-pcie-x4"),
 )
