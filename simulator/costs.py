@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from simulator.cuda_graphs import replayed_batch
 from simulator.model_spec import BF16_BYTES, ModelSpec, is_fp8
 from vocab.hardware import HardwareConf
 
@@ -286,9 +287,26 @@ class CostModel:
         """Price kernels and collectives from ``source`` instead of the roofline."""
         self.source = source
 
+    def replayed_shape(self, shape: BatchShape) -> BatchShape:
+        """The work a forward of ``shape`` does on the GPU: a decode batch replayed from a CUDA graph is
+        padded to the next captured size (simulator/cuda_graphs.py), and its GEMMs, experts and
+        collectives run the padded slots' tokens too; the attention of a padded slot (a context of one)
+        is nothing beside the real ones', so sequences and contexts stay as they are. Anything else as
+        it is."""
+        if not shape.decode or self.disable_cuda_graph or shape.seqs > self.cuda_graph_max_bs:
+            return shape  # eager: as it is
+        extra = replayed_batch(shape.seqs, self.cuda_graph_max_bs) - shape.seqs
+        if not extra:
+            return shape
+        return BatchShape(tokens=shape.tokens + extra * shape.width, seqs=shape.seqs,
+                          kv_read_tokens=shape.kv_read_tokens, attn_ctx=shape.attn_ctx, decode=True,
+                          width=shape.width)
+
     def gpu_time(self, stage: int, shape: BatchShape) -> float:
         """Seconds of GPU work of one forward of ``shape`` on ``stage``, without collectives: from the
-        step-cost source when one is set, else the roofline max of memory, compute and the kernel floor."""
+        step-cost source when one is set, else the roofline max of memory, compute and the kernel floor;
+        a graph-replayed decode at its padded size (:meth:`replayed_shape`)."""
+        shape = self.replayed_shape(shape)
         if self.source is not None:
             return self.source.gpu_time(stage, shape)
         return self.roofline_gpu_time(stage, shape)
@@ -343,6 +361,7 @@ class CostModel:
                 "eager": float(eager), "total": total}
 
     def comm_time(self, stage: int, shape: BatchShape) -> float:
+        shape = self.replayed_shape(shape)  # a padded graph all-reduces its padded rows too
         # measured collective tables are of one node: a group across nodes is priced by the network
         if self.source is not None and not (self._tp_inter or self._ep_inter):
             return self.source.comm_time(stage, shape, self.uses_cuda_graph(shape))

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from simulator.cuda_graphs import capture_sizes
 from simulator.entities import PDQueues
 from simulator.sim_config import GIB, SimConfig
 
@@ -131,7 +132,7 @@ def startup_lines(cfg: SimConfig, log: LogWriter) -> None:
         log.warning(w)
     total_gb = cfg.hw.memory_gb * 1e9 / GIB
     quant = f"quant={spec.quant_desc.split(' ')[0]}, " if spec.quant_desc else ""
-    graph_sizes = _graph_sizes(cfg.cuda_graph_max_bs_decode)
+    graph_sizes = list(capture_sizes(cfg.cuda_graph_max_bs_decode))
     for dp_rank in range(cfg.dp):
         for pp_rank, st in enumerate(cfg.stages):
             for tp_rank in range(cfg.tp):
@@ -181,13 +182,3 @@ def _kv_torch_dtype(flag: str) -> str:
     """The torch dtype SGLang names for a --kv-cache-dtype value ("auto": the model's, BF16 here)."""
     return {"fp8_e4m3": "torch.float8_e4m3fn", "fp8_e5m2": "torch.float8_e5m2",
             "mxfp8": "torch.float8_e4m3fn"}.get(flag, "torch.bfloat16")
-
-
-def _graph_sizes(max_bs: int) -> list[int]:
-    """SGLang's decode CUDA-graph capture list, clipped to max_bs with max_bs appended (docs/simulator.md,
-    "Logs")."""
-    sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
-    sizes = [s for s in sizes if s <= max_bs]
-    if not sizes or sizes[-1] != max_bs:
-        sizes.append(max_bs)
-    return sizes

@@ -85,8 +85,10 @@ def test_first_request_of_a_burst_rides_alone() -> None:
     at_once = predict_point(KIMI_PP8, point, demo, AT_ONCE).metrics
     assert at_once["sim_peak_microbatches_in_flight"] == 1
     assert spaced["sim_peak_microbatches_in_flight"] == 2
-    # two micro-batches share the ring: more tokens per second than one batch of 8 going round alone
-    assert spaced["output_tok_s"] > 1.05 * at_once["output_tok_s"]
+    # two micro-batches share the ring, but the one of 7 replays the CUDA graph of 8 (SGLang pads a batch
+    # to the next captured size): 9 slots of expert work a round against 8, no faster than one batch
+    assert spaced["output_tok_s"] != at_once["output_tok_s"]
+    assert spaced["output_tok_s"] < at_once["output_tok_s"]
     # the grouping, hence the result, holds for any small gap; a much slower client splits the burst
     # further (at C = 32, gaps above ~150 µs)
     for gap in (1e-6, 150e-6):
