@@ -25,7 +25,9 @@ better change nobody predicted. So for each finding with a load point:
    sweep declares SLOs (``search.slo``), a change that misses one at the point (one the trial's config
    met, or by more than it did) is *over the SLOs*, whatever else it does.
 4. **The suggestion** is the change that helps most (its gain on the goal), with the runner-up and how
-   far behind it is (and whether the prediction's noise can tell them apart); when it is not one of
+   far behind it is (and whether the prediction's noise can tell them apart). On throughput, a change
+   predicted within ``MIN_GAIN`` of the best (a difference inside the model's error) is taken instead
+   where it takes fewer GPUs or comes first in the finding's own order; when it is not one of
    the finding's own changes, the best of those that helps is named too (for a user who cannot change
    the layout). When the rule's own change does not help, the finding says so. When nothing helps, it
    says that, with every prediction tried, and suggests no change.
@@ -54,7 +56,14 @@ from orchestrator.fidelity.trust import KIND_OF_GOAL, band_for_config
 from orchestrator.prediction.at_load import Load, Predicted, predict_change, predict_changes
 from orchestrator.prediction.modelled import step_costs_label
 from orchestrator.prediction.neighbourhood import layouts
-from orchestrator.prediction.verdict import EFFECT_METRICS, MIN_LATENCY_GAIN, change_pct, gain, verdict
+from orchestrator.prediction.verdict import (
+    EFFECT_METRICS,
+    MIN_GAIN,
+    MIN_LATENCY_GAIN,
+    change_pct,
+    gain,
+    verdict,
+)
 from vocab.findings import ABOUT_THE_MEASUREMENT, Finding
 from vocab.load import LoadPoint
 
@@ -165,12 +174,13 @@ class AdviceChecker:
                 notes.append(f"The best trade-off: {overrides_text(best['change'])} ({_brief(best)}).")
             return dataclasses.replace(finding, change={}, alternatives=[], predicted_effect=effect,
                                        suggestion=" ".join([text, *notes, *_load_says(load)]))
-        best = helping[0]
+        best = self._preferred(helping, finding, goal)
+        rest = [e for e in helping if e is not best]
         effect = {**best, "tried": tried}
         if first is not None and first["verdict"] != "helps":
             effect["instead_of"] = first
-        if len(helping) > 1:
-            effect["runner_up"] = self._runner_up(best, helping[1], goal)
+        if rest:
+            effect["runner_up"] = self._runner_up(best, rest[0], goal)
             notes.append(_runner_up_says(effect["runner_up"], goal))
         if all(_key(best["change"]) != _key(c) for c in own):
             mine = next((e for e in helping if any(_key(e["change"]) == _key(c) for c in own)), None)
@@ -227,6 +237,21 @@ class AdviceChecker:
         at = Load.closed(finding.more_load).label
         effect = self._effect({}, finding.point, baseline, load_change=True, at=at)
         return {**effect, "concurrency": finding.more_load}
+
+    def _preferred(self, helping: list[dict[str, Any]], finding: Finding, goal: str) -> dict[str, Any]:
+        """The change to suggest of those predicted to help (``helping``, best first): the best, unless
+        another one within the model's error of it (``MIN_GAIN`` of its throughput) takes fewer GPUs or
+        comes earlier in the finding's own order (the rule's preference: the same GPUs before more). A
+        difference the model cannot resolve crowns nothing."""
+        best = helping[0]
+        if goal != "throughput":
+            return best
+        order = {_key(c): i for i, c in enumerate(self.candidates(finding))}
+        gpus = world_size(self.cfg)
+        floor = best["predicted"]["output_tok_s"] * (1.0 - MIN_GAIN)
+        return min((e for e in helping if e["predicted"]["output_tok_s"] >= floor),
+                   key=lambda e: (e.get("gpus", gpus), order.get(_key(e["change"]), len(order)),
+                                  -e["predicted"]["output_tok_s"]))
 
     @staticmethod
     def _runner_up(best: dict[str, Any], runner: dict[str, Any], goal: str) -> dict[str, Any]:
