@@ -262,8 +262,9 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=None)
     args = p.parse_args()
     keep = {f for f in Served.__dataclass_fields__}
+    # rows scored apart (measured without warm-up, slower than on a lesser GPU) judge no term either
     served = {r["id"]: Served(**{k: v for k, v in r.items() if k in keep})
-              for r in json.loads(Path(args.from_json).read_text())["compared"]}
+              for r in json.loads(Path(args.from_json).read_text())["compared"] if not r.get("apart")}
     rows, _ = read_silicon(default_csv())
     for name in args.term or sorted(TERMS):
         evaluate(TERMS[name], served, rows, args.workers)
