@@ -258,8 +258,9 @@ class LiveSession:
         self._scrapers = [MetricsScraper(url, path, period).start() for url, path in targets]
 
     def _retrying_taken_ports(self, start: Callable[[], ServerProcess]) -> ServerProcess:
-        """``start`` (servers behind a router), again on fresh ports when one of the ports probed free was
-        taken before its server bound it (trials start side by side), up to PORT_ATTEMPTS times."""
+        """``start`` (one server, or servers behind a router), again on fresh ports when a port probed
+        free was taken before its server bound it (trials start side by side), up to PORT_ATTEMPTS
+        times; every other start failure at once."""
         for attempt in range(1, PORT_ATTEMPTS + 1):
             try:
                 return start()
@@ -327,40 +328,39 @@ class LiveSession:
             log.warning("%s", warning)
 
     def _start(self) -> ServerProcess:
-        """A ready server. A free port can be taken by another trial between our probe and the engine's
-        bind (trials start side by side): then try another port, up to PORT_ATTEMPTS times."""
+        """A ready server: rank 0 (the other nodes' engines first where the trial spans nodes) on a free
+        port, started again on another where that one was taken (:meth:`_retrying_taken_ports`)."""
+        return self._retrying_taken_ports(self._start_on_a_free_port)
+
+    def _start_on_a_free_port(self) -> ServerProcess:
         cfg = self.plan.cfg
         nodes = trial_nodes(cfg)
         head = head_address() if nodes > 1 else HOST  # where the other nodes join rank 0
-        for attempt in range(1, PORT_ATTEMPTS + 1):
-            port = free_port()
-            argvs = [self.plan.argv(port, NodePlace(rank, head)) for rank in range(nodes)]
-            self.argv = argvs[0]
-            server = ServerProcess(self.argv, self.paths.server_log, HOST, port, env=self.env,
-                                   stop_grace_s=cfg.engine.stop_grace_s)
-            try:
-                if nodes > 1:  # the other nodes first: they wait for rank 0, which waits for them all
-                    self._others = OtherNodes(self.paths.server_log.parent, gpus_per_node(cfg),
-                                              cfg.ray.cpus_per_trial)
-                    self._others.start({rank: argv for rank, argv in enumerate(argvs) if rank},
-                                       {"SGLANG_LOG_MS": "1"}, cfg.engine.stop_grace_s,
-                                       EngineFiles.under(self.plan.engine.files_dir(self.plan.identity.trial_dir)),
-                                       self.plan.engine_name)
-                server.start()
-                if self._others is not None and server.proc is not None:
-                    self._others.watch_head(server.proc)
-                server.wait_ready(cfg.engine.startup_timeout_s,
-                                  self._others.problem if self._others is not None else None)
-                return server
-            except EngineStartError as exc:
-                self._stop_engines(server)
-                if attempt == PORT_ATTEMPTS or "address already in use" not in str(exc).lower():
-                    raise EngineStartError(self._with_other_logs(str(exc))) from None
-                log.warning("port %d was taken before the engine bound it; retrying", port)
-            except BaseException:
-                self._stop_engines(server)
-                raise
-        raise AssertionError("unreachable")
+        port = free_port()
+        argvs = [self.plan.argv(port, NodePlace(rank, head)) for rank in range(nodes)]
+        self.argv = argvs[0]
+        server = ServerProcess(self.argv, self.paths.server_log, HOST, port, env=self.env,
+                               stop_grace_s=cfg.engine.stop_grace_s)
+        try:
+            if nodes > 1:  # the other nodes first: they wait for rank 0, which waits for them all
+                self._others = OtherNodes(self.paths.server_log.parent, gpus_per_node(cfg),
+                                          cfg.ray.cpus_per_trial)
+                self._others.start({rank: argv for rank, argv in enumerate(argvs) if rank},
+                                   {"SGLANG_LOG_MS": "1"}, cfg.engine.stop_grace_s,
+                                   EngineFiles.under(self.plan.engine.files_dir(self.plan.identity.trial_dir)),
+                                   self.plan.engine_name)
+            server.start()
+            if self._others is not None and server.proc is not None:
+                self._others.watch_head(server.proc)
+            server.wait_ready(cfg.engine.startup_timeout_s,
+                              self._others.problem if self._others is not None else None)
+            return server
+        except EngineStartError as exc:
+            self._stop_engines(server)
+            raise EngineStartError(self._with_other_logs(str(exc))) from None
+        except BaseException:
+            self._stop_engines(server)
+            raise
 
     def _stop_engines(self, server: ServerProcess | None) -> None:
         """Rank 0's process group, then the other nodes' (each keeps its log beside rank 0's); behind
