@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.fidelity.catalog import NotModelled
-from orchestrator.fidelity.silicon import SiliconRow, Unreplayable, to_entry
+from orchestrator.fidelity.silicon import COLD, SLOWER, SiliconRow, Unreplayable, to_entry
 
 METRICS = ("ttft_ms", "tpot_ms")
 
@@ -167,13 +167,13 @@ def _median_abs(values: Sequence[float | None]) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
-APART = {"measured without warm-up": "measured without warm-up (apart)",
-         "slower than": "slower than on a lesser GPU (apart)"}
+APART = {COLD: "measured without warm-up (apart)", SLOWER: "slower than on a lesser GPU (apart)"}
 
 
 def apart_label(s: Served) -> str:
-    """The line a row scored apart is counted on: one per kind of reason."""
-    return next(label for key, label in APART.items() if key in s.apart)
+    """The line a row scored apart is counted on: one per kind of reason (silicon's reasons begin with
+    their kind)."""
+    return next(label for kind, label in APART.items() if s.apart.startswith(kind))
 
 
 def side_by_side(served: Sequence[Served], key: Callable[[Served], str]) -> list[Side]:

@@ -251,7 +251,7 @@ def apart_reason(row: SiliconRow, rows: Iterable[SiliconRow]) -> str:
     sent no warm-up (:func:`warmed_up`), or the row is far slower than a twin measured warmed up on a
     GPU whose figures are no higher than its own (:func:`slower_than_a_lesser_gpu`)."""
     if not warmed_up(row):
-        return f"measured without warm-up (before {WARMUP_FROM})"
+        return f"{COLD} (before {WARMUP_FROM})"
     return slower_than_a_lesser_gpu(row, rows)
 
 
@@ -264,6 +264,10 @@ def warmed_up(row: SiliconRow) -> bool:
     day = measured_on(row)
     return not day or day >= WARMUP_FROM
 
+
+# The two reasons a row is scored apart, each how its reason text begins (the output's line per reason)
+COLD = "measured without warm-up"
+SLOWER = "slower than the same launch on a GPU whose figures are no higher"
 
 # A row this many times slower than its twin (TTFT or TPOT) cannot be explained by hardware whose figures
 # are no higher: two exports of one configuration on one GPU differ by up to 1.3x in this file
@@ -307,8 +311,7 @@ def slower_than_a_lesser_gpu(row: SiliconRow, rows: Iterable[SiliconRow]) -> str
             continue
         ratio = max(row.ttft_ms / twin.ttft_ms, row.tpot_ms / twin.tpot_ms)
         if ratio > SLOWER_BEYOND:
-            return (f"{ratio:.1f}x slower than the same launch on {twin.system} ({twin.id}), a GPU whose "
-                    "figures are no higher")
+            return f"{SLOWER}: {ratio:.1f}x the time on {twin.system} ({twin.id})"
     return ""
 
 
