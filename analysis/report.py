@@ -47,6 +47,8 @@ MAX_FINDINGS = 5  # more is a wall of text; the rest are one command away (the r
 # Findings the summary does not repeat: a failed trial's reason is printed on its own line already
 NOT_REPEATED = ("trial_failed",)
 LATENCIES = (("ttft_p99_ms", "TTFT p99"), ("itl_p99_ms", "ITL p99"))  # as a finding's effect names them
+# after a predicted tok/s: the point ran its whole virtual-time budget before its numbers were known
+BUDGET_MARK = "†"
 
 
 def points_from_metrics(metrics: dict[str, float]) -> dict[int, dict[str, float]]:
@@ -171,7 +173,7 @@ def sweep_table(runs: list[Any]) -> tuple[Table, list[str]]:
         simulated_only = energy_sources == {GpuSource.SIMULATED.value}
         columns.append(_Column("J/tok (sim)" if simulated_only else "J/tok", J_PER_TOKEN, True, "energy"))
     notes: list[str] = []
-    invalid = False
+    invalid = budget = False
     for run in runs:
         measured = {str(k): v for k, v in point_metrics(run.data.metrics).items()}
         predicted = {str(k): v for k, v in point_metrics(run.data.metrics, "pred").items()}
@@ -193,6 +195,9 @@ def sweep_table(runs: list[Any]) -> tuple[Table, list[str]]:
                     cell.text = "~" + cell.text
                 if not valid and value is not None:
                     cell.text += "!"
+                if col.metric == "output_tok_s" and m.get("budget_hit") == 1.0 and value is not None:
+                    cell.text += BUDGET_MARK  # a predicted point stopped by its budget, not its target
+                    budget = True
                 if col.metric == "output_tok_s" and "output_tok_s" in predicted.get(label, {}):
                     cell.after = f" ({_fmt(predicted[label]['output_tok_s'], col.fmt)})"
                     cell.predicted = point_estimate(predicted[label], "output_tok_s")
@@ -237,6 +242,9 @@ def sweep_table(runs: list[Any]) -> tuple[Table, list[str]]:
     if energy_sources and energy_sources != {GpuSource.NVML.value}:
         notes.append("J/tok from simulated GPU telemetry is the simulator's power model, not measured"
                      + (" (~ marks it)" if len(energy_sources) > 1 else ""))
+    if budget:
+        notes.append(f"{BUDGET_MARK} = predicted point stopped by its virtual-time budget "
+                     "(workload.predicted.budget_s) before its numbers were known to their targets")
     if invalid:
         notes.append("! = not a valid measurement (valid=0: the client fell behind, or the point was cut "
                      "short): see the findings")

@@ -124,6 +124,7 @@ WARMUP_PROMPT = (10, 11, 12)
 WARMUP_OUTPUT_TOKENS = 8
 # How often (virtual seconds) a point with a ``ci_target`` asks its stop rule, as the load generator does
 STABLE_CHECK_S = 0.5
+CHECK_GROWTH = 0.1
 MAX_EVENTS_PER_POINT = 50_000_000  # a guard against a model bug turning into an endless loop
 
 
@@ -246,6 +247,10 @@ class VirtualTrial:
             raise RuntimeError(f"prediction of {point.label}: requests {unfinished[:5]} never finished")
 
         metrics = summarize(records, point, lag_ms=[0.0])
+        if point.latency_ci_target is not None:
+            # a point run until its numbers are known: 1 when its budget (its duration, or the count
+            # that guards it) ended it first (``orchestrator.points.virtual``)
+            metrics["budget_hit"] = 0.0 if client.enough else 1.0
         metrics.update(offered_reuse(records, client.sent_ids.__getitem__))
         steady = metrics.get("window_steady") == 1.0
         metrics.update(self._telemetry(records, metrics["output_tokens"], steady))
@@ -381,10 +386,13 @@ class _VirtualClient:
         self.deadline: float | None = None  # end of the duration_s window, set by the first measured send
         self.first_measured_sent = False
         self.window_target = 1  # requests in flight that end the ramp (closed loop: the concurrency)
+        self.held_at: float | None = None  # when the load first held (``window_target`` in flight)
+        self.ended_since_held = 0  # requests (sessions) ended since: C of them are one turnover
         self.window_open = False
         self.window_closed = False
         self.tracker = StabilityTracker(point, point.ci_target) if point.ci_target is not None else None
         self.enough = False
+        self.checks_from = 0.0
         self.open_sends_left = 0
         # closed loop on sessions: each session's first index (and one past the last), the next session
         # a stream takes
@@ -425,6 +433,7 @@ class _VirtualClient:
                 else:
                     sim.schedule(t0 + k * step, self._enter_one, None)
         if self.tracker is not None:
+            self.checks_from = t0
             sim.schedule(t0 + STABLE_CHECK_S, self._check_stable, None)
 
     def _enter_one(self, _: None) -> None:
@@ -436,9 +445,15 @@ class _VirtualClient:
         assert self.tracker is not None
         if self._sending_over():
             return
-        self.enough = self.tracker.stable(self.sim.now)
+        now = self.sim.now
+        self.enough = self.tracker.stable(now)
         if not self.enough:
-            self.sim.schedule(self.sim.now + STABLE_CHECK_S, self._check_stable, None)
+            step = STABLE_CHECK_S
+            if self.point.latency_ci_target is not None:
+                # a point that runs until its p99s are known may run for minutes of virtual time: each
+                # check a tenth later than the last keeps their count logarithmic in its length
+                step = max(step, CHECK_GROWTH * (now - self.checks_from))
+            self.sim.schedule(now + step, self._check_stable, None)
 
     def _sending_over(self) -> bool:
         if self.point.open_loop:
@@ -507,11 +522,22 @@ class _VirtualClient:
         if not warmup and not self.first_measured_sent:
             self.first_measured_sent = True
             self.trial.mark("first")
-        if not self.window_open and self.first_measured_sent and self.load_held >= self.window_target:
-            self.window_open = True  # the ramp is over (``workloads.window``)
-            self.trial.mark("open")
+        if self.held_at is None and self.load_held >= self.window_target:
+            self.held_at = now
+            self.ended_since_held = 0
+        self._maybe_open()  # on a send: the one that replaced the turnover's last request opens it
         if self.point.open_loop and self.window_open and scheduled is not None:
             self.trial.mark("close")  # the last send on the schedule closes an open-loop window
+
+    def _maybe_open(self) -> None:
+        """On a send: open the window if the ramp is over (``workloads.window``): the load has held for
+        one turnover (closed loop: C ends since C were first in flight; open loop: at once), and the
+        first measured request has been sent."""
+        if self.window_open or not self.first_measured_sent or self.held_at is None:
+            return
+        if self.point.open_loop or self.ended_since_held >= self.window_target:
+            self.window_open = True
+            self.trial.mark("open")
 
     def _on_output(self, req: Request, rec: RequestRecord) -> None:
         sim = self.sim
@@ -523,6 +549,8 @@ class _VirtualClient:
             self.in_flight -= 1
             if self.starts is None or rec.index + 1 in self.session_firsts:
                 self.load_held -= 1
+                if self.held_at is not None:
+                    self.ended_since_held += 1
             if not rec.warmup:
                 self.trial.mark("last")
             if self.tracker is not None:

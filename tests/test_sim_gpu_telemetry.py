@@ -160,9 +160,10 @@ def test_predictions_report_the_gpu_summary_names_consistently() -> None:
 def test_warm_up_requests_are_outside_the_energy_window() -> None:
     argv = ["--model-path", TINY, "--sim-hardware", H200, "--random-seed", "1"]
     spec = RequestSpec(api="generate", input_len=100, output_len=50)
-    # one at a time, identical requests: two measured after two warm-ups cost what two alone cost
-    points = [LoadPoint(num_requests=2, concurrency=1),
-              LoadPoint(num_requests=2, concurrency=1, warmup_requests=2)]
+    # one at a time, identical requests: two measured after three warm-ups cost what two after one cost
+    # (one warm-up is the stream's turnover, so the window opens at the first measured send either way)
+    points = [LoadPoint(num_requests=2, concurrency=1, warmup_requests=1),
+              LoadPoint(num_requests=2, concurrency=1, warmup_requests=3)]
     alone, after_warmup = predict_trial(argv, points, spec)
     assert after_warmup.metrics[ENERGY_J] == pytest.approx(alone.metrics[ENERGY_J], rel=1e-6)
     assert after_warmup.metrics[J_PER_TOKEN] == pytest.approx(alone.metrics[J_PER_TOKEN], rel=1e-6)

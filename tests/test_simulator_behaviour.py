@@ -197,7 +197,8 @@ def test_async_depth_helps_only_when_per_step_overheads_are_exposed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     mb1 = ["--pp-max-micro-batch-size", "1"]
-    point = closed(12, 24)  # enough requests for 12 slots of one
+    # enough requests for 12 slots of one, after a warm-up wave (the window opens once it turned over)
+    point = closed(12, 24, warmup=12)
 
     def gain(argv: list[str]) -> float:
         return (tok_s([*argv, "--pp-async-batch-depth", "4"], point, SHORT_DECODE)

@@ -47,6 +47,9 @@ def _cfg(tmp_path: Path, async_depth: int) -> ParasweepConf:
     cfg.workload.concurrency = [1, 4]
     cfg.workload.input_len, cfg.workload.output_len = 32, 8
     cfg.workload.requests_per_concurrency, cfg.workload.warmup_requests = 2, 1
+    # predicted points stop at 0.3 virtual seconds: these tests are about a trial's stages and its
+    # summary, not how sure a prediction is (tests/test_predicted_points.py)
+    cfg.workload.predicted.budget_s = 0.3
     cfg.tracking.uri = sqlite_store(tmp_path / "mlflow.db")
     return cfg
 

@@ -36,42 +36,65 @@ def _rec(i: int, send: float, end: float, tokens: int = 4, warmup: bool = False,
 # -- the window from records --------------------------------------------------------------------------
 
 def test_the_window_ends_at_the_first_stream_not_replaced() -> None:
-    # C = 2, two waves, then one request more: at t = 2 both end, one is replaced (sent 1 ms later), the
-    # other is not. The end of the first stream not replaced is t = 2, although the last send is later.
+    # C = 2, three waves, then one request more: at t = 3 both end, one is replaced (sent 1 ms later),
+    # the other is not. The end of the first stream not replaced is t = 3, although the last send is
+    # later. The load first held at 0 (both in flight) and turned over at 1 (two ends since): the window
+    # opens with the send that replaced the second of them, at 1.001
     recs = [_rec(0, 0.0, 1.0), _rec(1, 0.0, 1.0), _rec(2, 1.001, 2.0), _rec(3, 1.001, 2.0),
-            _rec(4, 2.001, 3.0)]
-    window = steady_window(recs, LoadPoint(concurrency=2, num_requests=5))
+            _rec(4, 2.001, 3.0), _rec(5, 2.001, 3.0), _rec(6, 3.001, 4.0)]
+    window = steady_window(recs, LoadPoint(concurrency=2, num_requests=7))
     assert window is not None and window.steady
-    assert (window.start, window.end, window.last_end) == (0.0, 2.0, 3.0)
-    m = summarize(recs, LoadPoint(concurrency=2, num_requests=5))
-    # the part-filled tail (one request in flight from 2 to 3) is the drain, not the window
-    assert m["window_s"] == 2.0 and m["drain_s"] == 1.0 and m["drain_requests"] == 1
-    assert m["output_tok_s"] == tokens_between(recs, 0.0, 2.0) / 2.0 == 8.0
+    assert (window.start, window.end, window.last_end) == (1.001, 3.0, 4.0)
+    m = summarize(recs, LoadPoint(concurrency=2, num_requests=7))
+    # the part-filled tail (one request in flight from 3 to 4) is the drain, not the window
+    assert m["window_s"] == pytest.approx(1.999) and m["drain_s"] == 1.0 and m["drain_requests"] == 1
+    assert m["ramp_s"] == 1.001
+    assert m["output_tok_s"] == tokens_between(recs, 1.001, 3.0) / 1.999 == pytest.approx(16 / 1.999)
     assert m["drain_output_tok_s"] == pytest.approx(4.0)
     assert m["achieved_concurrency"] == pytest.approx(2.0, rel=1e-3)
-    # what the whole point's span would say: the tail dilutes it by a fifth
-    assert m["output_tok_s"] > 20 / 3.0
+    # what the whole point's span would say: the tail dilutes it by a seventh
+    assert m["output_tok_s"] > 28 / 4.0
+
+
+def test_the_window_opens_after_one_turnover_so_an_idle_start_does_not_read_high() -> None:
+    # C = 2 on an engine that delivers the first wave at twice its later rate (no queue yet): 8 tokens in
+    # 0.5 s, then 8 tokens a second. Opening at the first instant both are in flight would count the
+    # fast wave; the turnover leaves it in the ramp
+    fast = [_rec(0, 0.0, 0.5), _rec(1, 0.0, 0.5)]
+    steady = [_rec(2 + 2 * k + s, 0.501 + k, 1.501 + k) for k in range(4) for s in range(2)]
+    recs = fast + steady
+    m = summarize(recs, LoadPoint(concurrency=2, num_requests=len(recs)))
+    assert m["ramp_s"] == 0.501 and m["ramp_requests"] == 2
+    assert m["output_tok_s"] == pytest.approx(8.0, rel=1e-3)
+    whole_from_held = tokens_between(recs, 0.0, m["ramp_s"] + m["window_s"]) / (m["ramp_s"] + m["window_s"])
+    assert whole_from_held > 8.0 * 1.05
 
 
 def test_the_ramp_is_outside_the_window() -> None:
-    # streams enter at 0 and 0.5: the load holds from 0.5
+    # streams enter at 0 and 0.5: the load holds from 0.5, and has turned over at 1.5 (the ends at 1.0
+    # and 1.5 since)
     recs = [_rec(0, 0.0, 1.0), _rec(1, 0.5, 1.5), _rec(2, 1.0, 2.0), _rec(3, 1.5, 2.5), _rec(4, 2.0, 3.0),
             _rec(5, 2.5, 3.5)]
     m = summarize(recs, LoadPoint(concurrency=2, num_requests=6))
-    assert (m["ramp_s"], m["window_s"], m["ramp_requests"]) == (0.5, 2.5, 1)
-    # six sends, C = 2: the fifth end (3.0) closes it, so the sends at 0.5 ... 2.5 are in it
-    assert m["window_requests"] == 5
+    assert (m["ramp_s"], m["window_s"], m["ramp_requests"]) == (1.5, 1.5, 3)
+    # six sends, C = 2: the fifth end (3.0) closes it, so the sends at 1.5 ... 2.5 are in it
+    assert m["window_requests"] == 3
     assert m["window_steady"] == 1.0
 
 
 def test_a_point_too_short_for_a_window_says_so() -> None:
-    # C = 4 but only two requests: the offered load never held
+    # C = 4 but only two requests: the load held (two in flight is all this point could offer) and never
+    # turned over, one wave and nothing after it
     recs = [_rec(0, 0.0, 1.0), _rec(1, 0.0, 1.2)]
     m = summarize(recs, LoadPoint(concurrency=4, num_requests=2))
-    assert m["window_steady"] == 1.0  # two requests in flight is all this point could offer
+    assert m["window_steady"] == 0.0 and m["window_s"] == 1.2
     recs = [_rec(0, 0.0, 1.0, warmup=True), _rec(1, 1.0, 2.0)]
     m = summarize(recs, LoadPoint(concurrency=2, num_requests=1, warmup_requests=1))
     assert m["window_steady"] == 0.0 and m["window_s"] == 1.0  # the measured span instead
+    # C = 2 held from 0, but the point ends before both streams turned over: no window either
+    recs = [_rec(0, 0.0, 1.0), _rec(1, 0.0, 2.0), _rec(2, 1.0, 2.5)]
+    m = summarize(recs, LoadPoint(concurrency=2, num_requests=3))
+    assert m["window_steady"] == 0.0
 
 
 def test_batch_means_know_a_steady_rate_and_say_nothing_of_a_short_window() -> None:
@@ -82,11 +105,13 @@ def test_batch_means_know_a_steady_rate_and_say_nothing_of_a_short_window() -> N
     interval = output_rate_interval(recs, window)
     assert interval.mean == pytest.approx(20.0) and interval.batches == 10
     assert interval.relative < 1e-9
-    # a window of 1.5 request durations: fewer than four half-duration batches, no interval
+    # a window of one request duration: fewer than four half-duration batches, no interval (held at 0,
+    # turned over at 1.5; the fourth end, at 2.5, is the first stream not replaced)
     few = [_rec(0, 0.0, 1.0, tokens=10, at=0.5), _rec(1, 0.0, 1.5, tokens=10, at=0.5),
-           _rec(2, 1.0, 2.0, tokens=10, at=0.5)]
-    short = steady_window(few, LoadPoint(concurrency=2, num_requests=3))
-    assert short is not None and short.width == 1.5
+           _rec(2, 1.0, 2.0, tokens=10, at=0.5), _rec(3, 1.5, 2.5, tokens=10, at=0.5),
+           _rec(4, 2.0, 3.0, tokens=10, at=0.5)]
+    short = steady_window(few, LoadPoint(concurrency=2, num_requests=5))
+    assert short is not None and (short.start, short.width) == (1.5, 1.0)
     assert math.isnan(output_rate_interval(few, short).half_width)
 
 

@@ -20,6 +20,11 @@ B = 1024.0
 
 
 def _fixture() -> list[RequestRecord]:
+    # the opening wave: both streams in flight from B - 2, both ended by B - 1.25 (one turnover), so
+    # the window can open at the first measured send, B
+    opening = [RequestRecord("c2", 10 + k, warmup=True, send_time=B - 2.0, first_token_time=B - 1.75,
+                             end_time=B - 1.5 + 0.25 * k, chunk_times=[B - 1.75], chunk_tokens=[1],
+                             output_tokens=1) for k in range(2)]
     warm = RequestRecord(
         "c2",
         0,
@@ -62,11 +67,11 @@ def _fixture() -> list[RequestRecord]:
         input_tokens=10,
         output_tokens=2,
     )
-    return [warm, r1, failed, r2]
+    return [*opening, warm, r1, failed, r2]
 
 
 def test_itl_tpot_ttft_e2e_match_hand_computed_values() -> None:
-    m = summarize(_fixture(), LoadPoint(num_requests=3, concurrency=2, warmup_requests=1), lag_ms=[1.0] * 10)
+    m = summarize(_fixture(), LoadPoint(num_requests=3, concurrency=2, warmup_requests=3), lag_ms=[1.0] * 10)
     # TTFT: 125 and 250 ms (the warmup request's 500 ms is excluded).
     assert (m["ttft_mean_ms"], m["ttft_p50_ms"], m["ttft_max_ms"]) == (187.5, 187.5, 250.0)
     # Per-token ITL: r1 gaps 250 ms (1 token) and 375 ms (3 tokens -> 3 x 125); r2 one gap of 250.
@@ -81,14 +86,15 @@ def test_itl_tpot_ttft_e2e_match_hand_computed_values() -> None:
     # TPOT per chunk: r1's 3 token-carrying chunks, (1000 - 125) / 2 = 437.5; r2's 2, 250 / 1 = 250.
     assert (m["tpot_chunk_mean_ms"], m["tpot_chunk_max_ms"]) == (343.75, 437.5)
     assert (m["e2e_mean_ms"], m["e2e_max_ms"]) == (750.0, 1000.0)
-    # The window: from B (two requests in flight, the first measured send) to the first end of a stream
-    # that was not replaced (4 sends, C = 2: the third end, B + 1). Throughput counts what was delivered
-    # in it: 8 output tokens, 20 prompt tokens whose prefill ended in it, 2 requests (each successful
-    # one counts the share of its tokens that arrived in it: r1 and r2 whole, the warm-up request none).
-    assert (m["window_s"], m["ramp_s"], m["drain_s"], m["window_steady"]) == (1.0, 1.0, 0.0, 1.0)
+    # The window: from B (the load turned over by B - 1.25; B is the first measured send) to the first
+    # end of a stream that was not replaced (6 sends, C = 2: the fifth end, B + 1). Throughput counts
+    # what was delivered in it: 8 output tokens, 20 prompt tokens whose prefill ended in it, 2 requests
+    # (each successful one counts the share of its tokens that arrived in it: r1 and r2 whole, the
+    # warm-up requests none).
+    assert (m["window_s"], m["ramp_s"], m["drain_s"], m["window_steady"]) == (1.0, 2.0, 0.0, 1.0)
     assert (m["duration_s"], m["output_tok_s"], m["input_tok_s"], m["request_s"]) == (1.0, 8.0, 20.0, 2.0)
     assert m["total_tok_s"] == 28.0
-    assert (m["ramp_requests"], m["window_requests"], m["drain_requests"]) == (1, 3, 0)
+    assert (m["ramp_requests"], m["window_requests"], m["drain_requests"]) == (3, 3, 0)
     assert (m["completed"], m["errors"], m["errors_http_5xx"], m["errors_timeout"]) == (2, 1, 1, 0)
     # In flight over [B, B + 1]: warmup 0.25 s + r1 1 s + failed 0.25 s + r2 0.5 s = 2.0 s -> 2.0.
     assert m["achieved_concurrency"] == 2.0
@@ -98,7 +104,7 @@ def test_itl_tpot_ttft_e2e_match_hand_computed_values() -> None:
 
 
 def test_contract_metric_names_exist() -> None:
-    m = summarize(_fixture(), LoadPoint(num_requests=3, concurrency=2, warmup_requests=1))
+    m = summarize(_fixture(), LoadPoint(num_requests=3, concurrency=2, warmup_requests=3))
     for key in CONTRACT_METRICS:
         assert key in m
     assert all(isinstance(v, float) for v in m.values())
@@ -126,7 +132,7 @@ def test_validity_flags_low_concurrency_lag_and_rate() -> None:
     assert "below 95 % of concurrency 4" in reasons[0] and "lag p99 30.0 ms" in reasons[1]
     # A higher lag threshold accepts the same lag.
     m = summarize(
-        recs, LoadPoint(num_requests=3, concurrency=2, warmup_requests=1), lag_ms=[30.0], lag_threshold_ms=50
+        recs, LoadPoint(num_requests=3, concurrency=2, warmup_requests=3), lag_ms=[30.0], lag_threshold_ms=50
     )
     assert m["valid"] == 1.0
 
@@ -188,17 +194,24 @@ def test_goodput_against_ttft_and_tpot_slos() -> None:
             error_kind="http_5xx" if error else None,
         )
 
+    # the opening wave, warm-up: both streams sent at b - 1 and ended by b - 0.25 (one turnover)
+    opening = [RequestRecord(point="c2", index=10 + k, warmup=True, send_time=b - 1.0,
+                             first_token_time=b - 0.75, end_time=b - 0.5 + 0.25 * k,
+                             chunk_times=[b - 0.75], chunk_tokens=[1], output_tokens=1) for k in range(2)]
     records = [
+        *opening,
         rec(0, 0.1, 1.1, 11),  # TTFT 100 ms, TPOT 100 ms: good
         rec(1, 0.3, 1.3, 11),  # TTFT 300 ms: misses the TTFT bound
         rec(2, 0.1, 2.1, 11),  # TPOT 200 ms: misses the TPOT bound
         rec(3, 0.1, 0.1, 1),  # one token: no TPOT, TTFT fine: good
         rec(4, 0.1, 1.1, 11, error="HTTP 500"),  # failed: never good
     ]
-    m = summarize(records, LoadPoint(num_requests=5, concurrency=2), slo=SLO(ttft_ms=200, tpot_ms=150))
-    assert m["duration_s"] == pytest.approx(2.1)
-    # the window: 5 sends, C = 2, so the fourth end (b + 1.3) is the first stream not replaced; all five
-    # were sent in it, two met both bounds
+    point = LoadPoint(num_requests=5, concurrency=2, warmup_requests=2)
+    m = summarize(records, point, slo=SLO(ttft_ms=200, tpot_ms=150))
+    assert m["duration_s"] == pytest.approx(2.1)  # the measured requests' span
+    # the window: from b (turned over at b - 0.25; the first measured send) to the first stream not
+    # replaced (7 sends, C = 2: the sixth end, b + 1.3); all five measured were sent in it, two met both
+    # bounds
     assert m["window_s"] == pytest.approx(1.3)
     assert m["slo_attainment"] == pytest.approx(2 / 5)
     # 24 tokens were delivered in the window (11 + 11 + 1 + 1): requests 0, 1 and 3 whole and 1 of
@@ -206,7 +219,7 @@ def test_goodput_against_ttft_and_tpot_slos() -> None:
     assert m["request_s"] == pytest.approx((3 + 1 / 11) / 1.3)
     assert m["goodput_req_s"] == pytest.approx((3 + 1 / 11) / 1.3 * 2 / 5)
     assert m["goodput_tok_s"] == pytest.approx(24 / 1.3 * 12 / 34)
-    assert "goodput_req_s" not in summarize(records, LoadPoint(num_requests=5, concurrency=2))
+    assert "goodput_req_s" not in summarize(records, point)
     with pytest.raises(ValueError):
         SLO()
 
@@ -313,7 +326,7 @@ def test_the_ttft_split_from_the_servers_queue_times() -> None:
 
 
 def test_a_p99_interval_needs_samples_beyond_its_upper_rank() -> None:
-    from workloads.metrics import quantile_interval
+    from workloads.window import quantile_interval
 
     rng = np.random.default_rng(0)
     # 100 samples: the interval's upper rank is past the largest sample, so it is not known

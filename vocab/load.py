@@ -69,6 +69,9 @@ class LoadPoint:
     ``ci_target``: stop the point early once its throughput is known to within this fraction (the
     relative half-width of the 95 % confidence interval of its window's batch means, e.g. 0.03), the
     request count and ``duration_s`` then being upper bounds. None: run the whole count.
+    ``latency_ci_target``: with ``ci_target``, the stop rule also waits for the TTFT and ITL p99 of
+    the window's requests to be known to within this fraction (their distribution-free 95 % intervals);
+    a point in virtual time sets both (``orchestrator.points.virtual``).
 
     ``schedule`` (``arrival="trace"``): every request's send offset in seconds, warm-up first, taken
     from a trace (already scaled and windowed); ``rate`` is then the schedule's mean rate, the point's
@@ -92,6 +95,7 @@ class LoadPoint:
     duration_s: float | None = None
     ramp_s: float = 0.0
     ci_target: float | None = None
+    latency_ci_target: float | None = None
     schedule: tuple[float, ...] | None = None
     sessions: tuple[int, ...] | None = None
     think_s: float = 0.0

@@ -72,6 +72,9 @@ class Tag:
     # model's median error on the corpus's runs of its family ("±24 % (median) on 12 published dense
     # runs"; docs/fidelity.md)
     PREDICTION_ERROR = "parasweep.prediction_error"
+    # predicted points (virtual time) that ran their whole budget (workload.predicted.budget_s) before
+    # their throughput and p99s were known to workload.predicted.ci_target: "c64,c128"
+    BUDGET_HIT = "parasweep.budget_hit"
     # real traffic (workload.source other than random): what was read, what is sent, what was skipped,
     # and which tokenizer made ids of text
     TRAFFIC = "parasweep.traffic"

@@ -38,6 +38,7 @@ from .window import (
     Window,
     load_intervals,
     output_rate_interval,
+    quantile_interval,
     sent_in,
     steady_window,
 )
@@ -89,22 +90,6 @@ class SLO:
 
 # the latencies whose p99 carries a 95 % interval (the summary table's columns)
 P99_INTERVALS: tuple[str, ...] = ("ttft", "itl")
-
-
-def quantile_interval(values: np.ndarray, q: float) -> tuple[float, float]:
-    """A distribution-free 95 % interval of the ``q`` quantile: the order statistics whose ranks bound
-    a Binomial(n, q) count with 95 % probability. (NaN, NaN) when the upper rank lies beyond the
-    largest sample (for the p99, fewer than about 400 samples): the interval is open above, so the
-    percentile's noise is not known, and no difference is called real on it."""
-    from scipy.stats import binom  # imported late: scipy is large
-
-    arr = np.sort(values)
-    n = len(arr)
-    lo = int(binom.ppf(0.025, n, q))
-    hi = int(binom.ppf(0.975, n, q)) + 1
-    if hi > n:
-        return NAN, NAN
-    return float(arr[max(0, lo - 1)]), float(arr[hi - 1])
 
 
 def _stats(name: str, values: Sequence[float]) -> dict[str, float]:

@@ -4,10 +4,19 @@ One definition, used by every consumer of a point's numbers (the load generator'
 rule, the simulator's prediction in virtual time, and through the metrics the summary table, the
 report, ``compare``, calibration and the search):
 
-* **ramp**: from the point's first send until the offered load first holds. Closed loop: the first
-  instant ``C`` requests are in flight (the streams enter one by one, see :mod:`workloads.scheduler`);
-  it ends no earlier than the first measured (non-warm-up) send. Open loop: there is no ramp beyond
-  the warm-up requests; the window opens at the first measured send.
+* **ramp**: from the point's first send until the offered load has held for one turnover. Closed
+  loop: from the first instant ``C`` requests are in flight (the streams enter one by one, see
+  :mod:`workloads.scheduler`) until ``C`` requests have ended since, so that every stream has, about
+  once, finished a request and sent the next: the window opens with the send that replaced the last
+  of those ``C``, and no earlier than the first measured (non-warm-up) send. Open loop: there is
+  no ramp beyond the warm-up requests; the window opens at the first measured send.
+
+  Why the turnover: the requests in flight when the load first holds all began on an idle engine (no
+  queue, no prefill backlog), so for about one request duration the engine delivers more than it can
+  keep up (a TP8 PP2 Llama-3.1-70B at 64 streams of 2,000/200 tokens, predicted: 2,197 tok/s in that
+  first duration, about 1,580 from then on), and a short window that starts at once reads high. A
+  point whose warm-up is one wave per stream (``workload.warmup_per_concurrency=1``) has had its
+  turnover by its first measured send. The same rule holds for a measured point and a predicted one.
 * **window**: from the end of the ramp until the offered load stops holding (with sessions, read
   "request" below as "session", from its first send to its last end). Closed loop: the end
   of the first request whose stream was not replaced (with S sends, every send after the first C
@@ -83,6 +92,13 @@ def _in_flight_reaches(intervals: Sequence[tuple[float, float]], target: int) ->
     return None
 
 
+def _turnover_end(intervals: Sequence[tuple[float, float]], held: float, target: int) -> float | None:
+    """The end of the ``target``-th interval to end after ``held`` (the load first held): one turnover
+    of the ``target`` streams (None: fewer ended)."""
+    after = sorted(e for _, e in intervals if e > held)
+    return after[target - 1] if len(after) >= target else None
+
+
 def load_intervals(records: Sequence[RequestRecord], point: LoadPoint) -> list[tuple[float, float]]:
     """What a closed loop keeps in flight, as (start, end) intervals of finished records: each request,
     or with sessions each session, from its first turn's send to its last turn's end (a session thinking
@@ -114,7 +130,13 @@ def steady_window(records: Sequence[RequestRecord], point: LoadPoint) -> Window 
         assert target is not None
         intervals = load_intervals(done, point)
         reached = _in_flight_reaches(intervals, target)
-        start = None if reached is None else max(reached, first_measured)
+        turned = None if reached is None else _turnover_end(intervals, reached, target)
+        # the window opens with the send that replaced the turnover's last request: it opens on a send,
+        # as the latency statistics count requests by their sends, and the tokens that request
+        # delivered as it ended stay in the ramp
+        opening = None if turned is None else min((r.send_time for r in done  # type: ignore[type-var]
+                                                   if r.send_time >= turned), default=None)  # type: ignore[operator]
+        start = None if opening is None else max(opening, first_measured)
         # the first stream not replaced. Every send after the first C replaced an ended request (or
         # session), and a closed loop replaces them in the order they end: the first S - C ends (S
         # sends) were replaced and the next one was not
@@ -223,6 +245,44 @@ def rate_interval(times: np.ndarray, tokens: np.ndarray, window: Window, floor_s
     return RateInterval(mean, _t_quantile(n - 1) * float(rates.std(ddof=1)) / math.sqrt(n), n)
 
 
+def quantile_interval(values: np.ndarray, q: float) -> tuple[float, float]:
+    """A distribution-free 95 % interval of the ``q`` quantile: the order statistics whose ranks bound
+    a Binomial(n, q) count with 95 % probability. (NaN, NaN) when the upper rank lies beyond the
+    largest sample (for the p99, fewer than about 400 samples): the interval is open above, so the
+    percentile's noise is not known, and no difference is called real on it."""
+    from scipy.stats import binom  # imported late: scipy is large
+
+    arr = np.sort(values)
+    n = len(arr)
+    lo = int(binom.ppf(0.025, n, q))
+    hi = int(binom.ppf(0.975, n, q)) + 1
+    if hi > n:
+        return NAN, NAN
+    return float(arr[max(0, lo - 1)]), float(arr[hi - 1])
+
+
+def p99_relative(values: np.ndarray) -> float:
+    """The relative half-width of the p99's 95 % interval (the larger side; NaN: not known yet)."""
+    if len(values) == 0:
+        return NAN
+    lo, hi = quantile_interval(values, 0.99)
+    p99 = float(np.percentile(values, 99))
+    if not (math.isfinite(lo) and math.isfinite(hi)) or p99 <= 0:
+        return NAN
+    return max(p99 - lo, hi - p99) / p99
+
+
+def request_itl(times: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """One request's inter-token latencies in ms: each gap between its chunks shared by the tokens of
+    the later chunk (as the point's ITL counts them)."""
+    if len(times) < 2:
+        return np.empty(0)
+    gaps = np.diff(times) * 1000.0
+    counts = tokens[1:].astype(np.int64)
+    some = counts > 0
+    return np.repeat(gaps[some] / counts[some], counts[some])
+
+
 def batch_floor_s(durations: Sequence[float]) -> float:
     """The shortest batch worth a sample: half a mean request duration (0 without any)."""
     return 0.5 * float(np.mean(durations)) if len(durations) else 0.0
@@ -256,12 +316,18 @@ class StabilityTracker:
         self._in_flight: dict[int, float] = {}  # request index -> send time
         self._events: list[tuple[float, int]] = []  # (time, +1 send / -1 end), in arrival order
         self._first_measured: float | None = None
-        self._ramp_end: float | None = None
+        self._held: float | None = None  # the load first held (C in flight)
+        self._ended_since_held = 0
+        self._turned = False  # C requests ended since it held
+        self._ramp_end: float | None = None  # the send after that turnover (module docstring)
         self._count = 0
         self._times: list[np.ndarray] = []
         self._tokens: list[np.ndarray] = []
         self._sends: list[float] = []  # of ended measured requests
         self._durations: list[float] = []
+        # with a latency target: each ended measured request's TTFT and ITL (ms), beside its send
+        self._ttft: list[float] = []
+        self._itl: list[np.ndarray] = []
         self._target_c = point.streams
         self._starts = set(point.session_starts()) if point.sessions is not None else None
 
@@ -273,13 +339,19 @@ class StabilityTracker:
         # between turns has nothing in flight and is still one of the C)
         if self._starts is None or index in self._starts:
             self._count += 1
-        if self._target_c is not None and self._ramp_end is None and self._count >= self._target_c:
+        if self._target_c is not None and self._held is None and self._count >= self._target_c:
+            self._held = t
+        if self._turned and self._ramp_end is None:
             self._ramp_end = t
 
     def ended(self, rec: RequestRecord) -> None:
         self._in_flight.pop(rec.index, None)
         if self._starts is None or rec.index + 1 in self._starts:
             self._count -= 1
+            if self._held is not None and not self._turned and rec.end_time is not None:
+                self._ended_since_held += 1
+                if self._ended_since_held >= (self._target_c or 1):
+                    self._turned = True  # the next send opens the window
         if rec.error is not None or rec.send_time is None or rec.end_time is None:
             return
         self._times.append(np.asarray(rec.chunk_times, dtype=float))
@@ -287,6 +359,10 @@ class StabilityTracker:
         if not rec.warmup:
             self._sends.append(rec.send_time)
             self._durations.append(rec.end_time - rec.send_time)
+            if self.point.latency_ci_target is not None:
+                first = rec.first_token_time
+                self._ttft.append(NAN if first is None else (first - rec.send_time) * 1000.0)
+                self._itl.append(request_itl(self._times[-1], self._tokens[-1]))
 
     def stable(self, now: float) -> bool:
         if self._first_measured is None:
@@ -308,4 +384,17 @@ class StabilityTracker:
         floor = batch_floor_s(durations)
         times = np.concatenate(self._times) if self._times else np.empty(0)
         tokens = np.concatenate(self._tokens) if self._tokens else np.empty(0)
-        return rate_interval(times, tokens, window, floor).relative <= self.target
+        if not rate_interval(times, tokens, window, floor).relative <= self.target:
+            return False
+        return self._latency_known(np.flatnonzero(inside))
+
+    def _latency_known(self, inside: np.ndarray) -> bool:
+        """With a latency target: the TTFT and ITL p99 of the window's ended requests are known to it
+        (an interval not known yet, too few samples for the p99, is not)."""
+        target = self.point.latency_ci_target
+        if target is None:
+            return True
+        ttft = np.asarray(self._ttft)[inside]
+        itl = [self._itl[i] for i in inside]
+        itl_all = np.concatenate(itl) if itl else np.empty(0)
+        return all(p99_relative(v[np.isfinite(v)]) <= target for v in (ttft, itl_all))

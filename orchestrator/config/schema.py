@@ -171,6 +171,22 @@ class SharedPrefixConf:
 
 
 @dataclass
+class PredictedPointConf:
+    """How long a point runs in virtual time (``predict=true``, the ``(pred)`` column, the advice's and
+    the search's predictions): not the request count a measurement can afford, but until its
+    throughput is known to ``ci_target`` and its TTFT and ITL p99 to ``latency_ci_target`` (the
+    relative half-widths of their 95 % intervals), or until ``budget_s`` seconds of the engine's
+    virtual time of measured sends have passed, whichever comes first. A point that reaches the budget
+    first says so (docs/loadgen.md, "Predicted points"). A p99 needs far more requests than a mean
+    rate for the same width (some 1,800 for ±10 % where the tail is exponential), hence its own,
+    looser target."""
+
+    ci_target: float = 0.02
+    latency_ci_target: float = 0.10
+    budget_s: float = 120.0
+
+
+@dataclass
 class WorkloadConf:
     name: str = "custom"
     api: str = "generate"  # generate | completions | chat
@@ -214,6 +230,8 @@ class WorkloadConf:
     # measured sends stop after this long, in the engine's seconds (a simulated engine played at
     # engine.time_scale counts its own); null: the count decides
     max_point_s: float | None = None
+    # in virtual time a point runs until its numbers are known, not for the request count above
+    predicted: PredictedPointConf = field(default_factory=PredictedPointConf)
     seed: int = 0
     # a request that receives nothing for this long fails as stalled (the point goes on); timed on the
     # records' clock, so a simulated engine at engine.time_scale counts its own seconds

@@ -10,6 +10,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from orchestrator.config.schema import ParasweepConf
 from vocab.metric_keys import MetricKey
@@ -34,6 +35,7 @@ def predict_trials(cfgs: list[ParasweepConf], scratch: Path,
                    budget_s: float = 10.0) -> list[TrialPrediction | None]:
     from orchestrator.engines.sim import virtual_trials
     from orchestrator.points.plan import load_points, request_spec
+    from orchestrator.points.virtual import in_virtual_time
 
     try:
         from simulator.predict import run_points
@@ -49,12 +51,23 @@ def predict_trials(cfgs: list[ParasweepConf], scratch: Path,
         try:
             fresh = virtual_trials(cfg, scratch / f"predict-{i}")
             points = load_points(cfg)
-            results = run_points(fresh, points, request_spec(cfg))
+            results = run_points(fresh, [in_virtual_time(p, cfg.workload.predicted) for p in points],
+                                 request_spec(cfg))
         except Exception as exc:  # e.g. a layout the simulator cannot model
             log.info("no prediction for trial %d: %s", i, (str(exc) or repr(exc)).splitlines()[0])
             out.append(None)
             continue
-        virtual = sum(r.metrics.get("duration_s", 0.0) for r in results)
+        # the live trial's length: its own request counts at the predicted request rate (the predicted
+        # points ran until their numbers were known, longer than the live ones will)
+        virtual = sum(_live_duration(p, r.metrics) for p, r in zip(points, results, strict=True))
         out.append(TrialPrediction(virtual / max(cfg.engine.time_scale, 1e-9) + ENGINE_START_S,
                                    {p.label: dict(r.metrics) for p, r in zip(points, results, strict=True)}))
     return out
+
+
+def _live_duration(point: Any, metrics: dict[str, float]) -> float:
+    """Seconds ``point`` takes as a live trial runs it, from its prediction's request rate."""
+    rate = metrics.get("request_s", 0.0)
+    if point.measured_requests is not None and rate and rate > 0:
+        return point.total_requests / rate
+    return metrics.get("duration_s", 0.0)

@@ -5,10 +5,11 @@ did not run, at its loads).
 * **Possible.** Each change is applied and validated as a trial's config is, and the simulated engine
   configured with it; one that cannot run is not predicted, and says why (the first line of the
   reason: does not fit in memory, tp does not divide the heads, more GPUs than the node has, ...).
-* **Steady state.** A closed-loop load of C streams sends 4·C requests (at least 8), its streams
-  entering one by one over one predicted request duration (``orchestrator.points.ramp``), and is judged on
-  its steady window, as a search's points and a trial's measured points are. An open-loop load is
-  the trial's own point.
+* **Steady state.** A closed-loop load of C streams has its streams enter one by one over one
+  predicted request duration (``orchestrator.points.ramp``) and runs until its throughput and p99s are
+  known to ``workload.predicted.ci_target`` or its virtual-time budget ends
+  (``orchestrator.points.virtual``); it is judged on its steady window, as a search's points and a
+  trial's measured points are. An open-loop load is the trial's own point, run the same way.
 * **Once.** Every prediction is keyed by what the simulated engine can tell apart (its resolved
   flags, hardware, model and environment), the requests and the load, and kept in a cache on disk:
   the trials of a sweep and the sweep's end share it, so the same engine at the same load is
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config.schema import ParasweepConf, world_size
+from orchestrator.config.schema import ParasweepConf, PredictedPointConf, world_size
 from orchestrator.errors import UserError
 from vocab.load import LoadPoint
 from vocab.records import PointResult
@@ -57,11 +58,21 @@ def closed_point(c: int) -> LoadPoint:
                      warmup_requests=0)
 
 
-def steady_point(c: int, predict: Callable[[LoadPoint], PointResult]) -> LoadPoint:
-    """:func:`closed_point` with its ramp: over the request duration ``predict`` gives."""
+def ramped_point(c: int, predict: Callable[[LoadPoint], PointResult]) -> LoadPoint:
+    """:func:`closed_point` with its ramp: over the request duration ``predict`` gives (as a measured
+    trial runs it)."""
     from orchestrator.points.ramp import ramped
 
     return ramped(closed_point(c), predict)
+
+
+def steady_point(c: int, predict: Callable[[LoadPoint], PointResult],
+                 predicted: PredictedPointConf | None = None) -> LoadPoint:
+    """:func:`ramped_point` as a point in virtual time runs: until its numbers are known to
+    ``predicted`` (``workload.predicted``; its defaults when None)."""
+    from orchestrator.points.virtual import in_virtual_time
+
+    return in_virtual_time(ramped_point(c, predict), predicted or PredictedPointConf())
 
 
 def engine_key(engine: Any, env: Mapping[str, str]) -> str:
@@ -188,6 +199,7 @@ def predict_change(base: ParasweepConf, change: Mapping[str, Any], loads: Sequen
     """``change`` applied to ``base``, predicted at each of ``loads`` (module docstring). Never raises
     for a change that cannot run: its ``reason`` says why."""
     from orchestrator.points.plan import request_spec
+    from orchestrator.points.virtual import in_virtual_time
     from orchestrator.prediction.modelled import apply_change
 
     out = Predicted(dict(change))
@@ -210,11 +222,12 @@ def predict_change(base: ParasweepConf, change: Mapping[str, Any], loads: Sequen
             return configured.fresh().run_point(point, spec)
 
         for load in loads:
-            key = _digest(out.engine, repr(spec), load.key())
+            key = _digest(out.engine, repr(spec), load.key(), repr(cfg.workload.predicted))
             hit = cache.get(key) if cache is not None else None
             if hit is None:
-                point = (steady_point(load.concurrency, predict) if load.concurrency is not None
-                         else load.point)
+                point = (steady_point(load.concurrency, predict, cfg.workload.predicted)
+                         if load.concurrency is not None
+                         else in_virtual_time(load.point, cfg.workload.predicted))
                 assert point is not None
                 hit = _kept(predict(point).metrics)
                 if cache is not None:

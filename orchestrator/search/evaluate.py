@@ -222,7 +222,7 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings,
 
     def holds(c: int) -> bool:
         if c not in results:
-            results[c] = predict(steady_point(c, predict))
+            results[c] = predict(steady_point(c, predict, cfg.workload.predicted))
             outcome.predictions += 1
         worst = worst_ratio(results[c].metrics, settings.slo)
         ok = worst is None or worst[1] <= 1.0

@@ -24,7 +24,7 @@ from typing import Any
 
 from analysis.diagnose import overrides_text
 from orchestrator.config.slo import worst_ratio
-from orchestrator.prediction.at_load import REQUESTS_PER_STREAM, closed_point, steady_point
+from orchestrator.prediction.at_load import REQUESTS_PER_STREAM, closed_point, ramped_point
 from orchestrator.search.evaluate import RESOLUTION, Outcome, Settings
 from vocab.load import LoadPoint
 from vocab.records import PointResult
@@ -70,9 +70,10 @@ def base_overrides(task: Sequence[str], change: dict[str, Any]) -> list[str]:
 
 def trial_points(loads: list[int], predict: Callable[[LoadPoint], PointResult]) -> dict[int, LoadPoint]:
     """The load points the measured trial runs (``trial_argv``'s workload keys), by concurrency: the
-    search's own points (``steady_point``, ramped by ``predict``), so predicted and measured are of the
-    same thing."""
-    return {c: steady_point(c, predict) for c in loads}
+    search's own loads, ramped by ``predict`` as the search's predictions are, so predicted and
+    measured send the same requests the same way (the prediction runs on until its numbers are known,
+    ``orchestrator.points.virtual``; the measurement stops at its count)."""
+    return {c: ramped_point(c, predict) for c in loads}
 
 
 def judged_points(loads: list[int]) -> dict[int, LoadPoint]:

@@ -25,6 +25,7 @@ from orchestrator.engines.base import engine_version
 from orchestrator.environment import joined_placement, placement
 from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.fidelity.trust import bands_text
+from orchestrator.points.virtual import budget_hits
 from orchestrator.prediction.modelled import step_costs_label, with_measured_acceptance
 from orchestrator.progress import ProgressView, ProgressWriter, TrialSlot
 from orchestrator.store.tracking import Tracker
@@ -126,6 +127,9 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
 
                 drive_load(session, plan.points, plan.spec, paths.records_jsonl, progress, on_point)
                 timings["load_end"] = time.time()
+                hit = budget_hits(results)
+                if hit:
+                    recorder.set_tags({Tag.BUDGET_HIT: ",".join(hit)})
         status = TrialStatus.OK
     except KeyboardInterrupt as exc:  # Ctrl-C in a single run, or Ray's soft cancel of this task
         status, error = TrialStatus.KILLED, "interrupted"

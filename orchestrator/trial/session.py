@@ -481,11 +481,14 @@ class VirtualSession:
     def run_point(self, point: LoadPoint, spec: RequestSpec, records: Path,
                   on_progress: ProgressFn) -> PointResult:
         from orchestrator.engines.sim import virtual_trials
+        from orchestrator.points.virtual import in_virtual_time
         from simulator.predict import run_points
 
         if not self._results:  # one simulation for every point, as the engine would see them
             fresh = virtual_trials(self.plan.cfg, self.plan.identity.trial_dir)
-            results = run_points(fresh, self.plan.points, spec)
+            # run until their numbers are known (orchestrator/points/virtual.py), under the same labels
+            points = [in_virtual_time(p, self.plan.cfg.workload.predicted) for p in self.plan.points]
+            results = run_points(fresh, points, spec)
             self._results = {p.label: r for p, r in zip(self.plan.points, results, strict=True)}
         result = self._results[point.label]
         with RecordWriter(records) as writer:
