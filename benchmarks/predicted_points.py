@@ -28,11 +28,18 @@ def presets() -> list[str]:
     return sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
 
 
-def run(tree: Path, preset: str, scratch: Path) -> tuple[float, int]:
+def is_search(preset: str) -> bool:
+    """A search preset runs as one ``run.py`` (its candidates are its sweep), not with ``-m``."""
+    text = (REPO / "conf" / "experiment" / f"{preset}.yaml").read_text()
+    return any(line.startswith("  - override /search:") for line in text.splitlines())
+
+
+def run(tree: Path, preset: str, scratch: Path, extra: list[str]) -> tuple[float, int]:
     """Wall seconds of one predicted sweep of ``preset`` with the checkout ``tree``, and its exit code."""
     scratch.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, str(tree / "run.py"), "-m", f"experiment={preset}", "predict=true",
-            f"tracking.uri=sqlite:///{scratch / 'mlflow.db'}", f"hydra.sweep.dir={scratch / 'multirun'}"]
+    argv = [sys.executable, str(tree / "run.py"), *([] if is_search(preset) else ["-m"]),
+            f"experiment={preset}", "predict=true", f"tracking.uri=sqlite:///{scratch / 'mlflow.db'}",
+            f"hydra.sweep.dir={scratch / 'multirun'}", f"hydra.run.dir={scratch / 'run'}", *extra]
     start = time.perf_counter()
     with open(scratch / "out.txt", "w") as out:
         code = subprocess.run(argv, cwd=scratch, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
@@ -68,13 +75,15 @@ def main() -> None:
     parser.add_argument("--this", type=Path, default=REPO,
                         help="the checkout to time (default: this one; a copy lets you edit meanwhile)")
     parser.add_argument("--preset", action="append", help="only these presets (default: every one)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override for this checkout's runs only (workload.predicted.budget_s=60)")
     args = parser.parse_args()
     chosen = args.preset or presets()
     with tempfile.TemporaryDirectory(prefix="predicted-points-") as tmp:
         print(f"{'preset':32} {'this s':>7} {'ref s':>7} {'ratio':>6} {'widest tok/s':>12}  budget hit")
         for preset in chosen:
-            ref_s, ref_code = run(args.reference.resolve(), preset, Path(tmp) / preset / "ref")
-            this_s, code = run(args.this.resolve(), preset, Path(tmp) / preset / "this")
+            ref_s, ref_code = run(args.reference.resolve(), preset, Path(tmp) / preset / "ref", [])
+            this_s, code = run(args.this.resolve(), preset, Path(tmp) / preset / "this", args.set)
             if code != 0 or ref_code != 0:
                 print(f"{preset:32} exit {code} (reference {ref_code}): see {Path(tmp) / preset}/*/out.txt")
                 continue

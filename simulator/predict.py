@@ -125,6 +125,7 @@ WARMUP_OUTPUT_TOKENS = 8
 # How often (virtual seconds) a point with a ``ci_target`` asks its stop rule, as the load generator does
 STABLE_CHECK_S = 0.5
 CHECK_GROWTH = 0.1
+VIRTUAL_MIN_DURATIONS = 20.0
 MAX_EVENTS_PER_POINT = 50_000_000  # a guard against a model bug turning into an endless loop
 
 
@@ -247,9 +248,9 @@ class VirtualTrial:
             raise RuntimeError(f"prediction of {point.label}: requests {unfinished[:5]} never finished")
 
         metrics = summarize(records, point, lag_ms=[0.0])
-        if point.latency_ci_target is not None:
-            # a point run until its numbers are known: 1 when its budget (its duration, or the count
-            # that guards it) ended it first (``orchestrator.points.virtual``)
+        if client.tracker is not None and point.duration_s is not None:
+            # a point run until its numbers are known, within a budget: 1 when the budget (its duration,
+            # or the count that guards it) ended it first (``orchestrator.points.virtual``)
             metrics["budget_hit"] = 0.0 if client.enough else 1.0
         metrics.update(offered_reuse(records, client.sent_ids.__getitem__))
         steady = metrics.get("window_steady") == 1.0
@@ -390,7 +391,14 @@ class _VirtualClient:
         self.ended_since_held = 0  # requests (sessions) ended since: C of them are one turnover
         self.window_open = False
         self.window_closed = False
-        self.tracker = StabilityTracker(point, point.ci_target) if point.ci_target is not None else None
+        # a point run until its numbers are known, p99s included (orchestrator/points/virtual.py: a trial's
+        # own) is judged on a window of at least VIRTUAL_MIN_DURATIONS request durations: once the rule
+        # stops it, the requests in flight finish with no new prefills among them and, when they run in
+        # step, deliver faster for about one duration still inside the window; at that length it weighs
+        # under half of one of the window's ten batches
+        floor = VIRTUAL_MIN_DURATIONS if point.latency_ci_target is not None else 0.0
+        self.tracker = (StabilityTracker(point, point.ci_target, floor) if point.ci_target is not None
+                        else None)
         self.enough = False
         self.checks_from = 0.0
         self.open_sends_left = 0
@@ -449,9 +457,9 @@ class _VirtualClient:
         self.enough = self.tracker.stable(now)
         if not self.enough:
             step = STABLE_CHECK_S
-            if self.point.latency_ci_target is not None:
-                # a point that runs until its p99s are known may run for minutes of virtual time: each
-                # check a tenth later than the last keeps their count logarithmic in its length
+            if self.point.duration_s is not None:
+                # a point that runs until its numbers are known may run for minutes of virtual time:
+                # each check a tenth later than the last keeps their count logarithmic in its length
                 step = max(step, CHECK_GROWTH * (now - self.checks_from))
             self.sim.schedule(now + step, self._check_stable, None)
 

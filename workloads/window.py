@@ -310,9 +310,11 @@ class StabilityTracker:
     :data:`MIN_BATCHES` batches. Each call costs one pass over the point's token arrival times in
     numpy (kept as arrays as requests end), nothing per token in Python."""
 
-    def __init__(self, point: LoadPoint, target: float) -> None:
+    def __init__(self, point: LoadPoint, target: float, min_durations: float = 0.0) -> None:
         self.point = point
         self.target = target
+        # the window must span at least this many mean request durations (0: no floor)
+        self.min_durations = min_durations
         self._in_flight: dict[int, float] = {}  # request index -> send time
         self._events: list[tuple[float, int]] = []  # (time, +1 send / -1 end), in arrival order
         self._first_measured: float | None = None
@@ -382,6 +384,8 @@ class StabilityTracker:
         if int(inside.sum()) < (self.point.concurrency or 1):
             return False
         floor = batch_floor_s(durations)
+        if horizon - start < self.min_durations * 2 * floor:  # floor: half a mean duration
+            return False
         times = np.concatenate(self._times) if self._times else np.empty(0)
         tokens = np.concatenate(self._tokens) if self._tokens else np.empty(0)
         if not rate_interval(times, tokens, window, floor).relative <= self.target:

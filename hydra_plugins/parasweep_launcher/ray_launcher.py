@@ -178,7 +178,10 @@ class ParasweepRayLauncher(Launcher):
         from orchestrator.launcher.ray_runner import TrialJob
         from orchestrator.progress import TrialSlot
 
-        predictions = predict_trials([j.cfg for j in todo], sweep_dir / ".predictions")
+        # a sweep of predictions predicts each trial as it runs it: nothing to put beside it, and the
+        # queue's order is not worth predicting every trial twice
+        predictions = ([None] * len(todo) if all(j.cfg.predict for j in todo)
+                       else predict_trials([j.cfg for j in todo], sweep_dir / ".predictions"))
         pred_by_idx = {j.index: p for j, p in zip(todo, predictions, strict=True) if p is not None}
         # estimates order the queue only if every trial has one (mixing would compare unlike numbers)
         est_by_idx = ({i: p.duration_s for i, p in pred_by_idx.items()}

@@ -183,6 +183,10 @@ class PredictedPointConf:
 
     ci_target: float = 0.02
     latency_ci_target: float = 0.10
+    # the changes a diagnosis, the end of a sweep and a search predict by the dozen: each on the same
+    # footing, its throughput to this fraction (the verdicts call a change worth making at +5 %), and
+    # each carrying its own intervals to say how sure it is
+    candidate_ci_target: float = 0.05
     budget_s: float = 120.0
 
 

@@ -375,7 +375,7 @@ def _validate_workload(cfg: ParasweepConf) -> None:
                           "a fraction between 0 and 1 (e.g. 0.03: ±3 %), or null for a fixed request count")
     if w.max_point_s is not None and not (math.isfinite(w.max_point_s) and w.max_point_s > 0):
         raise ConfigError("workload.max_point_s", w.max_point_s, "seconds > 0, or null for no limit")
-    for key in ("ci_target", "latency_ci_target"):
+    for key in ("ci_target", "latency_ci_target", "candidate_ci_target"):
         value = getattr(w.predicted, key)
         if not (isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1):
             raise ConfigError(f"workload.predicted.{key}", value,

@@ -8,6 +8,14 @@ sends have passed on the engine's virtual clock, whichever comes first
 (``workloads.window.StabilityTracker`` is the stop rule, the same one a measured point's throughput
 follows). Its window is cut by the same rule as a measured point's.
 
+A p99 needs a few hundred requests before its interval exists at all (the order statistic above it
+must be among the samples), which at low concurrency takes most of the budget. The trial's own points
+(the summary table, ``pred/``) wait for it. The candidates a diagnosis, the end of a sweep and a search
+predict by the dozen are judged on the same footing as each other, their throughput to
+``candidate_ci_target`` (±5 %: a verdict calls a change worth making at +5 %) or the budget, and each
+carries its own intervals (throughput, and p99s where known) to say how sure it is: holding every
+candidate to the trial's own targets would make a sweep's end three times as long.
+
 Not changed: warm-up requests, the ramp, the load itself; a trace's point (the trace fixes its requests);
 a point of multi-turn sessions keeps its count of sessions (its turns are planned up front), and runs
 them all unless its numbers are known sooner.
@@ -27,13 +35,16 @@ from vocab.records import PointResult
 MAX_REQUESTS_PER_STREAM = 10_000
 
 
-def in_virtual_time(point: LoadPoint, predicted: PredictedPointConf) -> LoadPoint:
-    """``point`` as a prediction runs it (module docstring)."""
+def in_virtual_time(point: LoadPoint, predicted: PredictedPointConf, latency: bool = True) -> LoadPoint:
+    """``point`` as a prediction runs it (module docstring). ``latency=False``: one of the many
+    candidates a diagnosis or a search compares (below): its throughput to ``candidate_ci_target``, or
+    the budget."""
     if point.schedule is not None:
         return point
     budget = float(predicted.budget_s)
-    targets = {"ci_target": float(predicted.ci_target),
-               "latency_ci_target": float(predicted.latency_ci_target), "duration_s": budget}
+    targets = {"ci_target": float(predicted.ci_target if latency else predicted.candidate_ci_target),
+               "latency_ci_target": float(predicted.latency_ci_target) if latency else None,
+               "duration_s": budget}
     if point.sessions is not None:
         return dataclasses.replace(point, **targets)
     if point.concurrency is not None:

@@ -6,8 +6,8 @@ did not run, at its loads).
   configured with it; one that cannot run is not predicted, and says why (the first line of the
   reason: does not fit in memory, tp does not divide the heads, more GPUs than the node has, ...).
 * **Steady state.** A closed-loop load of C streams has its streams enter one by one over one
-  predicted request duration (``orchestrator.points.ramp``) and runs until its throughput and p99s are
-  known to ``workload.predicted.ci_target`` or its virtual-time budget ends
+  predicted request duration (``orchestrator.points.ramp``) and runs until its throughput is known to
+  ``workload.predicted.candidate_ci_target`` or its virtual-time budget ends
   (``orchestrator.points.virtual``); it is judged on its steady window, as a search's points and a
   trial's measured points are. An open-loop load is the trial's own point, run the same way.
 * **Once.** Every prediction is keyed by what the simulated engine can tell apart (its resolved
@@ -40,7 +40,8 @@ log = logging.getLogger("parasweep")
 MIN_MEASURED = 8  # measured requests of the smallest point (as a trial's load plan: points/plan.py)
 REQUESTS_PER_STREAM = 4  # a point's requests per stream: one ramp, about three durations of window
 # what is kept of each prediction: the numbers a verdict, an SLO or a noise judgement reads
-KEPT = ("output_tok_s", "output_tok_s_ci95_rel", "request_s", "j_per_output_token")
+KEPT = ("output_tok_s", "output_tok_s_ci95_rel", "request_s", "j_per_output_token", "budget_hit",
+        "ttft_p99_ms_ci95_lo", "ttft_p99_ms_ci95_hi", "itl_p99_ms_ci95_lo", "itl_p99_ms_ci95_hi")
 # changes the simulated engine does not model: never predicted, each with the reason it says
 NOT_MODELLED = {
     "server.extra_args.attn-dp-size": "not predicted: the simulated engine does not model attention DP",
@@ -68,11 +69,12 @@ def ramped_point(c: int, predict: Callable[[LoadPoint], PointResult]) -> LoadPoi
 
 def steady_point(c: int, predict: Callable[[LoadPoint], PointResult],
                  predicted: PredictedPointConf | None = None) -> LoadPoint:
-    """:func:`ramped_point` as a point in virtual time runs: until its numbers are known to
-    ``predicted`` (``workload.predicted``; its defaults when None)."""
+    """:func:`ramped_point` as a candidate's point runs in virtual time: until its throughput is known
+    to ``predicted`` (``workload.predicted``; its defaults when None) or its budget is spent
+    (``orchestrator.points.virtual``: candidates are compared on their throughput's footing)."""
     from orchestrator.points.virtual import in_virtual_time
 
-    return in_virtual_time(ramped_point(c, predict), predicted or PredictedPointConf())
+    return in_virtual_time(ramped_point(c, predict), predicted or PredictedPointConf(), latency=False)
 
 
 def engine_key(engine: Any, env: Mapping[str, str]) -> str:
@@ -227,7 +229,7 @@ def predict_change(base: ParasweepConf, change: Mapping[str, Any], loads: Sequen
             if hit is None:
                 point = (steady_point(load.concurrency, predict, cfg.workload.predicted)
                          if load.concurrency is not None
-                         else in_virtual_time(load.point, cfg.workload.predicted))
+                         else in_virtual_time(load.point, cfg.workload.predicted, latency=False))
                 assert point is not None
                 hit = _kept(predict(point).metrics)
                 if cache is not None:
