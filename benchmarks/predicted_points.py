@@ -48,14 +48,15 @@ def run(tree: Path, preset: str, scratch: Path, extra: list[str]) -> tuple[float
 
 def sureness(scratch: Path) -> tuple[float, list[str]]:
     """The widest tok/s interval among points that reached their targets, and the points that hit their
-    budget (``<trial>:<point>``), over the trials of the sweep in ``scratch``."""
+    budget (``<trial>:<point>``), over the predicted trials of the sweep in ``scratch`` (a search's
+    candidates are not runs, and the few it measures are measured, on the simulated engine)."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{scratch / 'mlflow.db'}")
     widest, hits = 0.0, []
     for exp in client.search_experiments():
         for r in client.search_runs([exp.experiment_id]):
-            if r.data.tags.get("parasweep.kind") not in ("trial", "prediction"):
+            if r.data.tags.get("parasweep.kind") != "prediction":  # a search's measured trials are not
                 continue
             m = r.data.metrics
             for key, value in m.items():

@@ -187,7 +187,7 @@ class PredictedPointConf:
     # footing, its throughput to this fraction (the verdicts call a change worth making at +5 %), and
     # each carrying its own intervals to say how sure it is
     candidate_ci_target: float = 0.05
-    budget_s: float = 120.0
+    budget_s: float = 60.0
 
 
 @dataclass
