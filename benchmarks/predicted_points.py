@@ -37,9 +37,12 @@ def is_search(preset: str) -> bool:
 def run(tree: Path, preset: str, scratch: Path, extra: list[str]) -> tuple[float, int]:
     """Wall seconds of one predicted sweep of ``preset`` with the checkout ``tree``, and its exit code."""
     scratch.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, str(tree / "run.py"), *([] if is_search(preset) else ["-m"]),
-            f"experiment={preset}", "predict=true", f"tracking.uri=sqlite:///{scratch / 'mlflow.db'}",
-            f"hydra.sweep.dir={scratch / 'multirun'}", f"hydra.run.dir={scratch / 'run'}", *extra]
+    # a search predicts only (search.measure_top=0): the few it would then measure run in real time on
+    # the simulated engine, minutes that depend on which candidates won, not on the prediction
+    mode = ["search.measure_top=0"] if is_search(preset) else ["-m"]
+    argv = [sys.executable, str(tree / "run.py"), *mode, f"experiment={preset}", "predict=true",
+            f"tracking.uri=sqlite:///{scratch / 'mlflow.db'}", f"hydra.sweep.dir={scratch / 'multirun'}",
+            f"hydra.run.dir={scratch / 'run'}", *extra]
     start = time.perf_counter()
     with open(scratch / "out.txt", "w") as out:
         code = subprocess.run(argv, cwd=scratch, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
