@@ -33,6 +33,11 @@ from vocab.records import PointResult
 # a closed-loop point's requests per stream when only the budget bounds it: far beyond what any target
 # needs (the stop rule ends it long before), a guard that keeps the count finite
 MAX_REQUESTS_PER_STREAM = 10_000
+# a candidate's closed-loop point (``latency=False``) is also bounded by its count, three times the four
+# per stream a measured search point sends: its budget in request durations. In seconds alone, a fast
+# model's millisecond steps make 60 virtual seconds thousands of them, and a candidate whose requests
+# run in step (fixed lengths) never settles to ±5 %; the search then judged half as many a minute
+CANDIDATE_REQUESTS_PER_STREAM = 12
 
 
 def in_virtual_time(point: LoadPoint, predicted: PredictedPointConf, latency: bool = True) -> LoadPoint:
@@ -48,7 +53,8 @@ def in_virtual_time(point: LoadPoint, predicted: PredictedPointConf, latency: bo
     if point.sessions is not None:
         return dataclasses.replace(point, **targets)
     if point.concurrency is not None:
-        n = MAX_REQUESTS_PER_STREAM * point.concurrency
+        per_stream = MAX_REQUESTS_PER_STREAM if latency else CANDIDATE_REQUESTS_PER_STREAM
+        n = per_stream * point.concurrency
     else:
         assert point.rate is not None
         n = max(point.num_requests or 1, math.ceil(point.rate * budget))
