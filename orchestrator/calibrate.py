@@ -172,11 +172,14 @@ def _with_constants(cfg: Any, values: dict[str, float], name: str) -> Any:
     return out
 
 
-def predict_trial_points(cfg: Any, labels: list[str]) -> dict[str, dict[str, float]]:
+def predict_trial_points(cfg: Any, labels: list[str], virtual: bool = False) -> dict[str, dict[str, float]]:
+    """Each point of ``labels`` predicted as the trial ran it: ``virtual`` when the trial was itself a
+    prediction, whose points ran until their numbers were known (``orchestrator.points.virtual``)."""
     from orchestrator.points.plan import load_points
+    from orchestrator.points.virtual import in_virtual_time
     from orchestrator.prediction.modelled import predict_at
 
-    points = {p.label: p for p in load_points(cfg)}
+    points = {p.label: in_virtual_time(p, cfg.workload.predicted) if virtual else p for p in load_points(cfg)}
     return {label: predict_at(cfg, {}, points[label]) for label in labels if label in points}
 
 
@@ -259,7 +262,8 @@ def fit_run(trials: list[TrialData], names: list[str], max_evaluations: int = 80
     def errors(x: np.ndarray) -> np.ndarray:
         """log(predicted/measured) of every (trial, point, metric), held-out points included."""
         values = dict(zip(names, np.exp(x).tolist(), strict=True))
-        predicted = {t.run_id: predict_trial_points(_with_constants(t.cfg, values, "fit"), list(t.measured))
+        predicted = {t.run_id: predict_trial_points(_with_constants(t.cfg, values, "fit"), list(t.measured),
+                                                    virtual=t.engine == "sim-predict")
                      for t in trials}
         # a prediction of 0 (constants far off) counts as a huge error rather than a math error
         return np.array([math.log(max(predicted[t.run_id][label][metric], 1e-12) / t.measured[label][metric])

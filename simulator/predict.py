@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -250,11 +251,14 @@ class VirtualTrial:
         metrics = summarize(records, point, lag_ms=[0.0])
         if client.tracker is not None and point.duration_s is not None:
             # a point run until its numbers are known, within a budget: 1 when the budget (its duration,
-            # or the count that guards it) ended it first (``orchestrator.points.virtual``)
-            metrics["budget_hit"] = 0.0 if client.enough else 1.0
+            # or the count that guards it) ended it first (``orchestrator.points.virtual``), 0 when the
+            # rule stopped it or its numbers were known by its end (the budget falling between two checks)
+            metrics["budget_hit"] = 0.0 if client.enough or _known(metrics, point) else 1.0
         metrics.update(offered_reuse(records, client.sent_ids.__getitem__))
-        steady = metrics.get("window_steady") == 1.0
-        metrics.update(self._telemetry(records, metrics["output_tokens"], steady))
+        # the window's bounds as the records' rule chose them (``workloads.window``)
+        bounds = (("open" if metrics.get("window_turned") == 1.0 else "held", "close")
+                  if metrics.get("window_steady") == 1.0 else ("first", "last"))
+        metrics.update(self._telemetry(records, metrics["output_tokens"], bounds))
         reasons = validity_reasons(metrics, point)
         return PointResult(point, metrics, reasons, records)
 
@@ -268,7 +272,8 @@ class VirtualTrial:
 
     def mark(self, bound: str) -> None:
         """Keep the stages' busy time now as ``bound``: ``open``/``close`` (the steady window, see
-        ``workloads.window``) or ``first``/``last`` (the first measured send, a measured request's end).
+        ``workloads.window``), ``held`` (where a point too short for its turnover opens it instead) or
+        ``first``/``last`` (the first measured send, a measured request's end).
         Busy time is read at the instant itself; reading it later for a past instant would not be exact
         (``StageBusy`` folds finished intervals as time is read)."""
         now = self.sim.now
@@ -278,12 +283,11 @@ class VirtualTrial:
             for rep in self.replicas:
                 rep.admission.peak_kv_used = rep.admission.held_tokens
 
-    def _window(self, steady: bool, out: dict[str, float]
+    def _window(self, bounds: tuple[str, str], out: dict[str, float]
                 ) -> tuple[float, float, dict[tuple[int, int], float]] | None:
         """The window the throughput was measured over (``workloads.window``: the steady one, else the
         whole measured span) and each (replica, stage)'s busy seconds in it; None when it has no width.
         Sets ``kv_token_usage_max`` in ``out`` when the window's bounds are known."""
-        bounds = ("open", "close") if steady else ("first", "last")
         if not all(b in self._marks for b in bounds):
             return None
         start, busy_start = self._marks[bounds[0]]
@@ -294,14 +298,14 @@ class VirtualTrial:
         return start, end, {key: busy_end[key] - busy_start[key] for key in busy_end}
 
     def _telemetry(self, records: list[RequestRecord], output_tokens: float,
-                   steady: bool) -> dict[str, float]:
+                   bounds: tuple[str, str]) -> dict[str, float]:
         cfg, hw = self.cfg, self.cfg.hw
         out: dict[str, float] = {
             "sim_peak_running_reqs": float(max(rep.admission.peak_pool_used for rep in self.replicas)),
             "sim_peak_microbatches_in_flight": float(max(rep.peak_in_flight for rep in self.replicas)),
             MEM_USED_MAX: max(mem_used_bytes(cfg, s) for s in range(cfg.pp)) / 2**30,
         }
-        window = self._window(steady, out)
+        window = self._window(bounds, out)
         if window is None:
             return out
         start, end, busy = window
@@ -360,6 +364,21 @@ def gpu_summaries(hw: HardwareConf, frac: dict[int, float]) -> dict[str, float]:
     return out
 
 
+def _known(metrics: dict[str, float], point: LoadPoint) -> bool:
+    """Whether a point's summary meets its targets: its throughput's interval, and with a latency target
+    its TTFT and ITL p99s' (each as wide as its wider side; an interval not known is not)."""
+    if not metrics.get("output_tok_s_ci95_rel", math.nan) <= (point.ci_target or 0.0):
+        return False
+    target = point.latency_ci_target
+    if target is None:
+        return True
+    for name in ("ttft_p99_ms", "itl_p99_ms"):
+        p99, lo, hi = (metrics.get(k, math.nan) for k in (name, f"{name}_ci95_lo", f"{name}_ci95_hi"))
+        if not max(p99 - lo, hi - p99) <= target * p99:
+            return False
+    return True
+
+
 class _VirtualClient:
     """The load generator's side of one point, in virtual time: sends, records, load modes, the ramp
     and the stop rule, as ``workloads.scheduler`` and ``workloads.shard`` define them."""
@@ -389,6 +408,7 @@ class _VirtualClient:
         self.window_target = 1  # requests in flight that end the ramp (closed loop: the concurrency)
         self.held_at: float | None = None  # when the load first held (``window_target`` in flight)
         self.ended_since_held = 0  # requests (sessions) ended since: C of them are one turnover
+        self.held_marked = False
         self.window_open = False
         self.window_closed = False
         # a point run until its numbers are known, p99s included (orchestrator/points/virtual.py: a trial's
@@ -533,6 +553,9 @@ class _VirtualClient:
         if self.held_at is None and self.load_held >= self.window_target:
             self.held_at = now
             self.ended_since_held = 0
+        if self.held_at is not None and self.first_measured_sent and not self.held_marked:
+            self.held_marked = True
+            self.trial.mark("held")  # where a point too short for its turnover opens its window
         self._maybe_open()  # on a send: the one that replaced the turnover's last request opens it
         if self.point.open_loop and self.window_open and scheduled is not None:
             self.trial.mark("close")  # the last send on the schedule closes an open-loop window
@@ -569,7 +592,7 @@ class _VirtualClient:
                     turnaround += self.point.think_s  # the session's next turn, after its think time
                 i = self._claim(sim.now + turnaround, rec.index)
                 if i is None:
-                    if self.window_open and not self.window_closed:
+                    if self.held_marked and not self.window_closed:
                         self.window_closed = True  # the first stream not replaced closes the window
                         self.trial.mark("close")
                     return

@@ -19,7 +19,7 @@ import pytest
 from analysis.diagnose import diagnose
 from analysis.report import advice_text
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.prediction.verdict import gain
+from orchestrator.prediction.verdict import MIN_GAIN, gain
 from orchestrator.trial.advice import check_findings
 from orchestrator.trial.plan import TrialIdentity, checked_engine, make_plan
 from orchestrator.trial.session import VirtualSession
@@ -68,9 +68,16 @@ def diagnosed(cfg: ParasweepConf, tmp_path: Path) -> dict[str, Finding]:
         if f.change:
             effect = f.predicted_effect
             assert effect["verdict"] == "helps", f
-            # the change that helps most of every one tried, at the finding's own load: never a load change
+            # the change that helps most of every one tried, at the finding's own load (or, on throughput,
+            # one within the model's error of it on fewer GPUs or earlier in the rule's order: a
+            # difference the model cannot resolve crowns nothing): never a load change
             helping = [t for t in effect["tried"] if t["verdict"] == "helps"]
-            assert gain(effect, f.goal) == max(gain(t, f.goal) for t in helping)
+            most = max(gain(t, f.goal) for t in helping)
+            if f.goal == "throughput":
+                ratio = [1 + t["change_pct"]["output_tok_s"] / 100 for t in helping]
+                assert 1 + effect["change_pct"]["output_tok_s"] / 100 >= max(ratio) * (1 - MIN_GAIN)
+            else:
+                assert gain(effect, f.goal) == most
             assert "workload.concurrency" not in f.change
         assert "parasweep_sim" not in f.evidence
     return {f.id: f for f in findings}
@@ -250,7 +257,9 @@ def test_a_pool_too_small_for_the_shared_prefixes(tmp_path: Path) -> None:
     cfg.server.extra_args = {"max_total_tokens": 12000}
     found = diagnosed(cfg, tmp_path)
     thrash = found["prefix_cache_thrash"]
-    assert "where the prompts offered 9" in thrash.evidence
+    # offered: every prompt's prefix was sent before it in the window (the groups all came round in the
+    # ramp), so an unbounded cache would find all of it
+    assert "where the prompts offered 100%" in thrash.evidence
     assert "capped by --max-total-tokens=12,000" in thrash.evidence
     assert thrash.change == {"server.extra_args.max_total_tokens": 24000}
     assert "(simulated engine's log / metrics, not measured)" in thrash.evidence

@@ -3,7 +3,8 @@ two policies on shared-prefix groups, one request at a time: round-robin alterna
 each computes every group's system prompt; cache-aware sends each group's requests where its prompt is
 already cached, so each prompt is computed once. One at a time, what is cached when a request arrives
 does not depend on timing, so the hit rates measured through the real router must equal the simulated
-router's prediction of the same trials exactly. Every process the trials started is gone afterwards.
+router's prediction of the same points exactly (as measured: the ``pred/`` column's points run longer,
+until their numbers are known). Every process the trials started is gone afterwards.
 
 (Many in flight on a pool too small for every group, the real router's placement of each group's first
 request depends on the replicas' load at that instant, and with it how far a thrashing pool's hit rate
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.calibrate import predict_trial_points, read_run
 from orchestrator.process.server import group_alive
 from tests.conftest import NO_DRAWING, run_cli
 
@@ -41,7 +43,12 @@ def test_the_real_router_keeps_groups_together_where_round_robin_splits_them(tmp
     trials = {r.data.params["dp.router"]: r for r in client.search_runs([exp.experiment_id])
               if r.data.tags.get("parasweep.kind") == "trial"}
     hit = {policy: run.data.metrics["c1/cache_hit_rate"] for policy, run in trials.items()}
-    predicted = {policy: run.data.metrics["pred/c1/cache_hit_rate"] for policy, run in trials.items()}
+    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    predicted = {}
+    for policy, run in trials.items():
+        (trial,) = read_run(run.info.run_id, uri)
+        predicted[policy] = predict_trial_points(trial.cfg, ["c1"])["c1"]["cache_hit_rate"]
+        assert "pred/c1/cache_hit_rate" in run.data.metrics
     offered = trials["cache_aware"].data.metrics["c1/offered_hit_rate"]
     assert hit == pytest.approx(predicted, abs=1e-9)
     # cache-aware: every system prompt computed once, as by one replica; round-robin: on both replicas

@@ -64,7 +64,7 @@ def test_the_window_opens_after_one_turnover_so_an_idle_start_does_not_read_high
     steady = [_rec(2 + 2 * k + s, 0.501 + k, 1.501 + k) for k in range(4) for s in range(2)]
     recs = fast + steady
     m = summarize(recs, LoadPoint(concurrency=2, num_requests=len(recs)))
-    assert m["ramp_s"] == 0.501 and m["ramp_requests"] == 2
+    assert m["ramp_s"] == 0.501 and m["ramp_requests"] == 2 and m["window_turned"] == 1.0
     assert m["output_tok_s"] == pytest.approx(8.0, rel=1e-3)
     whole_from_held = tokens_between(recs, 0.0, m["ramp_s"] + m["window_s"]) / (m["ramp_s"] + m["window_s"])
     assert whole_from_held > 8.0 * 1.05
@@ -91,10 +91,24 @@ def test_a_point_too_short_for_a_window_says_so() -> None:
     recs = [_rec(0, 0.0, 1.0, warmup=True), _rec(1, 1.0, 2.0)]
     m = summarize(recs, LoadPoint(concurrency=2, num_requests=1, warmup_requests=1))
     assert m["window_steady"] == 0.0 and m["window_s"] == 1.0  # the measured span instead
-    # C = 2 held from 0, but the point ends before both streams turned over: no window either
+    # C = 2 held from 0, but the point ends before both streams turned over: its window opens as the load
+    # held (at 0) and closes at the first stream not replaced (2.0), and says it did not wait
     recs = [_rec(0, 0.0, 1.0), _rec(1, 0.0, 2.0), _rec(2, 1.0, 2.5)]
     m = summarize(recs, LoadPoint(concurrency=2, num_requests=3))
-    assert m["window_steady"] == 0.0
+    assert (m["window_steady"], m["window_turned"], m["ramp_s"], m["window_s"]) == (1.0, 0.0, 0.0, 2.0)
+
+
+def test_a_point_of_two_requests_per_stream_is_read_from_when_the_load_held() -> None:
+    # C = 2, two waves: the turnover's window would hold one send (the one at 1.1, replacing the second
+    # end of the first wave, before the first end of the second, at 2.0, closes it): too few to
+    # describe the point, so the window opens as the load held, at 0
+    recs = [_rec(0, 0.0, 1.0), _rec(1, 0.0, 1.1), _rec(2, 1.0, 2.0), _rec(3, 1.1, 2.1)]
+    m = summarize(recs, LoadPoint(concurrency=2, num_requests=4))
+    assert (m["window_turned"], m["ramp_s"], m["window_s"], m["window_requests"]) == (0.0, 0.0, 2.0, 4)
+    # a third wave leaves three sends after the turnover: the window waits for it
+    recs += [_rec(4, 2.0, 3.0), _rec(5, 2.1, 3.1)]
+    m = summarize(recs, LoadPoint(concurrency=2, num_requests=6))
+    assert (m["window_turned"], m["ramp_s"], m["window_requests"]) == (1.0, 1.1, 3)
 
 
 def test_batch_means_know_a_steady_rate_and_say_nothing_of_a_short_window() -> None:

@@ -203,7 +203,7 @@ def _peak_in_flight(intervals: list[tuple[float, float]]) -> int:
 def _window_metrics(recs: list[RequestRecord], in_window: list[RequestRecord], window: Window | None,
                     slo: SLO | None) -> dict[str, float]:
     """Throughput, goodput and the phases of the point (ramp, window, drain), over the window."""
-    keys = ["duration_s", "window_s", "ramp_s", "drain_s", "window_steady", "ramp_requests",
+    keys = ["duration_s", "window_s", "ramp_s", "drain_s", "window_steady", "window_turned", "ramp_requests",
             "window_requests", "drain_requests", "ramp_output_tok_s", "drain_output_tok_s",
             "output_tokens", "input_tokens", "output_tok_s", "input_tok_s", "total_tok_s", "request_s",
             "output_tok_s_ci95", "output_tok_s_ci95_rel", "window_batches"]
@@ -228,6 +228,7 @@ def _window_metrics(recs: list[RequestRecord], in_window: list[RequestRecord], w
         "ramp_s": ramp,
         "drain_s": drain,
         "window_steady": 1.0 if window.steady else 0.0,
+        "window_turned": 1.0 if window.turned else 0.0,
         "ramp_requests": float(sum(1 for r in recs if r.send_time < window.start)),  # type: ignore[operator]
         "window_requests": float(len(in_window)),
         "drain_requests": float(sum(1 for r in recs if r.end_time > window.end)),  # type: ignore[operator]

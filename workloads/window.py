@@ -17,6 +17,12 @@ report, ``compare``, calibration and the search):
   first duration, about 1,580 from then on), and a short window that starts at once reads high. A
   point whose warm-up is one wave per stream (``workload.warmup_per_concurrency=1``) has had its
   turnover by its first measured send. The same rule holds for a measured point and a predicted one.
+
+  A closed-loop point too short for it, one that would have fewer than ``C`` measured sends left in
+  its window after the turnover (about two requests per stream or fewer), is read instead from the
+  instant the load first held (or its first measured send, if later): a window of one or two requests
+  would describe nothing, and the first wave, read high as it may be, is all such a point has. It says
+  so (``window_turned`` = 0).
 * **window**: from the end of the ramp until the offered load stops holding (with sessions, read
   "request" below as "session", from its first send to its last end). Closed loop: the end
   of the first request whose stream was not replaced (with S sends, every send after the first C
@@ -65,13 +71,15 @@ MIN_BATCHES = 4
 @dataclass(frozen=True)
 class Window:
     """A point's phases on the records' clock. ``steady`` is False when the point had no window and
-    ``start``/``end`` are its whole measured span instead."""
+    ``start``/``end`` are its whole measured span instead; ``turned`` is False when a closed-loop window
+    opened as the load first held, the point too short to wait for its turnover."""
 
     first_send: float
     start: float
     end: float
     last_end: float
     steady: bool
+    turned: bool = True
 
     @property
     def width(self) -> float:
@@ -125,6 +133,7 @@ def steady_window(records: Sequence[RequestRecord], point: LoadPoint) -> Window 
     first_measured = min(r.send_time for r in measured)  # type: ignore[type-var]
     last_end = max(r.end_time for r in done)  # type: ignore[type-var]
     start: float | None = first_measured
+    turned_over = True
     if point.concurrency is not None:
         target = point.streams
         assert target is not None
@@ -136,12 +145,18 @@ def steady_window(records: Sequence[RequestRecord], point: LoadPoint) -> Window 
         # delivered as it ended stay in the ramp
         opening = None if turned is None else min((r.send_time for r in done  # type: ignore[type-var]
                                                    if r.send_time >= turned), default=None)  # type: ignore[operator]
-        start = None if opening is None else max(opening, first_measured)
         # the first stream not replaced. Every send after the first C replaced an ended request (or
         # session), and a closed loop replaces them in the order they end: the first S - C ends (S
         # sends) were replaced and the next one was not
         ends = sorted(e for _, e in intervals)
         end = ends[min(len(ends) - 1, max(0, len(intervals) - target))]
+        start = None if opening is None else max(opening, first_measured)
+        if start is None or sum(1 for r in measured if start <= r.send_time <= end) < target:  # type: ignore[operator]
+            # too few requests left after the turnover to describe the point (fewer than one per
+            # stream: about two waves or less per stream): read it from when the load first held
+            # (a point of one wave, no more requests than streams, has no window at all)
+            turned_over = False
+            start = None if reached is None or len(intervals) <= target else max(reached, first_measured)
     else:
         # the last arrival on the schedule (with sessions: the last session's first turn; its later
         # turns follow answers, not the schedule)
@@ -149,8 +164,8 @@ def steady_window(records: Sequence[RequestRecord], point: LoadPoint) -> Window 
                   if point.sessions is None or r.scheduled_time is not None)
     if start is None or not end > start:
         return Window(first_send, first_measured, max(r.end_time for r in measured),  # type: ignore[type-var]
-                      last_end, steady=False)
-    return Window(first_send, start, end, last_end, steady=True)
+                      last_end, steady=False, turned=False)
+    return Window(first_send, start, end, last_end, steady=True, turned=turned_over)
 
 
 @dataclass(frozen=True)

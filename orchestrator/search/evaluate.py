@@ -257,10 +257,36 @@ def evaluate(base: ParasweepConf, screened: Screened, settings: Settings,
     outcome.concurrency, outcome.metrics = best, dict(result.metrics)
     unit = "decode server" if cfg.pd.enabled else "replica"
     outcome.limit, outcome.limit_at = _limit(results, best, settings, outcome.max_load, unit)
-    outcome.score = per_gpu * (result.metrics.get("output_tok_s", 0.0)
-                               if settings.objective == "output_tok_s_per_gpu"
-                               else goodput(result.records, result.point, settings.slo))
+    outcome.score = _score(result, per_gpu, settings)
     return outcome
+
+
+def _score(result: PointResult, per_gpu: float, settings: Settings) -> float:
+    return per_gpu * (result.metrics.get("output_tok_s", 0.0) if settings.objective == "output_tok_s_per_gpu"
+                      else goodput(result.records, result.point, settings.slo))
+
+
+def confirmed(base: ParasweepConf, screened: Screened, derived: Outcome, settings: Settings,
+              bar: Callable[[], float] = _no_bar) -> Outcome:
+    """``derived`` (``replicated``: k replicas judged from one) held to the full simulation of all k
+    replicas at its load, one prediction: where that load holds the SLOs, the derived outcome with the
+    full simulation's numbers; where it does not, the candidate judged in full (``evaluate``). Round-robin
+    deals a replica the requests other replicas' ends set off, so now and then two arrive within one of
+    its steps, which one replica alone at its share of the load never sees (its arrivals are its own
+    ends): the tail of ITL can be a step with two prefills where the derived one has one."""
+    from orchestrator.prediction.modelled import apply_change, point_predictor
+
+    if derived.status != OK or derived.concurrency is None:
+        return derived
+    cfg, env = apply_change(base, screened.change)
+    predict = point_predictor(cfg, env)
+    result = predict(steady_point(derived.concurrency, predict, cfg.workload.predicted))
+    worst = worst_ratio(result.metrics, settings.slo)
+    if worst is not None and worst[1] > 1.0:
+        full = evaluate(base, screened, settings, bar)
+        return replace(full, predictions=full.predictions + 1)
+    return replace(derived, predictions=1, metrics=dict(result.metrics),
+                   score=_score(result, 1.0 / max(1, derived.gpus), settings))
 
 
 class _CannotWin(Exception):

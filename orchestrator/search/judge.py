@@ -24,6 +24,7 @@ from orchestrator.search.evaluate import (
     Outcome,
     Screened,
     Settings,
+    confirmed,
     evaluate,
     replicated,
     screen,
@@ -52,6 +53,11 @@ def _share_bar(bar: Any) -> None:
 def _evaluate_one(args: tuple[ParasweepConf, Screened, Settings]) -> Outcome:
     base, screened, settings = args
     return _guarded(screened.change, evaluate, base, screened, settings, lambda: _shared_bar.value)
+
+
+def _confirm_one(args: tuple[ParasweepConf, Screened, Outcome, Settings]) -> Outcome:
+    base, screened, derived, settings = args
+    return _guarded(screened.change, confirmed, base, screened, derived, settings, lambda: _shared_bar.value)
 
 
 def _guarded(change: dict[str, Any], fn: Any, *args: Any) -> Any:
@@ -170,19 +176,35 @@ class Judge:
         queue = collections.deque(sorted(judged, key=lambda s: -s.ceiling))
         ranking = self.ranking
 
-        def settle(s: Screened, outcome: Outcome) -> None:
-            family = [(s, outcome)] + [(d, replicated(outcome, d.change, d.replicas // s.replicas, settings))
-                                       for d in derived[s.engine_key]]
-            for member, result in family:
-                ranking.add(result)
-                if pool is not None:
-                    self.shared_bar.value = ranking.bar
-                for i, twin in enumerate(twins[member.engine_key]):
-                    outcomes[index[id(twin.change)]] = result if i == 0 else _twin(result, twin)
-                    advance()
+        # derived outcomes (more replicas judged from fewer) waiting to be held to the full simulation
+        checks: collections.deque[tuple[Screened, Outcome]] = collections.deque()
 
-        running: dict[concurrent.futures.Future[Outcome], Screened] = {}
-        while queue or running:
+        def settle_one(member: Screened, result: Outcome) -> None:
+            ranking.add(result)
+            if pool is not None:
+                self.shared_bar.value = ranking.bar
+            for i, twin in enumerate(twins[member.engine_key]):
+                outcomes[index[id(twin.change)]] = result if i == 0 else _twin(result, twin)
+                advance()
+
+        def settle(s: Screened, outcome: Outcome) -> None:
+            settle_one(s, outcome)
+            for d in derived[s.engine_key]:
+                more = replicated(outcome, d.change, d.replicas // s.replicas, settings)
+                if more.status == OK:
+                    checks.append((d, more))
+                else:  # bounded out, over the SLOs at one request: as the fewer replicas are
+                    settle_one(d, more)
+
+        # each future: the candidate, and whether it was judged in full (else a derived one confirmed)
+        running: dict[concurrent.futures.Future[Outcome], tuple[Screened, bool]] = {}
+        while queue or running or checks:
+            while checks and len(running) < 2 * max(1, self.workers):
+                d, more = checks.popleft()
+                if pool is None:
+                    settle_one(d, _guarded(d.change, confirmed, cfg, d, more, settings, lambda: ranking.bar))
+                else:
+                    running[pool.submit(_confirm_one, (cfg, d, more, settings))] = (d, False)
             while queue and len(running) < 2 * max(1, self.workers):
                 s = queue.popleft()
                 if s.ceiling < ranking.bar:  # and every one after it: the queue falls in ceiling
@@ -193,11 +215,12 @@ class Judge:
                 if pool is None:
                     settle(s, _guarded(s.change, evaluate, cfg, s, settings, lambda: ranking.bar))
                 else:
-                    running[pool.submit(_evaluate_one, (cfg, s, settings))] = s
+                    running[pool.submit(_evaluate_one, (cfg, s, settings))] = (s, True)
             if running:
                 done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
                 for future in done:
-                    settle(running.pop(future), future.result())
+                    s, full = running.pop(future)
+                    (settle if full else settle_one)(s, future.result())
         return [o for o in outcomes if o is not None]
 
 

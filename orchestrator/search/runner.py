@@ -156,16 +156,16 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings,
              f"{counts.get(OVER_SLO, 0)} over them at any load, {counts.get(PRUNED, 0)} could not win "
              f"(their ceiling, from the cost model or their highest load, below the best predicted), "
              f"{counts.get(REJECTED, 0)} rejected; "
-             f"{twins} the same engine as another, {replicas} more replicas of another (judged from its "
-             f"replica); {sum(o.predictions for o in outcomes)} load points "
+             f"{twins} the same engine as another, {replicas} more replicas of another (their load from "
+             f"its replicas', confirmed in full); {sum(o.predictions for o in outcomes)} load points "
              f"predicted; {PREDICTED}."]
     if ranked:
         best = ranked[0]
         lines.append(f"Best: {overrides_text(best.change)} at concurrency {best.concurrency}: "
                      f"{_scored(best, settings)}; a higher load: {best.limit}")
         lines += command_lines(cfg, best.change, best.concurrency, task)
-        # more replicas of the best's engine score what it scores per GPU by construction: the noise
-        # question is about the best other engine
+        # more replicas of the best's engine are the same choice of engine: the noise question is about
+        # the best other one
         rival = next((o for o in ranked[1:] if _family(o) != _family(best)), None)
         if rival is not None:
             verdict = judge([_score_estimate(best), _score_estimate(rival)])
@@ -305,11 +305,9 @@ def _family(o: Outcome) -> str:
 
 def _lost(o: Outcome, best: Outcome) -> str:
     """Why a runner-up lost: how far below the best it scores, and what held its load down."""
-    if _family(o) == _family(best):
-        return ("the best's engine with another count of replicas: the same per GPU; held at this load "
-                f"by {o.limit}")
     behind = 100.0 * (1.0 - (o.score or 0.0) / (best.score or 1.0))
-    return f"{behind:.0f}% below the best; held at this load by {o.limit}"
+    same = ", the best's engine with another count of replicas" if _family(o) == _family(best) else ""
+    return f"{behind:.0f}% below the best{same}; held at this load by {o.limit}"
 
 
 def _scored(o: Outcome, settings: Settings) -> str:
