@@ -191,9 +191,10 @@ class Judge:
             settle_one(s, outcome)
             for d in derived[s.engine_key]:
                 more = replicated(outcome, d.change, d.replicas // s.replicas, settings)
-                if more.status == OK:
+                if more.status == OK and (more.score or 0.0) >= ranking.bar:
                     checks.append((d, more))
-                else:  # bounded out, over the SLOs at one request: as the fewer replicas are
+                else:  # bounded out, over the SLOs at one request (as the fewer replicas are), or
+                    # scored below the best few: kept as derived, unconfirmed (no prediction of its own)
                     settle_one(d, more)
 
         # each future: the candidate, and whether it was judged in full (else a derived one confirmed)

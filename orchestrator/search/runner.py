@@ -157,8 +157,8 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings,
              f"(their ceiling, from the cost model or their highest load, below the best predicted), "
              f"{counts.get(REJECTED, 0)} rejected; "
              f"{twins} the same engine as another, {replicas} more replicas of another (their load from "
-             f"its replicas', confirmed in full); {sum(o.predictions for o in outcomes)} load points "
-             f"predicted; {PREDICTED}."]
+             f"its replicas', confirmed in full where it could enter the best few); "
+             f"{sum(o.predictions for o in outcomes)} load points predicted; {PREDICTED}."]
     if ranked:
         best = ranked[0]
         lines.append(f"Best: {overrides_text(best.change)} at concurrency {best.concurrency}: "
