@@ -273,3 +273,33 @@ def test_two_replicas_behind_round_robin_split_the_cache(tmp_path: Path) -> None
     split = found["prefix_cache_split"]
     assert split.change == {"dp.router": "cache_aware"} and "prefix_cache_thrash" not in found
     assert split.predicted_effect is not None and split.predicted_effect["change_pct"]["output_tok_s"] > 20
+
+
+def disaggregated(tmp_path: Path, prefill_pp: int, decode_pp: int) -> set[str]:
+    """Llama-3.1-70B on two H100 nodes, its trial keys a TP8 PP2 layout, served disaggregated by one
+    prefill and one decode server of 8 GPUs each with their own pipelines: the findings' ids (diagnosed
+    only, no fix predicted)."""
+    cfg = scenario("llama-3.1-70b", "h100-sxm-x8-2nodes-ib", tp=8, pp=2, concurrency=32, input_len=512,
+                   output_len=64)
+    cfg.predict = True  # a deployment across two nodes runs in prediction
+    cfg.pd.enabled = True
+    cfg.pd.prefill.workers = cfg.pd.decode.workers = 1
+    cfg.pd.prefill.tp, cfg.pd.prefill.pp = 8 // prefill_pp, prefill_pp
+    cfg.pd.decode.tp, cfg.pd.decode.pp = 8 // decode_pp, decode_pp
+    plan = make_plan(cfg, checked_engine(cfg), TrialIdentity(0, "pd", tmp_path / "trial", ()))
+    with VirtualSession(plan) as session:
+        results = [session.run_point(p, plan.spec, tmp_path / "records.jsonl", lambda done, total: None)
+                   for p in plan.points]
+    facts = trial_facts(cfg, session.resolved, results, {}, session.gpu.source, "sim-predict")
+    assert (facts.pp_size, facts.tp_size) == (decode_pp, 8 // decode_pp)  # the decode servers' layout
+    return {f.id for f in diagnose(facts)}
+
+
+@pytest.mark.parametrize(("prefill_pp", "decode_pp", "pipelined"),
+                         [(1, 1, False), (2, 1, False), (1, 2, True)])
+def test_a_disaggregated_trial_is_diagnosed_on_its_roles_layout(
+        tmp_path: Path, prefill_pp: int, decode_pp: int, pipelined: bool) -> None:
+    # the trial's own pp.size=2 is not what serves: the decode servers' pipeline (or none) decides whether
+    # their micro-batches fill its stages (one micro-batch of 32 requests for two stages)
+    found = disaggregated(tmp_path, prefill_pp, decode_pp)
+    assert ("too_few_microbatches" in found) is pipelined, found

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from analysis.diagnose import StepEstimate, TrialFacts
-from orchestrator.config.schema import ParasweepConf, role_gpus, router_process
+from orchestrator.config.schema import ParasweepConf, role_config, role_gpus, router_process
 from orchestrator.trial.plan import TrialPlan
 from vocab.model import ROUTER_PACKAGE
 from vocab.records import PointResult
@@ -35,19 +35,23 @@ def trial_facts(cfg: ParasweepConf, resolved: dict[str, Any], results: list[Poin
     points = {r.point.label: {**r.metrics, **extras.get(r.point.label, {}),
                               "invalid_reason": "; ".join(r.invalid_reasons)} for r in results}
     concurrency = {r.point.label: r.point.concurrency for r in results if r.point.concurrency is not None}
+    # a disaggregated deployment's decode servers speak for it (its resolved flags are decode server 0's):
+    # the engine's layout is theirs, not the trial's own keys, which a role may override
+    shown = role_config(cfg, "decode") if cfg.pd.enabled else cfg
     steps: dict[str, StepEstimate] = {}
     layers: tuple[int, ...] = ()
     try:
         from orchestrator.prediction.modelled import modelled_steps
 
-        steps, layers = modelled_steps(cfg, concurrency, resolved)
+        servers = cfg.pd.decode.workers if cfg.pd.enabled else 1  # the streams shared between them
+        steps, layers = modelled_steps(shown, {k: -(-c // servers) for k, c in concurrency.items()}, resolved)
     except Exception as exc:  # a model the cost model cannot describe: those rules stay quiet
         log.warning("no cost-model estimates for the diagnosis: %s", exc)
     input_len, output_len = _mean_lengths(cfg, results)
     return TrialFacts(
-        pp_size=cfg.pp.size, async_depth=cfg.pp.async_depth, resolved=resolved, points=points,
+        pp_size=shown.pp.size, async_depth=shown.pp.async_depth, resolved=resolved, points=points,
         concurrency=concurrency, idle_power_w=cfg.hardware.idle_power_w,
-        power_limit_w=cfg.hardware.power_limit_w, tp_size=cfg.tp.size, dp_size=cfg.dp.size,
+        power_limit_w=cfg.hardware.power_limit_w, tp_size=shown.tp.size, dp_size=shown.dp.size,
         interconnect=cfg.hardware.interconnect, gpu_source=gpu_source.value, engine=engine, steps=steps,
         stage_layers=layers, input_len=input_len, output_len=output_len, dp_router=cfg.dp.router,
         spec_algorithm=cfg.spec.algorithm, spec_drafts=_spec_drafts(cfg), pd=_deployment(cfg))
