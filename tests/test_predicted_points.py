@@ -79,3 +79,17 @@ def test_the_stop_rule_waits_for_the_p99s_when_asked() -> None:
     assert b["completed"] > a["completed"] and b["completed"] >= 400
     assert a["budget_hit"] == b["budget_hit"] == 0.0
     assert StabilityTracker(both, DEFAULTS.ci_target).stable(0.0) is False  # nothing sent: not known
+
+
+def test_a_point_too_short_for_its_turnover_is_read_from_when_the_load_held() -> None:
+    # two requests per stream: after the turnover fewer than one send per stream would be left, so the
+    # window opens as the load held, in virtual time as on the load generator's records; a point with
+    # more waves waits for the turnover
+    short = predict_point(TINY, LoadPoint(concurrency=8, num_requests=16), SPEC).metrics
+    assert (short["window_steady"], short["window_turned"]) == (1.0, 0.0)
+    assert short["ramp_requests"] < 8 and short["window_requests"] >= 8
+    longer = predict_point(TINY, LoadPoint(concurrency=8, num_requests=48), SPEC).metrics
+    assert (longer["window_steady"], longer["window_turned"]) == (1.0, 1.0)
+    assert longer["ramp_requests"] >= 8
+    for m in (short, longer):  # the simulated GPUs' busy share, read over a window in both
+        assert 0.0 < m["gpu_util_mean_pct"] <= 100.0
