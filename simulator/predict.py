@@ -10,7 +10,7 @@ The virtual client takes every definition from the shared vocabulary rather than
 
 * which requests a point sends: ``LoadPoint.total_requests`` (warmup first, the first
   ``warmup_requests`` indices), or, for a closed-loop point bounded by ``duration_s``, as many as the
-  workers start before the window closes (the window opens at the first measured send, as in the load
+  workers start before its duration is over (counted from the first measured send, as in the load
   generator);
 * closed loop (``concurrency``): that many workers (at most the point's request count), each sending
   the next index the instant its previous request ends;
