@@ -26,7 +26,7 @@ from orchestrator.search.evaluate import (
     screen,
 )
 from orchestrator.search.judge import evaluate_all
-from orchestrator.search.runner import command_lines, run_search, search_base
+from orchestrator.search.runner import answer_lines, command_lines, run_search, search_base
 from orchestrator.search.space import Dimension, candidates, parse_space
 from vocab.hardware import load_hardware
 
@@ -143,6 +143,15 @@ def test_a_search_whose_answer_is_known(tmp_path: Path) -> None:
     table = pd.read_parquet(tmp_path / "search" / "candidates.parquet")
     assert len(table) == 6 and list(table["status"]).count(REJECTED) == 2
     assert len(pd.read_csv(tmp_path / "search" / "candidates.csv")) == 6
+    # how sure each predicted candidate's throughput is: its interval, and whether its budget ran out
+    judged = table[table["status"] == OK]
+    assert judged["output_tok_s_ci95_rel"].notna().all() and judged["budget_hit"].isin([0.0, 1.0]).all()
+    cfg = tiny(tmp_path, {"itl_p99_ms": 5.0})
+    lines = answer_lines(cfg, result, check_settings(cfg))
+    best_line = next(line for line in lines if line.startswith("Best:"))
+    rel = best.metrics["output_tok_s_ci95_rel"]
+    assert f"{best.metrics['output_tok_s']:,.0f} tok/s ±{100 * rel:.0f} %" in best_line
+    assert ("short of its target" in best_line) is (best.metrics["budget_hit"] == 1.0)
 
 
 def test_the_answer_says_how_to_serve_the_real_model(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import os
 import shlex
 from collections.abc import Callable
@@ -41,7 +42,10 @@ from orchestrator.search.space import candidates, parse_space, size, with_group_
 PREDICTED = "predicted by the simulated engine in virtual time, not measured"
 # what the SLOs are judged on (evaluate.steady_point): the window after the ramp, before the drain
 STEADY = "each load's streams ramped in over one request duration, the window after the ramp judged"
-SHOWN = ("output_tok_s", "ttft_p99_ms", "itl_p99_ms", "tpot_p50_ms", "e2e_p99_ms")
+# the predicted metrics of each candidate at its load, and how sure its throughput is (its 95 % interval,
+# relative; budget_hit 1: its point ran out of virtual time or requests before its target)
+SHOWN = ("output_tok_s", "ttft_p99_ms", "itl_p99_ms", "tpot_p50_ms", "e2e_p99_ms", "output_tok_s_ci95_rel",
+         "budget_hit")
 
 
 @dataclass
@@ -312,8 +316,11 @@ def _lost(o: Outcome, best: Outcome) -> str:
 
 def _scored(o: Outcome, settings: Settings) -> str:
     m = o.metrics
+    rel = m.get("output_tok_s_ci95_rel", float("nan"))
+    sure = f" ±{100 * rel:.0f} %" if math.isfinite(rel) else " (interval not known)"
+    short = " (short of its target: its point's budget ran out)" if m.get("budget_hit") == 1.0 else ""
     parts = [f"{settings.objective} {o.score:,.1f}", f"{o.gpus} GPU(s)",
-             f"{m.get('output_tok_s', float('nan')):,.0f} tok/s",
+             f"{m.get('output_tok_s', float('nan')):,.0f} tok/s{sure}{short}",
              f"TTFT p99 {m.get('ttft_p99_ms', float('nan')):,.0f} ms",
              f"ITL p99 {m.get('itl_p99_ms', float('nan')):,.1f} ms"]
     return ", ".join(parts)
