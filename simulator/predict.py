@@ -65,7 +65,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -231,6 +230,7 @@ class VirtualTrial:
         from workloads import summarize, validity_reasons
         from workloads.prefix_reuse import offered_reuse
         from workloads.sources import as_sessions
+        from workloads.window import targets_met
 
         point = as_sessions(point, spec)
         sim = self.sim
@@ -253,7 +253,7 @@ class VirtualTrial:
             # a point run until its numbers are known, within a budget: 1 when the budget (its duration,
             # or the count that guards it) ended it first (``orchestrator.points.virtual``), 0 when the
             # rule stopped it or its numbers were known by its end (the budget falling between two checks)
-            metrics["budget_hit"] = 0.0 if client.enough or _known(metrics, point) else 1.0
+            metrics["budget_hit"] = 0.0 if client.enough or targets_met(metrics, point) else 1.0
         metrics.update(offered_reuse(records, client.sent_ids.__getitem__))
         # the window's bounds as the records' rule chose them (``workloads.window``)
         bounds = (("open" if metrics.get("window_turned") == 1.0 else "held", "close")
@@ -362,21 +362,6 @@ def gpu_summaries(hw: HardwareConf, frac: dict[int, float]) -> dict[str, float]:
     out[POWER_FRAC_MAX_GPU] = out[POWER_FRAC_PEAK] = max(power_frac.values())
     out[UTIL_MEAN] = 100.0 * sum(frac.values()) / len(frac)
     return out
-
-
-def _known(metrics: dict[str, float], point: LoadPoint) -> bool:
-    """Whether a point's summary meets its targets: its throughput's interval, and with a latency target
-    its TTFT and ITL p99s' (each as wide as its wider side; an interval not known is not)."""
-    if not metrics.get("output_tok_s_ci95_rel", math.nan) <= (point.ci_target or 0.0):
-        return False
-    target = point.latency_ci_target
-    if target is None:
-        return True
-    for name in ("ttft_p99_ms", "itl_p99_ms"):
-        p99, lo, hi = (metrics.get(k, math.nan) for k in (name, f"{name}_ci95_lo", f"{name}_ci95_hi"))
-        if not max(p99 - lo, hi - p99) <= target * p99:
-            return False
-    return True
 
 
 class _VirtualClient:

@@ -36,6 +36,7 @@ from .prefix_reuse import achieved_reuse
 from .window import (
     Chunks,
     Window,
+    inter_token_ms,
     load_intervals,
     output_rate_interval,
     quantile_interval,
@@ -128,16 +129,10 @@ def latency_samples(records: Iterable[RequestRecord]) -> dict[str, np.ndarray]:
     outputs = np.fromiter((done[i].output_tokens for i in started), dtype=float, count=len(started))
     several = outputs > 1
     tpot = (e2e[started][several] - ttft[several]) / (outputs[several] - 1)
-    # inter-token gaps: between consecutive chunks of one request that completed tokens, each gap shared
-    # by the tokens of the later chunk
     chunks = Chunks.of([done[i] for i in started])
-    some = chunks.tokens > 0
-    times, tokens, owner = chunks.times[some], chunks.tokens[some], chunks.owner[some]
-    follows = owner[1:] == owner[:-1]
-    gaps = (times[1:] - times[:-1])[follows] * 1000.0
-    counts = tokens[1:][follows]
-    itl = np.repeat(gaps / counts, counts)
-    per_request = np.bincount(owner, minlength=len(started)).astype(float)
+    gaps, itl = inter_token_ms(chunks)
+    # chunks that completed tokens, per request
+    per_request = np.bincount(chunks.owner[chunks.tokens > 0], minlength=len(started)).astype(float)
     many = per_request > 1
     tpot_chunk = (e2e[started][many] - ttft[many]) / (per_request[many] - 1)
     return {"e2e": e2e, "ttft": ttft, "tpot": tpot, "tpot_chunk": tpot_chunk, "itl_chunk": gaps, "itl": itl}

@@ -55,7 +55,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -276,26 +276,44 @@ def quantile_interval(values: np.ndarray, q: float) -> tuple[float, float]:
     return float(arr[max(0, lo - 1)]), float(arr[hi - 1])
 
 
+def relative_half_width(value: float, lo: float, hi: float) -> float:
+    """How wide an interval ``[lo, hi]`` around ``value`` is, relative to it: its larger side (NaN: not
+    known, or a value of 0)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or not value > 0:
+        return NAN
+    return max(value - lo, hi - value) / value
+
+
 def p99_relative(values: np.ndarray) -> float:
     """The relative half-width of the p99's 95 % interval (the larger side; NaN: not known yet)."""
     if len(values) == 0:
         return NAN
-    lo, hi = quantile_interval(values, 0.99)
-    p99 = float(np.percentile(values, 99))
-    if not (math.isfinite(lo) and math.isfinite(hi)) or p99 <= 0:
-        return NAN
-    return max(p99 - lo, hi - p99) / p99
+    return relative_half_width(float(np.percentile(values, 99)), *quantile_interval(values, 0.99))
 
 
-def request_itl(times: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """One request's inter-token latencies in ms: each gap between its chunks shared by the tokens of
-    the later chunk (as the point's ITL counts them)."""
-    if len(times) < 2:
-        return np.empty(0)
-    gaps = np.diff(times) * 1000.0
-    counts = tokens[1:].astype(np.int64)
-    some = counts > 0
-    return np.repeat(gaps[some] / counts[some], counts[some])
+def targets_met(metrics: Mapping[str, float], point: LoadPoint) -> bool:
+    """Whether a point's summary (``workloads.metrics.summarize``) meets the stop rule's targets: its
+    throughput's interval within ``point.ci_target``, and with ``point.latency_ci_target`` its TTFT and
+    ITL p99s' within that (an interval not known is not)."""
+    if not metrics.get("output_tok_s_ci95_rel", NAN) <= (point.ci_target or 0.0):
+        return False
+    target = point.latency_ci_target
+    return target is None or all(
+        relative_half_width(metrics.get(name, NAN), metrics.get(f"{name}_ci95_lo", NAN),
+                            metrics.get(f"{name}_ci95_hi", NAN)) <= target
+        for name in ("ttft_p99_ms", "itl_p99_ms"))
+
+
+def inter_token_ms(chunks: Chunks) -> tuple[np.ndarray, np.ndarray]:
+    """The chunks' inter-token latencies in ms: the gaps between consecutive chunks of one request that
+    completed tokens, and each gap shared by the tokens of the later chunk (one value per token: the
+    point's ITL)."""
+    some = chunks.tokens > 0
+    times, tokens, owner = chunks.times[some], chunks.tokens[some], chunks.owner[some]
+    follows = owner[1:] == owner[:-1]
+    gaps = (times[1:] - times[:-1])[follows] * 1000.0
+    counts = tokens[1:][follows]
+    return gaps, np.repeat(gaps / counts, counts)
 
 
 def batch_floor_s(durations: Sequence[float]) -> float:
@@ -379,7 +397,7 @@ class StabilityTracker:
             if self.point.latency_ci_target is not None:
                 first = rec.first_token_time
                 self._ttft.append(NAN if first is None else (first - rec.send_time) * 1000.0)
-                self._itl.append(request_itl(self._times[-1], self._tokens[-1]))
+                self._itl.append(inter_token_ms(Chunks.of([rec]))[1])
 
     def stable(self, now: float) -> bool:
         if self._first_measured is None:

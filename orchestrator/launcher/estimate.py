@@ -10,9 +10,9 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from orchestrator.config.schema import ParasweepConf
+from vocab.load import LoadPoint
 from vocab.metric_keys import MetricKey
 
 log = logging.getLogger("parasweep")
@@ -65,7 +65,7 @@ def predict_trials(cfgs: list[ParasweepConf], scratch: Path,
     return out
 
 
-def _live_duration(point: Any, metrics: dict[str, float]) -> float:
+def _live_duration(point: LoadPoint, metrics: dict[str, float]) -> float:
     """Seconds ``point`` takes as a live trial runs it, from its prediction's request rate."""
     rate = metrics.get("request_s", 0.0)
     if point.measured_requests is not None and rate and rate > 0:
