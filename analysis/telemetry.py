@@ -43,6 +43,11 @@ from vocab.telemetry import (
     PREFILL_WITH_DECODES,
     QUEUE_GROWTH,
     QUEUE_MEAN,
+    RANK_KV_USAGE,
+    RANK_QUEUE,
+    RANK_QUEUE_SPREAD,
+    RANK_RUNNING,
+    RANK_RUNNING_IMBALANCE,
     RETRACTED,
     RUNNING_MEAN,
     SPEC_ACCEPT_LEN,
@@ -53,6 +58,7 @@ from vocab.telemetry import (
     UTIL_MEAN,
     GpuPlace,
     per_gpu,
+    per_replica,
     per_stage,
 )
 
@@ -235,6 +241,7 @@ def _stage_summaries(stages: pd.DataFrame, start: float, end: float) -> dict[str
     if len(usage):
         out[KV_USAGE_MAX] = usage["token_usage"].max()
     out.update(_prefill_summaries(window))
+    out.update(_rank_summaries(running, queue, usage))
     accept = _preferred(window[window["kind"] != "prefill"] if "kind" in window else window, "accept_len")
     if len(accept):
         accept = accept[(accept["pp"] == accept["pp"].min()) & (accept["accept_len"] > 0)]
@@ -243,6 +250,29 @@ def _stage_summaries(stages: pd.DataFrame, start: float, end: float) -> dict[str
     retracted = _retracted(df, start, end)
     if retracted is not None:
         out[RETRACTED] = retracted
+    return out
+
+
+def _rank_summaries(running: pd.DataFrame, queue: pd.DataFrame, usage: pd.DataFrame) -> dict[str, float]:
+    """Each scheduler's own numbers where the engine has several (attention-DP ranks, or replicas behind
+    its own DP controller; their reports carry ``dp_rank`` / ``DP<i>``), read at the first PP stage, and
+    how unevenly the load fell on them (vocab.telemetry: RANK_*)."""
+    if running.empty or running["dp"].nunique() < 2:
+        return {}
+    out: dict[str, float] = {}
+    first = running[running["pp"] == running["pp"].min()]
+    per_rank = first.groupby("dp")["running"].mean()
+    for r, v in per_rank.items():
+        out[per_replica(int(r), RANK_RUNNING)] = float(v)
+    if per_rank.mean() > 0:
+        out[RANK_RUNNING_IMBALANCE] = float(per_rank.max() / per_rank.mean())
+    waiting = queue[queue["pp"] == queue["pp"].min()].groupby("dp")["queue"].mean()
+    for r, v in waiting.items():
+        out[per_replica(int(r), RANK_QUEUE)] = float(v)
+    if len(waiting) >= 2:
+        out[RANK_QUEUE_SPREAD] = float(waiting.max() - waiting.min())
+    for r, v in usage.groupby("dp")["token_usage"].max().items():
+        out[per_replica(int(r), RANK_KV_USAGE)] = float(v)
     return out
 
 

@@ -8,10 +8,11 @@ Nothing is installed or imported from the wheel: its Python files are parsed (``
 zip, so this runs anywhere, without a GPU, torch or SGLang's dependencies. What it extracts:
 
 - ``flags``: every option the server's argument parser accepts (``ServerArgs.add_cli_args``), with its
-  argparse ``dest`` and whether it takes a value. Up to 0.5.13 the release calls ``parser.add_argument``;
-  0.5.14 to 0.5.19 declare annotated fields (``A[type, Arg(...)]``) on ``ServerArgs`` itself, and from
-  0.5.20 in the namespace classes ``_INPUT_NAMESPACES`` lists, which a helper turns into arguments; each
-  is read the way the release itself registers it.
+  argparse ``dest``, whether it takes a value and, where the source lists them, its ``choices`` (a
+  literal list, a module-level list it names, or a ``Literal[...]`` field type). Up to 0.5.13 the
+  release calls ``parser.add_argument``; 0.5.14 to 0.5.19 declare annotated fields (``A[type,
+  Arg(...)]``) on ``ServerArgs`` itself, and from 0.5.20 in the namespace classes ``_INPUT_NAMESPACES``
+  lists, which a helper turns into arguments; each is read the way the release itself registers it.
 - ``routes``: the HTTP server's paths and methods (decorators, ``add_api_route``, the ``/metrics`` mount).
 - ``metrics``: Prometheus metric names as exposed (a counter gains ``_total``), their type and literal
   label names, and the label keys the scheduler attaches to its metrics.
@@ -75,7 +76,10 @@ CHECK_WORDS = ("attn_dp_size", "dp_size", "tp_size", "pp_size", "ep_size", "moe_
                "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_decode_tp",
                "disaggregation_decode_dp", "disaggregation_prefill_pp",
                "disaggregation_decode_allocation_policy", "disaggregation_decode_enable_radix_cache",
-               "smaller_tp")  # 0.5.9's prefill-against-decode TP check (validate_disagg_tp_size)
+               "smaller_tp",  # 0.5.9's prefill-against-decode TP check (validate_disagg_tp_size)
+               # attention DP and expert parallelism
+               "moe_a2a_backend", "deepep_mode", "enable_eplb", "ep_num_redundant_experts",
+               "moe_dense_tp_size", "enable_dp_lm_head", "load_balance_method")
 # prefill/decode disaggregation: the server fields whose defaults the adapter and the simulated roles rely on
 PD_FIELDS = ("disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
              "disaggregation_decode_polling_interval", "disaggregation_decode_allocation_policy",
@@ -192,7 +196,48 @@ def _dest(options: list[str]) -> str:
     return first.lstrip("-").replace("-", "_")
 
 
-def _add_argument_flags(fn: ast.FunctionDef, custom: dict[str, object]) -> list[dict[str, object]]:
+def _constants(files: dict[str, str]) -> dict[str, list[object]]:
+    """Module-level lists and tuples of literals in the release's server code (choice lists such as
+    ``MOE_A2A_BACKEND_CHOICES``), by name; the first definition of a name wins."""
+    found: dict[str, list[object]] = {}
+    for _, tree in _trees(files, r"^sglang/srt/(server_args\.py|arg_groups/)"):
+        for node in tree.body:
+            named = isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name)
+            if named:
+                value = _literal(node.value)
+                if isinstance(value, list | tuple) and value:
+                    found.setdefault(node.targets[0].id, list(value))
+    return found
+
+
+def _choices(node: ast.AST | None, consts: dict[str, list[object]]) -> list[object] | None:
+    """An argument's ``choices``: a literal list, or the name of a module-level one."""
+    if node is None:
+        return None
+    value = _literal(node)
+    if isinstance(value, list | tuple):
+        return list(value)
+    return consts.get(node.id) if isinstance(node, ast.Name) else None
+
+
+def _literal_type(typ: ast.AST) -> list[object] | None:
+    """The values of a ``Literal[...]`` annotation (inside ``Optional`` too), else None."""
+    if isinstance(typ, ast.Subscript) and _name(typ.value) == "Optional":
+        return _literal_type(typ.slice)
+    if isinstance(typ, ast.Subscript) and _name(typ.value) == "Literal":
+        elts = typ.slice.elts if isinstance(typ.slice, ast.Tuple) else [typ.slice]
+        values = [_literal(e) for e in elts]
+        return values if all(v is not None for v in values) else None
+    return None
+
+
+def _with_choices(flag: dict[str, object], choices: list[object] | None) -> dict[str, object]:
+    return flag | {"choices": choices} if choices else flag
+
+
+def _add_argument_flags(fn: ast.FunctionDef, custom: dict[str, object], consts: dict[str, list[object]]
+                        ) -> list[dict[str, object]]:
     flags = []
     for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
         if not (isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument"):
@@ -205,7 +250,8 @@ def _add_argument_flags(fn: ast.FunctionDef, custom: dict[str, object]) -> list[
             options += [f"--no-{o[2:]}" for o in options if o.startswith("--")]
         dest = _literal(_kw(call, "dest")) or _dest(options)
         takes = _takes_value(action, _kw(call, "nargs"), custom)
-        flags.append({"options": options, "dest": dest, "takes_value": takes})
+        flags.append(_with_choices({"options": options, "dest": dest, "takes_value": takes},
+                                   _choices(_kw(call, "choices"), consts)))
     return flags
 
 
@@ -214,22 +260,24 @@ def _namespace_classes(files: dict[str, str]) -> dict[str, ast.ClassDef]:
             for cls in tree.body if isinstance(cls, ast.ClassDef)}
 
 
-def _field_flags(cls: ast.ClassDef, classes: dict[str, ast.ClassDef], custom: dict[str, object]
-                 ) -> list[dict[str, object]]:
+def _field_flags(cls: ast.ClassDef, classes: dict[str, ast.ClassDef], custom: dict[str, object],
+                 consts: dict[str, list[object]]) -> list[dict[str, object]]:
     """The arguments a namespace class's ``A[T, "help"]`` / ``A[T, Arg(...)]`` fields register (bases
     first, as a struct inherits its bases' fields). A field declared twice is registered once, as
     declared last (0.5.16's ServerArgs declares ``dcp_size`` twice; the dataclass keeps the second)."""
     by_field: dict[str, dict[str, object] | None] = {}
     for base in cls.bases:
         if _name(base) in classes:
-            by_field |= {str(f["dest"]): f for f in _field_flags(classes[_name(base)], classes, custom)}
+            inherited = _field_flags(classes[_name(base)], classes, custom, consts)
+            by_field |= {str(f["dest"]): f for f in inherited}
     for stmt in cls.body:
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            by_field[stmt.target.id] = _field_flag(stmt.target.id, stmt.annotation, custom)
+            by_field[stmt.target.id] = _field_flag(stmt.target.id, stmt.annotation, custom, consts)
     return [f for f in by_field.values() if f is not None]
 
 
-def _field_flag(field: str, ann: ast.expr, custom: dict[str, object]) -> dict[str, object] | None:
+def _field_flag(field: str, ann: ast.expr, custom: dict[str, object], consts: dict[str, list[object]]
+                ) -> dict[str, object] | None:
     """The argument one annotated field registers; None where it registers none."""
     if not (isinstance(ann, ast.Subscript) and _name(ann.value) == "A" and isinstance(ann.slice, ast.Tuple)):
         return None
@@ -250,7 +298,8 @@ def _field_flag(field: str, ann: ast.expr, custom: dict[str, object]) -> dict[st
     options = [cli, *aliases]
     if action == "BooleanOptionalAction":  # argparse adds the --no- forms itself
         options += [f"--no-{o[2:]}" for o in options if o.startswith("--")]
-    return {"options": options, "dest": field, "takes_value": takes}
+    choices = (_choices(_kw(arg, "choices"), consts) if arg is not None else None) or _literal_type(typ)
+    return _with_choices({"options": options, "dest": field, "takes_value": takes}, choices)
 
 
 def _is_bool(typ: ast.AST) -> bool:
@@ -270,6 +319,7 @@ def flags(files: dict[str, str]) -> list[dict[str, object]]:
     server_args = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
     add_cli = next(f for f in server_args.body if isinstance(f, ast.FunctionDef) and f.name == "add_cli_args")
     custom = _action_nargs_defaults(files)
+    consts = _constants(files)
     found = [{"options": ["-h", "--help"], "dest": "help", "takes_value": False}]  # argparse's own
     calls = [c for c in ast.walk(add_cli) if isinstance(c, ast.Call)]
     if any(_name(c.func) == "add_cli_args_from_dataclass" for c in calls):
@@ -277,14 +327,14 @@ def flags(files: dict[str, str]) -> list[dict[str, object]]:
         listed = next((n.value for n in tree.body if isinstance(n, ast.Assign)
                        and any(_name(t) == "_INPUT_NAMESPACES" for t in n.targets)), None)
         if listed is None:  # 0.5.14 to 0.5.19: the annotated fields are ServerArgs's own
-            found += _field_flags(server_args, classes, custom)
+            found += _field_flags(server_args, classes, custom, consts)
         elif not isinstance(listed, ast.List):
             raise SystemExit("sglang_facts: ServerArgs is built from namespaces, "
                              "but _INPUT_NAMESPACES is not a list")
         else:
             for ns in listed.elts:
-                found += _field_flags(classes[_name(ns)], classes, custom)
-    found += _add_argument_flags(add_cli, custom)
+                found += _field_flags(classes[_name(ns)], classes, custom, consts)
+    found += _add_argument_flags(add_cli, custom, consts)
     return sorted(found, key=lambda f: f["options"][0])  # type: ignore[index]
 
 

@@ -8,6 +8,7 @@ import re
 import sys
 from collections.abc import Callable
 
+from simulator.attention_dp.layout import DEEPEP_MODES, LOAD_BALANCE_METHODS
 from simulator.model_spec import KV_CACHE_DTYPES, ONLINE_FP8
 from vocab.model import DEFAULT_RESERVED_DECODE_TOKENS, DP_ROUTERS
 
@@ -120,6 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
     a("--pp-async-batch-depth", type=int, default=0)
     a("--pp-max-micro-batch-size", type=int, default=None)
     a("--moe-a2a-backend", default="none")
+    # attention data parallelism (simulator/attention_dp/); --enable-dp-attention is 0.5.23's deprecated
+    # spelling: with it, --dp-size counts attention-DP ranks
+    a("--attn-dp-size", "--attention-data-parallel-size", dest="attn_dp_size", type=int, default=1)
+    a("--enable-dp-attention", action="store_true")
+    a("--load-balance-method", default="auto", choices=list(LOAD_BALANCE_METHODS))
+    a("--deepep-mode", default="auto", choices=list(DEEPEP_MODES))
+    a("--enable-eplb", action="store_true")
+    a("--ep-num-redundant-experts", type=int, default=0)
+    a("--enable-dp-lm-head", action="store_true")
+    a("--moe-dense-tp-size", type=int, default=None)
+    a("--enable-two-batch-overlap", action="store_true")
     a("--disable-shared-experts-fusion", action="store_true")
     # capacity / scheduling
     a("--max-running-requests", type=int, default=None)

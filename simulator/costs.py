@@ -122,6 +122,9 @@ class Parallel:
     pp: int = 1
     ep: int = 1
     moe_a2a_backend: str = "none"
+    # --enable-eplb: SGLang's expert-parallel load balancer moves (and, with redundant experts, copies)
+    # experts so every EP rank gets an even share of the routed tokens
+    eplb: bool = False
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,14 @@ class StepCostSource(Protocol):
 
     def gpu_time(self, stage: int, shape: BatchShape) -> float:
         """Seconds of kernels of one forward of ``shape`` on ``stage``, collectives excluded."""
+        ...
+
+    def family_times(self, stage: int, shape: BatchShape) -> dict[str, float]:
+        """Those seconds by operator family: attention, dense_mlp, moe, lm_head."""
+        ...
+
+    def allreduce(self, tokens: int, graph: bool) -> float:
+        """Seconds of one TP all-reduce of ``tokens`` hidden states."""
         ...
 
     def comm_time(self, stage: int, shape: BatchShape, graph: bool) -> float:
@@ -256,8 +267,9 @@ class CostModel:
             embed_bytes = spec.embed_params * spec.embed_bytes_per_param / tp if first else 0.0
             # Experts are split over tp GPUs whether by EP (whole experts) or TP (slices of every expert).
             expert_mem = n_moe * spec.num_experts * spec.expert_bytes / tp
-            kernels = n * (self.p.kernels_attn_mla if spec.attention == "mla" else self.p.kernels_attn_gqa)
-            kernels += n_moe * self.p.kernels_moe + (n - n_moe) * self.p.kernels_dense_mlp
+            attn_kernels = n * (self.p.kernels_attn_mla if spec.attention == "mla"
+                                else self.p.kernels_attn_gqa)
+            kernels = attn_kernels + n_moe * self.p.kernels_moe + (n - n_moe) * self.p.kernels_dense_mlp
             if tp > 1:
                 kernels += 2 * n * self.p.kernels_tp_collective
             kernels += (self.p.kernels_head if last else 0) + (1 if first else 0)
@@ -269,6 +281,10 @@ class CostModel:
                     nonexpert_bytes=ne_bytes + head_bytes,
                     nonexpert_params=ne_params,
                     nonexpert_fp8_params=ne_fp8,
+                    attn_bytes=n * spec.attn_params * spec.attn_bytes_per_param / tp,
+                    attn_params=n * spec.attn_params / tp,
+                    attn_fp8_params=n * spec.attn_params / tp if is_fp8(spec.attn_bytes_per_param) else 0.0,
+                    attn_kernels=attn_kernels,
                     weight_bytes=ne_bytes + head_bytes + embed_bytes + expert_mem,
                     kv_bytes_per_token=kv_token_layer * n,
                     attn_flops_per_ctx=attn_flops_ctx * n,
@@ -312,27 +328,58 @@ class CostModel:
         return self.roofline_gpu_time(stage, shape)
 
     def roofline_gpu_time(self, stage: int, shape: BatchShape) -> float:
+        attn, rest = self._roofline_terms(stage, shape, True), self._roofline_terms(stage, shape, False)
+        floor = self.stages[stage].kernels * self.p.kernel_floor_us * 1e-6
+        return max(attn[0] + rest[0], attn[1] + rest[1], floor)
+
+    def _roofline_terms(self, stage: int, shape: BatchShape, attention: bool) -> tuple[float, float, int]:
+        """(memory seconds, compute seconds, kernels) of one forward's attention blocks (``attention``) or
+        of the rest of the stage: dense MLPs, shared and routed experts, router, LM head."""
         st = self.stages[stage]
         spec, tp, p = self.spec, self.par.tp, self.p
         n = shape.tokens
-        mem_t = (st.nonexpert_bytes + shape.kv_read_tokens * st.kv_bytes_per_token) / (p.eta_mem * self._bw)
         # BF16 work (attention, the LM head, BF16 weights) and FP8-weight GEMMs, each at its own peak
-        flops = (2.0 * n * (st.nonexpert_params - st.nonexpert_fp8_params)
-                 + shape.attn_ctx * st.attn_flops(shape.decode))
-        fp8_flops = 2.0 * n * st.nonexpert_fp8_params
-        if st.last:
-            flops += 2.0 * shape.logit_rows * spec.lm_head_params / tp
-        if st.moe_layers:
-            touched = distinct_experts(spec.num_experts, spec.top_k, n)
-            imb = ep_imbalance(spec.num_experts, self.par.ep, touched)
-            mem_t += st.moe_layers * touched * spec.expert_bytes * imb / tp / (p.eta_expert * self._bw)
-            expert_flops = 2.0 * n * st.moe_layers * spec.top_k * spec.expert_params / tp
-            if self._expert_fp8:
-                fp8_flops += expert_flops
-            else:
-                flops += expert_flops
-        compute_t = (flops / self._peak + fp8_flops / self._peak_fp8) / p.eta_compute
-        return max(mem_t, compute_t, st.kernels * p.kernel_floor_us * 1e-6)
+        if attention:
+            mem_t = (st.attn_bytes + shape.kv_read_tokens * st.kv_bytes_per_token) / (p.eta_mem * self._bw)
+            flops = (2.0 * n * (st.attn_params - st.attn_fp8_params)
+                     + shape.attn_ctx * st.attn_flops(shape.decode))
+            fp8_flops = 2.0 * n * st.attn_fp8_params
+            kernels = st.attn_kernels
+        else:
+            mem_t = (st.nonexpert_bytes - st.attn_bytes) / (p.eta_mem * self._bw)
+            flops = 2.0 * n * (st.nonexpert_params - st.attn_params
+                               - (st.nonexpert_fp8_params - st.attn_fp8_params))
+            fp8_flops = 2.0 * n * (st.nonexpert_fp8_params - st.attn_fp8_params)
+            kernels = st.kernels - st.attn_kernels
+            if st.last:
+                flops += 2.0 * shape.logit_rows * spec.lm_head_params / tp
+            if st.moe_layers:
+                touched = distinct_experts(spec.num_experts, spec.top_k, n)
+                imb = 1.0 if self.par.eplb else ep_imbalance(spec.num_experts, self.par.ep, touched)
+                mem_t += st.moe_layers * touched * spec.expert_bytes * imb / tp / (p.eta_expert * self._bw)
+                expert_flops = 2.0 * n * st.moe_layers * spec.top_k * spec.expert_params / tp
+                if self._expert_fp8:
+                    fp8_flops += expert_flops
+                else:
+                    flops += expert_flops
+        return mem_t, (flops / self._peak + fp8_flops / self._peak_fp8) / p.eta_compute, kernels
+
+    def split_gpu_time(self, stage: int, shape: BatchShape, padded: bool = False) -> tuple[float, float]:
+        """Seconds of one forward's GPU work split in two: the attention blocks (projections, the attention
+        kernel, their norms and rotary), which see only the sequences of their own rank under attention
+        DP, and the rest (dense MLPs, experts, LM head), which see every rank's tokens. The measured
+        source's operator families, or each part by the roofline on its own (whose sum can exceed
+        :meth:`roofline_gpu_time`, the max of the summed terms). Padding as :meth:`gpu_time` unless
+        ``padded`` (the shape is already what the GPU runs)."""
+        if not padded:
+            shape = self.replayed_shape(shape)
+        if self.source is not None:
+            f = self.source.family_times(stage, shape)
+            return f["attention"], f["dense_mlp"] + f["moe"] + f["lm_head"]
+        floor = self.p.kernel_floor_us * 1e-6
+        a_mem, a_cmp, a_k = self._roofline_terms(stage, shape, True)
+        r_mem, r_cmp, r_k = self._roofline_terms(stage, shape, False)
+        return max(a_mem, a_cmp, a_k * floor), max(r_mem, r_cmp, r_k * floor)
 
     def stage_time(self, stage: int, shape: BatchShape) -> float:
         """Seconds stage ``stage`` is busy with one forward of ``shape``. With a CUDA graph: GPU + comm +
@@ -359,6 +406,15 @@ class CostModel:
         eager = not self.uses_cuda_graph(shape)
         return {"gpu": gpu, "comm": comm, "host": host, "host_exposed": total - gpu - comm,
                 "eager": float(eager), "total": total}
+
+    def collective_time(self, tokens: int, graph: bool) -> float:
+        """One all-reduce of ``tokens`` hidden states over the TP group: the measured source's table
+        where it has one (one node), else the roofline's."""
+        if self.par.tp == 1:
+            return 0.0
+        if self.source is not None and not (self._tp_inter or self._ep_inter):
+            return self.source.allreduce(tokens, graph) * self.p.scale_comm
+        return self.allreduce_time(tokens)
 
     def comm_time(self, stage: int, shape: BatchShape) -> float:
         shape = self.replayed_shape(shape)  # a padded graph all-reduces its padded rows too
@@ -536,6 +592,10 @@ class _Stage:
     nonexpert_bytes: float  # read every step, per GPU (incl. LM head on the last stage)
     nonexpert_params: float  # per GPU, multiplied by tokens for FLOPs
     nonexpert_fp8_params: float  # of those, the ones stored in FP8
+    attn_bytes: float  # of nonexpert_bytes, the attention blocks' projections
+    attn_params: float  # of nonexpert_params, the same
+    attn_fp8_params: float  # of those, the ones stored in FP8
+    attn_kernels: int  # of kernels, the attention blocks'
     weight_bytes: float  # resident per GPU (incl. embedding, all experts)
     kv_bytes_per_token: float  # per GPU, all of this stage's layers
     attn_flops_per_ctx: float  # per GPU, per (new token x context token), all layers: decode

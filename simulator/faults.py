@@ -33,7 +33,7 @@ from typing import NoReturn
 
 from aiohttp import web
 
-from simulator.logs import LogWriter, rank_tag
+from simulator.logs import LogWriter, rank_tag, scheduler_tag
 from simulator.sim_config import GIB, SimConfig
 
 # The stream faults, in the order they take their share of [0, 1) (see ``request_fault``).
@@ -128,7 +128,10 @@ class FaultInjector:
         launcher gets SIGQUIT and kills the whole process tree with SIGKILL (open connections drop)."""
         tb = _traceback_of(lambda: _scheduler_step_fails(n))
         err = LogWriter(self.cfg.args.log_level, sys.stderr)
-        err.log(f"Scheduler hit an exception: {tb}", rank_tag(self.cfg, 0), "error")
+        # with several schedulers (attention-DP ranks, DP replicas) the one that fails is the one the
+        # request was dealt to round-robin (the warm-up request took the first turn)
+        err.log(f"Scheduler hit an exception: {tb}", scheduler_tag(self.cfg, 0, n % self.cfg.schedulers),
+                "error")
         err.log(CHILD_FAILED, level="error")
         sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)

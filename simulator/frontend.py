@@ -63,7 +63,7 @@ class Frontend:
         self.replicas = replicas
         self.now = now  # simulated time of the wall clock's present
         self.loop = loop
-        self.router = Router(cfg.router, cfg.dp)
+        self.router = Router(cfg.router, cfg.schedulers)
         self._rid_seq = itertools.count(1)
         self._output_waiters: list[asyncio.Future] = []
         self.pd: LivePrefill | LiveDecode | None = None  # a disaggregated server's role takes requests
@@ -124,7 +124,7 @@ class Frontend:
     def abort(self, reqs: list[Request]) -> None:
         for r in reqs:
             if not r.finished:
-                self.replicas[0 if self.cfg.dp == 1 else self._replica_of(r)].abort(r)
+                self.replicas[0 if self.cfg.schedulers == 1 else self._replica_of(r)].abort(r)
 
     def _replica_of(self, req: Request) -> int:
         for i, rep in enumerate(self.replicas):

@@ -64,7 +64,7 @@ def gpu_rows(cfg: SimConfig, replicas: Sequence[ReplicaModel], now: float) -> li
     total = hw.memory_gb * 1e9
     per_stage: dict[tuple[int, int], tuple[float, float]] = {}  # (dp, pp) -> (busy fraction, busy s)
     rows = []
-    for place in engine_layout(cfg.tp, cfg.pp, cfg.dp):
+    for place in engine_layout(cfg.rank_tp, cfg.pp, cfg.schedulers):
         key = (place.dp, place.pp)
         if key not in per_stage:  # every TP rank of a stage has the stage's busy time
             busy = replicas[place.dp].busy[place.pp]

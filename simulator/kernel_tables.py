@@ -35,6 +35,8 @@ import pyarrow.parquet as pq
 from packaging.version import Version
 
 PACKAGE = "aiconfigurator-core"
+# SMs DeepEP's normal-mode kernels take unless told otherwise (deep_ep.Buffer.num_sms)
+DEEPEP_NORMAL_SMS = 20
 FRAMEWORK = "sglang"
 
 
@@ -339,6 +341,32 @@ class KernelTables:
         rows = _read(f.path, keys, ("kernel_source", "num_tokens", "latency"))
         rows = _one_source(rows, "sglang_fused_moe_triton")
         points = {float(r["num_tokens"]): float(r["latency"]) * 1e-3 for r in rows}
+        return Curve(points, proportional_above=True) if points else None
+
+    def deepep(self, mode: str, hidden: int, topk: int, experts: int) -> Curve | None:
+        """DeepEP's dispatch plus combine on one node, ``mode`` "normal" (prefill batches) or
+        "low_latency" (decode), against the tokens each rank sends. Normal mode at the SM count DeepEP
+        gives its kernels by default (``DEEPEP_NORMAL_SMS``), the nearest measured one otherwise."""
+        return self._once(self._build_deepep, mode, hidden, topk, experts)
+
+    def _build_deepep(self, mode: str, hidden: int, topk: int, experts: int) -> Curve | None:
+        low = mode == "low_latency"
+        f = self._file("comm", "wideep_deepep_ll_perf" if low else "wideep_deepep_normal_perf")
+        if f is None:
+            return None
+        keys = (("hidden_size", "=", hidden), ("num_topk", "=", topk), ("num_experts", "=", experts),
+                ("node_num", "=", 1))
+        if low:
+            rows = _read(f.path, keys, ("num_token", "dispatch_avg_t_us", "combine_avg_t_us"))
+            points = {float(r["num_token"]): (float(r["dispatch_avg_t_us"]) + float(r["combine_avg_t_us"]))
+                      * 1e-6 for r in rows}
+        else:
+            rows = _read(f.path, keys, ("num_token", "dispatch_sms", "dispatch_transmit_us", "combine_sms",
+                                        "combine_transmit_us"))
+            sms = sorted({int(r["dispatch_sms"]) for r in rows}, key=lambda n: abs(n - DEEPEP_NORMAL_SMS))
+            kept = [r for r in rows if sms and r["dispatch_sms"] == sms[0] and r["combine_sms"] == sms[0]]
+            points = {float(r["num_token"]): (float(r["dispatch_transmit_us"])
+                                              + float(r["combine_transmit_us"])) * 1e-6 for r in kept}
         return Curve(points, proportional_above=True) if points else None
 
     def allreduce(self, gpus: int, graph: bool) -> Curve | None:

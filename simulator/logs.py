@@ -66,7 +66,7 @@ class LogWriter:
 def rank_tag(cfg: SimConfig, pp_rank: int, tp_rank: int = 0, dp_rank: int = 0) -> str:
     """SGLang 0.5.23 order: DP, PP, TP, EP; each only when that dimension is > 1."""
     tag = ""
-    if cfg.dp > 1:
+    if cfg.schedulers > 1:
         tag += f" DP{dp_rank}"
     if cfg.pp > 1:
         tag += f" PP{pp_rank}"
@@ -75,6 +75,12 @@ def rank_tag(cfg: SimConfig, pp_rank: int, tp_rank: int = 0, dp_rank: int = 0) -
     if cfg.ep > 1:
         tag += f" EP{tp_rank // (cfg.tp // cfg.ep)}"
     return tag
+
+
+def scheduler_tag(cfg: SimConfig, pp_rank: int, dp_rank: int) -> str:
+    """The prefix of a scheduler's own lines: its first TP rank logs them (an attention-DP rank's first
+    GPU in the TP group's numbering)."""
+    return rank_tag(cfg, pp_rank, dp_rank * cfg.rank_tp if cfg.attn_dp > 1 else 0, dp_rank)
 
 
 def decode_line(batch_size: int, used: int, usage: float, cuda_graph: bool, gen_tput: float,
@@ -133,9 +139,11 @@ def startup_lines(cfg: SimConfig, log: LogWriter) -> None:
     total_gb = cfg.hw.memory_gb * 1e9 / GIB
     quant = f"quant={spec.quant_desc.split(' ')[0]}, " if spec.quant_desc else ""
     graph_sizes = list(capture_sizes(cfg.cuda_graph_max_bs_decode))
-    for dp_rank in range(cfg.dp):
+    for dp_rank in range(cfg.schedulers):
         for pp_rank, st in enumerate(cfg.stages):
-            for tp_rank in range(cfg.tp):
+            # an attention-DP rank's GPUs are its share of the one TP group, numbered across it
+            first = dp_rank * cfg.rank_tp if cfg.attn_dp > 1 else 0
+            for tp_rank in range(first, first + cfg.rank_tp):
                 tag = rank_tag(cfg, pp_rank, tp_rank, dp_rank)
                 w_gb = st.weight_bytes / GIB
                 # Simulated load time: reading this GPU's shard from page cache at ~5 GB/s.
@@ -174,7 +182,7 @@ def startup_lines(cfg: SimConfig, log: LogWriter) -> None:
                 f"max_prefill_tokens={cfg.max_prefill_tokens}, "
                 f"max_running_requests={cfg.max_running_requests}, context_len={cfg.context_len}, "
                 f"available_gpu_mem={st.available_bytes / GIB:.2f} GB",
-                rank_tag(cfg, pp_rank, 0, dp_rank),
+                scheduler_tag(cfg, pp_rank, dp_rank),
             )
 
 

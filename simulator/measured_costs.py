@@ -216,8 +216,9 @@ class MeasuredCosts:
             self.coverage.priced["moe.experts"] = (f"roofline: {s.expert_bytes_per_param:g} bytes per expert "
                                                    "weight has no MoE table")
             return None
+        # with EPLB the tokens reach the EP ranks evenly: the tables' balanced routing
         curve = self.tables.moe(dtype, s.hidden, s.moe_inter, s.top_k, s.num_experts, moe_tp, par.ep,
-                                MOE_DISTRIBUTION)
+                                "balanced" if par.eplb else MOE_DISTRIBUTION)
         self.coverage.priced["moe.experts"] = ("measured" if curve is not None
                                                else f"roofline: {dtype} MoE {shape} not measured")
         return curve
@@ -263,7 +264,7 @@ class MeasuredCosts:
             if self._moe_curve is not None:
                 self.coverage.note("moe.experts", f"{tokens} tokens outside the measured range")
             touched = distinct_experts(s.num_experts, s.top_k, tokens)
-            imb = ep_imbalance(s.num_experts, self.par.ep, touched)
+            imb = 1.0 if self.par.eplb else ep_imbalance(s.num_experts, self.par.ep, touched)
             t = self._roofline(touched * s.expert_bytes * imb / tp,
                                2.0 * tokens * s.top_k * s.expert_params / tp, self.p.eta_expert,
                                fp8=is_fp8(s.expert_bytes_per_param))
@@ -394,19 +395,24 @@ class MeasuredCosts:
              + st.moe_layers * moe)
         return t + head if st.last else t
 
-    def comm_time(self, stage: int, shape: BatchShape, graph: bool) -> float:
-        if self.par.tp == 1:
-            return 0.0
-        st, cost = self.roofline.stages[stage], self.roofline
-        elems = shape.tokens * self.spec.hidden
+    def allreduce(self, tokens: int, graph: bool) -> float:
+        """One TP all-reduce of ``tokens`` hidden states, replayed from a graph or launched eagerly (the
+        roofline's outside the measured range), before ``scale_comm``."""
+        cost = self.roofline
+        elems = tokens * self.spec.hidden
         curve = self._allreduce[graph]
         one = curve(elems) if curve is not None else None
         if one is None:
             if curve is not None:
                 self.coverage.note("allreduce", f"{elems} elements outside the measured range")
-            one = cost.allreduce_time(shape.tokens)
-        else:
-            one += cost.allreduce_wait()
+            return cost.allreduce_time(tokens)
+        return one + cost.allreduce_wait()
+
+    def comm_time(self, stage: int, shape: BatchShape, graph: bool) -> float:
+        if self.par.tp == 1:
+            return 0.0
+        st, cost = self.roofline.stages[stage], self.roofline
+        one = self.allreduce(shape.tokens, graph)
         t = 2 * st.layers * one
         if self.par.ep > 1 and self.par.moe_a2a_backend != "none":
             # the MoE layer's all-reduce becomes a dispatch and a combine (no table: the roofline's)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from simulator.entities import Request
-from simulator.logs import LogWriter, decode_line, prefill_line, rank_tag
+from simulator.logs import LogWriter, decode_line, prefill_line, scheduler_tag
 from simulator.prometheus import PrometheusMetrics, StageGauges
 from simulator.replica import ReplicaModel
 from simulator.sim_config import SimConfig
@@ -19,7 +19,7 @@ class Reporter:
         self.metrics = metrics
         self.gauges = metrics.gauges[dp_rank] if metrics is not None else StageGauges()
         # Only tp_rank 0 of each stage prints batch statistics.
-        self.tags = [rank_tag(cfg, pp, 0, dp_rank) for pp in range(cfg.pp)]
+        self.tags = [scheduler_tag(cfg, pp, dp_rank) for pp in range(cfg.pp)]
 
     # tokenizer-manager side (simulated seconds)
     def on_first_token(self, req: Request, now: float) -> None:

@@ -72,6 +72,7 @@ import numpy as np
 from simulator.cli import build_parser
 from simulator.entities import Request
 from simulator.gpus import energy_j, mem_used_bytes, power_w
+from simulator.lockstep import build_schedulers
 from simulator.replica import ReplicaModel
 from simulator.resolve import FlagError, resolve
 from simulator.router import Router
@@ -179,8 +180,8 @@ class VirtualTrial:
 
     def __init__(self, cfg: SimConfig) -> None:
         sim = Simulation()
-        self._begin(cfg, sim, [ReplicaModel(cfg, sim) for _ in range(cfg.dp)])
-        self.router = Router(cfg.router, cfg.dp)
+        self._begin(cfg, sim, build_schedulers(cfg, sim))
+        self.router = Router(cfg.router, cfg.schedulers)
         if cfg.server_warmup:
             self._warm_up()
 
@@ -312,14 +313,15 @@ class VirtualTrial:
         width = end - start
         out.update(self._queue_and_running(records, start, end))
         # every TP rank of a stage has the stage's busy time
-        layout = engine_layout(cfg.tp, cfg.pp, cfg.dp)
+        layout = engine_layout(cfg.rank_tp, cfg.pp, cfg.schedulers)
         out.update(gpu_summaries(hw, {p.gpu: busy[p.dp, p.pp] / width for p in layout}))
         energy = sum(energy_j(hw, width, busy[p.dp, p.pp]) for p in layout)
         out[ENERGY_J] = energy
         if output_tokens > 0:  # the window's energy over the window's tokens
             out[J_PER_TOKEN] = energy / output_tokens
         # activity = busy fraction; a stage index averaged over the DP replicas
-        activity = [sum(busy[r, s] for r in range(cfg.dp)) / (cfg.dp * width) for s in range(cfg.pp)]
+        activity = [sum(busy[r, s] for r in range(cfg.schedulers)) / (cfg.schedulers * width)
+                    for s in range(cfg.pp)]
         for s, a in enumerate(activity):
             out[per_stage(s, "activity_mean")] = a
         out[STAGE_ACTIVITY_MEAN] = sum(activity) / len(activity)
@@ -346,7 +348,7 @@ class VirtualTrial:
     def _slots(self) -> int:
         """The micro-batch slots requests run in: every DP replica's, each replica's PP stages plus its
         async depth."""
-        return self.cfg.dp * (self.cfg.pp + (self.cfg.depth if self.cfg.pp > 1 else 0))
+        return self.cfg.schedulers * (self.cfg.pp + (self.cfg.depth if self.cfg.pp > 1 else 0))
 
 
 def gpu_summaries(hw: HardwareConf, frac: dict[int, float]) -> dict[str, float]:

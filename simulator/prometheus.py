@@ -126,7 +126,7 @@ class _ReplicaCollector(Collector):
     def _rank_labels(self, dp_rank: int, pp_rank: int) -> tuple[list[str], list[str]]:
         names = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
         values = [self.cfg.served_model_name, "unified", "0", str(pp_rank), "0"]
-        if self.cfg.dp > 1:
+        if self.cfg.schedulers > 1:
             names.append("dp_rank")
             values.append(str(dp_rank))
         return names, values
@@ -169,7 +169,7 @@ class _ReplicaCollector(Collector):
             ("cap_length", "DSpark confidence-scheduled verify window (0: no cap scheduled)"),
             ("block_accept_length", "DSpark uncapped full-block accept length"))]
         calls = CounterMetricFamily("sglang:spec_verify_calls", "speculative verify forwards", labels=names)
-        dp_names = ["dp_rank"] if self.cfg.dp > 1 else []
+        dp_names = ["dp_rank"] if self.cfg.schedulers > 1 else []
         busy = CounterMetricFamily("parasweep_sim:spec_busy_seconds",
                                    "SIMULATED GPU seconds of speculative iterations, by part (draft passes, "
                                    "verify, draft extend, tree kernels)", labels=[*dp_names, "part"])
@@ -186,7 +186,7 @@ class _ReplicaCollector(Collector):
                     calls.add_metric(values, rep.spec_stats.calls)
             if params is not None:
                 for part, seconds in rep.spec_stats.seconds.items():
-                    busy.add_metric([*([str(dp_rank)] if self.cfg.dp > 1 else []), part], seconds)
+                    busy.add_metric([*([str(dp_rank)] if self.cfg.schedulers > 1 else []), part], seconds)
         yield from (length, rate, *zero, steps, tokens)
         if params is not None:
             yield from (calls, busy)
@@ -211,7 +211,7 @@ class _ReplicaCollector(Collector):
         }
         realtime = CounterMetricFamily("sglang:realtime_tokens", "Tokens processed, by mode.",
                                        labels=[*names, "mode"])
-        sim_names = ["pp_rank"] + (["dp_rank"] if cfg.dp > 1 else [])
+        sim_names = ["pp_rank"] + (["dp_rank"] if cfg.schedulers > 1 else [])
         busy = CounterMetricFamily("parasweep_sim:stage_busy_seconds",
                                    "SIMULATED seconds each PP stage's GPUs were busy (not NVML).",
                                    labels=sim_names)
@@ -221,7 +221,7 @@ class _ReplicaCollector(Collector):
         power = GaugeMetricFamily("parasweep_sim:gpu_power_watts",
                                   "SIMULATED GPU power: idle + busy fraction x (limit - idle).",
                                   labels=["gpu"])
-        dp_names = ["dp_rank"] if cfg.dp > 1 else []
+        dp_names = ["dp_rank"] if cfg.schedulers > 1 else []
         inflight = GaugeMetricFamily("parasweep_sim:microbatches_in_flight",
                                      "Micro-batches launched and not yet back at stage 0.", labels=dp_names)
         running_all = GaugeMetricFamily("parasweep_sim:num_running_reqs_all_slots",
@@ -234,7 +234,7 @@ class _ReplicaCollector(Collector):
                                     labels=[*dp_names, "mode"])
         hw = cfg.hw
         for dp_rank, (rep, sg) in enumerate(zip(self.replicas, self.gauges, strict=True)):
-            dpl = [str(dp_rank)] if cfg.dp > 1 else []
+            dpl = [str(dp_rank)] if cfg.schedulers > 1 else []
             for pp_rank in range(cfg.pp):
                 _, values = self._rank_labels(dp_rank, pp_rank)
                 g["num_running_reqs"].add_metric(values, sg.num_running)

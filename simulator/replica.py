@@ -45,6 +45,12 @@ class Handoff(Protocol):
     def chunk_done(self, req: Request, tokens: int, last: bool) -> None: ...
 
 
+class Lockstep(Protocol):
+    """The ranks' group an attention-DP rank belongs to: woken when the rank has something to run."""
+
+    def wake(self) -> None: ...
+
+
 class ReplicaModel:
     """One engine replica on a shared ``Simulation``: requests in (``submit``, ``abort``), tokens out
     (each request's ``output_ids`` and ``notify``), reports to an ``Observer``."""
@@ -106,6 +112,9 @@ class ReplicaModel:
         self.handoff: Handoff | None = None
         self.kv_arrived: list[Request] = []
         self.pd_queues: Callable[[], PDQueues] | None = None  # a disaggregated server's own queues
+        # an attention-DP rank: its turns are taken by the group of ranks it runs in lockstep with
+        # (simulator/attention_dp/group.py)
+        self.lockstep: Lockstep | None = None
 
     # -- requests in -------------------------------------------------------------------------------------
 
@@ -209,6 +218,9 @@ class ReplicaModel:
         if self.pipeline is not None:
             self.pipeline.wake()
             return
+        if self.lockstep is not None:
+            self.lockstep.wake()
+            return
         if not self.turn_pending:
             self.turn_pending = True
             self.sim.schedule(max(self.sim.now, self.cpu_free), self._turn)
@@ -300,6 +312,11 @@ class ReplicaModel:
         start = max(t, self.gpu_free)
         end = start + step
         self.gpu_free = end
+        self._run(slot, batch, start, end)
+
+    def _run(self, slot: Slot, batch: Batch, start: float, end: float) -> None:
+        """``batch`` on the GPU from ``start`` to ``end``; its tokens go out and its slot is free at the
+        end."""
         self.busy[0].add(start, end)
         slot.in_flight = batch
         self.in_flight += 1
@@ -307,6 +324,34 @@ class ReplicaModel:
             self.peak_in_flight = self.in_flight
         self.sim.schedule(end, self._emit, batch)
         self.sim.schedule(end, self._return, slot, batch)
+
+    # -- an attention-DP rank: its group takes the turns ----------------------------------------------------
+
+    @property
+    def running_forward(self) -> bool:
+        return self.slots[0].in_flight is not None
+
+    def next_batch(self) -> Batch | None:
+        """The rank's batch for the group's next forward (its scheduler's get_next_batch_to_run), or
+        None; an iteration with nothing to run polls the socket as a single engine's does."""
+        if self.recv_interval > 1:
+            self._receive(self.last_decode)
+        batch = self._build_batch(self.slots[0])
+        if batch is None and self.unreceived and not self.admission.has_work:
+            self._receive(False)
+            batch = self._build_batch(self.slots[0])
+        return batch
+
+    def run_forward(self, batch: Batch | None, start: float, end: float, graph: bool) -> None:
+        """The group's forward from ``start`` to ``end``: this rank's ``batch``, or an idle batch (the
+        GPUs busy all the same)."""
+        if batch is None:
+            self.busy[0].add(start, end)
+            return
+        self.last_decode = batch.decode
+        self.admission.store_kv(batch)
+        batch.cuda_graph = graph
+        self._run(self.slots[0], batch, start, end)
 
     # -- results -----------------------------------------------------------------------------------------
 

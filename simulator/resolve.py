@@ -12,8 +12,16 @@ import random
 from pathlib import Path
 
 from simulator import SGLANG_COMPAT_VERSION
+from simulator.attention_dp.costs import LockstepCosts
+from simulator.attention_dp.layout import (
+    AttentionDP,
+    AttentionDPError,
+    extra_weight_bytes,
+    resolve_attention_dp,
+)
 from simulator.calibration import CalibrationError, load_calibration
 from simulator.costs import CostModel, CostParams, Parallel
+from simulator.kernel_tables import kernel_tables
 from simulator.model_spec import (
     KV_CACHE_DTYPES,
     ONLINE_FP8,
@@ -130,6 +138,11 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     for name, v in (("tp_size", tp), ("pp_size", pp), ("ep_size", ep), ("dp_size", dp)):
         if v < 1:
             raise FlagError(f"{name} must be >= 1, got {v}")
+    try:
+        attention_dp, dp, dp_warnings = resolve_attention_dp(args, tp, dp, pp)
+    except AttentionDPError as e:
+        raise FlagError(str(e)) from e
+    warnings += dp_warnings
     if depth < 0:
         raise FlagError(f"pp_async_batch_depth must be >= 0, got {depth}")
     if args.pp_max_micro_batch_size is not None and args.pp_max_micro_batch_size < 1:
@@ -255,13 +268,19 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     frac = args.mem_fraction_static
     if frac is None:
         reserved = 512 + max(chunked, 2048) * 1.5 + tp * pp / 8 * 1024 + graph_bs * 2
+        if attention_dp is not None:  # padding for DP attention's gathers, more with large graphs
+            reserved += graph_bs * attention_dp.ranks * (3 + (1.5 if graph_bs > 300 else 0))
         if gpu_mem_mib > 60 * 1024:
             reserved = max(reserved, 10 * 1024)
         frac = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
     if not 0 < frac < 1:
         raise FlagError(f"mem_fraction_static must be in (0, 1), got {frac}")
+    if attention_dp is not None and chunked > 0:  # each rank prefills its share (after the memory rule)
+        warnings.append(f"DP attention is enabled. chunked prefill size is adjusted from {chunked} to "
+                        f"{chunked // attention_dp.ranks}.")
+        chunked //= attention_dp.ranks
 
-    par = Parallel(tp=tp, pp=pp, ep=ep, moe_a2a_backend=args.moe_a2a_backend)
+    par = Parallel(tp=tp, pp=pp, ep=ep, moe_a2a_backend=args.moe_a2a_backend, eplb=bool(args.enable_eplb))
     disable_graph = bool(args.disable_cuda_graph)
     partition = _layer_partition(spec.num_layers, pp)
     # Build the cost model once to get per-stage weights; graph bs is fixed up after max_running_requests.
@@ -272,13 +291,16 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     # a draft sits beside the target (one stage) and widens every KV cell by its own layers' share
     draft_bytes = draft.weight_bytes if draft is not None else 0.0
     cell_factor = draft.kv_cell_factor if draft is not None else 1.0
-    for st in cost.stages:
-        kv_bytes = total * frac - st.weight_bytes - draft_bytes
-        cap = int(kv_bytes // (st.kv_bytes_per_token * cell_factor)) if kv_bytes > 0 else 0
+    weights, kv_per_token = _per_gpu_memory(cost, attention_dp, spec, hw, params, graph_bs, disable_graph)
+    for st, w, kv_tok in zip(cost.stages, weights, kv_per_token, strict=True):
+        kv_bytes = total * frac - w - draft_bytes
+        cap = int(kv_bytes // (kv_tok * cell_factor)) if kv_bytes > 0 else 0
         if cap <= 0:
             raise FlagError(
                 f"Not enough memory. Please try to increase --mem-fraction-static. (PP stage {st.index}: "
-                f"weights {st.weight_bytes / 1e9:.1f} GB per GPU, static budget {total * frac / 1e9:.1f} GB)"
+                f"weights {w / 1e9:.1f} GB per GPU"
+                + (", attention and embedding replicated on each attention-DP rank" if attention_dp else "")
+                + f", static budget {total * frac / 1e9:.1f} GB)"
             )
         capacities.append(cap)
     token_capacity = min(capacities)  # SGLang MIN-all-reduces the pool size across PP ranks
@@ -297,6 +319,8 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         estimated = min(max(int(token_capacity / ctx * 512), 2048), 4096)
         mrr = min(estimated, token_capacity // 2)
     else:
+        # attention DP: the value is each rank's share (SGLang: max_running_requests // attn_dp_size)
+        asked_mrr = max(asked_mrr // (attention_dp.ranks if attention_dp else 1), 1)
         mrr = min(asked_mrr, token_capacity // 2)
         if mrr < asked_mrr:
             warnings.append(
@@ -309,15 +333,15 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     cost = CostModel(spec, hw, par, graph_bs, disable_graph, params, partition)
 
     stages = []
-    for st in cost.stages:
-        kv = token_capacity * st.kv_bytes_per_token * cell_factor
+    for w, kv_tok in zip(weights, kv_per_token, strict=True):
+        kv = token_capacity * kv_tok * cell_factor
         stages.append(
             StageMemory(
-                weight_bytes=st.weight_bytes + draft_bytes,
+                weight_bytes=w + draft_bytes,
                 kv_bytes=kv,
                 graph_bytes=graph_mem,
                 token_capacity=token_capacity,
-                available_bytes=max(total - st.weight_bytes - draft_bytes - kv - graph_mem, 0.0),
+                available_bytes=max(total - w - draft_bytes - kv - graph_mem, 0.0),
             )
         )
     def price(model: CostModel) -> StepCosts:
@@ -329,6 +353,13 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         step_costs = price(cost)
     except StepCostsError as e:
         raise FlagError(str(e)) from e
+    lockstep = None
+    if attention_dp is not None:
+        rank_cost = _rank_cost(attention_dp, spec, hw, params, graph_bs, disable_graph)
+        price(rank_cost)
+        tables = (kernel_tables(hw.kernel_tables, SGLANG_COMPAT_VERSION)
+                  if step_costs.source == "measured" and hw.kernel_tables else None)
+        lockstep = LockstepCosts(attention_dp, rank_cost, cost, tables)
     decoding = None
     if speculative is not None and draft is not None:
         try:
@@ -368,4 +399,26 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         health_check_timeout_s=_health_check_timeout(),
         step_costs=step_costs,
         speculative=decoding,
+        attention_dp=attention_dp,
+        lockstep=lockstep,
     )
+
+
+def _rank_cost(layout: AttentionDP, spec: ModelSpec, hw: HardwareConf, params: CostParams, graph_bs: int,
+               disable_graph: bool) -> CostModel:
+    """The model at one attention-DP rank's attention TP: what prices (and sizes) its attention blocks."""
+    return CostModel(spec, hw, Parallel(tp=layout.attn_tp), graph_bs, disable_graph, params)
+
+
+def _per_gpu_memory(cost: CostModel, layout: AttentionDP | None, spec: ModelSpec, hw: HardwareConf,
+                    params: CostParams, graph_bs: int, disable_graph: bool
+                    ) -> tuple[list[float], list[float]]:
+    """Each stage's weights on one GPU and KV bytes a cached token takes there: the TP layout's, or with
+    attention DP the replicated dense weights added and a rank's KV split only over its own GPUs
+    (``attention_dp/layout.py``)."""
+    if layout is None:
+        return [st.weight_bytes for st in cost.stages], [st.kv_bytes_per_token for st in cost.stages]
+    rank = _rank_cost(layout, spec, hw, params, graph_bs, disable_graph)
+    st = cost.stages[0]
+    return ([st.weight_bytes + extra_weight_bytes(spec, layout, st.moe_layers)],
+            [rank.stages[0].kv_bytes_per_token])

@@ -3,6 +3,9 @@
 - ``round_robin``: each replica in turn, whatever the request (SGLang's built-in DP controller by
   default, and the router's ``round_robin``). Round-robin splits a shared prefix's requests over every
   replica, so each replica's cache computes it and keeps its own copy.
+- ``total_requests`` (SGLang's DP controller with ``--load-balance-method total_requests``): the
+  replica holding the fewest requests, the first on ties. The controller counts from what the
+  schedulers report; the model counts exactly.
 - ``cache_aware`` (the router package's default), as ``smg`` 1.13.0 (the release parasweep launches)
   decides on HTTP workers: the router keeps an approximate prefix tree of the prompts it sent to each
   replica. When the longest beginning any replica's tree shares with the prompt is more than
@@ -52,11 +55,13 @@ class Router:
         requests in flight."""
         if self.replicas == 1:
             return 0
+        idlest = min(range(self.replicas), key=lambda k: loads[k])
+        if self.policy == "total_requests":
+            return idlest
         if self.policy == "round_robin" or prompt is None:
             i = self._next
             self._next = (self._next + 1) % self.replicas
             return i
-        idlest = min(range(self.replicas), key=lambda k: loads[k])
         matched = [tree.match(prompt)[0] for tree in self._trees]
         longest = max(matched)
         choice = idlest

@@ -23,11 +23,11 @@ from simulator.faults import FaultConf, FaultInjector, fail_start_out_of_memory,
 from simulator.frontend import Frontend
 from simulator.generation import GenerationAPI, json_response
 from simulator.gpus import GPUS_PATH, gpu_rows
+from simulator.lockstep import build_schedulers
 from simulator.logs import LogWriter, startup_lines
 from simulator.nodes import JOIN_TIMEOUT_S, NodeGroup, unless_stopped
 from simulator.observer import Reporter
 from simulator.prometheus import PrometheusMetrics
-from simulator.replica import ReplicaModel
 from simulator.sim_config import SimConfig
 from simulator.timebase import LiveDriver, Simulation
 from vocab.telemetry import GpuSource
@@ -45,7 +45,7 @@ class SimServer:
         self.sim = Simulation()
         self.driver = LiveDriver(self.sim, loop, cfg.time_scale)
         log.wall = self.driver.epoch_now  # its lines stamped on its own clock, as SGLang's are
-        self.replicas = [ReplicaModel(cfg, self.sim) for _ in range(cfg.dp)]
+        self.replicas = build_schedulers(cfg, self.sim)
         self.metrics: PrometheusMetrics | None = None
         if cfg.args.enable_metrics:
             self.metrics = PrometheusMetrics(cfg, self.replicas, self.driver.now, lambda: self.driver.lag)

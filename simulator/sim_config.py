@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 
 from simulator import SGLANG_COMPAT_VERSION, __version__
+from simulator.attention_dp.costs import LockstepCosts
+from simulator.attention_dp.layout import AttentionDP
 from simulator.costs import CostModel, Parallel
 from simulator.model_spec import ModelSpec
 from simulator.speculative.decoding import SpecDecoding
@@ -77,6 +79,26 @@ class SimConfig:
     step_costs: StepCosts = field(default_factory=lambda: StepCosts("roofline", "roofline"))
     startup_time: float = field(default_factory=time.time)
     speculative: SpecDecoding | None = None  # --speculative-algorithm (simulator/speculative/)
+    # --attn-dp-size > 1: the ranks' layout and their lockstep forward (simulator/attention_dp/); the
+    # capacities above (KV tokens, max_running_requests) are then each rank's
+    attention_dp: AttentionDP | None = None
+    lockstep: LockstepCosts | None = None
+
+    @property
+    def attn_dp(self) -> int:
+        """Attention-DP ranks of the engine's TP group (1: none)."""
+        return self.attention_dp.ranks if self.attention_dp is not None else 1
+
+    @property
+    def schedulers(self) -> int:
+        """Schedulers of the engine, each with its own requests and KV cache: one per DP replica, or per
+        attention-DP rank (SGLang refuses both at once)."""
+        return self.dp * self.attn_dp
+
+    @property
+    def rank_tp(self) -> int:
+        """GPUs of one scheduler's share of a stage: its replica's TP group, or its rank's attention TP."""
+        return self.tp // self.attn_dp
 
     @property
     def mixed_chunk(self) -> bool:
@@ -102,7 +124,11 @@ class SimConfig:
 
     @property
     def router(self) -> str:
-        """How requests are spread over the DP replicas (``router.py``)."""
+        """How requests are spread over the DP replicas or attention-DP ranks (``router.py``): the DP
+        controller's ``--load-balance-method`` where it names one the model has, else ``--sim-router``
+        (the router package's policy in front of replicas)."""
+        if self.args.load_balance_method == "total_requests":
+            return "total_requests"
         return str(self.args.sim_router)
 
     @property
@@ -145,6 +171,14 @@ class SimConfig:
             "ep_size": self.ep,
             "dp_size": self.dp,
             "moe_a2a_backend": a.moe_a2a_backend,
+            "attn_dp_size": self.attn_dp,
+            "enable_dp_attention": self.attn_dp > 1,
+            "load_balance_method": a.load_balance_method,
+            "deepep_mode": a.deepep_mode,
+            "enable_eplb": a.enable_eplb,
+            "ep_num_redundant_experts": a.ep_num_redundant_experts,
+            "enable_dp_lm_head": a.enable_dp_lm_head,
+            "moe_dense_tp_size": a.moe_dense_tp_size,
             "pp_async_batch_depth": self.depth,
             # as SGLang 0.5.23 reports them: the raw inputs at the top level (null unless set), the
             # values resolved at start-up in internal_states and cuda_graph_config
@@ -210,6 +244,6 @@ class SimConfig:
                 "world_size": self.tp * self.pp,
                 **({"avg_spec_accept_length": 0.0} if self.speculative is not None else {}),
             }
-            for _ in range(self.dp)
+            for _ in range(self.schedulers)
         ]
         return info

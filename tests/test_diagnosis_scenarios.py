@@ -148,9 +148,9 @@ def test_kimi_pp8_over_pcie_is_told_to_run_tp8(tmp_path: Path) -> None:
     line = advice_text(micro.to_dict())
     layout = " ".join(f"{k}={v}" for k, v in micro.change.items())
     assert line.startswith(f"set {layout}: predicted ") and "runner-up" in line
-    # attention DP is named, and said not to be predicted
-    attn = next(t for t in effect["tried"] if "server.extra_args.attn-dp-size" in t["change"])
-    assert "does not model attention DP" in attn["verdict"]
+    # attention DP over the node is one of the layouts tried, and predicted like the others
+    attn = next(t for t in effect["tried"] if "dp.attention" in t["change"])
+    assert attn["change"]["dp.attention"] == 8 and "change_pct" in attn
 
 
 def test_a_tp_group_across_two_nodes_is_told_to_pipeline(tmp_path: Path) -> None:

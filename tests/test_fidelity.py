@@ -15,7 +15,7 @@ from orchestrator.fidelity.cli import main
 from orchestrator.fidelity.compare import compared_metrics, saturated
 from orchestrator.fidelity.corpus import CorpusError, read_corpus
 from orchestrator.fidelity.replay import plan, predict
-from simulator.predict import load_config
+from simulator.predict import load_config, resolved_server_info
 from simulator.replay import replay
 from tests.conftest import ROOT
 
@@ -106,15 +106,27 @@ def test_a_ratio_to_another_run_replays_both_and_compares_the_ratio(tmp_path: Pa
 
 
 def test_what_cannot_be_modelled_is_skipped_with_its_reason() -> None:
-    with pytest.raises(NotModelled, match="attention DP"):
-        predict(_entry("moe-pr2643-dsv3-h200-tp8dpa-sharegpt5000"))
     with pytest.raises(NotModelled, match="gpt-oss"):
         predict(_entry("moe-cookbook-gptoss120b-b200-tp8-sharegpt-c100"))
 
 
+def test_an_attention_dp_run_is_replayed_as_its_release_launched_it(tmp_path: Path) -> None:
+    """A run published with ``--dp N --enable-dp-attention`` takes N ranks inside its TP group, not N
+    replicas of it; on 0.4.1 that also turned the overlap scheduler off and halved the chunk."""
+    plan_ = plan(_entry("moe-pr2643-dsv3-h200-tp8dpa-sharegpt5000"), tmp_path)
+    argv = plan_.argv
+    assert argv[argv.index("--dp-size") + 1] == "8" and "--enable-dp-attention" in argv
+    assert "--disable-overlap-schedule" in argv
+    assert argv[argv.index("--chunked-prefill-size") + 1] == str(4096 * 8)
+    assert plan_.layout == "attention DP"
+    info = resolved_server_info(argv)
+    assert (info["attn_dp_size"], info["dp_size"], info["chunked_prefill_size"]) == (8, 1, 4096)
+    assert len(info["internal_states"]) == 8
+
+
 def test_the_json_lists_every_entry_compared_or_skipped(tmp_path: Path) -> None:
     keep = ("dense-dc-llama33-70b-tp4-h200-online-random-1024-rps1",
-            "moe-pr2643-dsv3-h200-tp8dpa-sharegpt5000")
+            "moe-cookbook-gptoss120b-b200-tp8-sharegpt-c100")
     lines = [line for line in CORPUS.read_text().splitlines() if json.loads(line)["id"] in keep]
     f = tmp_path / "two.jsonl"
     f.write_text("\n".join(lines) + "\n")

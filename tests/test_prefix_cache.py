@@ -223,7 +223,7 @@ def test_bad_prefix_cache_keys_are_refused_in_one_line() -> None:
     assert "requires prefix caching" in refusal(cfg)
     cfg = _cfg()
     cfg.dp.router = "sticky"
-    assert "dp.router=sticky: invalid; valid: round_robin, cache_aware" in refusal(cfg)
+    assert "dp.router=sticky: invalid; valid: round_robin, total_requests, cache_aware" in refusal(cfg)
 
 
 def test_the_cache_is_flushed_only_when_nothing_runs_or_waits() -> None:

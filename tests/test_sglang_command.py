@@ -173,19 +173,22 @@ def test_renamed_extra_args_follow_the_version() -> None:
 
 def test_attention_dp_spelling_per_version() -> None:
     cfg = conf(tp=8)
-    cfg.server.extra_args = {"attn_dp_size": 8}
+    cfg.dp.attention = 8
     new = sglang_flags(cfg, PORT, T0523)
     assert new[new.index("--attn-dp-size") + 1] == "8" and new[new.index("--dp-size") + 1] == "1"
     old = sglang_flags(cfg, PORT, SGLangTarget("0.5.9", _fake("0.5.9", _COMMON), True, "python"))
     assert old[old.index("--dp-size") + 1] == "8" and "--enable-dp-attention" in old
     assert "--attn-dp-size" not in old
     cfg.dp.size = 2
-    with pytest.raises(ConfigError, match=r"^server\.extra_args\.attn_dp_size=8: invalid"):
+    with pytest.raises(ConfigError, match=r"^dp\.attention=8: invalid"):
         sglang_flags(cfg, PORT, SGLangTarget("0.5.9", _fake("0.5.9", _COMMON), True, "python"))
     cfg.dp.size = 1
-    cfg.server.extra_args = {"enable_dp_attention": True}
-    with pytest.raises(ConfigError, match="attn_dp_size"):
-        sglang_flags(cfg, PORT, T0523)
+    # the flags parasweep sets from its keys are refused as extra args, with the key to use
+    for name, key in (("enable_dp_attention", "dp.attention"), ("attn_dp_size", "dp.attention"),
+                      ("moe_a2a_backend", "ep.a2a_backend"), ("enable_eplb", "ep.eplb")):
+        cfg.server.extra_args = {name: True if name.startswith("enable") else 8}
+        with pytest.raises(ConfigError, match=f"set it with {key}"):
+            sglang_flags(cfg, PORT, T0523)
 
 
 def test_unknown_abbreviated_and_duplicate_flags_are_refused() -> None:

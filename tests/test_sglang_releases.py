@@ -143,13 +143,13 @@ def test_the_context_length_gauge_is_exported_from_0_5_11(facts: ReleaseFacts) -
     assert ("sglang:context_len" in facts.metrics) == (parse_version(facts.version) >= (0, 5, 11))
 
 
-def _conf(model: str, hardware: str, tp: int = 1, pp: int = 1, ep: int = 1, dp: int = 1,
+def _conf(model: str, hardware: str, tp: int = 1, pp: int = 1, ep: int = 1, dp: int = 1, attention: int = 1,
           **extra: object) -> ParasweepConf:
     cfg = ParasweepConf()
     cfg.engine.name = "sglang"
     cfg.model.name, cfg.model.path = model, f"models/{model}"
     cfg.hardware = load_hardware(hardware)
-    cfg.tp.size, cfg.pp.size, cfg.ep.size, cfg.dp.size = tp, pp, ep, dp
+    cfg.tp.size, cfg.pp.size, cfg.ep.size, cfg.dp.size, cfg.dp.attention = tp, pp, ep, dp, attention
     cfg.server.extra_args = dict(extra)
     return cfg
 
@@ -159,7 +159,7 @@ LAYOUTS = {
     "PP8": _conf("kimi-k2", "rtx-pro-6000-pcie-x8", pp=8),
     "EP8": _conf("kimi-k2", "h200-nvlink-x8", tp=8, ep=8),
     "DP2xTP4": _conf("llama-3.1-70b", "h100-sxm-x8", tp=4, dp=2),
-    "attention DP": _conf("kimi-k2", "h200-nvlink-x8", tp=8, attn_dp_size=8),
+    "attention DP": _conf("kimi-k2", "h200-nvlink-x8", tp=8, attention=8),
     # old names of renamed flags, spelt per release
     "renamed extra args": _conf("llama-3.1-8b", "h100-sxm-x8", tp=2, cuda_graph_max_bs=64,
                                 cuda_graph_bs=[1, 2], stream_output=True),
@@ -185,12 +185,11 @@ def test_layouts_build_argv_every_supported_release_accepts(facts: ReleaseFacts,
 @pytest.mark.parametrize(("cfg", "key", "why"), [
     # SGLang 0.5.23 parallel_hook.py: "data-parallel replicas combined with attention data parallelism
     # are not supported"
-    (_conf("kimi-k2", "h200-nvlink-x8", tp=4, dp=2, attn_dp_size=2), "server.extra_args.attn_dp_size",
+    (_conf("kimi-k2", "h200-nvlink-x8", tp=4, dp=2, attention=2), "dp.attention",
      "replicas combined with attention data parallelism"),
     # assert cfg.tp_size % cfg.attn_dp_size == 0
-    (_conf("kimi-k2", "h200-nvlink-x8", tp=8, attn_dp_size=3), "server.extra_args.attn_dp_size",
-     "tp_size % attn_dp_size"),
-    (_conf("kimi-k2", "h200-nvlink-x8", tp=8, attn_dp_size=0), "server.extra_args.attn_dp_size", "positive"),
+    (_conf("kimi-k2", "h200-nvlink-x8", tp=8, attention=3), "dp.attention", "tp_size % attn_dp_size"),
+    (_conf("kimi-k2", "h200-nvlink-x8", tp=8, attention=0), "dp.attention", "positive"),
     # validation_hook.py / server_args.py: served_model_name cannot contain a colon
     (_conf("llama-3.1-8b", "h100-sxm-x8"), "model.name", "':'"),
 ])
@@ -250,3 +249,24 @@ def test_the_prefix_cache_keys_are_flags_each_release_takes(facts: ReleaseFacts)
             with pytest.raises(ConfigError) as err:
                 build_args(cfg, 30000, facts.version, facts.flags)
             assert f"is new in SGLang {'.'.join(map(str, since))}" in str(err.value)
+
+
+@pytest.mark.parametrize("facts", SUPPORTED, ids=_ids(SUPPORTED))
+def test_the_all_to_all_backends_are_each_releases_own(facts: ReleaseFacts) -> None:
+    """``ep.a2a_backend`` is checked against the choices the release's own parser lists (read from its
+    source): DeepEP everywhere it has the flag, NIXL only from 0.5.10."""
+    choices = facts.flags.choices.get("--moe-a2a-backend")
+    assert choices is not None and "deepep" in choices and choices[0] == "none"
+    for backend in ("deepep", "nixl", "nccl"):
+        cfg = _conf("deepseek-v3", "h200-nvlink-x8", tp=8, ep=8, attention=8)
+        cfg.ep.a2a_backend = backend
+        if backend in choices:
+            argv = args_to_argv(check_args(build_args(cfg, 30000, facts.version, facts.flags), facts.flags,
+                                           facts.version))
+            assert argv[argv.index("--moe-a2a-backend") + 1] == backend
+            continue
+        with pytest.raises(ConfigError) as err:
+            check_args(build_args(cfg, 30000, facts.version, facts.flags), facts.flags, facts.version)
+        message = str(err.value)
+        assert message.startswith(f"ep.a2a_backend={backend}: invalid") and ", ".join(choices) in message
+    assert ("nixl" in choices) == (parse_version(facts.version) >= (0, 5, 10))

@@ -83,7 +83,7 @@ def test_attention_dp_with_standalone_or_ngram_drafting_is_refused_with_the_rele
         version: str, algorithm: str) -> None:
     cfg = conf(algorithm, draft_model="models/llama-3.1-8b" if algorithm == "standalone" else None)
     cfg.tp.size = 2
-    cfg.server.extra_args = {"attn_dp_size": 2}
+    cfg.dp.attention = 2
     with pytest.raises(ConfigError) as e:
         build_args(cfg, 30000, version)
     message = f"Currently {algorithm} speculative decoding does not support dp attention."

@@ -24,9 +24,10 @@ PD_POLICIES = ("round_robin", "random")
 # SGLang's --schedule-policy values that start an engine (0.5.9-0.5.23; hrrn from 0.5.20,
 # shortest-prefill-first from 0.5.22), all modelled by the simulated engine. "priority" is not one: SGLang
 # accepts it on the command line and fails at start-up ("Unknown schedule_policy").
-# how requests are spread over data-parallel replicas: SGLang's DP controller, or the sglang-router
-# package's cache-aware policy (a replica that already holds the prompt's prefix)
-DP_ROUTERS = ("round_robin", "cache_aware")
+# how requests are spread over data-parallel replicas or attention-DP ranks: SGLang's DP controller in
+# turn or to the one holding the fewest requests (its --load-balance-method total_requests), or the
+# sglang-router package's cache-aware policy (a replica that already holds the prompt's prefix)
+DP_ROUTERS = ("round_robin", "total_requests", "cache_aware")
 # what runs that policy: "engine" inside the engine (SGLang's DP controller, the simulated engine's
 # model), "smg" the router package (sglang-router's successor) as its own process in front of one
 # server per replica, "auto" the engine where it has the policy, else the router

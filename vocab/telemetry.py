@@ -123,6 +123,15 @@ PREFILL_WITH_DECODES = "prefill_batches_with_decodes_frac"
 LOG_CACHED_TOKENS = "log_cached_tokens"
 LOG_COMPUTED_TOKENS = "log_computed_tokens"
 LOG_CACHE_HIT_RATE = "log_cache_hit_rate"
+# several schedulers in one engine (attention-DP ranks, or DP replicas behind its own controller): each
+# one's mean running and waiting requests (``per_replica(r, RANK_RUNNING)``...), its highest KV use, and
+# how far apart they are: the busiest rank's mean running over the ranks' mean (1: even), and the mean
+# waiting requests of the rank that queued most against the least
+RANK_RUNNING = "running_mean"
+RANK_QUEUE = "queue_mean"
+RANK_KV_USAGE = "kv_token_usage_max"
+RANK_RUNNING_IMBALANCE = "dp_running_imbalance"
+RANK_QUEUE_SPREAD = "dp_queue_spread"
 # speculative decoding: tokens each verify emitted per request, the target's own included (SGLang's
 # "accept len"), over the window's decode lines (or gauges) of stage 0
 SPEC_ACCEPT_LEN = "spec_accept_len_mean"

@@ -77,13 +77,26 @@ class PPConf:
 @dataclass
 class EPConf:
     size: int = 1
+    # how a MoE layer reaches the experts of other GPUs (--moe-a2a-backend): none (the tokens gathered
+    # to every GPU of the TP group) or an all-to-all backend such as deepep (each token sent to the GPUs
+    # holding its experts; SGLang then sets ep.size to tp.size); the choices are each release's own
+    a2a_backend: str = "none"
+    # --deepep-mode: auto (normal kernels for prefill batches, low_latency for decode) | normal | low_latency
+    deepep_mode: str = "auto"
+    eplb: bool = False  # --enable-eplb: experts moved between GPUs so each gets an even share of tokens
+    redundant_experts: int = 0  # --ep-num-redundant-experts: extra copies of the busiest experts
 
 
 @dataclass
 class DPConf:
     size: int = 1
-    # how requests are spread over the replicas: round_robin (SGLang's DP controller) or cache_aware
-    # (the sglang-router package's policy: a replica that already holds the prompt's prefix)
+    # attention data parallelism: ranks inside each engine's TP group, each with its own requests, KV
+    # cache and scheduler for the attention blocks, all meeting at the experts; adds no GPUs (SGLang
+    # --attn-dp-size, before 0.5.22 --enable-dp-attention with --dp-size; docs/attention-dp.md)
+    attention: int = 1
+    # how requests are spread over the replicas or attention-DP ranks: round_robin (SGLang's DP
+    # controller), total_requests (the controller sends each to the one holding fewest requests) or
+    # cache_aware (the sglang-router package's policy: a replica that already holds the prompt's prefix)
     router: str = "round_robin"
     # who runs it: auto | engine | smg (the router package as its own process in front of dp.size
     # servers; auto picks it for cache_aware on SGLang, whose DP controller has no such policy)

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator.config.disagg import validate_pd
 from orchestrator.config.lengths import length_bounds
 from orchestrator.config.model_info import model_info
+from orchestrator.config.moe_layout import validate_moe_layout
 from orchestrator.config.schema import (
     ParasweepConf,
     SimFaultConf,
@@ -43,6 +44,9 @@ def _validate_router(cfg: ParasweepConf, engine: str) -> None:
     if cfg.dp.router_impl == "engine" and cfg.dp.router == "cache_aware" and engine == "sglang":
         raise ConfigError("dp.router_impl", "engine", "auto or smg with dp.router=cache_aware on SGLang",
                           why="SGLang's own DP controller has no cache-aware policy; the router package does")
+    if cfg.dp.router == "total_requests" and router_process(cfg, engine):
+        raise ConfigError("dp.router", "total_requests", "round_robin or cache_aware with dp.router_impl=smg",
+                          why="total_requests is SGLang's own DP controller's method (dp.router_impl=engine)")
     if cfg.dp.router_impl == "smg" and cfg.dp.size < 2:
         raise ConfigError("dp.router_impl", "smg", "engine or auto with dp.size=1",
                           why="a router needs at least two replicas behind it (dp.size >= 2)")
@@ -215,6 +219,7 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
         divisors = [d for d in range(1, min(model.num_heads, 64) + 1) if model.num_heads % d == 0]
         raise ConfigError("tp.size", cfg.tp.size, f"a divisor of {model.num_heads}: {divisors}",
                           why=f"model {cfg.model.name} has {model.num_heads} attention heads to shard")
+    validate_moe_layout(cfg, model)
     if cfg.ep.size > 1:
         if not model.is_moe:
             raise ConfigError("ep.size", cfg.ep.size, "1", why=f"model {cfg.model.name} has no experts")

@@ -14,7 +14,9 @@ import yaml
 
 from orchestrator.config.schema import ParasweepConf, SimFaultConf, role_config
 from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace, sglang_flags
+from orchestrator.engines.sglang_compat.command import build_args, check_choices
 from orchestrator.engines.sglang_compat.speculative import acceptance_flag
+from orchestrator.engines.sglang_compat.versions import NEWEST_KNOWN, recorded_flag_set
 from orchestrator.errors import ConfigError
 from orchestrator.redact import redact_mapping, redact_text, secret_values
 from vocab.assets import model_dir
@@ -75,6 +77,8 @@ class SimEngine(Engine):
 
         parser.error = refuse  # type: ignore[method-assign]
         parser.parse_args(self.simulator_flags(cfg, 30000, Path("/nonexistent-trial-dir")))
+        # values the SGLang release the simulated engine follows lists the choices of (--moe-a2a-backend)
+        check_choices(build_args(cfg, 30000), recorded_flag_set(NEWEST_KNOWN), NEWEST_KNOWN)
         return self.plan_notes(cfg)
 
     @staticmethod

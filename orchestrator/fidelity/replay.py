@@ -172,8 +172,6 @@ def _sharegpt_pairs(model_dir: Path, spec: ModelSpec, notes: list[str]) -> list[
 def plan(entry: Entry, workdir: Path) -> Plan:
     """The flags and requests that replay ``entry``; raises :class:`NotModelled` with the reason."""
     p = entry.parallelism
-    if p.dp_attention:
-        raise NotModelled("attention DP (--enable-dp-attention) is not modelled by the simulated engine")
     if entry.workload.dataset.lower().startswith("generated-shared-prefix"):
         raise NotModelled("the generated-shared-prefix dataset is not replayed yet (its one published run, "
                           "behind a router, does not say whether its throughput counts input tokens only)")
@@ -187,6 +185,10 @@ def plan(entry: Entry, workdir: Path) -> Plan:
     argv = ["--model-path", str(model_dir), "--sim-hardware", str(profile), "--sim-step-costs", "auto",
             *(["--sim-calibration", calibration] if calibration else []),
             "--tp-size", str(p.tp), "--pp-size", str(p.pp), "--ep-size", str(p.ep), "--dp-size", str(p.dp)]
+    if p.dp_attention:  # as these releases spelt it: --dp-size counts the attention-DP ranks
+        argv.append("--enable-dp-attention")
+        if (p.model_extra or {}).get("enable_dp_lm_head"):
+            argv.append("--enable-dp-lm-head")
     if entry.nodes > 1:
         argv += ["--nnodes", str(entry.nodes), "--dist-init-addr", "127.0.0.1:5000"]
     if p.pp_async_batch_depth is not None:
@@ -195,7 +197,7 @@ def plan(entry: Entry, workdir: Path) -> Plan:
         argv += ["--pp-max-micro-batch-size", str(p.pp_max_micro_batch_size)]
     argv += _flags(entry)
     old, old_notes = release_defaults(entry.sglang_version, entry.server_args, p.tp,
-                                      load_hardware(str(profile)).memory_gb * 1e9 / 2**20)
+                                      load_hardware(str(profile)).memory_gb * 1e9 / 2**20, p.dp_attention)
     argv += old
     notes += old_notes
     spec = load_model_spec(str(model_dir))
@@ -210,12 +212,14 @@ def plan(entry: Entry, workdir: Path) -> Plan:
     longest = max(r.input_len + r.output_len for r in requests)
     if longest > (context if isinstance(context, int) else spec.max_context_length):
         raise NotModelled(f"a request of {longest:,} tokens exceeds the served context")
-    if p.tp * p.pp * p.dp > entry.gpu_count:
-        raise NotModelled(f"tp*pp*dp = {p.tp * p.pp * p.dp} needs more than the {entry.gpu_count} GPUs "
+    replicas = 1 if p.dp_attention else p.dp  # attention-DP ranks live inside the TP group
+    if p.tp * p.pp * replicas > entry.gpu_count:
+        raise NotModelled(f"tp*pp*dp = {p.tp * p.pp * replicas} needs more than the {entry.gpu_count} GPUs "
                           "published")
-    family = "pp" if p.pp > 1 else "router" if p.dp > 1 else "moe" if spec.is_moe else "dense"
+    family = "pp" if p.pp > 1 else "router" if replicas > 1 else "moe" if spec.is_moe else "dense"
+    layout = "attention DP" if p.dp_attention else "EP" if p.ep > 1 else "TP"
     return Plan(argv=argv, env=env, requests=requests, max_concurrency=cap, family=family,
-                layout="EP" if p.ep > 1 else "TP", hardware=profile.stem, notes=notes)
+                layout=layout, hardware=profile.stem, notes=notes)
 
 
 def predict(entry: Entry) -> tuple[Plan, dict[str, float]]:

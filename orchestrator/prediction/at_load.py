@@ -42,10 +42,6 @@ REQUESTS_PER_STREAM = 4  # a point's requests per stream: one ramp, about three 
 # what is kept of each prediction: the numbers a verdict, an SLO or a noise judgement reads
 KEPT = ("output_tok_s", "output_tok_s_ci95_rel", "request_s", "j_per_output_token", "budget_hit",
         "ttft_p99_ms_ci95_lo", "ttft_p99_ms_ci95_hi", "itl_p99_ms_ci95_lo", "itl_p99_ms_ci95_hi")
-# changes the simulated engine does not model: never predicted, each with the reason it says
-NOT_MODELLED = {
-    "server.extra_args.attn-dp-size": "not predicted: the simulated engine does not model attention DP",
-}
 
 
 def shared_cache(sweep_dir: Path) -> Path:
@@ -205,10 +201,6 @@ def predict_change(base: ParasweepConf, change: Mapping[str, Any], loads: Sequen
     from orchestrator.prediction.modelled import apply_change
 
     out = Predicted(dict(change))
-    for key, why in NOT_MODELLED.items():
-        if key in change:
-            out.reason = why
-            return out
     try:
         cfg, env = apply_change(base, change)
         configured = configure(cfg, env)

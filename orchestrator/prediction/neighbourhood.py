@@ -6,8 +6,9 @@ PCIe, say): the prediction decides, and a layout that cannot run says why.
 For a trial on N GPUs: every tensor x pipeline x data-parallel split of N (each a divisor), and for a
 MoE model each split with tp > 1 also with its experts spread over the TP group (``ep.size = tp``).
 Leaving the pipeline (pp = 1) drops its knobs (async depth 0, the micro-batch cap to the engine's
-default), which mean nothing without it. Attention data parallelism (SGLang's ``--attn-dp-size``,
-for MoE models) is named too, and reported as not predicted: the simulated engine does not model it.
+default), which mean nothing without it. A MoE model is also tried with the whole set of GPUs as one TP
+group whose every GPU is an attention-DP rank (``dp.attention``), its experts spread over all of them:
+the layout DeepSeek-style deployments serve large batches with.
 A speculative trial's splits with a pipeline go without speculation (SGLang runs neither together as
 parasweep launches it), and its own split is tried without speculation and with one draft step.
 
@@ -24,7 +25,7 @@ from typing import Any
 from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import ParasweepConf, world_size
 
-ATTN_DP_KEY = "server.extra_args.attn-dp-size"
+ATTN_DP_KEY = "dp.attention"
 
 
 def _divisors(n: int) -> list[int]:

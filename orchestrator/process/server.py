@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -156,6 +157,25 @@ def exit_reason(code: int, who: str = "engine") -> str:
         except ValueError:
             pass
     return f"{who} exited with code {code}"
+
+
+# SGLang's scheduler process logs this, under its rank's prefix ("[2026-... DP3 TP3]"), when it raises
+_SCHEDULER_FAILED = re.compile(
+    r"\[[^\]]*?((?: (?:DP|PP|TP|EP|ATTN_CP|MOE_DP)\d+)+)\] Scheduler hit an exception")
+LOG_TAIL_BYTES = 256 * 1024
+
+
+def failed_scheduler(log_path: Path) -> str:
+    """``" (scheduler DP3 TP3 hit an exception)"``: which scheduler's failure took the engine down, from
+    the end of its log; "" where the log names none (one scheduler, or another cause)."""
+    try:
+        with log_path.open("rb") as f:
+            f.seek(max(0, f.seek(0, 2) - LOG_TAIL_BYTES))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    found = _SCHEDULER_FAILED.findall(tail)
+    return f" (scheduler{found[-1]} hit an exception)" if found else ""
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

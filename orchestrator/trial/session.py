@@ -46,6 +46,7 @@ from orchestrator.process.replicas import ReplicaGroup, Worker
 from orchestrator.process.server import (
     ServerProcess,
     exit_reason,
+    failed_scheduler,
     flush_prefix_cache,
     free_port,
     http_get_json,
@@ -124,7 +125,7 @@ class EngineWatch:
         if gone is not None:  # another node's engine or a DP replica went first (or the router)
             return gone
         if code is not None:
-            return exit_reason(code)
+            return exit_reason(code) + failed_scheduler(self.server.log_path)
         verdict = self.prober.verdict if self.prober is not None else None
         return f"engine not answering /health: {verdict}" if verdict else None
 

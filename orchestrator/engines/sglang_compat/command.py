@@ -64,7 +64,15 @@ _MANAGED = {
     "speculative_num_steps": "spec.num_steps", "speculative_eagle_topk": "spec.topk",
     "speculative_num_draft_tokens": "spec.num_draft_tokens",
     "speculative_draft_load_format": "spec.draft_load_format",
+    "attn_dp_size": "dp.attention", "enable_dp_attention": "dp.attention",
+    "load_balance_method": "dp.router", "moe_a2a_backend": "ep.a2a_backend", "deepep_mode": "ep.deepep_mode",
+    "enable_eplb": "ep.eplb", "ep_num_redundant_experts": "ep.redundant_experts",
 }
+# of those, the ones an extra arg may never set, even where parasweep leaves the flag out: the prediction,
+# the diagnosis and the search read them from their keys
+_ALWAYS_MANAGED = ("schedule_policy", "disable_radix_cache", "attn_dp_size", "enable_dp_attention",
+                   "load_balance_method", "moe_a2a_backend", "deepep_mode", "enable_eplb",
+                   "ep_num_redundant_experts")
 
 
 def decode_log_interval(cfg: ParasweepConf) -> int:
@@ -108,16 +116,31 @@ def _values(value: Any) -> list[str]:
     return [str(value)]
 
 
-def _attn_dp_old_style(args: list[Arg], key: str, size: Any, cfg: ParasweepConf, version: str) -> None:
-    """Before --attn-dp-size (0.5.22), attention DP was --enable-dp-attention with --dp-size = the group
-    count."""
-    if cfg.dp.size > 1:
-        raise ConfigError(key, size, f"dp.size=1 when attention DP is on with SGLang {version}",
-                          "before 0.5.22 (--attn-dp-size) --dp-size counts attention-DP groups, so model "
-                          "replicas and attention DP cannot be combined")
-    dp = next(a for a in args if a.key == "dp.size")
-    dp.values, dp.key, dp.optional = [str(size)], key, False
-    args.append(Arg("--enable-dp-attention", [], key, size))
+def _moe_layout(args: list[Arg], cfg: ParasweepConf, version: str, flags: FlagSet | None) -> None:
+    """Attention DP, as each release spells it (``--attn-dp-size`` from 0.5.22; before, --dp-size
+    counting the ranks with ``--enable-dp-attention``), the DP controller's method, and the experts'
+    all-to-all backend, its mode and balancer."""
+    ranks = cfg.dp.attention
+    if ranks > 1:
+        flag = spelling("attn_dp_size", version, flags)
+        if flag is not None:
+            args.append(Arg(flag, [str(ranks)], "dp.attention", ranks))
+        else:
+            dp = next(a for a in args if a.key == "dp.size")
+            dp.values, dp.key, dp.value, dp.optional = [str(ranks)], "dp.attention", ranks, False
+            args.append(Arg("--enable-dp-attention", [], "dp.attention", ranks))
+    if cfg.dp.router == "total_requests" and (ranks > 1 or cfg.dp.size > 1):
+        args.append(Arg("--load-balance-method", ["total_requests"], "dp.router", cfg.dp.router))
+    ep = cfg.ep
+    if ep.a2a_backend != "none":
+        args.append(Arg("--moe-a2a-backend", [ep.a2a_backend], "ep.a2a_backend", ep.a2a_backend))
+    if ep.deepep_mode != "auto":
+        args.append(Arg("--deepep-mode", [ep.deepep_mode], "ep.deepep_mode", ep.deepep_mode))
+    if ep.eplb:
+        args.append(Arg("--enable-eplb", [], "ep.eplb", True))
+    if ep.redundant_experts:
+        args.append(Arg("--ep-num-redundant-experts", [str(ep.redundant_experts)], "ep.redundant_experts",
+                        ep.redundant_experts))
 
 
 def refuse_what_sglang_refuses(cfg: ParasweepConf) -> None:
@@ -131,22 +154,16 @@ def refuse_what_sglang_refuses(cfg: ParasweepConf) -> None:
     if ":" in name:
         raise ConfigError("model.name", name, "a name without ':'",
                           "SGLang refuses ':' in --served-model-name (it is reserved for 'model:adapter')")
-    key, size = next(((f"server.extra_args.{k}", v) for k, v in (cfg.server.extra_args or {}).items()
-                      if canonical_name(k) == "attn_dp_size"), ("", None))
-    if size is None or size is False:
-        return
-    try:
-        groups = int(str(size))
-    except ValueError:
-        raise ConfigError(key, size, "a positive integer (attention-DP groups)") from None
-    if groups < 1:
-        raise ConfigError(key, size, "a positive integer (attention-DP groups)")
-    if groups > 1 and cfg.dp.size > 1:
-        raise ConfigError(key, size, f"1 with dp.size={cfg.dp.size}, or dp.size=1",
+    ranks = cfg.dp.attention
+    if ranks < 1:
+        raise ConfigError("dp.attention", ranks, "a positive integer (attention-DP ranks)",
+                          "SGLang: --attn-dp-size must be positive")
+    if ranks > 1 and cfg.dp.size > 1:
+        raise ConfigError("dp.attention", ranks, f"1 with dp.size={cfg.dp.size}, or dp.size=1",
                           "SGLang refuses data-parallel replicas combined with attention data parallelism")
-    if cfg.tp.size % groups:
-        raise ConfigError(key, size, f"a divisor of tp.size={cfg.tp.size}",
-                          "SGLang splits each TP group into attention-DP groups "
+    if cfg.tp.size % ranks:
+        raise ConfigError("dp.attention", ranks, f"a divisor of tp.size={cfg.tp.size}",
+                          "SGLang splits each TP group into attention-DP ranks "
                           "(tp_size % attn_dp_size == 0)")
 
 
@@ -154,22 +171,13 @@ def _extra(args: list[Arg], cfg: ParasweepConf, version: str, flags: FlagSet | N
     for name, value in (cfg.server.extra_args or {}).items():
         key = f"server.extra_args.{name}"
         canonical = canonical_name(name)
-        if canonical == "enable_dp_attention" and value:
-            raise ConfigError(key, value, "server.extra_args.attn_dp_size=N (parasweep maps it to each "
-                              "version's spelling)", "--enable-dp-attention changes what --dp-size means, "
-                              "so dp.size would no longer count GPUs; deprecated from SGLang 0.5.22")
         if value is False or value is None:
             continue
-        if canonical in ("schedule_policy", "disable_radix_cache") or (canonical.startswith("speculative_") \
-                and canonical in _MANAGED):
+        if canonical in _ALWAYS_MANAGED or (canonical.startswith("speculative_") and canonical in _MANAGED):
             raise ConfigError(key, value, f"set it with {_MANAGED[canonical]}",
                               "parasweep passes it from its own key, which the prediction, the diagnosis "
                               "and the search read")
         flag = spelling(canonical, version, flags)
-        if flag is None and canonical == "attn_dp_size":
-            if str(value) != "1":
-                _attn_dp_old_style(args, key, value, cfg, version)
-            continue
         if flag is None:
             raise ConfigError(key, value, f"a flag of SGLang {version}",
                               f"SGLang {version} has no spelling of --{canonical.replace('_', '-')}")
@@ -249,6 +257,7 @@ def build_args(cfg: ParasweepConf, port: int, version: str = NEWEST_KNOWN,
                  Arg("--dist-init-addr", [dist_init_addr(port, node.head)], "(rank 0's address)",
                      dist_init_addr(port, node.head))]
     refuse_what_sglang_refuses(cfg)
+    _moe_layout(args, cfg, version, flags)
     _extra(args, cfg, version, flags)
     return _dedupe_host(args)
 
@@ -290,7 +299,17 @@ def check_args(args: list[Arg], flags: FlagSet, version: str) -> list[Arg]:
         if takes is True and not a.values:
             raise ConfigError(a.key, a.value, "a value", f"{a.flag} needs a value")
         kept.append(a)
+    check_choices(kept, flags, version)
     return kept
+
+
+def check_choices(args: list[Arg], flags: FlagSet, version: str) -> None:
+    """Refuse a value outside the choices the release lists for its flag (argparse's own check)."""
+    for a in args:
+        choices = flags.choices.get(a.flag)
+        if choices and any(v not in [str(c) for c in choices] for v in a.values):
+            raise ConfigError(a.key, a.value, ", ".join(map(str, choices)),
+                              f"SGLang {version}'s {a.flag} takes one of its choices, per the {flags.source}")
 
 
 def args_to_argv(args: list[Arg]) -> list[str]:

@@ -27,7 +27,7 @@ from orchestrator.errors import ConfigError, UserError
 PROBE_TIMEOUT_S = 180.0  # importing sglang (and torch) on a cold node file system can take a while
 # the cached flag set's format: 2 keeps whether a value follows per option string; a file without it
 # kept that per dest, wrong where the options of one dest differ, and is probed again
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3  # 3: each option's choices
 _MARK = "PARASWEEP_FLAGS "  # SGLang may print warnings on stdout; our line is the marked one
 _VERSION_CODE = "import sglang; print(sglang.__version__)"
 # The parser is built exactly as SGLang builds it (present from 0.4.x to 0.5.23; see
@@ -37,8 +37,9 @@ _FLAGS_CODE = (
     "from sglang.srt.server_args import ServerArgs\n"
     "p = argparse.ArgumentParser()\n"
     "ServerArgs.add_cli_args(p)\n"
-    "print(" + repr(_MARK) + " + json.dumps([[a.option_strings, a.dest, a.nargs != 0]"
-    " for a in p._actions if a.option_strings]))\n"
+    "print(" + repr(_MARK) + " + json.dumps([[a.option_strings, a.dest, a.nargs != 0,"
+    " [c for c in a.choices] if isinstance(a.choices, (list, tuple)) else None]"
+    " for a in p._actions if a.option_strings], default=str))\n"
 )
 
 
@@ -126,9 +127,10 @@ def _probe_flags(python: str, version: str) -> FlagSet:
     marked = [ln for ln in out.stdout.splitlines() if ln.startswith(_MARK)]
     if out.returncode == 0 and marked:
         actions = json.loads(marked[-1][len(_MARK):])
-        options = {opt: dest for opts, dest, _ in actions for opt in opts}
-        takes = {opt: bool(t) for opts, _, t in actions for opt in opts}
-        return FlagSet(version, options, takes, f"parser of SGLang {version} ({python})")
+        options = {opt: dest for opts, dest, *_ in actions for opt in opts}
+        takes = {opt: bool(t) for opts, _, t, *_ in actions for opt in opts}
+        choices = {opt: list(c) for opts, _, _, *rest in actions for opt in opts for c in rest[:1] if c}
+        return FlagSet(version, options, takes, f"parser of SGLang {version} ({python})", choices)
     # the parser moved in this version: its --help output still lists every visible option
     help_out = _run(python, ["-m", "sglang.launch_server", "--help"])
     if help_out.returncode != 0:

@@ -62,12 +62,6 @@ def draft_model(cfg: ParasweepConf) -> str | None:
     return drafts[s.algorithm]
 
 
-def _attn_dp(cfg: ParasweepConf) -> bool:
-    extra = {k.lstrip("-").replace("-", "_"): v for k, v in (cfg.server.extra_args or {}).items()}
-    size = extra.get("attn_dp_size")
-    return bool(extra.get("enable_dp_attention")) or (size not in (None, False) and str(size) != "1")
-
-
 def _extra(cfg: ParasweepConf, name: str) -> object:
     extra = {k.lstrip("-").replace("-", "_"): v for k, v in (cfg.server.extra_args or {}).items()}
     return extra.get(name)
@@ -91,7 +85,7 @@ def refuse_what_the_release_refuses(cfg: ParasweepConf, version: str) -> None:
                           "SGLang: PP + speculative decoding (MTP) is only supported on prefill nodes "
                           "(disaggregation-mode=prefill), unless SGLANG_ENABLE_PP_SPEC=1, which parasweep "
                           "does not set")
-    if _attn_dp(cfg) and algo in ("STANDALONE", "NGRAM"):
+    if cfg.dp.attention > 1 and algo in ("STANDALONE", "NGRAM"):
         word = "standalone" if algo == "STANDALONE" else "ngram"
         raise ConfigError("spec.algorithm", s.algorithm, "eagle, eagle3 or mtp with attention DP",
                           f"SGLang: Currently {word} speculative decoding does not support dp attention.")

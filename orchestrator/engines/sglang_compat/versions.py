@@ -90,6 +90,7 @@ class FlagSet:
     options: dict[str, str]  # option string -> dest
     takes_value: dict[str, bool] = field(default_factory=dict)
     source: str = ""  # where the list came from, for messages
+    choices: dict[str, list[object]] = field(default_factory=dict)  # option string -> the values it accepts
 
     def __contains__(self, flag: str) -> bool:
         return flag in self.options
@@ -105,18 +106,22 @@ class FlagSet:
         """One entry per option string: options of one dest may differ in whether a value follows
         (0.5.16's bare --disable-piecewise-cuda-graph stores into --cuda-graph-backend-prefill's dest)."""
         return {"sglang_version": self.version, "how": self.source,
-                "actions": [{"options": [opt], "dest": dest, "takes_value": self.takes_value.get(opt, True)}
+                "actions": [{"options": [opt], "dest": dest, "takes_value": self.takes_value.get(opt, True),
+                             **({"choices": self.choices[opt]} if opt in self.choices else {})}
                             for opt, dest in self.options.items()]}
 
     @classmethod
     def from_json(cls, data: dict, source: str | None = None) -> FlagSet:
         options: dict[str, str] = {}
         takes: dict[str, bool] = {}
+        choices: dict[str, list[object]] = {}
         for action in data["actions"]:
             for opt in action["options"]:
                 options[opt] = action["dest"]
                 takes[opt] = bool(action.get("takes_value", True))
-        return cls(str(data["sglang_version"]), options, takes, source or str(data.get("how", "")))
+                if action.get("choices"):
+                    choices[opt] = list(action["choices"])
+        return cls(str(data["sglang_version"]), options, takes, source or str(data.get("how", "")), choices)
 
 
 @dataclass(frozen=True)
