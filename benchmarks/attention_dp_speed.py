@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 DSV3 = ["--model-path", "models/deepseek-v3", "--sim-hardware", "h200-nvlink-x8", "--tp-size", "8",
         "--mem-fraction-static", "0.85"]
 TRIALS = {
-    "kimi-k2 pp8 pcie (measured)": ["--model-path", "models/kimi-k2", "--sim-hardware", "rtx-pro-6000-pcie-x8",
-                                    "--pp-size", "8"],
+    "kimi-k2 pp8 pcie (measured)": ["--model-path", "models/kimi-k2", "--sim-hardware",
+                                    "rtx-pro-6000-pcie-x8", "--pp-size", "8"],
     "llama-3.1-70b tp4 h200 (roofline)": ["--model-path", "models/llama-3.1-70b", "--sim-hardware",
                                           "h200-nvlink-x8", "--tp-size", "4", "--sim-step-costs", "roofline"],
     "deepseek-v3 tp8 h200 (measured)": DSV3,

@@ -26,22 +26,35 @@ class DecodeStep:
     spec_tokens: float = 0.0
 
 
+def trip(cfg: SimConfig, shape: BatchShape) -> float:
+    """One micro-batch's trip (the step with its host work, ``CostModel.ring_trip``); with attention DP,
+    the lockstep forward of every rank running ``shape`` (``simulator/lockstep.py``)."""
+    overlap = cfg.pp == 1 and not cfg.disable_overlap_schedule
+    if cfg.lockstep is None:
+        return cfg.cost.ring_trip(shape, overlap)
+    step = cfg.lockstep.step([shape] * cfg.attn_dp)
+    host = cfg.cost.sched_time(shape.seqs) + step.dispatch
+    return max(step.total, host) if overlap else step.total + host
+
+
 def decode_step(cfg: SimConfig, batch: int, context_len: int) -> DecodeStep:
-    """One decode step of ``batch`` requests whose contexts are ``context_len`` tokens long."""
+    """One decode step of ``batch`` requests whose contexts are ``context_len`` tokens long (each
+    attention-DP rank's batch, with attention DP)."""
     cost, spec, par = cfg.cost, cfg.spec, cfg.par
     shape = decode_shape([max(1, context_len)] * max(1, batch))
-    comm = sum(cost.comm_time(s, shape) for s in range(par.pp))
+    ranks = cfg.attn_dp
+    comm = (cfg.lockstep.step([shape] * ranks).comm if cfg.lockstep is not None
+            else sum(cost.comm_time(s, shape) for s in range(par.pp)))
     bandwidth = cfg.hw.mem_bw_gbs * 1e9
     floor = 0.0
-    for st in cost.stages:
+    for st in cost.stages:  # with attention DP a GPU reads its rank's KV; the experts see every rank's tokens
         nbytes = st.nonexpert_bytes + shape.kv_read_tokens * st.kv_bytes_per_token
         if st.moe_layers:
-            touched = distinct_experts(spec.num_experts, spec.top_k, shape.tokens)
+            touched = distinct_experts(spec.num_experts, spec.top_k, shape.tokens * ranks)
             imbalance = ep_imbalance(spec.num_experts, par.ep, touched)
             nbytes += st.moe_layers * touched * spec.expert_bytes * imbalance / par.tp
         floor += nbytes / bandwidth
-    overlap = par.pp == 1 and not cfg.disable_overlap_schedule
-    step = cost.ring_trip(shape, overlap)
+    step = trip(cfg, shape)
     sd = cfg.speculative
     if sd is None:
         return DecodeStep(batch, step, comm, floor)
@@ -78,32 +91,33 @@ def decode_ceiling(cfg: SimConfig, context_len: int, max_concurrency: int,
     ``itl_bound_s``, at least ``itl_share`` of all inter-token gaps are within it (0.99 for a p99
     bound), so that share of the tokens comes from micro-batches whose trip fits the bound."""
     cost, pp = cfg.cost, cfg.pp
-    overlap = pp == 1 and not cfg.disable_overlap_schedule
     slots = pp + (cfg.depth if pp > 1 else 0)
-    per_replica = max(1, -(-max_concurrency // cfg.dp))
+    # the schedulers the load is spread over: DP replicas, or attention-DP ranks (in lockstep: one trip
+    # of every rank at its share prices them all)
+    per_replica = max(1, -(-max_concurrency // cfg.schedulers))
     top = max(1, min(per_replica, cfg.pp_max_micro_batch_size, cfg.max_running_requests))
 
     def shape(b: int) -> BatchShape:
         return decode_shape([max(1, context_len)] * b)
 
-    def trip(b: int) -> float:
-        return cost.ring_trip(shape(b), overlap)
+    def trip_of(b: int) -> float:
+        return trip(cfg, shape(b))
 
     guess = None
     gap = cfg.speculative.params.max_accept_length if cfg.speculative is not None else 1
     if itl_bound_s is not None:
         itl_bound_s *= gap  # a speculative iteration's tokens share its time: bound the trip, not each gap
-        if trip(1) > itl_bound_s:  # even one request alone misses the bound on every token
+        if trip_of(1) > itl_bound_s:  # even one request alone misses the bound on every token
             return DecodeCeiling(0.0, 0)
         lo, hi = 1, top  # the largest micro-batch whose trip fits: a trip grows with the batch
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if trip(mid) <= itl_bound_s:
+            if trip_of(mid) <= itl_bound_s:
                 lo = mid
             else:
                 hi = mid - 1
         top = lo
-        guess = cfg.dp * min(per_replica, slots * top)
+        guess = cfg.schedulers * min(per_replica, slots * top)
     # b / trip(b) grows with b within each regime (CUDA graph, eager): its maximum is at the largest
     # batch of a regime; the powers of two are there as a margin for a cost table's kinks
     batches = {top, min(top, cfg.cuda_graph_max_bs_decode), *(1 << k for k in range(top.bit_length()))}
@@ -111,8 +125,8 @@ def decode_ceiling(cfg: SimConfig, context_len: int, max_concurrency: int,
     # speculation emits at most its deepest path's tokens per request per iteration, and an iteration takes
     # at least a plain step: a bound still, for a prune
     gain = cfg.speculative.params.max_accept_length if cfg.speculative is not None else 1
-    by_trip = gain * max(b / trip(b) for b in batches)
-    rate = min(slots * by_trip, gain * per_replica / trip(1))
+    by_trip = gain * max(b / trip_of(b) for b in batches)
+    rate = min(slots * by_trip, gain * per_replica / trip_of(1))
     if pp > 1:  # each stage runs one micro-batch at a time
         rate = min(rate, min(max(b / cost.stage_time(s, shape(b)) for b in batches) for s in range(pp)))
-    return DecodeCeiling(cfg.dp * rate / itl_share, guess)
+    return DecodeCeiling(cfg.schedulers * rate / itl_share, guess)

@@ -92,6 +92,11 @@ from vocab.telemetry import (
     POWER_FRAC_MIN_GPU,
     POWER_FRAC_PEAK,
     QUEUE_MEAN,
+    RANK_KV_USAGE,
+    RANK_QUEUE,
+    RANK_QUEUE_SPREAD,
+    RANK_RUNNING,
+    RANK_RUNNING_IMBALANCE,
     RUNNING_MEAN,
     STAGE_ACTIVITY_MAX,
     STAGE_ACTIVITY_MEAN,
@@ -99,6 +104,7 @@ from vocab.telemetry import (
     UTIL_MEAN,
     engine_layout,
     per_gpu,
+    per_replica,
     per_stage,
 )
 
@@ -193,6 +199,8 @@ class VirtualTrial:
         # steady window, and the whole measured span for a point too short to have one
         self._marks: dict[str, tuple[float, dict[tuple[int, int], float]]] = {}
         self._seq = 0
+        # where each request went, with several schedulers (read and dropped by the client at its send)
+        self.rank_of: dict[str, int] = {}
         self.turnaround = CLIENT_TURNAROUND_S
         self.send_spacing = CLIENT_SEND_SPACING_S
 
@@ -219,9 +227,11 @@ class VirtualTrial:
         return req
 
     def _dispatch(self, req: Request, prompt: np.ndarray) -> None:
-        """``req`` to the replica the router picks."""
-        rep = self.replicas[self.router.pick(prompt, [r.load for r in self.replicas])]
-        rep.submit(req, self.sim.now + self.cfg.cost.p.request_path_us * 1e-6)
+        """``req`` to the replica (or attention-DP rank) the router picks."""
+        rank = self.router.pick(prompt, [r.load for r in self.replicas])
+        if self.cfg.schedulers > 1:
+            self.rank_of[req.rid] = rank
+        self.replicas[rank].submit(req, self.sim.now + self.cfg.cost.p.request_path_us * 1e-6)
 
     # -- one point ------------------------------------------------------------------------------------
 
@@ -259,7 +269,7 @@ class VirtualTrial:
         # the window's bounds as the records' rule chose them (``workloads.window``)
         bounds = (("open" if metrics.get("window_turned") == 1.0 else "held", "close")
                   if metrics.get("window_steady") == 1.0 else ("first", "last"))
-        metrics.update(self._telemetry(records, metrics["output_tokens"], bounds))
+        metrics.update(self._telemetry(records, metrics["output_tokens"], bounds, client.rank_of_index))
         reasons = validity_reasons(metrics, point)
         return PointResult(point, metrics, reasons, records)
 
@@ -299,7 +309,7 @@ class VirtualTrial:
         return start, end, {key: busy_end[key] - busy_start[key] for key in busy_end}
 
     def _telemetry(self, records: list[RequestRecord], output_tokens: float,
-                   bounds: tuple[str, str]) -> dict[str, float]:
+                   bounds: tuple[str, str], ranks: dict[int, int] | None = None) -> dict[str, float]:
         cfg, hw = self.cfg, self.cfg.hw
         out: dict[str, float] = {
             "sim_peak_running_reqs": float(max(rep.admission.peak_pool_used for rep in self.replicas)),
@@ -312,6 +322,8 @@ class VirtualTrial:
         start, end, busy = window
         width = end - start
         out.update(self._queue_and_running(records, start, end))
+        if ranks:
+            out.update(self._per_rank(records, start, end, ranks))
         # every TP rank of a stage has the stage's busy time
         layout = engine_layout(cfg.rank_tp, cfg.pp, cfg.schedulers)
         out.update(gpu_summaries(hw, {p.gpu: busy[p.dp, p.pp] / width for p in layout}))
@@ -344,6 +356,33 @@ class VirtualTrial:
             running += max(0.0, min(r.end_time, end) - max(admitted, start))
         width = end - start
         return {QUEUE_MEAN: waiting / width, RUNNING_MEAN: running / width / self._slots()}
+
+    def _per_rank(self, records: list[RequestRecord], start: float, end: float,
+                  ranks: dict[int, int]) -> dict[str, float]:
+        """Each scheduler's mean running and waiting requests over the window (as ``_queue_and_running``,
+        request by request, by the scheduler it went to), its highest KV use, and how unevenly they were
+        loaded: what a live engine's per-rank reports give (``analysis.telemetry``, RANK_*)."""
+        n = self.cfg.schedulers
+        waiting, running = [0.0] * n, [0.0] * n
+        for r in records:
+            rank = ranks.get(r.index)
+            if rank is None or r.send_time is None or r.end_time is None or r.server_queue_s is None:
+                continue
+            admitted = r.send_time + r.server_queue_s
+            waiting[rank] += max(0.0, min(admitted, end) - max(r.send_time, start))
+            running[rank] += max(0.0, min(r.end_time, end) - max(admitted, start))
+        width = end - start
+        slots = self._slots() // n
+        out = {}
+        for k, rep in enumerate(self.replicas):
+            out[per_replica(k, RANK_RUNNING)] = running[k] / width / slots
+            out[per_replica(k, RANK_QUEUE)] = waiting[k] / width
+            out[per_replica(k, RANK_KV_USAGE)] = rep.admission.peak_kv_used / rep.admission.kv_capacity
+        mean = sum(running) / n / width / slots
+        if mean > 0:
+            out[RANK_RUNNING_IMBALANCE] = max(running) / width / slots / mean
+        out[RANK_QUEUE_SPREAD] = (max(waiting) - min(waiting)) / width
+        return out
 
     def _slots(self) -> int:
         """The micro-batch slots requests run in: every DP replica's, each replica's PP stages plus its
@@ -384,6 +423,7 @@ class _VirtualClient:
         # each request's prompt ids as the client sent them (None: text, which the server tokenizes),
         # for the prompts' offered reuse
         self.sent_ids: dict[int, np.ndarray | None] = {}
+        self.rank_of_index: dict[int, int] = {}  # request index -> the scheduler it went to (several only)
         self.records: dict[int, RequestRecord] = {}
         self.in_flight = 0
         self.held: collections.deque[tuple[int, float]] = collections.deque()  # open loop, over the cap
@@ -528,6 +568,8 @@ class _VirtualClient:
                             scheduled_time=scheduled, send_time=now, first_byte_time=now, input_tokens=n_in)
         self.records[i] = rec
         req = self.trial.submit(prompt, n_out)
+        if self.trial.rank_of:
+            self.rank_of_index[i] = self.trial.rank_of.pop(req.rid)
         req.notify = lambda: self._on_output(req, rec)
         self.in_flight += 1
         if self.starts is None or i in self.session_firsts:

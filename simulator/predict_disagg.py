@@ -57,7 +57,7 @@ class VirtualPDTrial(VirtualTrial):
         self._submitted = []
 
     def _telemetry(self, records: list[RequestRecord], output_tokens: float,
-                   steady: bool) -> dict[str, float]:
+                   steady: bool, ranks: dict[int, int] | None = None) -> dict[str, float]:
         dep = self.deployment
         configs: list[SimConfig] = [rep.cfg for rep in self.replicas]
         out: dict[str, float] = {

@@ -148,9 +148,12 @@ def test_kimi_pp8_over_pcie_is_told_to_run_tp8(tmp_path: Path) -> None:
     line = advice_text(micro.to_dict())
     layout = " ".join(f"{k}={v}" for k, v in micro.change.items())
     assert line.startswith(f"set {layout}: predicted ") and "runner-up" in line
-    # attention DP over the node is one of the layouts tried, and predicted like the others
+    # attention DP over the node is one of the layouts tried: on 96 GB cards Kimi K2's experts leave no
+    # room for the attention weights every rank keeps, and the verdict says so
     attn = next(t for t in effect["tried"] if "dp.attention" in t["change"])
-    assert attn["change"]["dp.attention"] == 8 and "change_pct" in attn
+    assert attn["change"]["dp.attention"] == 8
+    assert "not possible: Not enough memory" in attn["verdict"]
+    assert "attention and embedding replicated on each attention-DP rank" in attn["verdict"]
 
 
 def test_a_tp_group_across_two_nodes_is_told_to_pipeline(tmp_path: Path) -> None:
@@ -303,3 +306,37 @@ def test_a_disaggregated_trial_is_diagnosed_on_its_roles_layout(
     # their micro-batches fill its stages (one micro-batch of 32 requests for two stages)
     found = disaggregated(tmp_path, prefill_pp, decode_pp)
     assert ("too_few_microbatches" in found) is pipelined, found
+
+
+def test_requests_dealt_in_turn_queue_on_some_ranks_while_others_have_room(tmp_path: Path) -> None:
+    """DeepSeek-V3 with eight attention-DP ranks of 8 requests each, 64 streams of answers of
+    exponentially spread lengths: round-robin dealing leaves some ranks over their 8 while others run
+    fewer. The finding reads each rank's own reports; sending each request to the rank holding the
+    fewest is predicted to cut the TTFT p99."""
+    cfg = scenario("deepseek-v3", "h200-nvlink-x8", tp=8, concurrency=64, input_len=256, output_len=256,
+                   max_running_requests=64)
+    cfg.dp.attention, cfg.ep.size = 8, 8
+    cfg.workload.output_dist = "exponential"
+    found = diagnosed(cfg, tmp_path)
+    assert set(found) == {"dp_dispatch_imbalance"}
+    finding = found["dp_dispatch_imbalance"]
+    assert finding.change == {"dp.router": "total_requests"} and finding.goal == "ttft_p99_ms"
+    assert "requests waiting on average while rank" in finding.evidence
+    assert finding.predicted_effect["change_pct"]["ttft_p99_ms"] < -50
+
+
+def test_a_kv_bound_mla_deployment_is_offered_attention_dp(tmp_path: Path) -> None:
+    """DeepSeek-V3 on TP8 caches each request's latent on all eight GPUs; at 384 streams of 1,000 + 256
+    tokens with 72 % of memory static, the pool holds about 220 of them. The finding says why and tries
+    attention DP 8 first, which holds each rank's own requests only (the replicated weights taken out
+    of the same memory): predicted to serve more tokens with far less queueing (its inter-token tail
+    pays for every rank's prefills: the prediction weighs that against the other changes). The
+    finding the dispatch scenario names stays quiet here."""
+    cfg = scenario("deepseek-v3", "h200-nvlink-x8", tp=8, concurrency=384, input_len=1000, output_len=256,
+                   mem_fraction_static=0.72)
+    found = diagnosed(cfg, tmp_path)
+    assert "kv_capacity" in found and "dp_dispatch_imbalance" not in found
+    finding = found["kv_capacity"]
+    assert "latent KV cache (MLA), where 8 attention-DP ranks" in finding.evidence
+    attention_dp = tried(finding, {"dp.attention": 8})
+    assert attention_dp["change_pct"]["output_tok_s"] > 5 and attention_dp["change_pct"]["ttft_p99_ms"] < -50

@@ -84,6 +84,9 @@ class ModelInfo:
     max_context: int
     num_heads: int  # attention heads (0 when the config does not say)
     model_type: str = ""  # config.json's model_type (its language model's): picks a tokenizer
+    # multi-head latent attention (DeepSeek-style, ``kv_lora_rank``): one latent vector a token a layer,
+    # the same on every GPU of a TP group
+    latent_kv: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -105,4 +108,5 @@ def read_model_info(directory: Path) -> ModelInfo:
         max_context=context_length(cfg),
         num_heads=int(cfg.get("num_attention_heads", 0) or 0),
         model_type=str(cfg.get("model_type") or raw.get("model_type") or ""),
+        latent_kv=cfg.get("kv_lora_rank") is not None,
     )

@@ -66,6 +66,10 @@ pd_transfer_bound    disaggregated: KV transfer >= a quarter of the TTFT    the 
                      (and 50 ms); no change predicted (the path)
 pd_decode_kv_pressure disaggregated: waiting for the decode pre-allocation  the same
                      >= a quarter of the TTFT (and 50 ms)
+dp_dispatch_imbalance several schedulers (attention-DP ranks, DP replicas    engine log / metrics, per
+                     in the engine) dealt requests round-robin: one rank's  rank (``dp_rank``, ``DP<r>``)
+                     mean queue >= 1 request longer than another's while
+                     the least busy ran below 0.9 of its cap or share
 ==================== ====================================================== ==============================
 
 Findings carry a ``goal``: ``throughput`` for most, ``itl_p99_ms`` for prefill_interference and
@@ -76,7 +80,8 @@ missing. "Busiest" is the highest-concurrency closed-loop point whose client che
 point's numbers describe the client, not the server).
 
 The rules live by what they look at: ``engine`` (the client, the GPUs, the engine's settings),
-``pipeline``, ``kv_pool``, ``latency``, ``prefix_cache``, ``speculation``, ``disaggregation``; ``facts``
+``pipeline``, ``kv_pool``, ``latency``, ``prefix_cache``, ``speculation``, ``disaggregation``,
+``data_parallel``; ``facts``
 is what they read
 and ``evidence`` what they share.
 """
@@ -85,6 +90,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from analysis.diagnose.data_parallel import dp_dispatch_imbalance
 from analysis.diagnose.disaggregation import (
     pd_decode_bound,
     pd_decode_kv_pressure,
@@ -110,7 +116,7 @@ RULES: list[Callable[[TrialFacts], list[Finding]]] = [
     client_bound, too_few_microbatches, admission_cap, pp_bubble, pp_stage_imbalance, cuda_graph_off,
     gpu_underused, kv_capacity, tp_comm_bound, prefill_interference, ttft_queueing, prefix_cache_thrash,
     prefix_cache_split, speculation_would_pay, speculation_costs, pd_prefill_bound, pd_decode_bound,
-    pd_transfer_bound, pd_decode_kv_pressure,
+    pd_transfer_bound, pd_decode_kv_pressure, dp_dispatch_imbalance,
 ]
 
 

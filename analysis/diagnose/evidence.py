@@ -34,7 +34,7 @@ def per_replica(f: TrialFacts, c: int) -> int:
     """Concurrency one DP replica sees (the router spreads requests over the replicas; in a disaggregated
     deployment, over the decode servers' replicas)."""
     servers = f.pd["decode_workers"] if f.pd else 1
-    return math.ceil(c / max(1, f.dp_size * servers))
+    return math.ceil(c / max(1, f.dp_size * f.attn_dp * servers))
 
 
 def gpu_evidence(f: TrialFacts) -> str | None:

@@ -46,6 +46,9 @@ class TrialFacts:
     power_limit_w: float = 0.0
     tp_size: int = 1
     dp_size: int = 1
+    attn_dp: int = 1                            # attention-DP ranks inside the TP group (dp.attention)
+    latent_kv: bool = False                     # the model caches MLA's latent (the same on every TP rank)
+    moe: bool = False                           # the model has routed experts
     interconnect: str = "nvlink"                # hardware profile: "pcie" | "nvlink"
     gpu_source: str = "none"                    # vocab.telemetry.GpuSource value: named in evidence
     engine: str = ""                            # the engine tag: "sim", "sim-predict", "sglang"

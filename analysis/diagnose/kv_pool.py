@@ -79,7 +79,7 @@ def _waiting(f: TrialFacts, m: Mapping[str, float]) -> float | None:
     """Mean requests waiting at one replica."""
     total = float_or_none(m.get(QUEUE_MEAN))
     if total is not None:
-        return total / max(1, f.dp_size)
+        return total / max(1, f.dp_size * f.attn_dp)
     stages = [float_or_none(m.get(per_stage(s, "queue_mean"))) for s in range(f.pp_size)]
     known = [q for q in stages if q is not None]
     return max(known) if known else None
@@ -204,15 +204,23 @@ def kv_capacity(f: TrialFacts) -> list[Finding]:
                  else None)
     fp8 = (None if str(f.resolved.get("kv_cache_dtype") or "auto").startswith(("fp8", "mxfp8"))
            else {f"{EXTRA_ARGS_PREFIX}kv-cache-dtype": "fp8_e4m3"})
-    candidates = some(raise_cap, raise_mfs, lower_mrr, fp8)
+    # MLA's latent is the same on every GPU of the TP group: each of them holds every request's cache.
+    # Attention-DP ranks hold their own requests' only, up to tp times the tokens in all
+    replicated = f.latent_kv and f.tp_size > 1 and f.attn_dp == 1 and f.pp_size == 1 and f.pd is None
+    attention_dp = {"dp.attention": f.tp_size} if replicated else None
+    candidates = some(attention_dp, raise_cap, raise_mfs, lower_mrr, fp8)
     change, alternatives = (candidates[0], candidates[1:]) if candidates else ({}, [])
     split = ttft_split_at(f, label)
+    why = (f"; each of the {f.tp_size} GPUs of the TP group holds every request's latent KV cache "
+           f"(MLA), where {f.tp_size} attention-DP ranks would each hold only their own requests'"
+           if replicated else "")
     return [Finding(
         "kv_capacity", "critical" if retracting else "warning",
         f"The KV cache limits the running requests at {label}",
-        f"{'; '.join(reasons)} at {label} {scheduler_evidence(f)}"
+        f"{'; '.join(reasons)} at {label} {scheduler_evidence(f)}{why}"
         + (f"; {split.text()}" if split and split.queue_ms > 0 else ""),
-        suggest("Raise the pool's --max-total-tokens cap." if cap else
-                 "Give the KV pool more memory, or store fewer bytes per token, or admit only what it "
-                 "holds.", change),
+        suggest("Split the TP group into attention-DP ranks, each caching only its own requests."
+                if replicated else "Raise the pool's --max-total-tokens cap." if cap else
+                "Give the KV pool more memory, or store fewer bytes per token, or admit only what it "
+                "holds.", change),
         point=label, change=change, alternatives=alternatives)]

@@ -181,7 +181,8 @@ def modelled_steps(cfg: ParasweepConf, concurrency: Mapping[str, int], resolved:
     slots = cfg.pp.size + cfg.pp.async_depth
     steps = {}
     for label, c in concurrency.items():
-        c = math.ceil(c / cfg.dp.size)  # requests are spread over the DP replicas; caps are per replica
+        # requests are spread over the DP replicas or attention-DP ranks; caps are per replica or rank
+        c = math.ceil(c / (cfg.dp.size * cfg.dp.attention))
         batch = max(1, min(cap, math.ceil(c / min(slots, math.ceil(c / cap)))))
         step = decode_step(model, batch, context)
         steps[label] = StepEstimate(step.batch, step.step_s, step.comm_s, step.memory_bound_s,

@@ -224,7 +224,8 @@ RESOLVED_KEYS = ("max_running_requests", "pp_max_micro_batch_size", "chunked_pre
                  "max_prefill_tokens", "max_total_num_tokens", "context_length", "cuda_graph_max_bs_decode",
                  "disable_cuda_graph", "mem_fraction_static", "attention_backend", "pp_async_batch_depth",
                  "decode_log_interval", "disable_overlap_schedule", "random_seed", "tp_size", "pp_size",
-                 "ep_size", "dp_size", "attn_dp_size", "load_format", "version", "enable_mixed_chunk",
+                 "ep_size", "dp_size", "attn_dp_size", "moe_a2a_backend", "enable_eplb",
+                 "load_balance_method", "load_format", "version", "enable_mixed_chunk",
                  "kv_cache_dtype", "max_total_tokens", "disable_radix_cache", "schedule_policy", "page_size",
                  # speculative decoding as resolved (SGLang's automatic steps included), and where the
                  # simulated engine's acceptance came from

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from analysis.diagnose import StepEstimate, TrialFacts
+from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import ParasweepConf, role_config, role_gpus, router_process
 from orchestrator.trial.plan import TrialPlan
 from vocab.model import ROUTER_PACKAGE
@@ -48,10 +49,12 @@ def trial_facts(cfg: ParasweepConf, resolved: dict[str, Any], results: list[Poin
     except Exception as exc:  # a model the cost model cannot describe: those rules stay quiet
         log.warning("no cost-model estimates for the diagnosis: %s", exc)
     input_len, output_len = _mean_lengths(cfg, results)
+    info = model_info(cfg.model.path)
     return TrialFacts(
         pp_size=shown.pp.size, async_depth=shown.pp.async_depth, resolved=resolved, points=points,
         concurrency=concurrency, idle_power_w=cfg.hardware.idle_power_w,
         power_limit_w=cfg.hardware.power_limit_w, tp_size=shown.tp.size, dp_size=shown.dp.size,
+        attn_dp=shown.dp.attention, latent_kv=info.latent_kv, moe=info.is_moe,
         interconnect=cfg.hardware.interconnect, gpu_source=gpu_source.value, engine=engine, steps=steps,
         stage_layers=layers, input_len=input_len, output_len=output_len, dp_router=cfg.dp.router,
         spec_algorithm=cfg.spec.algorithm, spec_drafts=_spec_drafts(cfg), pd=_deployment(cfg))
