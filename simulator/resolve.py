@@ -297,10 +297,11 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         cap = int(kv_bytes // (kv_tok * cell_factor)) if kv_bytes > 0 else 0
         if cap <= 0:
             raise FlagError(
-                f"Not enough memory. Please try to increase --mem-fraction-static. (PP stage {st.index}: "
-                f"weights {w / 1e9:.1f} GB per GPU"
-                + (", attention and embedding replicated on each attention-DP rank" if attention_dp else "")
-                + f", static budget {total * frac / 1e9:.1f} GB)"
+                "Not enough memory. Please try to increase --mem-fraction-static."
+                + (" Every attention-DP rank keeps the attention weights and the embedding whole."
+                   if attention_dp else "")
+                + f" (PP stage {st.index}: weights {w / 1e9:.1f} GB per GPU, static budget "
+                  f"{total * frac / 1e9:.1f} GB)"
             )
         capacities.append(cap)
     token_capacity = min(capacities)  # SGLang MIN-all-reduces the pool size across PP ranks

@@ -153,7 +153,7 @@ def test_kimi_pp8_over_pcie_is_told_to_run_tp8(tmp_path: Path) -> None:
     attn = next(t for t in effect["tried"] if "dp.attention" in t["change"])
     assert attn["change"]["dp.attention"] == 8
     assert "not possible: Not enough memory" in attn["verdict"]
-    assert "attention and embedding replicated on each attention-DP rank" in attn["verdict"]
+    assert "Every attention-DP rank keeps the attention weights and the embedding whole" in attn["verdict"]
 
 
 def test_a_tp_group_across_two_nodes_is_told_to_pipeline(tmp_path: Path) -> None:
