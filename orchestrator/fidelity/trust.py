@@ -6,14 +6,14 @@ change to the model is accepted: the published corpus (``data/published/errors.j
 aiconfigurator-core's silicon sample (``data/published/silicon_errors.json``, ``--silicon --update``: each
 row's mean TTFT and mean TPOT). No constant of the model was fitted to either, so each error is out of
 sample. A configuration belongs to a family: ``pp`` (pipeline stages), ``router`` (DP replicas), ``moe``
-or ``dense``; within it to a layout (TP, or EP where experts are spread) and a GPU. Its band is the median
-absolute error of the most specific group with at least ``MIN_ENTRIES`` published runs: the family on that
-GPU and layout, else the family, else everything. A band is of all numbers, or of one kind of number
-(``THROUGHPUT``, ``TTFT``, ``TPOT`` with ITL): the model is wrong by different amounts about each, so a
-predicted change of a TTFT is judged against the TTFT band. Every prediction carries its bands in words
-("±24 % (median) on 12 published dense runs; TTFT ±40 % on 9, TPOT/ITL ±10 % on 9"); a predicted gain
-smaller than its band is inside what the model gets wrong about a single configuration, and the
-diagnosis and "run this instead" say so.
+or ``dense``; within it to a layout (TP, EP where experts are spread, or attention DP) and a GPU. Its
+band is the median absolute error of the most specific group with at least ``MIN_ENTRIES`` published
+runs: the family on that GPU and layout, else the family, else everything. A band is of all numbers, or
+of one kind of number (``THROUGHPUT``, ``TTFT``, ``TPOT`` with ITL): the model is wrong by different
+amounts about each, so a predicted change of a TTFT is judged against the TTFT band. Every prediction
+carries its bands in words ("±24 % (median) on 12 published dense runs; TTFT ±40 % on 9, TPOT/ITL ±10 %
+on 9"); a predicted gain smaller than its band is inside what the model gets wrong about a single
+configuration, and the diagnosis and "run this instead" say so.
 """
 
 from __future__ import annotations
@@ -119,7 +119,9 @@ def family_of(cfg: ParasweepConf, change: Mapping[str, Any] | None = None) -> tu
         family = "router"
     else:
         family = "moe" if model_info(cfg.model.path).is_moe else "dense"
-    return family, "EP" if size("ep") > 1 else "TP", cfg.hardware.name
+    attention = int(change.get("dp.attention", cfg.dp.attention))
+    layout = "attention DP" if attention > 1 else "EP" if size("ep") > 1 else "TP"
+    return family, layout, cfg.hardware.name
 
 
 def band_for_config(cfg: ParasweepConf, change: Mapping[str, Any] | None = None, kind: str = ""
