@@ -216,9 +216,8 @@ class MeasuredCosts:
             self.coverage.priced["moe.experts"] = (f"roofline: {s.expert_bytes_per_param:g} bytes per expert "
                                                    "weight has no MoE table")
             return None
-        # with EPLB the tokens reach the EP ranks evenly: the tables' balanced routing
         curve = self.tables.moe(dtype, s.hidden, s.moe_inter, s.top_k, s.num_experts, moe_tp, par.ep,
-                                "balanced" if par.eplb else MOE_DISTRIBUTION)
+                                MOE_DISTRIBUTION)
         self.coverage.priced["moe.experts"] = ("measured" if curve is not None
                                                else f"roofline: {dtype} MoE {shape} not measured")
         return curve
@@ -260,14 +259,22 @@ class MeasuredCosts:
         if self._moe_curve is not None and tokens > self._moe_curve.largest:
             self.coverage.note("moe.experts", f"{tokens} tokens above the largest measured "
                                               f"({self._moe_curve.largest:g}): in proportion")
+        touched = distinct_experts(s.num_experts, s.top_k, tokens)
+        imb = ep_imbalance(s.num_experts, self.par.ep, touched)
+
+        def roofline(imbalance: float) -> float:
+            return self._roofline(touched * s.expert_bytes * imbalance / tp,
+                                  2.0 * tokens * s.top_k * s.expert_params / tp, self.p.eta_expert,
+                                  fp8=is_fp8(s.expert_bytes_per_param))
+
         if t is None:
             if self._moe_curve is not None:
                 self.coverage.note("moe.experts", f"{tokens} tokens outside the measured range")
-            touched = distinct_experts(s.num_experts, s.top_k, tokens)
-            imb = 1.0 if self.par.eplb else ep_imbalance(s.num_experts, self.par.ep, touched)
-            t = self._roofline(touched * s.expert_bytes * imb / tp,
-                               2.0 * tokens * s.top_k * s.expert_params / tp, self.p.eta_expert,
-                               fp8=is_fp8(s.expert_bytes_per_param))
+            t = roofline(1.0 if self.par.eplb else imb)
+        elif self.par.eplb and imb > 1.0:
+            # the table's routing is skewed as a trained router's is, its busiest EP rank setting the
+            # time; EPLB evens the ranks' shares: the roofline's relief from that imbalance, applied
+            t *= roofline(1.0) / roofline(imb)
         return t * self.p.scale_moe
 
     def _elementwise_time(self, tokens: int, kernels: int, elems_per_token: float | None = None) -> float:

@@ -291,7 +291,8 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     # a draft sits beside the target (one stage) and widens every KV cell by its own layers' share
     draft_bytes = draft.weight_bytes if draft is not None else 0.0
     cell_factor = draft.kv_cell_factor if draft is not None else 1.0
-    weights, kv_per_token = _per_gpu_memory(cost, attention_dp, spec, hw, params, graph_bs, disable_graph)
+    weights, kv_per_token = _per_gpu_memory(cost, attention_dp, spec, hw, params, graph_bs, disable_graph,
+                                            max(0, args.ep_num_redundant_experts))
     for st, w, kv_tok in zip(cost.stages, weights, kv_per_token, strict=True):
         kv_bytes = total * frac - w - draft_bytes
         cap = int(kv_bytes // (kv_tok * cell_factor)) if kv_bytes > 0 else 0
@@ -412,13 +413,15 @@ def _rank_cost(layout: AttentionDP, spec: ModelSpec, hw: HardwareConf, params: C
 
 
 def _per_gpu_memory(cost: CostModel, layout: AttentionDP | None, spec: ModelSpec, hw: HardwareConf,
-                    params: CostParams, graph_bs: int, disable_graph: bool
+                    params: CostParams, graph_bs: int, disable_graph: bool, redundant: int
                     ) -> tuple[list[float], list[float]]:
-    """Each stage's weights on one GPU and KV bytes a cached token takes there: the TP layout's, or with
-    attention DP the replicated dense weights added and a rank's KV split only over its own GPUs
-    (``attention_dp/layout.py``)."""
+    """Each stage's weights on one GPU and KV bytes a cached token takes there: the TP layout's (with
+    ``--ep-num-redundant-experts`` copies spread over the group), or with attention DP the replicated
+    dense weights added and a rank's KV split only over its own GPUs (``attention_dp/layout.py``)."""
     if layout is None:
-        return [st.weight_bytes for st in cost.stages], [st.kv_bytes_per_token for st in cost.stages]
+        copies = [st.moe_layers * redundant * spec.expert_bytes / cost.par.tp for st in cost.stages]
+        return ([st.weight_bytes + c for st, c in zip(cost.stages, copies, strict=True)],
+                [st.kv_bytes_per_token for st in cost.stages])
     rank = _rank_cost(layout, spec, hw, params, graph_bs, disable_graph)
     st = cost.stages[0]
     return ([st.weight_bytes + extra_weight_bytes(spec, layout, st.moe_layers)],

@@ -24,11 +24,15 @@ from vocab.telemetry import (
     PREFILL_WITH_DECODES,
     QUEUE_GROWTH,
     QUEUE_MEAN,
+    RANK_QUEUE,
+    RANK_QUEUE_SPREAD,
+    RANK_RUNNING,
     RETRACTED,
     RUNNING_MEAN,
     STAGE_ACTIVITY_MAX,
     STAGE_ACTIVITY_MEAN,
     STAGE_ACTIVITY_MIN,
+    per_replica,
     per_stage,
 )
 
@@ -483,3 +487,70 @@ def test_replicas_behind_round_robin_split_the_cache_and_the_cache_aware_router_
     assert "2 DP replicas take requests in turn (round-robin)" in x.evidence
     assert "prefix_cache_split" not in found(facts(c32=split, dp_size=2, dp_router="cache_aware"))
     assert "prefix_cache_split" not in found(facts(c32=split))  # one replica: nothing to split
+
+
+# ---- several schedulers in one engine: attention-DP ranks ----------------------------------------------
+
+def ranks_point(running: list[float], queues: list[float]) -> dict[str, float]:
+    """c32 of an engine with one scheduler per entry: each one's mean running and waiting requests."""
+    m = busy_point(**{QUEUE_MEAN: sum(queues)})
+    for r, (run, wait) in enumerate(zip(running, queues, strict=True)):
+        m[per_replica(r, RANK_RUNNING)], m[per_replica(r, RANK_QUEUE)] = run, wait
+    m[RANK_QUEUE_SPREAD] = max(queues) - min(queues)
+    return m
+
+
+def test_dp_dispatch_imbalance() -> None:
+    # four ranks of 8 requests each, 32 streams dealt in turn: rank 2 queues while rank 0 runs 5 of 8
+    ranks = {"attn_dp": 4, "pp_size": 1, "tp_size": 4, "resolved": {"max_running_requests": 8}}
+    uneven = ranks_point([5.0, 8.0, 8.0, 7.0], [0.0, 0.5, 2.5, 0.0])
+    f = found(facts(c32=uneven, **ranks))
+    x = f["dp_dispatch_imbalance"]
+    assert x.point == "c32" and x.change == {"dp.router": "total_requests"} and x.goal == "ttft_p99_ms"
+    assert ("rank 2 kept 2.5 requests waiting on average while rank 0 ran 5.0 of its 8 request slots"
+            in x.evidence)
+    assert "(engine log / metrics)" in x.evidence
+    # the signal, not the layout: queues within a request of each other, every rank near its cap, the
+    # controller already sending each to the fewest, or one scheduler
+    for quiet in (facts(c32=ranks_point([5.0, 8.0, 8.0, 7.0], [0.0, 0.5, 0.9, 0.0]), **ranks),
+                  facts(c32=ranks_point([7.5, 8.0, 8.0, 7.8], [0.0, 0.5, 2.5, 0.0]), **ranks),
+                  facts(c32=uneven, dp_router="total_requests", **ranks),
+                  facts(c32=uneven)):
+        assert "dp_dispatch_imbalance" not in found(quiet)
+
+
+def test_attention_dp_gathers_are_told_to_use_an_all_to_all() -> None:
+    steps = {"c32": StepEstimate(batch=8, step_s=0.02, comm_s=0.007, memory_bound_s=0.009)}
+    ranks = {"attn_dp": 8, "tp_size": 8, "pp_size": 1, "moe": True, "interconnect": "pcie", "steps": steps,
+             "stage_layers": ()}
+    x = found(facts(**ranks))["tp_comm_bound"]
+    assert x.change == {"ep.a2a_backend": "deepep"}
+    assert x.alternatives[0] == {"tp.size": 1, "pp.size": 8}
+    assert x.evidence.startswith("The collectives of 8 attention-DP ranks")
+    assert "(cost model estimate)" in x.evidence
+    already = found(facts(resolved={"moe_a2a_backend": "deepep"}, **ranks))["tp_comm_bound"]
+    assert already.change == {"tp.size": 1, "pp.size": 8}
+
+
+def test_a_kv_bound_mla_tp_group_tries_attention_dp_first() -> None:
+    full = {KV_USAGE_MAX: 0.97}
+    mla = found(facts(c32=full, latent_kv=True, moe=True, pp_size=1, tp_size=8))["kv_capacity"]
+    assert mla.change == {"dp.attention": 8}
+    assert "holds every request's latent KV cache (MLA), where 8 attention-DP ranks" in mla.evidence
+    for other in (facts(c32=full, pp_size=1, tp_size=8),  # GQA: each GPU holds its heads' share already
+                  facts(c32=full, latent_kv=True, pp_size=1, tp_size=8, attn_dp=8)):  # ranks already
+        assert "dp.attention" not in found(other)["kv_capacity"].change
+
+
+def test_expert_imbalance() -> None:
+    skewed = {"c32": StepEstimate(batch=8, step_s=0.020, comm_s=0.002, memory_bound_s=0.009,
+                                  balanced_step_s=0.016)}
+    ep8 = {"tp_size": 8, "pp_size": 1, "moe": True, "stage_layers": ()}
+    x = found(facts(steps=skewed, resolved={"ep_size": 8}, **ep8))["expert_imbalance"]
+    assert x.change == {"ep.eplb": True} and x.point == "c32" and x.severity == "info"
+    assert "20.00 ms where an even share" in x.evidence and "16.00 ms (cost model estimate)" in x.evidence
+    near = {"c32": dataclasses.replace(skewed["c32"], balanced_step_s=0.0185)}  # 7.5 %: within the model
+    for quiet in (facts(steps=near, resolved={"ep_size": 8}, **ep8),
+                  facts(steps=skewed, resolved={"ep_size": 8, "enable_eplb": True}, **ep8),
+                  facts(steps=skewed, resolved={"ep_size": 1}, **ep8)):
+        assert "expert_imbalance" not in found(quiet)

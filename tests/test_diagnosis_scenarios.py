@@ -340,3 +340,16 @@ def test_a_kv_bound_mla_deployment_is_offered_attention_dp(tmp_path: Path) -> No
     assert "latent KV cache (MLA), where 8 attention-DP ranks" in finding.evidence
     attention_dp = tried(finding, {"dp.attention": 8})
     assert attention_dp["change_pct"]["output_tok_s"] > 5 and attention_dp["change_pct"]["ttft_p99_ms"] < -50
+
+
+def test_hot_experts_on_an_expert_parallel_group_are_balanced(tmp_path: Path) -> None:
+    """DeepSeek-V3 with its experts over 8 H200s (EP8) at 8 streams: each decode step touches few
+    experts, and the GPU holding most of them sets the step (routing skewed as a trained router's).
+    EPLB is suggested and predicted to help; nothing else fires."""
+    cfg = scenario("deepseek-v3", "h200-nvlink-x8", tp=8, concurrency=8, input_len=256, output_len=128)
+    cfg.ep.size = 8
+    found = diagnosed(cfg, tmp_path)
+    assert set(found) == {"expert_imbalance"}
+    finding = found["expert_imbalance"]
+    assert finding.change == {"ep.eplb": True} and "(cost model estimate)" in finding.evidence
+    assert finding.predicted_effect["change_pct"]["output_tok_s"] > 10

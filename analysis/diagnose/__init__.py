@@ -66,6 +66,9 @@ pd_transfer_bound    disaggregated: KV transfer >= a quarter of the TTFT    the 
                      (and 50 ms); no change predicted (the path)
 pd_decode_kv_pressure disaggregated: waiting for the decode pre-allocation  the same
                      >= a quarter of the TTFT (and 50 ms)
+expert_imbalance     experts over an EP group without EPLB: the cost        cost model estimate
+                     model's decode step >= 10 % longer than with every
+                     EP rank given an even share of the routed experts
 dp_dispatch_imbalance several schedulers (attention-DP ranks, DP replicas    engine log / metrics, per
                      in the engine) dealt requests round-robin: one rank's  rank (``dp_rank``, ``DP<r>``)
                      mean queue >= 1 request longer than another's while
@@ -81,7 +84,7 @@ point's numbers describe the client, not the server).
 
 The rules live by what they look at: ``engine`` (the client, the GPUs, the engine's settings),
 ``pipeline``, ``kv_pool``, ``latency``, ``prefix_cache``, ``speculation``, ``disaggregation``,
-``data_parallel``; ``facts``
+``data_parallel``, ``experts``; ``facts``
 is what they read
 and ``evidence`` what they share.
 """
@@ -99,6 +102,7 @@ from analysis.diagnose.disaggregation import (
 )
 from analysis.diagnose.engine import client_bound, cuda_graph_off, gpu_underused, tp_comm_bound
 from analysis.diagnose.evidence import ENV_PREFIX, EXTRA_ARGS_PREFIX, overrides_text
+from analysis.diagnose.experts import expert_imbalance
 from analysis.diagnose.facts import COST_MODEL, INTERCONNECTS, RESOLVED, StepEstimate, TrialFacts
 from analysis.diagnose.kv_pool import kv_capacity
 from analysis.diagnose.latency import prefill_interference, ttft_queueing
@@ -116,7 +120,7 @@ RULES: list[Callable[[TrialFacts], list[Finding]]] = [
     client_bound, too_few_microbatches, admission_cap, pp_bubble, pp_stage_imbalance, cuda_graph_off,
     gpu_underused, kv_capacity, tp_comm_bound, prefill_interference, ttft_queueing, prefix_cache_thrash,
     prefix_cache_split, speculation_would_pay, speculation_costs, pd_prefill_bound, pd_decode_bound,
-    pd_transfer_bound, pd_decode_kv_pressure, dp_dispatch_imbalance,
+    pd_transfer_bound, pd_decode_kv_pressure, dp_dispatch_imbalance, expert_imbalance,
 ]
 
 

@@ -109,7 +109,8 @@ def tp_comm_bound(f: TrialFacts) -> list[Finding]:
     """TP collectives dominate the decode step: over PCIe when they take >= 30 % of the step at the
     busiest point, or anywhere when the measured ITL is over twice the memory-bandwidth floor while they
     take >= 15 %. The change moves the split to PP, whose stages exchange one activation per step
-    instead of two all-reduces per layer."""
+    instead of two all-reduces per layer; with attention-DP ranks that gather every rank's tokens
+    around each MoE layer, DeepEP's all-to-all is tried first."""
     if f.tp_size <= 1:
         return []
     steps = {label: s for label, s in f.steps.items() if s.step_s > 0 and label in f.points}
@@ -121,12 +122,19 @@ def tp_comm_bound(f: TrialFacts) -> list[Finding]:
         return []
     label, itl_text = found
     s = steps[label]
-    change = {"tp.size": 1, "pp.size": f.tp_size * f.pp_size}
-    alternatives = some({"tp.size": f.tp_size // 2, "pp.size": f.pp_size * 2} if f.tp_size >= 4 else None)
+    pipeline = {"tp.size": 1, "pp.size": f.tp_size * f.pp_size}
+    # attention-DP ranks gather every rank's tokens to every GPU around each MoE layer: an all-to-all
+    # backend sends each token only to the GPUs holding its experts
+    gathers = f.attn_dp > 1 and f.moe and str(f.resolved.get("moe_a2a_backend") or "none") == "none"
+    a2a = {"ep.a2a_backend": "deepep"} if gathers else None
+    halved = {"tp.size": f.tp_size // 2, "pp.size": f.pp_size * 2} if f.tp_size >= 4 else None
+    change, *alternatives = some(a2a, pipeline, halved)
+    what = (f"the collectives of {f.attn_dp} attention-DP ranks (each MoE layer's gather of every rank's "
+            f"tokens and the reduction after it)" if f.attn_dp > 1 else "TP collectives")
     return [Finding(
         "tp_comm_bound", "warning", f"TP communication dominates the decode step at {label}",
-        f"TP collectives take {s.comm_s / s.step_s:.0%} of a {s.step_s * 1e3:.2f} ms decode step at {label} "
-        f"over {f.interconnect} with tp={f.tp_size} ({COST_MODEL}){itl_text}",
-        suggest("Split the model across the slow links by pipeline stages instead of tensor shards.",
-                 change),
+        f"{what[0].upper() + what[1:]} take {s.comm_s / s.step_s:.0%} of a {s.step_s * 1e3:.2f} ms decode "
+        f"step at {label} over {f.interconnect} with tp={f.tp_size} ({COST_MODEL}){itl_text}",
+        suggest("Send each token only to the GPUs holding its experts (an all-to-all backend)." if a2a else
+                "Split the model across the slow links by pipeline stages instead of tensor shards.", change),
         point=label, change=change, alternatives=alternatives)]

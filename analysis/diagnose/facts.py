@@ -30,6 +30,9 @@ class StepEstimate:
     spec_step_s: float = 0.0
     verify_s: float = 0.0
     spec_tokens: float = 0.0
+    # experts spread over an EP group without EPLB: the same step with every EP rank given an even share
+    # of the routed tokens (0.0 otherwise)
+    balanced_step_s: float = 0.0
 
 
 @dataclass

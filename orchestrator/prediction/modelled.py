@@ -175,7 +175,11 @@ def modelled_steps(cfg: ParasweepConf, concurrency: Mapping[str, int], resolved:
 
     sim_cfg = apply_change(cfg, {})[0]
     with tempfile.TemporaryDirectory(prefix="parasweep-estimate-") as tmp:
-        model = load_config(prediction_argv(sim_cfg, Path(tmp)))
+        argv = prediction_argv(sim_cfg, Path(tmp))
+        model = load_config(argv)
+        # experts over an EP group without EPLB: the same model with the ranks' shares evened out
+        balanced = (load_config([*argv, "--enable-eplb"]) if model.ep > 1 and not model.par.eplb
+                    else None)
     cap = int_or_none(resolved.get("pp_max_micro_batch_size")) or model.pp_max_micro_batch_size
     context = cfg.workload.input_len + cfg.workload.output_len // 2
     slots = cfg.pp.size + cfg.pp.async_depth
@@ -185,8 +189,9 @@ def modelled_steps(cfg: ParasweepConf, concurrency: Mapping[str, int], resolved:
         c = math.ceil(c / (cfg.dp.size * cfg.dp.attention))
         batch = max(1, min(cap, math.ceil(c / min(slots, math.ceil(c / cap)))))
         step = decode_step(model, batch, context)
+        even = decode_step(balanced, batch, context).step_s if balanced is not None else 0.0
         steps[label] = StepEstimate(step.batch, step.step_s, step.comm_s, step.memory_bound_s,
-                                    step.spec_step_s, step.verify_s, step.spec_tokens)
+                                    step.spec_step_s, step.verify_s, step.spec_tokens, even)
     return steps, tuple(model.cost.stage_layers)
 
 
