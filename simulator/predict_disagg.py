@@ -78,7 +78,7 @@ class VirtualPDTrial(VirtualTrial):
             for _ in range(cfg.dp):
                 for s in range(cfg.pp):
                     busy = busy_by_stage[r, s]
-                    for _ in range(cfg.tp):
+                    for _ in range(cfg.rank_tp):  # an attention-DP rank's own GPUs
                         fractions[len(fractions)] = busy / width
                         role_util[role].append(busy / width)
                         energy += energy_j(cfg.hw, width, busy)

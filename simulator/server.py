@@ -53,7 +53,7 @@ class SimServer:
             rep.observer = Reporter(cfg, log, self.metrics, dp_rank)
         self.frontend = Frontend(cfg, self.replicas, self.driver.now, loop)
         # disaggregation: the server's role takes the requests (simulator/disagg/live.py)
-        self.frontend.pd = self.pd = live_role(cfg, self.sim, self.replicas[0], self.driver.now, loop, log)
+        self.frontend.pd = self.pd = live_role(cfg, self.sim, self.replicas, self.driver.now, loop, log)
         self.faults = FaultConf.from_args(cfg.args)
         self.generation = GenerationAPI(cfg, self.frontend,
                                         FaultInjector(self.faults, cfg, log, self.freeze_engine),

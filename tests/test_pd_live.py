@@ -179,3 +179,20 @@ def test_a_killed_decode_server_fails_the_trial_in_one_line_and_nothing_is_left(
     server = error.parent / "server"
     pgids = sorted(server.glob("*.pgid"))
     assert len(pgids) == 3 and not any(group_alive(int(p.read_text())) for p in pgids)
+
+
+def test_a_decode_server_with_attention_dp_serves_through_the_router_on_every_rank(tmp_path: Path) -> None:
+    """The decode server of a disaggregated pair runs two attention-DP ranks (Llama-3.1-8B, TP2): every
+    request is answered through the router, its KV fetched by the rank it was dealt to, and both ranks
+    report their own batches."""
+    result = run_cli(["pd=1p1d", "model=llama-3.1-8b", "hardware=h100-sxm-x8", "parallelism=tp1", *NO_DRAWING,
+                      "pd.decode.tp=2", "pd.decode.attention=2", "workload=tiny", "workload.concurrency=[4]",
+                      "workload.output_len=64"], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (trial,) = [p.parent for p in tmp_path.glob("runs/outputs/**/records")]
+    records = [json.loads(line) for line in (trial / "records" / "requests.jsonl").read_text().splitlines()]
+    assert records and all(r["error"] is None and r["output_tokens"] == 64 for r in records)
+    argv = json.loads((trial / "server" / "argv.json").read_text())  # decode server 0's
+    assert argv[argv.index("--attn-dp-size") + 1] == "2"
+    log = (trial / "server" / "server.log").read_text()
+    assert re.search(r"DP0 TP0\] Decode batch", log) and re.search(r"DP1 TP1\] Decode batch", log)

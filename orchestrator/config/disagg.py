@@ -29,7 +29,7 @@ def _count(key: str, value: object, low: int) -> None:
 def _validate_role(cfg: ParasweepConf, role: str) -> None:
     r = getattr(cfg.pd, role)
     _count(f"pd.{role}.workers", r.workers, 0 if role == "prefill" else 1)
-    for attr in ("tp", "pp", "ep", "dp", "max_running_requests", "chunked_prefill_size"):
+    for attr in ("tp", "pp", "ep", "dp", "attention", "max_running_requests", "chunked_prefill_size"):
         value = getattr(r, attr)
         if value is not None and not (attr == "chunked_prefill_size" and value == -1):
             _count(f"pd.{role}.{attr}", value, 1)
@@ -49,6 +49,11 @@ def _validate_role(cfg: ParasweepConf, role: str) -> None:
         raise ConfigError(f"pd.{role}.ep", one.ep.size,
                           f"a divisor of the role's tp ({one.tp.size}) on a MoE model",
                           why="expert parallelism lives inside the TP group")
+    if one.tp.size % one.dp.attention:
+        divisors = [d for d in range(1, one.tp.size + 1) if one.tp.size % d == 0]
+        raise ConfigError(f"pd.{role}.attention", one.dp.attention,
+                          f"a divisor of the role's tp ({one.tp.size}): {divisors}",
+                          why="the ranks split the role's TP group")
     per_node = cfg.hardware.num_gpus
     if role_gpus(cfg, role) > per_node:
         raise ConfigError(f"pd.{role}.tp*pp*dp", role_gpus(cfg, role),

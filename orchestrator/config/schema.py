@@ -133,6 +133,7 @@ class PDRoleConf:
     pp: int | None = None
     ep: int | None = None
     dp: int | None = None
+    attention: int | None = None  # attention-DP ranks of each server of the role (dp.attention)
     max_running_requests: int | None = None
     chunked_prefill_size: int | None = None
     mem_fraction_static: float | None = None
@@ -387,7 +388,7 @@ def role_config(cfg: ParasweepConf, role: str) -> ParasweepConf:
 
     def resolved(r: PDRoleConf) -> PDRoleConf:
         return replace(r, tp=r.tp or cfg.tp.size, pp=r.pp or cfg.pp.size, ep=r.ep or cfg.ep.size,
-                       dp=r.dp or cfg.dp.size)
+                       dp=r.dp or cfg.dp.size, attention=r.attention or cfg.dp.attention)
 
     pd = replace(cfg.pd, prefill=resolved(cfg.pd.prefill), decode=resolved(cfg.pd.decode), role=role)
     r = getattr(pd, role)
@@ -396,7 +397,7 @@ def role_config(cfg: ParasweepConf, role: str) -> ParasweepConf:
                                                    "mem_fraction_static") if getattr(r, k) is not None})
     return replace(cfg, tp=replace(cfg.tp, size=r.tp), ep=replace(cfg.ep, size=r.ep),
                    pp=replace(cfg.pp, size=r.pp, async_depth=cfg.pp.async_depth if r.pp > 1 else 0),
-                   dp=replace(cfg.dp, size=r.dp), server=server, pd=pd)
+                   dp=replace(cfg.dp, size=r.dp, attention=r.attention), server=server, pd=pd)
 
 
 def router_process(cfg: ParasweepConf, engine: str) -> bool:

@@ -112,7 +112,6 @@ def resolve_attention_dp(args: argparse.Namespace, tp: int, dp: int, pp: int
         return None, dp, warnings
     for flag, on in (("pipeline parallelism (--pp-size > 1)", pp > 1),
                      ("speculative decoding", get("speculative_algorithm") is not None),
-                     ("disaggregation (--disaggregation-mode)", get("disaggregation_mode") != "null"),
                      ("--moe-dense-tp-size 1", dense == 1 and tp > 1)):
         if on:
             raise AttentionDPError(f"{flag} {NOT_MODELLED}")

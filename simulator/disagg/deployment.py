@@ -4,6 +4,10 @@ the router's choice of a pair for each request. Predictions run this; the live s
 Servers take the GPUs of the hardware profile's nodes in order, prefill servers first, each within one
 node (``vocab.hardware.place_servers``): that decides which pairs share a node and which send their KV
 over the network.
+
+A server with attention DP has one role per rank, its ranks in lockstep (``simulator/lockstep.py``): a
+prefill server takes a request on the rank its room names (SGLang's ``follow_bootstrap_room``: room
+modulo the ranks), a decode server deals its requests to its ranks in turn.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from simulator.disagg.decode_role import DecodeRole
 from simulator.disagg.kv_transfer import KVSide, Path, bytes_per_token, path_between
 from simulator.disagg.prefill_role import PrefillRole, Transfer
 from simulator.entities import PDTimes, Request
+from simulator.lockstep import build_schedulers
 from simulator.replica import ReplicaModel
 from simulator.sim_config import SimConfig
 from simulator.timebase import Simulation
@@ -41,8 +46,14 @@ class Deployment:
         if self.nodes[-1] >= configs[0].hw.nodes:
             raise ValueError(f"the deployment's servers take {self.nodes[-1] + 1} nodes; hardware "
                              f"{configs[0].hw.name} has {configs[0].hw.nodes}")
-        self.prefills = [PrefillRole(c, self.sim) for c in prefill]
-        self.decodes = [DecodeRole(c, self.sim, reserved_tokens=reserved_tokens) for c in decode]
+        # each server's roles, one per attention-DP rank (one without attention DP)
+        self.prefill_ranks = [[PrefillRole(c, self.sim, replica=r) for r in build_schedulers(c, self.sim)]
+                              for c in prefill]
+        self.decode_ranks = [[DecodeRole(c, self.sim, reserved_tokens=reserved_tokens, replica=r)
+                              for r in build_schedulers(c, self.sim)] for c in decode]
+        self.prefills = [role for ranks in self.prefill_ranks for role in ranks]
+        self.decodes = [role for ranks in self.decode_ranks for role in ranks]
+        self._dealt = [0] * len(decode)  # each decode server's next rank
         n_p = len(prefill)
         self.paths: list[list[Path]] = [[path_between(p, self.nodes[i] == self.nodes[n_p + j]) for j in
                                          range(len(decode))] for i, p in enumerate(prefill)]
@@ -55,30 +66,36 @@ class Deployment:
 
     @property
     def replicas(self) -> list[ReplicaModel]:
-        """Every server's replica model, prefill servers first."""
+        """Every server's replica models (its ranks'), prefill servers first."""
         return [r.replica for r in (*self.prefills, *self.decodes)]
 
     def pick(self) -> tuple[int, int]:
         """The prefill and decode server of the next request (each policy applied to each role)."""
-        n_p = max(1, len(self.prefills))
+        n_p, n_d = max(1, len(self.prefill_ranks)), len(self.decode_ranks)
         if self.policy == "random":
-            return self._rng.randrange(n_p), self._rng.randrange(len(self.decodes))
+            return self._rng.randrange(n_p), self._rng.randrange(n_d)
         k = self._next
         self._next += 1
-        return k % n_p, k % len(self.decodes)
+        return k % n_p, k % n_d
+
+    def _decode_rank(self, j: int) -> DecodeRole:
+        ranks = self.decode_ranks[j]
+        self._dealt[j] += 1
+        return ranks[(self._dealt[j] - 1) % len(ranks)]
 
     def submit(self, req: Request, prompt: np.ndarray | None) -> None:
         """``req`` (what the client sees: the decode server's stream) and its prefill twin, sent to the
         pair the router picks at once."""
         req.pd = PDTimes(arrival=self.sim.now)
         if not self.prefills:  # the fake backend: a decode server alone, its KV garbage and instant
-            decode = self.decodes[self.pick()[1]]
+            decode = self._decode_rank(self.pick()[1])
             decode.submit(req, decode.fake_arrived)
             return
         i, j = self.pick()
         self._room += 1
         room = self._room
-        prefill, decode = self.prefills[i], self.decodes[j]
+        ranks = self.prefill_ranks[i]
+        prefill, decode = ranks[room % len(ranks)], self._decode_rank(j)
         twin = Request(f"{req.rid}-prefill", req.input_len, 1, req.token_seed, stream=False,
                        log_metrics=False, prompt=prompt)
         path, per_token = self.paths[i][j], self.per_token[i][j]

@@ -34,8 +34,10 @@ class KVSide:
 
     @classmethod
     def of(cls, cfg: SimConfig) -> KVSide:
-        st = cfg.cost.stages[0]
-        return cls(cfg.tp, max(s.layers for s in cfg.cost.stages), st.kv_bytes_per_token / st.layers)
+        """A server's side; with attention DP, one rank's: a request's KV lives on its rank's GPUs."""
+        cost = cfg.lockstep.rank_cost if cfg.lockstep is not None else cfg.cost
+        st = cost.stages[0]
+        return cls(cfg.rank_tp, max(s.layers for s in cost.stages), st.kv_bytes_per_token / st.layers)
 
 
 def bytes_per_token(prefill: KVSide, decode: KVSide) -> float:

@@ -16,6 +16,10 @@ own pre-allocation; the messages' own travel time lands in the transfer's part o
 real servers. A request without bootstrap fields (the health probe, SGLang's warm-up host ``2.2.2.2``) is
 served as SGLang's fake transfer serves it: decode gets it at once with a made-up first token, prefill
 computes it and sends nothing.
+
+A server with attention DP plays its role on every rank: a prefill server on the rank the room names
+(room modulo the ranks, SGLang's ``follow_bootstrap_room``), for the router's request and the decode
+server's bootstrap call alike; a decode server deals its requests to its ranks in turn.
 """
 
 from __future__ import annotations
@@ -70,10 +74,10 @@ class Bootstrap:
 class LivePrefill:
     """The prefill server's side: requests from the router, and the decode servers' bootstrap calls."""
 
-    def __init__(self, cfg: SimConfig, sim: Simulation, replica: ReplicaModel, now: Callable[[], float],
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, cfg: SimConfig, sim: Simulation, replicas: list[ReplicaModel],
+                 now: Callable[[], float], loop: asyncio.AbstractEventLoop) -> None:
         self.cfg, self.sim, self.now, self.loop = cfg, sim, now, loop
-        self.role = PrefillRole(cfg, sim, replica=replica)
+        self.roles = [PrefillRole(cfg, sim, replica=r) for r in replicas]
         self.side = KVSide.of(cfg)
         self.moves_kv = cfg.args.disaggregation_transfer_backend != "fake"
         self.receivers: dict[str, Link] = {}  # each decode server's link, as this server's transfers use it
@@ -83,11 +87,16 @@ class LivePrefill:
         if bootstrap is None or bootstrap.fake:
             self._fake_room -= 1  # rooms the router never uses
             room = self._fake_room
-            self.sim.schedule(self.now(), self.role.submit, req, room)
-            self.sim.schedule(self.now(), self.role.bootstrapped, room,
+            role = self._rank(room)
+            self.sim.schedule(self.now(), role.submit, req, room)
+            self.sim.schedule(self.now(), role.bootstrapped, room,
                               Transfer(Link(self.sim), _NOWHERE, 0.0, lambda tok, times: None, fake=True))
             return
-        self.sim.schedule(self.now(), self.role.submit, req, bootstrap.room)
+        assert bootstrap.room is not None
+        self.sim.schedule(self.now(), self._rank(bootstrap.room).submit, req, bootstrap.room)
+
+    def _rank(self, room: int) -> PrefillRole:
+        return self.roles[room % len(self.roles)]
 
     async def transfer(self, request: web.Request) -> web.Response:
         """``POST TRANSFER_PATH`` from a decode server: answered when the room's KV has arrived."""
@@ -105,7 +114,7 @@ class LivePrefill:
         path = path_between(self.cfg, node == self.cfg.args.sim_pd_node)
         transfer = Transfer(receiver, path, per_token, arrived)
         transfer.times.preallocated = self.now()
-        self.sim.schedule(self.now(), self.role.bootstrapped, room, transfer)
+        self.sim.schedule(self.now(), self._rank(room).bootstrapped, room, transfer)
         token, t = await done
         return web.json_response({
             "first_token": token,
@@ -120,29 +129,35 @@ class LiveDecode:
     """The decode server's side: requests from the router, each pre-allocated here and its KV fetched
     from the prefill server the router named."""
 
-    def __init__(self, cfg: SimConfig, sim: Simulation, replica: ReplicaModel, now: Callable[[], float],
-                 loop: asyncio.AbstractEventLoop, log: LogWriter) -> None:
+    def __init__(self, cfg: SimConfig, sim: Simulation, replicas: list[ReplicaModel],
+                 now: Callable[[], float], loop: asyncio.AbstractEventLoop, log: LogWriter) -> None:
         self.cfg, self.sim, self.now, self.loop, self.log = cfg, sim, now, loop, log
-        self.role = DecodeRole(cfg, sim, replica=replica, reserved_tokens=cfg.args.num_reserved_decode_tokens)
+        self.roles = [DecodeRole(cfg, sim, replica=r, reserved_tokens=cfg.args.num_reserved_decode_tokens)
+                      for r in replicas]
+        self._dealt = 0
         self.kv = dataclasses.asdict(KVSide.of(cfg))
         self.peer = f"{cfg.args.host}:{cfg.args.port}"
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task] = set()
 
     def submit(self, req: Request, bootstrap: Bootstrap | None) -> None:
+        role = self.roles[self._dealt % len(self.roles)]  # the ranks in turn
+        self._dealt += 1
         if bootstrap is None or bootstrap.fake:
-            self.sim.schedule(self.now(), self.role.submit, req, self.role.fake_arrived)
+            self.sim.schedule(self.now(), role.submit, req, role.fake_arrived)
             return
         port = bootstrap.port if bootstrap.port is not None else self.cfg.args.disaggregation_bootstrap_port
-        self.sim.schedule(self.now(), self.role.submit, req,
-                          lambda r: self._fetch_soon(r, str(bootstrap.host), port, int(bootstrap.room or 0)))
+        room = int(bootstrap.room or 0)
+        self.sim.schedule(self.now(), role.submit, req,
+                          lambda r: self._fetch_soon(role, r, str(bootstrap.host), port, room))
 
-    def _fetch_soon(self, req: Request, host: str, port: int, room: int) -> None:
-        task = self.loop.create_task(self._fetch(req, host, port, room, self.sim.now))
+    def _fetch_soon(self, role: DecodeRole, req: Request, host: str, port: int, room: int) -> None:
+        task = self.loop.create_task(self._fetch(role, req, host, port, room, self.sim.now))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _fetch(self, req: Request, host: str, port: int, room: int, preallocated: float) -> None:
+    async def _fetch(self, role: DecodeRole, req: Request, host: str, port: int, room: int,
+                     preallocated: float) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         body = {"room": room, "node": self.cfg.args.sim_pd_node, "peer": self.peer, "kv": self.kv}
@@ -153,13 +168,13 @@ class LiveDecode:
         except (aiohttp.ClientError, OSError, ValueError) as e:
             self.log.error(f"Decode transfer failed for request rank=0 req.rid={req.rid} "
                            f"req.bootstrap_room={room} with exception {e}")
-            self.sim.schedule(self.now(), self.role.fail, req, f"KV transfer from {host}:{port} failed: {e}")
+            self.sim.schedule(self.now(), role.fail, req, f"KV transfer from {host}:{port} failed: {e}")
             return
         now = self.now()
         start = preallocated + data["prefill_queue_s"]
         times = PDTimes(prefill_start=start, prefill_end=start + data["prefill_s"], transferred=now,
                         transfer_bytes=data["transfer_bytes"])
-        self.sim.schedule(now, self.role.kv_arrived, req, int(data["first_token"]), times)
+        self.sim.schedule(now, role.kv_arrived, req, int(data["first_token"]), times)
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -168,12 +183,13 @@ class LiveDecode:
             await self._session.close()
 
 
-def live_role(cfg: SimConfig, sim: Simulation, replica: ReplicaModel, now: Callable[[], float],
+def live_role(cfg: SimConfig, sim: Simulation, replicas: list[ReplicaModel], now: Callable[[], float],
               loop: asyncio.AbstractEventLoop, log: LogWriter) -> LivePrefill | LiveDecode | None:
-    """The server's role (``--disaggregation-mode``); None for a server that does both."""
+    """The server's role (``--disaggregation-mode``) on each of its ranks; None for a server that does
+    both."""
     mode = cfg.args.disaggregation_mode
     if mode == "prefill":
-        return LivePrefill(cfg, sim, replica, now, loop)
+        return LivePrefill(cfg, sim, replicas, now, loop)
     if mode == "decode":
-        return LiveDecode(cfg, sim, replica, now, loop, log)
+        return LiveDecode(cfg, sim, replicas, now, loop, log)
     return None
