@@ -166,6 +166,26 @@ class Slot:
     in_flight: Batch | None = None
 
 
+@dataclass
+class SchedulerClock:
+    """When one scheduler's thread and its GPU are next free (pp = 1). With the overlap scheduler
+    (``hide``, SGLang's default) the iteration's host work runs beside the GPU step it launches, since
+    the sampled ids stay on the GPU; without it, before. The thread is free again once it has also
+    dispatched the forward (one graph replay, or every kernel when eager)."""
+
+    hide: bool
+    cpu_free: float = 0.0
+    gpu_free: float = 0.0  # when the GPU finishes the step launched last
+
+    def launch(self, now: float, host: float, dispatch: float, step: float) -> tuple[float, float]:
+        """A step launched at ``now``: (start, end) on the GPU."""
+        t = now if self.hide else now + host
+        self.cpu_free = (now + host if self.hide else t) + dispatch
+        start = max(t, self.gpu_free)
+        self.gpu_free = start + step
+        return start, self.gpu_free
+
+
 class StageBusy:
     """Busy intervals of one stage's GPUs. Intervals are known at launch (possibly in the future), arrive
     in start order and never overlap (one FIFO per stage)."""

@@ -11,7 +11,7 @@ previous forward as a single engine's does (``replica.py``).
 from __future__ import annotations
 
 from simulator.attention_dp.costs import LockstepCosts
-from simulator.entities import Batch
+from simulator.entities import Batch, SchedulerClock
 from simulator.replica import ReplicaModel
 from simulator.sim_config import SimConfig
 from simulator.timebase import Simulation
@@ -23,20 +23,18 @@ class LockstepGroup:
         self.ranks = [ReplicaModel(cfg, sim) for _ in range(cfg.schedulers)]
         for rank in self.ranks:
             rank.lockstep = self
-        self.hide_cpu = not cfg.disable_overlap_schedule
-        self.cpu_free = 0.0
-        self.gpu_free = 0.0
+        self.clock = SchedulerClock(hide=not cfg.disable_overlap_schedule)
         self.pending = False
 
     def wake(self) -> None:
         if not self.pending:
             self.pending = True
-            self.sim.schedule(max(self.sim.now, self.cpu_free), self._turn)
+            self.sim.schedule(max(self.sim.now, self.clock.cpu_free), self._turn)
 
     def _turn(self) -> None:
         self.pending = False
         now = self.sim.now
-        if now < self.cpu_free:
+        if now < self.clock.cpu_free:
             self.wake()
             return
         if any(rank.running_forward for rank in self.ranks):
@@ -49,18 +47,10 @@ class LockstepGroup:
         step = self.costs.step([b.shape if b is not None else None for b in batches])
         cost = self.cfg.cost
         host = max(cost.sched_time(len(b.reqs) + len(b.mixed)) for b in batches if b is not None)
-        if self.hide_cpu:
-            t = now
-            self.cpu_free = now + host + step.dispatch
-        else:
-            t = now + host
-            self.cpu_free = t + step.dispatch
-        start = max(t, self.gpu_free)
-        end = start + step.total
-        self.gpu_free = end
+        start, end = self.clock.launch(now, host, step.dispatch, step.total)
         for rank, batch in zip(self.ranks, batches, strict=True):
             rank.run_forward(batch, start, end, step.graph)
-        if self.cpu_free > now:
+        if self.clock.cpu_free > now:
             self.wake()
 
 

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from simulator.admission import Admission
 from simulator.costs import decode_shape, prefill_shape
-from simulator.entities import Batch, PDQueues, Request, Slot, StageBusy
+from simulator.entities import Batch, PDQueues, Request, SchedulerClock, Slot, StageBusy
 from simulator.pp_loop import PipelineLoop
 from simulator.sim_config import SimConfig
 from simulator.speculative.decoding import SpecStats
@@ -70,9 +70,8 @@ class ReplicaModel:
         # next batch needs its own result processed first, so host time always sits between a slot's
         # return and its next launch; pp_async_batch_depth > 0 hides it only by giving stage 0 other
         # slots' work to run meanwhile (docs/simulator.md, "The scheduler model").
-        self.hide_cpu = cfg.pp == 1 and not cfg.disable_overlap_schedule
+        self.clock = SchedulerClock(hide=cfg.pp == 1 and not cfg.disable_overlap_schedule)
         self.cursor = 0
-        self.cpu_free = 0.0
         self.turn_pending = False
         # SGLang's --scheduler-recv-interval N (pp = 1): requests that reached the scheduler's socket are
         # taken in only once N decode iterations have passed since the last take; any other iteration
@@ -82,7 +81,6 @@ class ReplicaModel:
         self.recv_count = 0
         self.unreceived: list[Request] = []
         self.last_decode = False  # the last launched batch was decode-only
-        self.gpu_free = 0.0  # pp = 1: when the GPU finishes the step launched last
         self.busy = [StageBusy() for _ in range(cfg.pp)]
         self.in_flight = 0
         self.peak_in_flight = 0  # most micro-batches ever in flight at once (tests, predictions)
@@ -223,12 +221,12 @@ class ReplicaModel:
             return
         if not self.turn_pending:
             self.turn_pending = True
-            self.sim.schedule(max(self.sim.now, self.cpu_free), self._turn)
+            self.sim.schedule(max(self.sim.now, self.clock.cpu_free), self._turn)
 
     def _turn(self) -> None:
         self.turn_pending = False
         now = self.sim.now
-        if now < self.cpu_free:
+        if now < self.clock.cpu_free:
             self._wake()
             return
         skipped = 0
@@ -244,7 +242,7 @@ class ReplicaModel:
                 skipped += 1
                 continue
             self._launch(slot, batch, now)
-            if self.cpu_free > now:
+            if self.clock.cpu_free > now:
                 self._wake()
                 return
             skipped = 0
@@ -303,16 +301,7 @@ class ReplicaModel:
         else:
             dispatch = cost.host_time(0, shape)
             step = cost.stage_time(0, shape)
-        if self.hide_cpu:
-            t = now
-            self.cpu_free = now + host + dispatch
-        else:
-            t = now + host
-            self.cpu_free = t + dispatch
-        start = max(t, self.gpu_free)
-        end = start + step
-        self.gpu_free = end
-        self._run(slot, batch, start, end)
+        self._run(slot, batch, *self.clock.launch(now, host, dispatch, step))
 
     def _run(self, slot: Slot, batch: Batch, start: float, end: float) -> None:
         """``batch`` on the GPU from ``start`` to ``end``; its tokens go out and its slot is free at the
