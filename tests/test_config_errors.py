@@ -29,6 +29,8 @@ CASES = [
      ["ep.a2a_backend=nccl", "none, deepep, mooncake", "SGLang 0.5.23's --moe-a2a-backend"]),
     (["parallelism=tp8", "ep.deepep_mode=fast"], ["ep.deepep_mode=fast", "auto, normal, low_latency"]),
     (["parallelism=tp8", "ep.redundant_experts=-1"], ["ep.redundant_experts=-1", "an integer >= 0"]),
+    (["parallelism=tp8-dpa8-deepep", "ep.two_batch_overlap=true"],
+     ["ep.two_batch_overlap=True", "does not model two-batch overlap", "false on the simulated engine"]),
     (["parallelism=tp8", "dp.attention=8", "dp.router=cache_aware"],
      ["dp.router=cache_aware", "round_robin or total_requests with dp.attention > 1"]),
     (["pp.async_depth=99"], ["pp.async_depth=99", "0..64"]),

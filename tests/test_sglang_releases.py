@@ -154,12 +154,21 @@ def _conf(model: str, hardware: str, tp: int = 1, pp: int = 1, ep: int = 1, dp: 
     return cfg
 
 
+def _expert_layout() -> ParasweepConf:
+    cfg = _conf("deepseek-v3", "h200-nvlink-x8", tp=8, ep=8, attention=8)
+    cfg.ep.a2a_backend, cfg.ep.deepep_mode, cfg.ep.eplb = "deepep", "low_latency", True
+    cfg.ep.redundant_experts, cfg.ep.two_batch_overlap = 32, True
+    cfg.dp.router = "total_requests"
+    return cfg
+
+
 LAYOUTS = {
     "TP8": _conf("llama-3.1-70b", "h100-sxm-x8", tp=8),
     "PP8": _conf("kimi-k2", "rtx-pro-6000-pcie-x8", pp=8),
     "EP8": _conf("kimi-k2", "h200-nvlink-x8", tp=8, ep=8),
     "DP2xTP4": _conf("llama-3.1-70b", "h100-sxm-x8", tp=4, dp=2),
     "attention DP": _conf("kimi-k2", "h200-nvlink-x8", tp=8, attention=8),
+    "attention DP with DeepEP, EPLB, redundant experts, two-batch overlap": _expert_layout(),
     # old names of renamed flags, spelt per release
     "renamed extra args": _conf("llama-3.1-8b", "h100-sxm-x8", tp=2, cuda_graph_max_bs=64,
                                 cuda_graph_bs=[1, 2], stream_output=True),
@@ -180,6 +189,10 @@ def test_layouts_build_argv_every_supported_release_accepts(facts: ReleaseFacts,
         expected = ["--attn-dp-size", "8"] if "--attn-dp-size" in facts.flags else ["--dp-size", "8"]
         assert argv[argv.index(expected[0]):argv.index(expected[0]) + 2] == expected
         assert ("--enable-dp-attention" in argv) == ("--attn-dp-size" not in facts.flags)
+    if layout.startswith("attention DP with"):  # every key its own flag, on every release
+        for flag in ("--moe-a2a-backend", "--deepep-mode", "--enable-eplb", "--ep-num-redundant-experts",
+                     "--enable-two-batch-overlap", "--load-balance-method"):
+            assert flag in argv, flag
 
 
 @pytest.mark.parametrize(("cfg", "key", "why"), [

@@ -31,13 +31,15 @@ def validate_moe_layout(cfg: ParasweepConf, model: ModelInfo) -> None:
                               why="the ranks sit inside one engine, behind its own DP controller")
     if cfg.ep.deepep_mode not in DEEPEP_MODES:
         raise ConfigError("ep.deepep_mode", cfg.ep.deepep_mode, ", ".join(DEEPEP_MODES))
-    if not isinstance(cfg.ep.eplb, bool):
-        raise ConfigError("ep.eplb", cfg.ep.eplb, "true or false")
+    for key in ("eplb", "two_batch_overlap"):
+        if not isinstance(getattr(cfg.ep, key), bool):
+            raise ConfigError(f"ep.{key}", getattr(cfg.ep, key), "true or false")
     redundant = cfg.ep.redundant_experts
     if not isinstance(redundant, int) or redundant < 0:
         raise ConfigError("ep.redundant_experts", redundant, "an integer >= 0")
     moe_keys = {"ep.a2a_backend": cfg.ep.a2a_backend != "none", "ep.eplb": cfg.ep.eplb,
-                "ep.redundant_experts": redundant > 0, "ep.deepep_mode": cfg.ep.deepep_mode != "auto"}
+                "ep.redundant_experts": redundant > 0, "ep.deepep_mode": cfg.ep.deepep_mode != "auto",
+                "ep.two_batch_overlap": cfg.ep.two_batch_overlap}
     for key, set_ in moe_keys.items():
         if set_ and not model.is_moe:
             raise ConfigError(key, _value(cfg, key), "its default",

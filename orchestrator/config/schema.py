@@ -85,6 +85,9 @@ class EPConf:
     deepep_mode: str = "auto"
     eplb: bool = False  # --enable-eplb: experts moved between GPUs so each gets an even share of tokens
     redundant_experts: int = 0  # --ep-num-redundant-experts: extra copies of the busiest experts
+    # --enable-two-batch-overlap: each forward split in two, one half's all-to-all beside the other's
+    # compute (launched on SGLang; the simulated engine does not model it and says so)
+    two_batch_overlap: bool = False
 
 
 @dataclass

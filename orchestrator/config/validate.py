@@ -220,6 +220,9 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
         raise ConfigError("tp.size", cfg.tp.size, f"a divisor of {model.num_heads}: {divisors}",
                           why=f"model {cfg.model.name} has {model.num_heads} attention heads to shard")
     validate_moe_layout(cfg, model)
+    if engine == "sim" and cfg.ep.two_batch_overlap:
+        raise ConfigError("ep.two_batch_overlap", True, "false on the simulated engine (SGLang runs it)",
+                          why="the simulated engine does not model two-batch overlap")
     if cfg.ep.size > 1:
         if not model.is_moe:
             raise ConfigError("ep.size", cfg.ep.size, "1", why=f"model {cfg.model.name} has no experts")

@@ -67,12 +67,13 @@ _MANAGED = {
     "attn_dp_size": "dp.attention", "enable_dp_attention": "dp.attention",
     "load_balance_method": "dp.router", "moe_a2a_backend": "ep.a2a_backend", "deepep_mode": "ep.deepep_mode",
     "enable_eplb": "ep.eplb", "ep_num_redundant_experts": "ep.redundant_experts",
+    "enable_two_batch_overlap": "ep.two_batch_overlap",
 }
 # of those, the ones an extra arg may never set, even where parasweep leaves the flag out: the prediction,
 # the diagnosis and the search read them from their keys
 _ALWAYS_MANAGED = ("schedule_policy", "disable_radix_cache", "attn_dp_size", "enable_dp_attention",
                    "load_balance_method", "moe_a2a_backend", "deepep_mode", "enable_eplb",
-                   "ep_num_redundant_experts")
+                   "ep_num_redundant_experts", "enable_two_batch_overlap")
 
 
 def decode_log_interval(cfg: ParasweepConf) -> int:
@@ -141,6 +142,8 @@ def _moe_layout(args: list[Arg], cfg: ParasweepConf, version: str, flags: FlagSe
     if ep.redundant_experts:
         args.append(Arg("--ep-num-redundant-experts", [str(ep.redundant_experts)], "ep.redundant_experts",
                         ep.redundant_experts))
+    if ep.two_batch_overlap:
+        args.append(Arg("--enable-two-batch-overlap", [], "ep.two_batch_overlap", True))
 
 
 def refuse_what_sglang_refuses(cfg: ParasweepConf) -> None:
