@@ -167,6 +167,19 @@ class Slot:
 
 
 @dataclass
+class DPBalance:
+    """One attention-DP rank's share of the lockstep forwards, as SGLang 0.5.23 counts it
+    (``sglang:dp_attention_tokens_total``, ``sglang:dp_attention_steps_total``): the tokens it ran, the
+    tokens the busiest rank ran beyond it (capacity lost to imbalance), and its forwards with and without
+    tokens of its own."""
+
+    scheduled: int = 0
+    imbalance: int = 0
+    active: int = 0
+    idle: int = 0
+
+
+@dataclass
 class SchedulerClock:
     """When one scheduler's thread and its GPU are next free (pp = 1). With the overlap scheduler
     (``hide``, SGLang's default) the iteration's host work runs beside the GPU step it launches, since

@@ -46,12 +46,32 @@ class LockstepGroup:
             return
         step = self.costs.step([b.shape if b is not None else None for b in batches])
         cost = self.cfg.cost
-        host = max(cost.sched_time(len(b.reqs) + len(b.mixed)) for b in batches if b is not None)
+        hosts = [cost.sched_time(len(b.reqs) + len(b.mixed)) if b is not None else cost.host_costs().poll
+                 for b in batches]
+        host = max(hosts)
+        self._count(batches, hosts)
         start, end = self.clock.launch(now, host, step.dispatch, step.total)
         for rank, batch in zip(self.ranks, batches, strict=True):
             rank.run_forward(batch, start, end, step.graph)
         if self.clock.cpu_free > now:
             self.wake()
+
+
+    def _count(self, batches: list[Batch | None], hosts: list[float]) -> None:
+        """SGLang's balance statistics of one forward: each rank's tokens against the busiest's, the
+        busiest over the mean (observed by rank 0), and each rank's wait at the exchange of batch sizes
+        for the slowest rank's scheduler."""
+        tokens = [b.shape.tokens if b is not None else 0 for b in batches]
+        busiest, ranks = max(tokens), len(tokens)
+        for k, (rank, n, host) in enumerate(zip(self.ranks, tokens, hosts, strict=True)):
+            bal = rank.dp_balance
+            bal.scheduled += n
+            bal.imbalance += busiest - n
+            bal.active += int(n > 0)
+            bal.idle += int(n == 0)
+            if rank.observer is not None:
+                ratio = busiest * ranks / sum(tokens) if k == 0 else None
+                rank.observer.on_dp_balance(ratio, max(hosts) - host + self.costs.sync_s)
 
 
 def build_schedulers(cfg: SimConfig, sim: Simulation) -> list[ReplicaModel]:

@@ -17,6 +17,7 @@ class Reporter:
                  dp_rank: int) -> None:
         self.log = log
         self.metrics = metrics
+        self.dp_rank = dp_rank
         self.gauges = metrics.gauges[dp_rank] if metrics is not None else StageGauges()
         # Only tp_rank 0 of each stage prints batch statistics.
         self.tags = [scheduler_tag(cfg, pp, dp_rank) for pp in range(cfg.pp)]
@@ -87,6 +88,14 @@ class Reporter:
         if self.metrics is not None:
             self.metrics.kv_transfer_latency_ms.observe(seconds * 1e3)
             self.metrics.kv_transfer_total_mb.observe(nbytes / 2**20)
+
+    def on_dp_balance(self, imbalance_ratio: float | None, sync_wait: float) -> None:
+        """One lockstep forward of the attention-DP ranks: the busiest rank's tokens over the mean (rank 0
+        observes it) and this rank's wait for the slowest at the exchange of batch sizes."""
+        if self.metrics is not None:
+            if imbalance_ratio is not None:
+                self.metrics.dp_imbalance_ratio.observe(imbalance_ratio)
+            self.metrics.dp_sync_wait[self.dp_rank].observe(sync_wait)
 
     def on_pd_stage(self, stage: str, seconds: float) -> None:
         """A disaggregated request left one stage of its timeline (SGLang's ``per_stage_req_latency``;

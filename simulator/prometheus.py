@@ -37,6 +37,9 @@ QUEUE_TIME_BUCKETS = [0.0, 0.001, 0.005, 0.010, 0.050, 0.100, 0.200, 0.500, 1, 2
                       50, 60, 70, 80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400,
                       1600, 1800, 2000, 2500, 3000]
 STAGE_BUCKETS = [0.001 * 1.62 ** i for i in range(30)]
+# SGLang 0.5.23's attention-DP balance histograms (observability/metrics_collector.py)
+IMBALANCE_RATIO_BUCKETS = [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0]
+SYNC_WAIT_BUCKETS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
 E2E_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200,
                1800, 2400]
 
@@ -109,6 +112,19 @@ class PrometheusMetrics:
                            [*scheduler, "stage"], buckets=STAGE_BUCKETS, registry=reg)
         self.queue_time = queue.labels(model, "unified", "0", "0", "0")
         self.stage_latency = lambda stage: stages.labels(model, "unified", "0", "0", "0", stage)
+        # attention DP: the busiest rank's tokens over the mean, per forward (observed by rank 0), and
+        # each rank's wait for the slowest at the exchange of batch sizes; SGLang 0.5.23's buckets
+        if cfg.attn_dp > 1:
+            rank = [*scheduler, "dp_rank"]
+            ratio = Histogram("sglang:dp_attention_token_imbalance_ratio",
+                              "Per MLP-sync step, max tokens over mean tokens across the DP ranks.",
+                              rank, buckets=IMBALANCE_RATIO_BUCKETS, registry=reg)
+            wait = Histogram("sglang:dp_attention_sync_wait_seconds",
+                             "Each DP rank's MLP-sync all-gather per step (simulated seconds).",
+                             rank, buckets=SYNC_WAIT_BUCKETS, registry=reg)
+            self.dp_imbalance_ratio = ratio.labels(model, "unified", "0", "0", "0", "0")
+            self.dp_sync_wait = [wait.labels(model, "unified", str(r * cfg.rank_tp), "0", "0", str(r))
+                                 for r in range(cfg.attn_dp)]
         reg.register(_ReplicaCollector(cfg, replicas, self.gauges, now, lag or (lambda: 0.0)))
 
 
@@ -130,6 +146,24 @@ class _ReplicaCollector(Collector):
             names.append("dp_rank")
             values.append(str(dp_rank))
         return names, values
+
+    def _dp_balance(self) -> Iterator[Metric]:
+        """SGLang 0.5.23's counters of attention-DP balance, per rank (``simulator/lockstep.py`` counts)."""
+        names, _ = self._rank_labels(0, 0)
+        tokens = CounterMetricFamily("sglang:dp_attention_tokens", "Tokens of MLP-sync steps on this DP rank "
+                                     "(scheduled: its own; imbalance: the busiest rank's beyond them).",
+                                     labels=[*names, "kind"])
+        steps = CounterMetricFamily("sglang:dp_attention_steps", "MLP-sync steps on this DP rank (idle: "
+                                    "no tokens of its own, run to keep the collectives in lockstep).",
+                                    labels=[*names, "rank_state"])
+        for dp_rank, rep in enumerate(self.replicas):
+            _, values = self._rank_labels(dp_rank, 0)
+            bal = rep.dp_balance
+            tokens.add_metric([*values, "scheduled"], bal.scheduled)
+            tokens.add_metric([*values, "imbalance"], bal.imbalance)
+            steps.add_metric([*values, "active"], bal.active)
+            steps.add_metric([*values, "idle"], bal.idle)
+        yield from (tokens, steps)
 
     def _disaggregation(self) -> Iterator[Metric]:
         """SGLang's PD queue gauges (registered by every server, 0 outside a disaggregated role)."""
@@ -253,9 +287,9 @@ class _ReplicaCollector(Collector):
                 frac = rep.busy[pp_rank].busy_fraction(now)
                 busy_ratio.add_metric([str(pp_rank), *dpl], frac)
                 watts = power_w(hw, frac)
-                for tp_rank in range(cfg.tp):
-                    # SGLang's placement: replica offset + pp_rank * tp + tp_rank
-                    gpu = dp_rank * cfg.tp * cfg.pp + pp_rank * cfg.tp + tp_rank
+                for tp_rank in range(cfg.rank_tp):  # an attention-DP rank's own GPUs
+                    # SGLang's placement: replica (or rank) offset + pp_rank * tp + tp_rank
+                    gpu = dp_rank * cfg.rank_tp * cfg.pp + pp_rank * cfg.rank_tp + tp_rank
                     power.add_metric([str(gpu)], watts)
             inflight.add_metric(dpl, rep.in_flight)
             running_all.add_metric(dpl, rep.num_running)
@@ -267,6 +301,8 @@ class _ReplicaCollector(Collector):
         yield from self._disaggregation()
         yield from self._speculative(cfg.speculative.params if cfg.speculative is not None else None)
         yield from (realtime, busy, busy_ratio, power, inflight, running_all, slot_reqs, steps)
+        if cfg.attn_dp > 1:
+            yield from self._dp_balance()
         sim_time = GaugeMetricFamily("parasweep_sim:sim_time_seconds", "Simulated time since start.")
         sim_time.add_metric([], now)
         yield sim_time

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from simulator.admission import Admission
 from simulator.costs import decode_shape, prefill_shape
-from simulator.entities import Batch, PDQueues, Request, SchedulerClock, Slot, StageBusy
+from simulator.entities import Batch, DPBalance, PDQueues, Request, SchedulerClock, Slot, StageBusy
 from simulator.pp_loop import PipelineLoop
 from simulator.sim_config import SimConfig
 from simulator.speculative.decoding import SpecStats
@@ -36,6 +36,7 @@ class Observer(Protocol):
     def on_idle(self, replica: ReplicaModel) -> None: ...
     def on_kv_transferred(self, seconds: float, nbytes: float) -> None: ...
     def on_pd_stage(self, stage: str, seconds: float) -> None: ...
+    def on_dp_balance(self, imbalance_ratio: float | None, sync_wait: float) -> None: ...
 
 
 class Handoff(Protocol):
@@ -113,6 +114,7 @@ class ReplicaModel:
         # an attention-DP rank: its turns are taken by the group of ranks it runs in lockstep with
         # (simulator/attention_dp/group.py)
         self.lockstep: Lockstep | None = None
+        self.dp_balance = DPBalance()  # an attention-DP rank's counts of the forwards it took part in
 
     # -- requests in -------------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """A trial with attention data parallelism on the simulated engine, through real HTTP: each rank's
-running and waiting requests and KV use recorded per rank in MLflow, and a rank whose scheduler fails
+running and waiting requests and KV use recorded per rank in MLflow, SGLang's balance series summarised, and a rank whose scheduler fails
 mid-point failing the trial in one line that names it, with nothing left running."""
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ def test_each_rank_is_recorded_on_its_own(tmp_path: Path) -> None:
     assert ranks == set(range(8))  # every rank's own series, from its log lines and dp_rank gauges
     assert all(f"c8/dp{r}_kv_token_usage_max" in metrics for r in ranks)
     assert metrics["c8/dp_running_imbalance"] >= 1.0
+    # SGLang's own balance series (0.5.23), which the simulated engine exports as SGLang does
+    assert 0.0 <= metrics["c8/dp_attention_imbalance_frac"] < 1.0
+    assert 0.0 <= metrics["c8/dp_attention_idle_steps_frac"] <= 1.0
+    assert 1.0 <= metrics["c8/dp_attention_imbalance_ratio_mean"] <= 8.0
+    assert metrics["c8/dp_attention_sync_wait_ms_mean"] > 0.0
     argv = json.loads(next(tmp_path.glob("runs/outputs/**/server/argv.json")).read_text())
     assert argv[argv.index("--attn-dp-size") + 1] == "8"
 

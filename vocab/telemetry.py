@@ -132,6 +132,12 @@ RANK_QUEUE = "queue_mean"
 RANK_KV_USAGE = "kv_token_usage_max"
 RANK_RUNNING_IMBALANCE = "dp_running_imbalance"
 RANK_QUEUE_SPREAD = "dp_queue_spread"
+# attention DP, from SGLang's balance series (analysis/dp_balance.py): the share of the forwards' token
+# slots lost to imbalance, of the ranks' forwards run idle, the busiest over the mean, the sync wait
+DP_IMBALANCE_FRAC = "dp_attention_imbalance_frac"
+DP_IDLE_STEPS_FRAC = "dp_attention_idle_steps_frac"
+DP_IMBALANCE_RATIO_MEAN = "dp_attention_imbalance_ratio_mean"
+DP_SYNC_WAIT_MS = "dp_attention_sync_wait_ms_mean"
 # speculative decoding: tokens each verify emitted per request, the target's own included (SGLang's
 # "accept len"), over the window's decode lines (or gauges) of stage 0
 SPEC_ACCEPT_LEN = "spec_accept_len_mean"

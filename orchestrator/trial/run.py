@@ -196,6 +196,7 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
     """Summarise, diagnose and log what exists; never raise. The order is explicit: each step takes
     what it needs as arguments (telemetry summaries feed the diagnosis, which feeds the description)."""
     from analysis.diagnose import diagnose
+    from analysis.dp_balance import balance_summary
     from analysis.dp_routing import routing_summary
     from analysis.pd_stages import role_busy, stage_parts, transfer_size
     from analysis.telemetry import point_telemetry
@@ -247,6 +248,7 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
             start, end = windows[r.point.label]
             extra = point_telemetry(samples, stages, start, end, int(r.metrics.get("output_tokens", 0)),
                                     cfg.hardware.idle_power_w, layout)
+            extra.update(balance_summary(metrics, start, end))  # attention-DP ranks: SGLang's balance series
             if urls:  # DP replicas behind the router package: how it spread them, what each cache found
                 extra.update(routing_summary(router, replicas, urls, start, end))
             if cfg.pd.enabled:  # the TTFT's parts from the servers' histograms, each role's GPUs' busy share

@@ -45,6 +45,10 @@ class LockstepCosts:
     def __init__(self, layout: AttentionDP, rank_cost: CostModel, group_cost: CostModel,
                  tables: KernelTables | None) -> None:
         self.layout, self.rank_cost, self.group_cost = layout, rank_cost, group_cost
+        # every iteration the ranks' schedulers exchange their batches' sizes and modes on the CPU group
+        # before the forward (prepare_mlp_sync_batch): one gloo collective
+        p = group_cost.p
+        self.sync_s = (p.gloo_latency_us + p.gloo_recv_us) * 1e-6
         spec = group_cost.spec
         self._deepep: dict[str, Curve | None] = {}
         if layout.a2a == "deepep" and tables is not None:
@@ -82,10 +86,7 @@ class LockstepCosts:
         g = self.group_cost
         dispatch = (g.hw.graph_launch_us * 1e-6 if graph
                     else g.stages[0].kernels * (g.p.host_op_us + g.hw.kernel_launch_us) * 1e-6)
-        # every iteration the ranks' schedulers exchange their batches' sizes and modes on the CPU group
-        # before the forward (prepare_mlp_sync_batch): one gloo collective
-        sync = (g.p.gloo_latency_us + g.p.gloo_recv_us) * 1e-6
-        dispatch += sync
+        dispatch += self.sync_s
         work = attention + shared + comm
         if graph:
             total = work + dispatch
