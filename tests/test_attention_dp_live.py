@@ -1,6 +1,7 @@
 """A trial with attention data parallelism on the simulated engine, through real HTTP: each rank's
-running and waiting requests and KV use recorded per rank in MLflow, SGLang's balance series summarised, and a rank whose scheduler fails
-mid-point failing the trial in one line that names it, with nothing left running."""
+running and waiting requests and KV use recorded per rank in MLflow, SGLang's balance series
+summarised, and a rank whose scheduler fails mid-point failing the trial in one line that names it,
+with nothing left running."""
 
 from __future__ import annotations
 
