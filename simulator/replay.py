@@ -32,7 +32,13 @@ def replay(cfg: SimConfig, requests: Sequence[BenchRequest], max_concurrency: in
            seed: int = 0) -> list[RequestRecord]:
     """Every request of ``requests`` through a fresh engine configured as ``cfg``; one record each, in
     order, with times in virtual seconds from the run's start."""
-    trial = VirtualTrial(cfg)
+    return replay_on(VirtualTrial(cfg), requests, max_concurrency, seed)
+
+
+def replay_on(trial: VirtualTrial, requests: Sequence[BenchRequest], max_concurrency: int | None = None,
+              seed: int = 0) -> list[RequestRecord]:
+    """``replay`` on a fresh virtual trial of any kind: one engine, or a disaggregated deployment
+    (``predict_disagg.PDLayout.fresh()``), whose router pairs each request's servers."""
     sim = trial.sim
     rng = np.random.default_rng(seed)
     vocab = trial.cfg.spec.vocab

@@ -35,6 +35,29 @@ class Parallelism(BaseModel):
     pp_max_micro_batch_size: int | None = Field(None, ge=1)
 
 
+class Role(BaseModel):
+    """One role of a disaggregated run: its servers and each one's layout (``tp``: every GPU of the
+    server; ``attention``: its attention-DP ranks) and flags."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workers: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1)
+    ep: int = Field(1, ge=1)
+    attention: int = Field(1, ge=1)
+    server_args: dict[str, Any] = Field(default_factory=dict)
+
+
+class Disaggregation(BaseModel):
+    """A run served by prefill and decode servers behind a router (docs/fidelity.md, the format)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prefill: Role
+    decode: Role
+    transfer_backend: str = "mooncake"
+
+
 class Workload(BaseModel):
     """What the benchmark sent. ``request_rate`` is req/s or the string "inf"; lengths are tokens."""
 
@@ -73,6 +96,8 @@ class Entry(BaseModel):
     nodes: int = Field(1, ge=1)
     parallelism: Parallelism = Field(default_factory=Parallelism)
     server_args: dict[str, Any] = Field(default_factory=dict)
+    # a disaggregated run: its roles' servers, each with its own layout and flags (over server_args)
+    disaggregation: Disaggregation | None = None
     workload: Workload
     measured: dict[str, Any]
     # where parasweep should look when the names above are not in its catalogue: {"model": a folder

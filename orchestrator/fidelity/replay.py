@@ -13,17 +13,19 @@ import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from orchestrator.fidelity.catalog import NotModelled, across_nodes, hardware_profile, model_folder
-from orchestrator.fidelity.corpus import Entry
+from orchestrator.fidelity.corpus import Entry, Role
 from orchestrator.fidelity.releases import release_defaults
 from orchestrator.prediction.modelled import engine_env
 from simulator.model_spec import ModelSpec, load_model_spec
-from simulator.predict import load_config
-from simulator.replay import replay
-from vocab.hardware import load_hardware
+from simulator.predict import VirtualTrial, load_config
+from simulator.predict_disagg import load_layout
+from simulator.replay import replay_on
+from vocab.hardware import load_hardware, place_servers
 from workloads.bench_serving import (
     DEFAULT_SEED,
     BenchRequest,
@@ -59,11 +61,22 @@ class Plan:
     layout: str  # TP | EP
     hardware: str  # the profile's name
     notes: list[str] = field(default_factory=list)  # assumptions, each said with the result
+    # a disaggregated run: each role's flags and server count, the deployment ``argv`` stands aside for
+    roles: Roles | None = None
 
 
-def _flags(entry: Entry) -> list[str]:
-    """The entry's server flags the simulated engine models, as SGLang flags."""
-    a = entry.server_args
+@dataclass(frozen=True)
+class Roles:
+    """A disaggregated run's servers as the simulated engine runs them (``simulator.predict_disagg``)."""
+
+    prefill_argv: list[str]
+    decode_argv: list[str]
+    prefill_workers: int
+    decode_workers: int
+
+
+def _flags(a: dict[str, Any]) -> list[str]:
+    """A run's server flags (``server_args``) the simulated engine models, as SGLang flags."""
     out: list[str] = []
 
     def number(key: str) -> int | float | None:
@@ -195,7 +208,7 @@ def plan(entry: Entry, workdir: Path) -> Plan:
         argv += ["--pp-async-batch-depth", str(p.pp_async_batch_depth)]
     if p.pp_max_micro_batch_size is not None:
         argv += ["--pp-max-micro-batch-size", str(p.pp_max_micro_batch_size)]
-    argv += _flags(entry)
+    argv += _flags(entry.server_args)
     old, old_notes = release_defaults(entry.sglang_version, entry.server_args, p.tp,
                                       load_hardware(str(profile)).memory_gb * 1e9 / 2**20, p.dp_attention)
     argv += old
@@ -209,6 +222,9 @@ def plan(entry: Entry, workdir: Path) -> Plan:
         env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
         notes.append(f"context length {context:,} over the config's {spec.max_context_length:,}, "
                      "as published")
+    if entry.disaggregation is not None:
+        return _disaggregated(entry, argv[:argv.index("--tp-size")], requests, cap, env, notes,
+                              spec.is_moe, profile)
     longest = max(r.input_len + r.output_len for r in requests)
     if longest > (context if isinstance(context, int) else spec.max_context_length):
         raise NotModelled(f"a request of {longest:,} tokens exceeds the served context")
@@ -222,6 +238,34 @@ def plan(entry: Entry, workdir: Path) -> Plan:
                 layout=layout, hardware=profile.stem, notes=notes)
 
 
+def _disaggregated(entry: Entry, base: list[str], requests: list[BenchRequest], cap: int | None,
+                   env: dict[str, str], notes: list[str], moe: bool, profile: Path) -> Plan:
+    """A disaggregated run's plan: each role's servers with their own layout and flags (over the run's
+    ``server_args``), every server within one node of the profile, prefill servers first."""
+    d = entry.disaggregation
+    assert d is not None
+    per_node = load_hardware(str(profile)).num_gpus
+    servers = [d.prefill.tp] * d.prefill.workers + [d.decode.tp] * d.decode.workers
+    if max(servers) > per_node:
+        raise NotModelled(f"a server of {max(servers)} GPUs is wider than a node of {per_node}")
+    nodes = place_servers(servers, per_node)[-1] + 1
+    if nodes > entry.nodes:
+        raise NotModelled(f"its servers take {nodes} nodes of {per_node} GPUs; {entry.nodes} published")
+
+    def role_argv(name: str, role: Role) -> list[str]:
+        ranks = ["--attn-dp-size", str(role.attention)] if role.attention > 1 else []
+        return [*base, "--tp-size", str(role.tp), "--ep-size", str(role.ep), *ranks,
+                "--disaggregation-mode", name, "--disaggregation-transfer-backend", d.transfer_backend,
+                *_flags({**entry.server_args, **role.server_args})]
+
+    roles = Roles(role_argv("prefill", d.prefill), role_argv("decode", d.decode), d.prefill.workers,
+                  d.decode.workers)
+    layout = "disaggregated" + (" attention DP" if max(d.prefill.attention, d.decode.attention) > 1 else "")
+    return Plan(argv=roles.decode_argv, env=env, requests=requests, max_concurrency=cap,
+                family="moe" if moe else "dense", layout=layout, hardware=profile.stem, notes=notes,
+                roles=roles)
+
+
 def predict(entry: Entry) -> tuple[Plan, dict[str, float]]:
     """``entry`` replayed: its plan and the benchmark's numbers as the simulated engine predicts them.
     Raises :class:`NotModelled` for what cannot be modelled (including flags the engine refuses)."""
@@ -229,10 +273,12 @@ def predict(entry: Entry) -> tuple[Plan, dict[str, float]]:
         p = plan(entry, Path(tmp))
         try:
             with engine_env(p.env):
-                cfg = load_config(p.argv)
+                trial = (load_layout(p.roles.prefill_argv, p.roles.decode_argv, p.roles.prefill_workers,
+                                     p.roles.decode_workers).fresh()
+                         if p.roles else VirtualTrial(load_config(p.argv)))
         except ValueError as e:
             raise NotModelled(f"the simulated engine refuses this launch: {e}") from None
-    records = replay(cfg, p.requests, p.max_concurrency)
+    records = replay_on(trial, p.requests, p.max_concurrency)
     metrics = bench_metrics(records)
     if _single_request(entry) and records[0].end_time is not None and records[0].send_time is not None:
         e2e = records[0].end_time - records[0].send_time
