@@ -222,12 +222,12 @@ def plan(entry: Entry, workdir: Path) -> Plan:
         env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
         notes.append(f"context length {context:,} over the config's {spec.max_context_length:,}, "
                      "as published")
-    if entry.disaggregation is not None:
-        return _disaggregated(entry, argv[:argv.index("--tp-size")], requests, cap, env, notes,
-                              spec.is_moe, profile)
     longest = max(r.input_len + r.output_len for r in requests)
     if longest > (context if isinstance(context, int) else spec.max_context_length):
         raise NotModelled(f"a request of {longest:,} tokens exceeds the served context")
+    if entry.disaggregation is not None:
+        return _disaggregated(entry, argv[:argv.index("--tp-size")], requests, cap, env, notes,
+                              spec.is_moe, profile)
     replicas = 1 if p.dp_attention else p.dp  # attention-DP ranks live inside the TP group
     if p.tp * p.pp * replicas > entry.gpu_count:
         raise NotModelled(f"tp*pp*dp = {p.tp * p.pp * replicas} needs more than the {entry.gpu_count} GPUs "
