@@ -23,6 +23,15 @@ path is rebuilt from the core pieces it is made of:
   sequence length. Its TTFT is one prefill step times a queueing factor that grows with the steps
   needed to admit the whole batch; its TPOT averages the mixed and decode-only steps.
 
+A disaggregated row (``estimate_disagg``) is estimated as the upper package's disaggregated path does it
+(``DisaggInferenceSession.run_disagg`` behind ``cli_estimate``): each role's model from its own layout, the
+prefill server's TTFT from a static context-only pass of ``prefill_batch_size`` prompts (the CSV's 1) times
+its latency correction 1.1 and the autoscale TTFT correction 1.8, the decode server's TPOT from a static
+generation-only pass of ``decode_batch_size`` sequences times its correction 1.08 (the constants of
+aiconfigurator 0.12.0's ``cli/api.py`` and ``sdk/picking.py``). The worker counts only rate-match
+throughput there, so they change neither number. The upper package's cross-node expert communication
+resolver is not rebuilt: it answers nothing for an expert group within one node, as every such row's is.
+
 A checkpoint is read from the configs bundled with the core. AIConfigurator downloads any other from
 Hugging Face; this module does not go online, and instead reads a bundled checkpoint whose config has
 the same architecture (``meta-llama/Llama-3.1-8B-Instruct`` is priced as ``Meta-Llama-3.1-8B``: the two
@@ -48,6 +57,10 @@ BACKEND = "sglang"
 # Hub ids with no bundled config, and the bundled checkpoint with the same architecture that prices them.
 SAME_ARCHITECTURE = {"meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Meta-Llama-3.1-8B"}
 REASON_CHARS = 300  # a reason is cut to this length; the core's messages can run to several sentences
+# aiconfigurator 0.12.0's constants for a single disaggregated estimate
+PREFILL_CORRECTION = 1.1  # cli/api.py DEFAULT_PREFILL_LATENCY_CORRECTION_SCALE
+DECODE_CORRECTION = 1.08  # cli/api.py DEFAULT_DECODE_LATENCY_CORRECTION_SCALE
+TTFT_AUTOSCALE = 1.8  # sdk/picking.py _AUTOSCALE_TTFT_CORRECTION_FACTOR, applied to the prefill TTFT
 
 
 @dataclass(frozen=True)
@@ -113,6 +126,56 @@ def _estimate(model_path: str, system: str, isl: int, osl: int, batch_size: int,
     return AicEstimate(ttft, tpot, version=version)
 
 
+@dataclass(frozen=True)
+class RoleCells:
+    """One role's cells of a disaggregated row, as they stand (NaN where empty)."""
+
+    batch_size: float | None
+    tp: float | None
+    pp: float | None
+    attention_dp: float | None
+    moe_tp: float | None
+    moe_ep: float | None
+
+    def sizes(self) -> tuple[int | None, ...]:
+        return (_size(self.batch_size, 1), _size(self.tp, 1), _size(self.pp, 1), _size(self.attention_dp, 1),
+                _size(self.moe_tp), _size(self.moe_ep))
+
+
+def estimate_disagg(model_path: str, system: str, isl: float, osl: float, prefill: RoleCells,
+                    decode: RoleCells, gemm_quant: str | float | None, moe_quant: str | float | None,
+                    backend_version: str | None) -> AicEstimate:
+    """AIConfigurator's TTFT and TPOT (ms) for one disaggregated SGLang row of ``silicon_sample.csv``
+    (module doc). Never raises."""
+    try:
+        sizes = (_size(isl), _size(osl), prefill.sizes(), decode.sizes())
+    except (TypeError, ValueError) as exc:
+        return AicEstimate(None, None, why_none=f"a size is not a number: {_reason(exc)}")
+    if sizes[0] is None or sizes[1] is None:
+        return AicEstimate(None, None, why_none="the row gives no input or output length")
+    return _estimate_disagg(model_path, system, *sizes, _text(gemm_quant), _text(moe_quant),
+                            _text(backend_version))
+
+
+@functools.cache
+def _estimate_disagg(model_path: str, system: str, isl: int, osl: int, prefill: tuple, decode: tuple,
+                     gemm_quant: str | None, moe_quant: str | None, backend_version: str | None
+                     ) -> AicEstimate:
+    try:
+        version, database = _database(system, backend_version)
+    except Exception as exc:
+        return AicEstimate(None, None, why_none=_reason(exc))
+    try:
+        checkpoint = _checkpoint(model_path)
+        ttft = _run_static(checkpoint, system, database, isl, osl, *prefill, gemm_quant, moe_quant,
+                           context=True)["ttft"] * TTFT_AUTOSCALE
+        tpot = _run_static(checkpoint, system, database, isl, osl, *decode, gemm_quant, moe_quant,
+                           context=False)["tpot"]
+    except Exception as exc:
+        return AicEstimate(None, None, why_none=_reason(exc), version=version)
+    return AicEstimate(float(ttft), float(tpot), version=version)
+
+
 @functools.cache
 def _database(system: str, requested: str | None) -> tuple[str, PerfDatabase]:
     """(version, tables) for a system: the requested SGLang version if the core serves it, else the
@@ -157,11 +220,12 @@ def _checkpoint(model_path: str) -> str:
                       "(AIConfigurator would download it from Hugging Face)")
 
 
-def _run_agg(checkpoint: str, system: str, database: PerfDatabase, isl: int, osl: int, batch_size: int,
-             tp: int, pp: int, attention_dp: int, moe_tp: int | None, moe_ep: int | None,
-             gemm_quant: str | None, moe_quant: str | None) -> tuple[float, float]:
-    from aiconfigurator_core.sdk.backends.factory import get_backend
-    from aiconfigurator_core.sdk.config import ModelConfig, RuntimeConfig
+def _model(checkpoint: str, system: str, database: PerfDatabase, tp: int, pp: int, attention_dp: int,
+           moe_tp: int | None, moe_ep: int | None, gemm_quant: str | None, moe_quant: str | None,
+           context: bool):  # -> the core's BaseModel
+    """The core's model of ``checkpoint`` at one layout, resolved as the upper package resolves it (the
+    context-attention precision against the tables only for a role that runs prefills)."""
+    from aiconfigurator_core.sdk.config import ModelConfig
     from aiconfigurator_core.sdk.config_builders import build_model_config
     from aiconfigurator_core.sdk.models import (
         check_is_moe,
@@ -176,10 +240,45 @@ def _run_agg(checkpoint: str, system: str, database: PerfDatabase, isl: int, osl
                                      moe_ep_size=moe_ep).resolve_moe_parallelism()
     model_config = build_model_config(tp, pp, attention_dp, moe_tp, moe_ep, gemm_quant_mode=gemm_quant,
                                       moe_quant_mode=moe_quant)
-    resolve_context_fmha_by_data(model_config, checkpoint, database, BACKEND, is_context_role=True)
+    if context:
+        resolve_context_fmha_by_data(model_config, checkpoint, database, BACKEND, is_context_role=True)
     resolve_dsv4_moe_arch(model_config, checkpoint, system_name=system, backend_name=BACKEND)
     resolve_nvfp4_for_system(model_config, system, checkpoint)
-    model = get_model(checkpoint, model_config, BACKEND)
+    return get_model(checkpoint, model_config, BACKEND)
+
+
+def _run_static(checkpoint: str, system: str, database: PerfDatabase, isl: int, osl: int, batch_size: int,
+                tp: int, pp: int, attention_dp: int, moe_tp: int | None, moe_ep: int | None,
+                gemm_quant: str | None, moe_quant: str | None, context: bool) -> dict:
+    """One role's static pass (context-only for prefill, generation-only for decode) with the upper
+    package's latency correction for that role: the core's result row."""
+    from aiconfigurator_core.sdk.backends.factory import get_backend
+    from aiconfigurator_core.sdk.config import RuntimeConfig
+
+    model = _model(checkpoint, system, database, tp, pp, attention_dp, moe_tp, moe_ep, gemm_quant, moe_quant,
+                   context=context)
+    summary = get_backend(BACKEND).run_static(
+        model, database, RuntimeConfig(isl=isl, osl=osl, batch_size=batch_size),
+        "static_ctx" if context else "static_gen",
+        latency_correction_scale=PREFILL_CORRECTION if context else DECODE_CORRECTION)
+    role = "prefill" if context else "decode"
+    if summary.check_oom():
+        raise RuntimeError(f"out of memory: {checkpoint}'s {role} server at tp={tp} dp={attention_dp} "
+                           f"exceeds {system}'s memory")
+    result = summary.get_result_dict()
+    if result is None:
+        raise RuntimeError(f"the estimator produced no {role} result for this configuration")
+    return result
+
+
+def _run_agg(checkpoint: str, system: str, database: PerfDatabase, isl: int, osl: int, batch_size: int,
+             tp: int, pp: int, attention_dp: int, moe_tp: int | None, moe_ep: int | None,
+             gemm_quant: str | None, moe_quant: str | None) -> tuple[float, float]:
+    from aiconfigurator_core.sdk.backends.factory import get_backend
+    from aiconfigurator_core.sdk.config import RuntimeConfig
+
+    model = _model(checkpoint, system, database, tp, pp, attention_dp, moe_tp, moe_ep, gemm_quant, moe_quant,
+                   context=True)
     summary = get_backend(BACKEND).run_agg(
         model, database, RuntimeConfig(isl=isl, osl=osl, batch_size=batch_size), ctx_tokens=isl,
         max_seq_len=None, free_gpu_memory_fraction=None, decode_tokens_per_iteration=1.0)

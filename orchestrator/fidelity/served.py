@@ -23,6 +23,8 @@ import yaml
 
 from orchestrator.fidelity.catalog import NotModelled
 from orchestrator.fidelity.silicon import COLD, SLOWER, SiliconRow, Unreplayable, to_entry
+from orchestrator.fidelity.silicon_disagg import DisaggRow
+from orchestrator.fidelity.silicon_disagg import to_entry as disagg_entry
 
 METRICS = ("ttft_ms", "tpot_ms")
 
@@ -70,7 +72,7 @@ def predict_row(row: SiliconRow, with_aic: bool = True, params: dict[str, float]
     from orchestrator.fidelity.replay import predict
 
     try:
-        entry, notes = to_entry(row)
+        entry, notes = disagg_entry(row) if isinstance(row, DisaggRow) else to_entry(row)
         with tempfile.TemporaryDirectory(prefix="parasweep-terms-") as tmp:
             if params:
                 entry.parasweep["calibration"] = str(calibration_file(Path(tmp), entry.parasweep["hardware"],
@@ -83,15 +85,10 @@ def predict_row(row: SiliconRow, with_aic: bool = True, params: dict[str, float]
     aic: dict[str, float | None] = {"ttft_ms": None, "tpot_ms": None}
     why = "not asked (--no-aiconfigurator)"
     if with_aic:
-        from orchestrator.fidelity.aic import estimate_agg
-
         # the core logs a warning per estimate it makes with BF16 attention tables where the checkpoint
         # implies FP8 (docs/fidelity.md says so once); a row's own refusal comes back as its reason
         logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
-        c = row.columns  # the cells as they stand: the estimator leaves an empty one out, as its tool does
-        est = estimate_agg(row.model, row.system, row.isl, row.osl, c["batch_size"], c["tp_size"],
-                           c["pp_size"], c["attention_dp_size"], c["moe_tp_size"], c["moe_ep_size"],
-                           c["gemm_quant_mode"], c["moe_quant_mode"], row.version or None)
+        est = aic_estimate(row)
         aic = {"ttft_ms": est.ttft_ms, "tpot_ms": est.tpot_ms}
         why = est.why_none
     return "ok", Served(
@@ -102,6 +99,24 @@ def predict_row(row: SiliconRow, with_aic: bool = True, params: dict[str, float]
         parasweep={"ttft_ms": predicted["mean_ttft_ms"], "tpot_ms": predicted["mean_tpot_ms"]},
         aiconfigurator=aic, aic_why_none=why if aic["ttft_ms"] is None else "", apart=row.apart,
         notes=[*notes, *plan.notes], duplicates=row.duplicates)
+
+
+def aic_estimate(row: SiliconRow):  # -> aic.AicEstimate
+    """AIConfigurator's estimate of ``row`` from its cells as they stand (the estimator leaves an empty one
+    out, as AIConfigurator's accuracy tool does)."""
+    from orchestrator.fidelity.aic import RoleCells, estimate_agg, estimate_disagg
+
+    c = row.columns
+    if isinstance(row, DisaggRow):
+        def cells(role: str) -> RoleCells:
+            return RoleCells(*(c[f"{role}_{k}"] for k in ("batch_size", "tp_size", "pp_size",
+                                                          "attention_dp_size", "moe_tp_size", "moe_ep_size")))
+
+        return estimate_disagg(row.model, row.system, row.isl, row.osl, cells("prefill"), cells("decode"),
+                               c["gemm_quant_mode"], c["moe_quant_mode"], row.version or None)
+    return estimate_agg(row.model, row.system, row.isl, row.osl, c["batch_size"], c["tp_size"], c["pp_size"],
+                        c["attention_dp_size"], c["moe_tp_size"], c["moe_ep_size"], c["gemm_quant_mode"],
+                        c["moe_quant_mode"], row.version or None)
 
 
 def calibration_file(folder: Path, hardware: str, params: dict[str, float]) -> Path:

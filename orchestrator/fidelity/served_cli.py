@@ -1,6 +1,6 @@
 """``python -m orchestrator fidelity --silicon [CSV]``: the served rows replayed, printed measured /
 parasweep / AIConfigurator, the rows not replayed counted per reason, and the median errors side by side
-per family, per GPU and overall."""
+per family, per GPU and overall; then the disaggregated rows the same way, per model x GPU group."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from orchestrator.errors import UserError
 from orchestrator.fidelity.served import METRICS, Served, Side, predict_all, side_by_side
-from orchestrator.fidelity.silicon import UNMODELLED, default_csv, read_silicon, select
+from orchestrator.fidelity.silicon import UNMODELLED, SiliconRow, default_csv, read_silicon, select
+from orchestrator.fidelity.silicon_disagg import read_disagg
 
 ARCHITECTURES_NOT_MODELLED = {why for _, why in UNMODELLED}
 
@@ -54,23 +55,44 @@ def run_silicon(path: str | None, only: list[str], workers: int | None, with_aic
     try:
         file = Path(path) if path else default_csv()
         rows, cleaning = read_silicon(file)
+        disagg, disagg_cleaning = read_disagg(file)
     except UserError as e:
         print(f"fidelity: {e}", file=sys.stderr)
         return 2
-    rows = select(rows, only)
-    if not rows:
+    rows, disagg = select(rows, only), select(disagg, only)
+    if not rows and not disagg:
         print(f"fidelity: --only {' '.join(only)}: no row of {file} matches", file=sys.stderr)
         return 2
-    print(f"fidelity: replaying {len(rows)} served SGLang run(s) of {file} on the simulated engine "
-          "(predictions in virtual time, not measurements)"
+    print(f"fidelity: replaying {len(rows) + len(disagg)} served SGLang run(s) of {file} on the simulated "
+          "engine (predictions in virtual time, not measurements)"
           + ("; AIConfigurator's estimate of each from the installed aiconfigurator-core"
              if with_aic else ""), flush=True)
-    for line in cleaning.lines():
+    out: dict[str, object] = {"source": str(file)}
+    if rows:
+        out |= _section(rows, cleaning.lines(), "aggregated", workers, with_aic)
+    if disagg:
+        if rows:
+            print()
+        print("Disaggregated runs (prefill and decode servers apart; every server's flags from its recipe)")
+        out["disaggregated"] = _section(disagg, disagg_cleaning.lines(), "disaggregated", workers, with_aic)
+        print("(no constant of the simulated engine was chosen on a disaggregated row: each error above is "
+              "out of sample)")
+    if json_out:
+        Path(json_out).write_text(json.dumps(out, indent=1) + "\n")
+        print(f"written: {json_out}")
+    return 0
+
+
+def _section(rows: Sequence[SiliconRow], cleaning: list[str], kind: str, workers: int | None,
+             with_aic: bool) -> dict[str, object]:
+    """One kind of row replayed and printed: the cleaning, the rows, what was not replayed, the medians per
+    family and per GPU (per model x GPU group for the disaggregated rows); the JSON of it returned."""
+    for line in cleaning:
         print(f"  cleaning: {line}")
 
     def progress(done: int, total: int) -> None:
         if done % 25 == 0 or done == total:
-            print(f"  {done}/{total} rows", file=sys.stderr, flush=True)
+            print(f"  {done}/{total} {kind} rows", file=sys.stderr, flush=True)
 
     served, skipped = predict_all(rows, workers, with_aic, progress)
     print(row_table(served))
@@ -83,19 +105,16 @@ def run_silicon(path: str | None, only: list[str], workers: int | None, with_aic
         print(f"no AIConfigurator estimate: {n} row(s): {reason}")
     total = len(served) + len(skipped)
     modelled = total - sum(1 for s in skipped if s["reason"] in ARCHITECTURES_NOT_MODELLED)
-    print(f"predicted {len(served)} of {total} distinct aggregated row(s); of the {modelled} whose "
+    print(f"predicted {len(served)} of {total} distinct {kind} row(s); of the {modelled} whose "
           f"architecture the simulated engine models, {100 * len(served) / max(modelled, 1):.0f} %")
     print()
     families = side_by_side(served, lambda s: s.family)
-    systems = side_by_side(served, lambda s: s.system)
+    second, label = ((side_by_side(served, lambda s: s.group), "model x GPU group") if kind == "disaggregated"
+                     else (side_by_side(served, lambda s: s.system), "GPU"))
     print(side_table(families, "family (model, layout, precision, GPU)"))
     print()
-    print(side_table(systems, "GPU"))
+    print(side_table(second, label))
     print("(median |error|; 'rows both': the rows AIConfigurator estimates too, both medians over them)")
-    if json_out:
-        out = {"source": str(file), "cleaning": cleaning.lines(), "compared": [s.as_json() for s in served],
-               "skipped": skipped,
-               "summary": {"family": [s.__dict__ for s in families], "gpu": [s.__dict__ for s in systems]}}
-        Path(json_out).write_text(json.dumps(out, indent=1) + "\n")
-        print(f"written: {json_out}")
-    return 0
+    return {"cleaning": cleaning, "compared": [s.as_json() for s in served], "skipped": skipped,
+            "summary": {"family": [s.__dict__ for s in families],
+                        "group" if kind == "disaggregated" else "gpu": [s.__dict__ for s in second]}}

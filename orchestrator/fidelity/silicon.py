@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import TypeVar
 
 import pandas as pd
 
@@ -70,6 +71,9 @@ MODELS = (
      "NVIDIA's NVFP4 DeepSeek-R1 (0528): DeepSeek-V3's architecture, MLPs and experts in NVFP4"),
     (r"qwen3-235b-a22b-fp8", "fp8", "qwen3-235b-a22b-fp8", None, ""),
     (r"qwen3-32b$", "bf16", "qwen3-32b", None, ""),
+    (r"qwen3-32b$", "fp8", "qwen3-32b", "fp8",
+     "FP8 (block-scaled, AIConfigurator's fp8_block) priced as the BF16 checkpoint quantized to FP8 at load "
+     "(--quantization fp8): the checkpoint is not recorded"),
     (r"llama-3\.1-8b", "fp8", "llama-3.1-8b", "fp8",
      "the BF16 checkpoint quantized to FP8 at load (--quantization fp8): the checkpoint is not recorded"),
 )
@@ -78,6 +82,9 @@ SYSTEMS = {"h100_sxm": "h100-sxm-x8", "h200_sxm": "h200-nvlink-x8", "b200_sxm": 
 GPU_NAMES = {"h100_sxm": "NVIDIA H100 80GB", "h200_sxm": "NVIDIA H200 141GB", "b200_sxm": "NVIDIA B200",
              "b300_sxm": "NVIDIA B300"}
 MISLABELLED_TP = 72  # GB200 NVL72 "aggregated" rows: really multi-node disaggregated
+
+
+R = TypeVar("R", bound="SiliconRow")
 
 
 class SiliconError(UserError):
@@ -110,13 +117,13 @@ class SiliconRow:
     @property
     def group(self) -> str:
         """The model x GPU group a fitted term is held out by."""
-        return f"{_short_model(self.model)} on {self.system}"
+        return f"{short_model(self.model)} on {self.system}"
 
     @property
     def family(self) -> str:
         """Model, GPU, layout and precision: the rows a trust band is computed over."""
         layout = f"TP{self.tp}" + (f" EP{self.ep}" if self.ep > 1 else "")
-        return f"{_short_model(self.model)} {layout} {self.precision} on {self.system}"
+        return f"{short_model(self.model)} {layout} {self.precision} on {self.system}"
 
 
 @dataclass
@@ -151,16 +158,16 @@ def default_csv() -> Path:
     return Path(str(root)) / "systems" / "silicon_sample.csv"
 
 
-def _short_model(model: str) -> str:
+def short_model(model: str) -> str:
     name = model.split("/")[-1]
     return "DeepSeek-R1" if re.match(r"deepseek-(r1|v3)", name.lower()) else name
 
 
-def _int(v: object) -> int | None:
+def int_cell(v: object) -> int | None:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)  # type: ignore[arg-type]
 
 
-def _text(v: object) -> str:
+def text_cell(v: object) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
 
@@ -187,7 +194,7 @@ def read_silicon(path: str | Path) -> tuple[list[SiliconRow], Cleaning]:
         row = _row(rec, clean)
         if row is None:
             continue
-        key = (row.system, _short_model(row.model), row.precision, row.isl, row.osl, row.concurrency,
+        key = (row.system, short_model(row.model), row.precision, row.isl, row.osl, row.concurrency,
                round(row.ttft_ms, 3), round(row.tpot_ms, 3))
         if key in kept:
             clean.duplicates += 1
@@ -209,7 +216,7 @@ def read_silicon(path: str | Path) -> tuple[list[SiliconRow], Cleaning]:
 
 
 def _row(rec: dict, clean: Cleaning) -> SiliconRow | None:
-    tp, moe_tp, moe_ep = (_int(rec.get(k)) or 1 for k in ("tp_size", "moe_tp_size", "moe_ep_size"))
+    tp, moe_tp, moe_ep = (int_cell(rec.get(k)) or 1 for k in ("tp_size", "moe_tp_size", "moe_ep_size"))
     ident = str(rec["id"])
     if tp == MISLABELLED_TP:
         clean.mislabelled.append(ident)
@@ -220,14 +227,14 @@ def _row(rec: dict, clean: Cleaning) -> SiliconRow | None:
         fixes.append(f"tp_size {tp} stores TP x EP: ran as --tp {moe_ep} --ep-size {moe_ep}")
         tp = moe_ep
         clean.relabelled += 1
-    source = _text(rec.get("silicon_data_source"))
+    source = text_cell(rec.get("silicon_data_source"))
     cohort = "gap-analysis" if "gap-analysis" in source or "aic-auto-gap" in source else "inferencex"
     columns = {k: rec.get(k) for k in ("batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size",
                                        "moe_ep_size", "gemm_quant_mode", "moe_quant_mode")}
     return SiliconRow(
-        id=ident, source=source, cohort=cohort, version=_text(rec.get("backend_version")),
+        id=ident, source=source, cohort=cohort, version=text_cell(rec.get("backend_version")),
         model=str(rec["model_path"]), system=str(rec["system"]),
-        precision=_text(rec.get("precision")) or "bf16", isl=int(rec["isl"]), osl=int(rec["osl"]),
+        precision=text_cell(rec.get("precision")) or "bf16", isl=int(rec["isl"]), osl=int(rec["osl"]),
         concurrency=_concurrency(rec, source), tp=tp, ep=ep, columns=columns,
         ttft_ms=float(rec["silicon_ttft_ms"]), tpot_ms=float(rec["silicon_tpot_ms"]), fixes=fixes)
 
@@ -304,8 +311,8 @@ def slower_than_a_lesser_gpu(row: SiliconRow, rows: Iterable[SiliconRow]) -> str
     flags = launch_flags(row)[0]
     for twin in rows:
         if (twin.system == row.system or twin.system not in SYSTEMS or not warmed_up(twin)
-                or (_short_model(twin.model), twin.precision, twin.tp, twin.ep, twin.isl, twin.osl,
-                    twin.concurrency, twin.cohort) != (_short_model(row.model), row.precision, row.tp, row.ep,
+                or (short_model(twin.model), twin.precision, twin.tp, twin.ep, twin.isl, twin.osl,
+                    twin.concurrency, twin.cohort) != (short_model(row.model), row.precision, row.tp, row.ep,
                                                        row.isl, row.osl, row.concurrency, row.cohort)
                 or launch_flags(twin)[0] != flags or not no_faster(twin.system, row.system)):
             continue
@@ -412,6 +419,6 @@ def to_entry(row: SiliconRow) -> tuple[Entry, list[str]]:
     return entry, notes
 
 
-def select(rows: Iterable[SiliconRow], only: list[str]) -> list[SiliconRow]:
+def select(rows: Iterable[R], only: list[str]) -> list[R]:
     """The rows whose id, model or system contains one of ``only`` (all where it is empty)."""
     return [r for r in rows if not only or any(s in r.id or s in r.model or s in r.system for s in only)]
