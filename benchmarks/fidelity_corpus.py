@@ -8,10 +8,10 @@ there.
     .venv/bin/python benchmarks/fidelity_corpus.py --silicon [--from OUT.json] [--update]
 
 ``--silicon``: the served SGLang rows of aiconfigurator-core's silicon CSV instead, parasweep's median
-|error| beside AIConfigurator's on the same rows, TTFT and TPOT, per GPU and overall, before (the rows
-recorded in ``data/published/silicon_errors.json``) and now; ``--from`` reads a run already written by
-``python -m orchestrator fidelity --silicon --json OUT.json`` instead of replaying every row again (a
-quarter of an hour on two cores).
+|error| beside AIConfigurator's on the same rows, TTFT and TPOT, per GPU and overall (the disaggregated
+rows per model x GPU group), before (the rows recorded in ``data/published/silicon_errors.json``) and
+now; ``--from`` reads a run already written by ``python -m orchestrator fidelity --silicon --json
+OUT.json`` instead of replaying every row again (a quarter of an hour on two cores).
 
 A change to the model is kept when the corpus as a whole agrees better and no family gets worse by more
 than another gains (docs/fidelity.md).
@@ -30,6 +30,7 @@ from orchestrator.fidelity.corpus import read_corpus
 from orchestrator.fidelity.served import Served, predict_all, side_by_side
 from orchestrator.fidelity.served_cli import side_table
 from orchestrator.fidelity.silicon import default_csv, read_silicon
+from orchestrator.fidelity.silicon_disagg import read_disagg
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "data" / "published" / "sglang.jsonl"
@@ -42,27 +43,37 @@ def _rows(data: list[dict]) -> list[Row]:
                 r["hardware"]) for r in data]
 
 
-def _served(path: str | None) -> list[Served]:
+def _served(path: str | None) -> tuple[list[Served], list[Served]]:
+    """(aggregated rows, disaggregated rows): read from a run's JSON, or replayed now."""
     if path:
         keep = {f.name for f in fields(Served)}
-        return [Served(**{k: v for k, v in r.items() if k in keep})
-                for r in json.loads(Path(path).read_text())["compared"]]
+        data = json.loads(Path(path).read_text())
+        disagg = data.get("disaggregated", [])
+        # `fidelity --silicon --json` nests the disaggregated rows with their summary; the baseline lists them
+        disagg = disagg["compared"] if isinstance(disagg, dict) else disagg
+        return ([Served(**{k: v for k, v in r.items() if k in keep}) for r in data.get("compared", [])],
+                [Served(**{k: v for k, v in r.items() if k in keep}) for r in disagg])
     rows, _ = read_silicon(default_csv())
-    return predict_all(rows)[0]
+    disagg_rows, _ = read_disagg(default_csv())
+    return predict_all(rows)[0], predict_all(disagg_rows)[0]
 
 
 def _silicon(path: str | None, update: bool) -> int:
-    served = _served(path)
+    served, disagg = _served(path)
     if SILICON_BASELINE.is_file():
-        before = _served(str(SILICON_BASELINE))
-        print(f"before (recorded: {len(before)} rows)")
+        before, before_disagg = _served(str(SILICON_BASELINE))
+        print(f"before (recorded: {len(before)} rows, {len(before_disagg)} disaggregated)")
         print(side_table(side_by_side(before, lambda s: s.system), "GPU"))
+        print(side_table(side_by_side(before_disagg, lambda s: s.group), "disaggregated: model x GPU group"))
         print()
-    print(f"now ({len(served)} rows)")
+    print(f"now ({len(served)} rows, {len(disagg)} disaggregated)")
     print(side_table(side_by_side(served, lambda s: s.system), "GPU"))
+    print(side_table(side_by_side(disagg, lambda s: s.group), "disaggregated: model x GPU group"))
     print("(median |error|; 'rows both': the rows AIConfigurator estimates too, both medians over them)")
     if update:
-        SILICON_BASELINE.write_text(json.dumps({"compared": [s.as_json() for s in served]}, indent=0) + "\n")
+        SILICON_BASELINE.write_text(json.dumps({"compared": [s.as_json() for s in served],
+                                                "disaggregated": [s.as_json() for s in disagg]},
+                                               indent=0) + "\n")
         print(f"\nbaseline written: {SILICON_BASELINE}")
     return 0
 

@@ -128,6 +128,11 @@ def test_a_disaggregated_row_is_replayed(disagg) -> None:
     assert served.layout == "disaggregated" and served.group == "DeepSeek-R1 on b200_sxm"  # type: ignore[attr-defined]
     assert 0 < served.parasweep["tpot_ms"] < served.parasweep["ttft_ms"]  # type: ignore[attr-defined]
     assert served.family == "DeepSeek-R1 P TP8 EP8 x1 / D TP8 EP8 x1 fp8 on b200_sxm"  # type: ignore[attr-defined]
+    # the mean request time of InferenceX's client: TTFT + (0.9 x 1,024 - 1) x TPOT, measured and predicted
+    time = {who: x["ttft_ms"] + (0.9 * 1024 - 1) * x["tpot_ms"]
+            for who, x in (("measured", served.measured), ("parasweep", served.parasweep))}  # type: ignore[attr-defined]
+    assert served.request_error("parasweep") == pytest.approx(time["parasweep"] / time["measured"] - 1)  # type: ignore[attr-defined]
+    assert served.request_error("aiconfigurator") is None  # not asked
 
 
 def test_a_file_without_the_role_columns_is_one_line(tmp_path: Path) -> None:
@@ -146,6 +151,7 @@ def test_cli_scores_the_disaggregated_rows_apart(tmp_path: Path) -> None:
          "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "Disaggregated runs" in proc.stdout and "out of sample" in proc.stdout
+    assert "mean request time (throughput)" in proc.stdout
     data = json.loads(out.read_text())
     assert "compared" not in data  # no aggregated row matched
     row = data["disaggregated"]["compared"][0]

@@ -19,6 +19,7 @@ from orchestrator.fidelity.trust import (
     band_for,
     band_for_config,
     bands_text,
+    family_of,
     kind_of,
 )
 from vocab.assets import published_dir
@@ -98,3 +99,24 @@ def test_a_gain_inside_the_band_is_said_to_be() -> None:
                                                 "change_pct": {"output_tok_s": 10.0}, "best_trial": "#0",
                                                 "inside_model_error": True}}}}
     assert any("inside the model's error" in line for line in instead_lines(answer, width=200))
+
+
+def test_a_disaggregated_deployment_carries_the_band_of_disaggregated_runs() -> None:
+    recorded = json.loads((published_dir() / SILICON_ERRORS_FILE).read_text())["disaggregated"]
+    scored = [r for r in recorded if not r.get("apart")]
+    assert scored  # written by benchmarks/fidelity_corpus.py --silicon --update
+    c = _cfg("deepseek-v3", "b200-sxm-x8")
+    c.pd.enabled = True
+    c.pd.decode.attention = 8
+    family, layout, hardware = family_of(c)
+    assert (family, layout) == ("moe", "disaggregated attention DP")
+    exact = [r for r in scored if (r["kind"], r["layout"], r["hardware"]) == (family, layout, hardware)]
+    band = band_for_config(c, kind=TTFT)
+    assert band is not None and band.entries == len(exact) >= MIN_ENTRIES
+    assert band.error == statistics.median(abs(r["error"]["parasweep"]["ttft_ms"]) for r in exact)
+    # a GPU without disaggregated runs: the family's disaggregated runs on every GPU, not its single servers
+    c.hardware = load_hardware("h100-sxm-x8")
+    elsewhere = band_for_config(c, kind=TTFT)
+    assert elsewhere is not None and elsewhere.group == "moe disaggregated runs"
+    c.pd.enabled = False
+    assert family_of(c)[1] == "TP"

@@ -50,6 +50,7 @@ class Served:
     aiconfigurator: dict[str, float | None]
     aic_why_none: str = ""
     apart: str = ""  # why the row is scored apart from the others, "" where it is not (silicon.apart_reason)
+    mean_output: float = 0.0  # the client's mean output length (tokens)
     notes: list[str] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
 
@@ -57,6 +58,20 @@ class Served:
         """Signed relative error of ``who``'s number (predicted / measured - 1)."""
         pred = getattr(self, who).get(metric)
         return None if pred is None else pred / self.measured[metric] - 1.0
+
+    def request_error(self, who: str) -> float | None:
+        """Signed relative error of ``who``'s mean request time, TTFT + (mean output - 1) x TPOT: in a closed
+        loop of C streams the throughput is C over it, so this is the deployment's throughput error (with
+        the sign turned). Unlike the TTFT of a saturated deployment, it does not grow without bound as the
+        load nears a server's capacity."""
+        pred = getattr(self, who)
+        if pred.get("ttft_ms") is None or pred.get("tpot_ms") is None:
+            return None
+
+        def time(x: dict) -> float:
+            return x["ttft_ms"] + (self.mean_output - 1) * x["tpot_ms"]
+
+        return time(pred) / time(self.measured) - 1.0
 
     def as_json(self) -> dict[str, object]:
         out = asdict(self)
@@ -93,11 +108,13 @@ def predict_row(row: SiliconRow, with_aic: bool = True, params: dict[str, float]
         why = est.why_none
     return "ok", Served(
         id=row.id, family=row.family, group=row.group, system=row.system, kind=plan.family,
-        layout=plan.layout, hardware=plan.hardware, cohort=row.cohort,
+        # the GPU's profile, not the profile of the nodes a disaggregated deployment spans
+        layout=plan.layout, hardware=entry.parasweep.get("hardware", plan.hardware), cohort=row.cohort,
         concurrency=row.concurrency, isl=row.isl, osl=row.osl,
         measured={"ttft_ms": row.ttft_ms, "tpot_ms": row.tpot_ms},
         parasweep={"ttft_ms": predicted["mean_ttft_ms"], "tpot_ms": predicted["mean_tpot_ms"]},
         aiconfigurator=aic, aic_why_none=why if aic["ttft_ms"] is None else "", apart=row.apart,
+        mean_output=row.osl * (1 + (entry.workload.random_range_ratio or 1.0)) / 2,
         notes=[*notes, *plan.notes], duplicates=row.duplicates)
 
 
@@ -177,7 +194,7 @@ class Side:
     aiconfigurator_on_both: float
 
 
-def _median_abs(values: Sequence[float | None]) -> float:
+def median_abs(values: Sequence[float | None]) -> float:
     xs = [abs(v) for v in values if v is not None]
     return statistics.median(xs) if xs else math.nan
 
@@ -208,7 +225,7 @@ def side_by_side(served: Sequence[Served], key: Callable[[Served], str]) -> list
     for label, rs in sorted(groups.items(), key=lambda kv: (order.get(kv[0], 0), kv[0])):
         for m in METRICS:
             both = [s for s in rs if s.aiconfigurator.get(m) is not None]
-            out.append(Side(label, m, len(rs), _median_abs([s.error("parasweep", m) for s in rs]), len(both),
-                            _median_abs([s.error("parasweep", m) for s in both]),
-                            _median_abs([s.error("aiconfigurator", m) for s in both])))
+            out.append(Side(label, m, len(rs), median_abs([s.error("parasweep", m) for s in rs]), len(both),
+                            median_abs([s.error("parasweep", m) for s in both]),
+                            median_abs([s.error("aiconfigurator", m) for s in both])))
     return out

@@ -12,8 +12,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.errors import UserError
-from orchestrator.fidelity.served import METRICS, Served, Side, predict_all, side_by_side
-from orchestrator.fidelity.silicon import UNMODELLED, SiliconRow, default_csv, read_silicon, select
+from orchestrator.fidelity.served import METRICS, Served, Side, median_abs, predict_all, side_by_side
+from orchestrator.fidelity.silicon import (
+    NO_PROFILE,
+    UNMODELLED,
+    SiliconRow,
+    default_csv,
+    read_silicon,
+    select,
+)
 from orchestrator.fidelity.silicon_disagg import read_disagg
 
 ARCHITECTURES_NOT_MODELLED = {why for _, why in UNMODELLED}
@@ -50,6 +57,28 @@ def side_table(sides: Sequence[Side], what: str) -> str:
     return "\n".join(lines)
 
 
+def request_table(served: Sequence[Served]) -> str:
+    """Median |error| of the mean request time (``Served.request_error``: the closed loop's throughput) per
+    model x GPU group and overall, parasweep beside AIConfigurator on the rows both estimate."""
+    groups: dict[str, list[Served]] = {}
+    for s in served:
+        if not s.apart:
+            groups.setdefault(s.group, []).append(s)
+    groups["all"] = [s for s in served if not s.apart]
+    lines = [f"{'mean request time (throughput)':42} {'rows':>5} {'parasweep':>10}   {'rows both':>9} "
+             f"{'parasweep':>10} {'AIConfigurator':>14}"]
+    for label, rs in groups.items():
+        both = [s for s in rs if s.request_error("aiconfigurator") is not None]
+        cells = [median_abs([s.request_error("parasweep") for s in rs]),
+                 median_abs([s.request_error("parasweep") for s in both]),
+                 median_abs([s.request_error("aiconfigurator") for s in both])]
+        lines.append(f"{label[:42]:42} {len(rs):>5} {100 * cells[0]:>9.1f}%   {len(both):>9} "
+                     f"{100 * cells[1]:>9.1f}% {100 * cells[2]:>13.1f}%")
+    lines.append("(TTFT + (mean output - 1) x TPOT: C streams over it is the deployment's throughput; a "
+                 "saturated server's TTFT multiplies a small error in its capacity, this does not)")
+    return "\n".join(lines)
+
+
 def run_silicon(path: str | None, only: list[str], workers: int | None, with_aic: bool,
                 json_out: str | None) -> int:
     try:
@@ -73,7 +102,8 @@ def run_silicon(path: str | None, only: list[str], workers: int | None, with_aic
     if disagg:
         if rows:
             print()
-        print("Disaggregated runs (prefill and decode servers apart; every server's flags from its recipe)")
+        print("Disaggregated runs (prefill and decode servers apart; each role launched as its recipe says, "
+              "SGLang's defaults where none is published)")
         out["disaggregated"] = _section(disagg, disagg_cleaning.lines(), "disaggregated", workers, with_aic)
         print("(no constant of the simulated engine was chosen on a disaggregated row: each error above is "
               "out of sample)")
@@ -105,8 +135,11 @@ def _section(rows: Sequence[SiliconRow], cleaning: list[str], kind: str, workers
         print(f"no AIConfigurator estimate: {n} row(s): {reason}")
     total = len(served) + len(skipped)
     modelled = total - sum(1 for s in skipped if s["reason"] in ARCHITECTURES_NOT_MODELLED)
+    profiled = modelled - sum(1 for s in skipped if NO_PROFILE in s["reason"])
     print(f"predicted {len(served)} of {total} distinct {kind} row(s); of the {modelled} whose "
-          f"architecture the simulated engine models, {100 * len(served) / max(modelled, 1):.0f} %")
+          f"architecture the simulated engine models, {100 * len(served) / max(modelled, 1):.0f} %; of the "
+          f"{profiled} of those on a GPU with a hardware profile, "
+          f"{100 * len(served) / max(profiled, 1):.0f} %")
     print()
     families = side_by_side(served, lambda s: s.family)
     second, label = ((side_by_side(served, lambda s: s.group), "model x GPU group") if kind == "disaggregated"
@@ -115,6 +148,8 @@ def _section(rows: Sequence[SiliconRow], cleaning: list[str], kind: str, workers
     print()
     print(side_table(second, label))
     print("(median |error|; 'rows both': the rows AIConfigurator estimates too, both medians over them)")
+    if kind == "disaggregated":
+        print(request_table(served))
     return {"cleaning": cleaning, "compared": [s.as_json() for s in served], "skipped": skipped,
             "summary": {"family": [s.__dict__ for s in families],
                         "group" if kind == "disaggregated" else "gpu": [s.__dict__ for s in second]}}

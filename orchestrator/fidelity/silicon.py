@@ -9,7 +9,7 @@ runs", has the protocol and the launch flags per source, which this module resta
 
 Cleaning, each step counted and said (:class:`Cleaning`):
 
-* only SGLang rows; disaggregated rows are counted apart (not replayed here);
+* only SGLang rows; disaggregated rows are counted apart (``silicon_disagg`` reads them);
 * 20 GB200 "aggregated" rows at TP72 are multi-node disaggregated runs from an older export schema:
   dropped;
 * legacy rows store TP x EP in ``tp_size`` (``tp16 / moe_tp4 / moe_ep4`` is ``--tp 4 --ep-size 4`` on four
@@ -81,6 +81,7 @@ SYSTEMS = {"h100_sxm": "h100-sxm-x8", "h200_sxm": "h200-nvlink-x8", "b200_sxm": 
            "b300_sxm": "b300-sxm-x8"}
 GPU_NAMES = {"h100_sxm": "NVIDIA H100 80GB", "h200_sxm": "NVIDIA H200 141GB", "b200_sxm": "NVIDIA B200",
              "b300_sxm": "NVIDIA B300"}
+NO_PROFILE = "no hardware profile maps to it"  # why a row on a GPU parasweep has no profile of is skipped
 MISLABELLED_TP = 72  # GB200 NVL72 "aggregated" rows: really multi-node disaggregated
 
 
@@ -139,7 +140,7 @@ class Cleaning:
     apart: int = 0  # rows replayed but scored apart (apart_reason)
 
     def lines(self) -> list[str]:
-        return [f"{self.sglang_rows} SGLang rows: {self.disaggregated} disaggregated (not replayed here)",
+        return [f"{self.sglang_rows} SGLang rows: {self.disaggregated} disaggregated (replayed apart, below)",
                 f"{len(self.mislabelled)} GB200 'aggregated' rows at TP{MISLABELLED_TP} dropped: multi-node "
                 "disaggregated runs from an older export schema",
                 f"{self.relabelled} rows storing TP x EP in tp_size given their real layout "
@@ -386,7 +387,7 @@ def to_entry(row: SiliconRow) -> tuple[Entry, list[str]]:
     :class:`Unreplayable`."""
     folder, quant, model_note = model_for(row)
     if row.system not in SYSTEMS:
-        raise Unreplayable(f"GPU system {row.system}: no hardware profile maps to it")
+        raise Unreplayable(f"GPU system {row.system}: {NO_PROFILE}")
     args, notes = launch_flags(row)
     if quant:
         args["quantization"] = quant

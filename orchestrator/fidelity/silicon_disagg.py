@@ -33,6 +33,7 @@ from orchestrator.fidelity.silicon import (
     INFERENCEX_REQUESTS_PER_STREAM,
     INFERENCEX_SEED,
     INFERENCEX_TOOL,
+    NO_PROFILE,
     PREDICTED_SOURCE,
     SYSTEMS,
     SiliconError,
@@ -261,7 +262,7 @@ def to_entry(row: DisaggRow) -> tuple[Entry, list[str]]:
     mapping assumes; raises :class:`Unreplayable`."""
     folder, quant, model_note = model_for(row)
     if row.system not in SYSTEMS:
-        raise Unreplayable(f"GPU system {row.system}: no hardware profile maps to it")
+        raise Unreplayable(f"GPU system {row.system}: {NO_PROFILE}")
     prefill_args, decode_args, notes = launch(row)
     both: dict[str, object] = {"quantization": quant} if quant else {}
     per_node = load_hardware(SYSTEMS[row.system]).num_gpus

@@ -6,9 +6,12 @@ change to the model is accepted: the published corpus (``data/published/errors.j
 aiconfigurator-core's silicon sample (``data/published/silicon_errors.json``, ``--silicon --update``: each
 row's mean TTFT and mean TPOT). No constant of the model was fitted to either, so each error is out of
 sample. A configuration belongs to a family: ``pp`` (pipeline stages), ``router`` (DP replicas), ``moe``
-or ``dense``; within it to a layout (TP, EP where experts are spread, or attention DP) and a GPU. Its
-band is the median absolute error of the most specific group with at least ``MIN_ENTRIES`` published
-runs: the family on that GPU and layout, else the family, else everything. A band is of all numbers, or
+or ``dense``; within it to a layout (TP, EP where experts are spread, or attention DP; a prefill/decode
+deployment is "disaggregated", with " attention DP" where a role runs ranks) and a GPU. Its band is the
+median absolute error of the most specific group with at least ``MIN_ENTRIES`` published runs: the family
+on that GPU and layout, else (for a disaggregated deployment, whose TTFT holds the queue at its prefill
+servers as no single server's does) the family's disaggregated runs on any GPU, else the family, else
+everything. A band is of all numbers, or
 of one kind of number (``THROUGHPUT``, ``TTFT``, ``TPOT`` with ITL): the model is wrong by different
 amounts about each, so a predicted change of a TTFT is judged against the TTFT band. Every prediction
 carries its bands in words ("±24 % (median) on 12 published dense runs; TTFT ±40 % on 9, TPOT/ITL ±10 %
@@ -32,6 +35,7 @@ from vocab.assets import published_dir
 ERRORS_FILE = "errors.json"
 SILICON_ERRORS_FILE = "silicon_errors.json"
 MIN_ENTRIES = 3
+DISAGGREGATED = "disaggregated"  # the layout of a prefill/decode deployment, as the replay names it
 # the kinds of number a band can be of (an empty kind: every number)
 THROUGHPUT, TTFT, TPOT = "throughput", "TTFT", "TPOT/ITL"
 KIND_OF_GOAL = {"throughput": THROUGHPUT, "ttft_p99_ms": TTFT, "itl_p99_ms": TPOT, "tpot_p99_ms": TPOT}
@@ -76,9 +80,11 @@ def _rows() -> tuple[dict, ...]:
         out += json.loads(path.read_text())["compared"]
     path = published_dir() / SILICON_ERRORS_FILE
     if path.is_file():
+        recorded = json.loads(path.read_text())
         # rows scored apart (measured without warm-up, slower than on a lesser GPU) hold what no replay
         # of a warm server on their GPU predicts: not an error of the model's
-        for r in (r for r in json.loads(path.read_text())["compared"] if not r.get("apart")):
+        served = [*recorded["compared"], *recorded.get("disaggregated", [])]
+        for r in (r for r in served if not r.get("apart")):
             for metric, error in r["error"]["parasweep"].items():
                 if error is not None:
                     out.append({"id": r["id"], "metric": f"mean_{metric}", "error": error,
@@ -101,7 +107,11 @@ def band_for(family: str, layout: str, hardware: str, kind: str = "") -> Band | 
         return None
     exact = [r for r in rows if r["family"] == family and r["layout"] == layout and r["hardware"] == hardware]
     same = [r for r in rows if r["family"] == family]
-    return (_band(exact, f"{family} {layout} runs on {hardware}", kind)
+    apart = None
+    if layout.startswith(DISAGGREGATED):
+        apart = _band([r for r in same if r["layout"].startswith(DISAGGREGATED)],
+                      f"{family} {DISAGGREGATED} runs", kind)
+    return (_band(exact, f"{family} {layout} runs on {hardware}", kind) or apart
             or _band(same, f"{family} runs", kind) or _band(rows, "runs", kind))
 
 
@@ -120,6 +130,9 @@ def family_of(cfg: ParasweepConf, change: Mapping[str, Any] | None = None) -> tu
     else:
         family = "moe" if model_info(cfg.model.path).is_moe else "dense"
     attention = int(change.get("dp.attention", cfg.dp.attention))
+    if cfg.pd.enabled:
+        ranks = [r.attention or attention for r in (cfg.pd.prefill, cfg.pd.decode)]
+        return family, DISAGGREGATED + (" attention DP" if max(ranks) > 1 else ""), cfg.hardware.name
     layout = "attention DP" if attention > 1 else "EP" if size("ep") > 1 else "TP"
     return family, layout, cfg.hardware.name
 
