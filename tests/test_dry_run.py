@@ -136,3 +136,24 @@ def test_dry_run_of_the_disaggregation_experiment_on_sglang(workdir: Path) -> No
     modes = [json.loads(line.split(": ", 1)[1]) for line in lines if line.startswith("argv[")]
     assert [a[a.index("--disaggregation-mode") + 1] for a in modes] == ["prefill", "decode", "prefill",
                                                                          "decode", "decode", "decode"]
+
+
+def test_dry_run_vllm_engine_argv_and_a_real_vllm_trial_refused(workdir: Path) -> None:
+    result = run_cli(["dry_run=true", "engine=vllm", "ray.num_gpus=8", "parallelism=tp8",
+                      "server.max_running_requests=64", "server.radix_cache=false"], workdir)
+    assert result.returncode == 0, result.stderr
+    argv = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("argv: "))[6:])
+    assert argv[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
+    assert argv[argv.index("--max-num-seqs") + 1] == "64" and "--no-enable-prefix-caching" in argv
+    assert "checked against the newest recorded" in result.stdout  # vLLM is not installed here
+    # SGLang's own knob, and a real vLLM trial: one line each, nothing launched
+    sglang_only = run_cli(["dry_run=true", "engine=vllm", "ray.num_gpus=8", "pp.async_depth=4"], workdir)
+    assert sglang_only.returncode != 0
+    assert sglang_only.stderr.strip().splitlines()[-1].endswith(
+        "pp.async_depth=4: invalid (SGLang's PP async batch depth has no vLLM flag); "
+        "valid: 0 with engine=vllm")
+    real = run_cli(["engine=vllm", "ray.num_gpus=8", "parallelism=tp8"], workdir)
+    assert real.returncode != 0 and "launching vLLM is not built yet" in real.stderr
+    assert len(real.stderr.strip().splitlines()) == 1
+    assert not (workdir / "runs" / "mlflow.db").exists()

@@ -31,7 +31,7 @@ from orchestrator.gpus import local_gpu_count, sglang_installed
 from vocab.load import LengthDist
 from vocab.model import DP_ROUTER_IMPLS, DP_ROUTERS, ROUTER_PACKAGE, SCHEDULE_POLICIES
 
-ENGINES = ("auto", "sim", "sglang")
+ENGINES = ("auto", "sim", "sglang", "vllm")
 APIS = ("generate", "completions", "chat")
 MAX_ASYNC_DEPTH = 64
 
@@ -179,9 +179,9 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
         # the simulated engine's pace (engine=auto plays it faster than real time where it picks it):
         # where auto picks SGLang, the engine runs in real time whatever the config says
         cfg.engine.time_scale = 1.0
-    if cfg.engine.time_scale <= 0 or (engine == "sglang" and cfg.engine.time_scale != 1.0):
+    if cfg.engine.time_scale <= 0 or (engine != "sim" and cfg.engine.time_scale != 1.0):
         raise ConfigError("engine.time_scale", cfg.engine.time_scale,
-                          "> 0 for the simulated engine; 1.0 for sglang")
+                          f"> 0 for the simulated engine; 1.0 for {engine}")
 
     for key, value in (("tp.size", cfg.tp.size), ("pp.size", cfg.pp.size), ("ep.size", cfg.ep.size),
                        ("dp.size", cfg.dp.size)):

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 def _override_args(cfg: ParasweepConf) -> dict:
-    from orchestrator.engines.sglang_compat.command import plain_value
+    from orchestrator.engines.launch_args import plain_value
 
     return plain_value(getattr(cfg.model, "override_args", None) or {})
 

@@ -6,13 +6,11 @@ reported against the key the user can change, in one line, before anything launc
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from orchestrator.config.schema import ParasweepConf, trial_nodes
+from orchestrator.engines.launch_args import Arg, flag_values, plain_value
 from orchestrator.engines.sglang_compat.disagg import pd_flags
 from orchestrator.engines.sglang_compat.speculative import spec_flags
 from orchestrator.engines.sglang_compat.versions import (
@@ -88,35 +86,6 @@ def decode_log_interval(cfg: ParasweepConf) -> int:
     return n
 
 
-@dataclass
-class Arg:
-    """One flag with its values and the config key that produced it (for error messages)."""
-
-    flag: str
-    values: list[str] = field(default_factory=list)
-    key: str = ""
-    value: Any = None  # the config value, as the user wrote it
-    optional: bool = False  # a default value: dropped, not refused, where the version lacks the flag
-
-
-def plain_value(value: Any) -> Any:
-    """OmegaConf containers -> plain dict/list, so they print as JSON."""
-    if isinstance(value, Mapping):
-        return {str(k): plain_value(v) for k, v in value.items()}
-    if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
-        return [plain_value(v) for v in value]
-    return value
-
-
-def _values(value: Any) -> list[str]:
-    value = plain_value(value)
-    if isinstance(value, dict):
-        return [json.dumps(value, separators=(",", ":"), sort_keys=True)]
-    if isinstance(value, list):
-        return [json.dumps(v) if isinstance(v, dict) else str(v) for v in value]
-    return [str(value)]
-
-
 def _moe_layout(args: list[Arg], cfg: ParasweepConf, version: str, flags: FlagSet | None) -> None:
     """Attention DP, as each release spells it (``--attn-dp-size`` from 0.5.22; before, --dp-size
     counting the ranks with ``--enable-dp-attention``), the DP controller's method, and the experts'
@@ -186,7 +155,7 @@ def _extra(args: list[Arg], cfg: ParasweepConf, version: str, flags: FlagSet | N
                               f"SGLang {version} has no spelling of --{canonical.replace('_', '-')}")
         if name.startswith("--") and canonical not in RENAMES:
             flag = name  # written as a flag and never renamed: keep it verbatim
-        args.append(Arg(flag, [] if value is True else _values(value), key, value))
+        args.append(Arg(flag, [] if value is True else flag_values(value), key, value))
 
 
 def dist_init_addr(port: int, host: str) -> str:
@@ -213,7 +182,7 @@ def build_args(cfg: ParasweepConf, port: int, version: str = NEWEST_KNOWN,
         args.append(Arg("--skip-tokenizer-init", [], "model.skip_tokenizer_init", True))
     override = plain_value(getattr(m, "override_args", None) or {})
     if override:  # e.g. {"num_hidden_layers": 2}: shrink a model for a smoke test
-        args.append(Arg("--json-model-override-args", _values(override), "model.override_args", override))
+        args.append(Arg("--json-model-override-args", flag_values(override), "model.override_args", override))
     if cfg.pp.size > 1:
         depth = cfg.pp.async_depth
         flag = spelling("pp_async_batch_depth", version, flags)
@@ -315,5 +284,3 @@ def check_choices(args: list[Arg], flags: FlagSet, version: str) -> None:
                               f"SGLang {version}'s {a.flag} takes one of its choices, per the {flags.source}")
 
 
-def args_to_argv(args: list[Arg]) -> list[str]:
-    return [x for a in args for x in (a.flag, *a.values)]

@@ -1,0 +1,62 @@
+"""vLLM (``vllm serve``) on the GPUs a trial is given: its command line, built from the shared keys and
+checked against the vLLM release it will run (the one ``engine.python`` has installed, or the newest
+recorded), so a flag that release lacks is refused before anything launches. Launching it is not built
+yet: ``engine=vllm`` runs with ``dry_run=true`` only (docs/vllm-adapter.md)."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from pathlib import Path
+
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace
+from orchestrator.engines.sglang_compat.versions import parse_version
+from orchestrator.engines.vllm_compat.command import vllm_argv
+from orchestrator.engines.vllm_compat.versions import NEWEST_KNOWN, RECORDED
+from orchestrator.errors import ConfigError
+
+
+@functools.cache
+def installed_version(python: str) -> str | None:
+    """The vLLM release ``python`` has installed (its package metadata; vLLM itself is not imported)."""
+    try:
+        proc = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+                              capture_output=True, text=True, timeout=60, check=False)
+    except OSError:
+        return None
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+def target_release(installed: str | None) -> tuple[str, str]:
+    """(the recorded release a command line is checked against, why that one)."""
+    if installed is None:
+        return NEWEST_KNOWN, f"vLLM not installed here: checked against the newest recorded, {NEWEST_KNOWN}"
+    if installed in RECORDED:
+        return installed, f"vLLM {installed} installed (its recorded flags)"
+    older = [v for v in RECORDED if parse_version(v) <= parse_version(installed)]
+    chosen = older[-1] if older else RECORDED[0]
+    return chosen, f"vLLM {installed} installed, not recorded: checked against the nearest recorded, {chosen}"
+
+
+class VLLMEngine(Engine):
+    name = "vllm"
+
+    def target(self, cfg: ParasweepConf) -> tuple[str, str]:
+        return target_release(installed_version(self.python(cfg)))
+
+    def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path, node: NodePlace = FIRST_NODE) -> list[str]:
+        return vllm_argv(cfg, self.python(cfg), port, self.target(cfg)[0])
+
+    def preflight(self, cfg: ParasweepConf) -> list[str]:
+        if not cfg.dry_run:
+            raise ConfigError("engine", "vllm", "sim, sglang or auto; vllm with dry_run=true",
+                              why="launching vLLM is not built yet: dry_run=true prints each trial's "
+                                  "vllm serve command, checked against the release")
+        return super().preflight(cfg)
+
+    def plan_notes(self, cfg: ParasweepConf) -> list[str]:
+        return [self.target(cfg)[1]]
+
+    def version(self, cfg: ParasweepConf) -> str:
+        return f"vllm {self.target(cfg)[0]}"

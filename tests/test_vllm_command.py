@@ -1,0 +1,130 @@
+"""The ``vllm serve`` command line a trial's config becomes, against every recorded vLLM release's own
+flags (``orchestrator/engines/vllm_compat/releases/vllm-<version>.json``, read from each release's wheel
+by ``scripts/vllm_facts.py``), and the keys vLLM has no flag for refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.engines.vllm import target_release
+from orchestrator.engines.vllm_compat.command import build_args, check_args, vllm_argv
+from orchestrator.engines.vllm_compat.versions import RECORDED, UnknownRelease, release
+from orchestrator.errors import ConfigError
+from vocab.hardware import load_hardware
+
+
+def _cfg(**keys: object) -> ParasweepConf:
+    c = ParasweepConf()
+    c.model.name, c.model.path = "llama-3.1-8b", "models/llama-3.1-8b"
+    c.hardware = load_hardware("h100-sxm-x8")
+    for key, value in keys.items():
+        group, name = key.split("__")
+        setattr(getattr(c, group), name, value)
+    return c
+
+
+# what a sweep sets: the layouts, the caps, the memory fraction, prefix caching off, graphs off, a
+# model config override, an extra flag of the user's own
+CONFIGS = {
+    "default": _cfg(),
+    "tp8": _cfg(tp__size=8),
+    "tp2 pp4": _cfg(tp__size=2, pp__size=4),
+    "dp4 experts spread": _cfg(tp__size=2, dp__size=4, ep__size=8),
+    "caps": _cfg(server__max_running_requests=64, server__chunked_prefill_size=8192,
+                 server__mem_fraction_static=0.85),
+    "no prefix cache, eager": _cfg(server__radix_cache=False, server__cuda_graph=False),
+    "override and extra": _cfg(model__override_args={"num_hidden_layers": 4},
+                               server__extra_args={"max-model-len": 4096, "async-scheduling": True}),
+}
+
+
+@pytest.mark.parametrize("version", RECORDED)
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_command_line_is_one_the_release_accepts(version: str, name: str) -> None:
+    rel = release(version)
+    argv = vllm_argv(CONFIGS[name], "python", 8000, version)
+    assert argv[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"] and argv[4].endswith("llama-3.1-8b")
+    # the release's own flags: each one it has, a value exactly where it takes one, within its choices
+    i = 5
+    while i < len(argv):
+        flag = rel.flags[argv[i]]
+        takes = flag.value is True
+        if takes:
+            assert not argv[i + 1].startswith("--"), (argv[i], argv[i + 1])
+            assert not flag.choices or argv[i + 1] in flag.choices
+        i += 2 if takes else 1
+
+
+def test_the_shared_keys_become_vllms_flags() -> None:
+    argv = vllm_argv(_cfg(tp__size=2, dp__size=4, ep__size=8, pp__size=1, server__max_running_requests=64,
+                          server__chunked_prefill_size=8192, server__mem_fraction_static=0.85,
+                          server__radix_cache=False, server__cuda_graph=False, server__random_seed=7),
+                     "python", 8123)
+
+    def after(flag: str) -> str:
+        return argv[argv.index(flag) + 1]
+
+    sizes = ("--tensor-parallel-size", "--data-parallel-size", "--pipeline-parallel-size")
+    layout = tuple(after(f) for f in sizes)
+    assert layout == ("2", "4", "1")
+    assert "--enable-expert-parallel" in argv  # ep.size = tp.size x dp.size: every GPU holds experts
+    assert (after("--max-num-seqs"), after("--max-num-batched-tokens"), after("--gpu-memory-utilization")) \
+        == ("64", "8192", "0.85")
+    assert "--no-enable-prefix-caching" in argv and "--enforce-eager" in argv and after("--seed") == "7"
+    assert (after("--host"), after("--port"), after("--load-format")) == ("127.0.0.1", "8123", "dummy")
+    with_cache = vllm_argv(_cfg(), "python", 8000)
+    assert "--enable-prefix-caching" in with_cache and "--enforce-eager" not in with_cache
+    assert "--max-num-seqs" not in with_cache  # unset: vLLM's own default
+    overrides = vllm_argv(_cfg(model__override_args={"num_hidden_layers": 4}), "python", 8000)
+    assert json.loads(overrides[overrides.index("--hf-overrides") + 1]) == {"num_hidden_layers": 4}
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("pp__async_depth", 4, "pp.async_depth=4: invalid (SGLang's PP async batch depth has no vLLM flag)"),
+    ("pp__micro_batch_size", 2, "pp.micro_batch_size=2"),
+    ("dp__attention", 8, "dp.attention=8"),
+    ("dp__router", "total_requests", "dp.router=total_requests"),
+    ("dp__router_impl", "smg", "dp.router_impl=smg"),
+    ("ep__a2a_backend", "deepep", "ep.a2a_backend=deepep"),
+    ("ep__eplb", True, "ep.eplb=True"),
+    ("server__schedule_policy", "lpm", "server.schedule_policy=lpm"),
+    ("spec__algorithm", "eagle", "spec.algorithm=eagle: invalid (speculative decoding on vLLM"),
+    ("pd__enabled", True, "pd.enabled=True: invalid (a disaggregated vLLM deployment"),
+    ("ep__size", 4, "ep.size=4: invalid (vLLM spreads the experts over every GPU of the TP and DP groups"),
+])
+def test_keys_vllm_has_no_flag_for_are_refused_in_one_line(key: str, value: object, words: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        build_args(_cfg(**{key: value}), 8000)
+    assert str(e.value).startswith(words) and "\n" not in str(e.value)
+    assert "valid:" in str(e.value)
+
+
+def test_a_flag_the_release_lacks_is_refused_against_its_key() -> None:
+    # --disable-log-requests: in 0.11.2, gone from later releases (read from the wheels)
+    assert "--disable-log-requests" in release("0.11.2").flags
+    assert "--disable-log-requests" not in release("0.19.0").flags
+    cfg = _cfg(server__extra_args={"disable-log-requests": True})
+    assert "--disable-log-requests" in vllm_argv(cfg, "python", 8000, "0.11.2")
+    with pytest.raises(ConfigError, match=r"^server\.extra_args\.disable-log-requests=True: invalid "
+                                          r"\(vLLM 0\.19\.0 has no --disable-log-requests \(flags read from "
+                                          r"vllm-0\.19\.0-"):
+        vllm_argv(cfg, "python", 8000, "0.19.0")
+    with pytest.raises(ConfigError, match="takes one of its choices") as e:
+        check_args(build_args(_cfg(server__extra_args={"kv-cache-dtype": "int3"}), 8000), release("0.19.0"))
+    assert "valid: auto, bfloat16, float16, fp8," in str(e.value)
+    with pytest.raises(ConfigError, match="takes no value"):
+        vllm_argv(_cfg(server__extra_args={"async-scheduling": "yes"}), "python", 8000)
+    with pytest.raises(ConfigError, match=r"set it with server\.max_running_requests"):
+        build_args(_cfg(server__extra_args={"max-num-seqs": 8}), 8000)
+
+
+def test_the_release_checked_against_is_said() -> None:
+    assert target_release(None)[0] == RECORDED[-1]
+    assert target_release("0.17.0") == ("0.17.0", "vLLM 0.17.0 installed (its recorded flags)")
+    chosen, why = target_release("0.20.2")
+    assert chosen == "0.19.0" and "not recorded" in why
+    with pytest.raises(UnknownRelease, match=r"valid: 0\.11\.2"):
+        release("0.13.0")
