@@ -21,6 +21,10 @@ parsed (``ast``) straight from the zip. What it extracts:
   ``api_server.py`` left out).
 - ``metrics``: the Prometheus metric names the engine registers (``vllm:...``) and their type; a
   counter is exposed with ``_total`` added.
+- ``log_formats``: the format strings of the log lines a trial would read: the periodic stats line,
+  which the engine assembles from parts ("Avg prompt throughput: %.1f tokens/s", "Running: %d reqs",
+  "GPU KV cache usage: %.1f%%", ...), and the start-up facts (the KV cache's size in tokens, the
+  concurrency it allows).
 
 Each file names the wheel and its SHA-256; the output is sorted, so the same wheel gives the same bytes.
 The files land in ``orchestrator/engines/vllm_compat/releases/`` (docs/vllm-adapter.md).
@@ -44,6 +48,17 @@ OUT = Path(__file__).resolve().parents[1] / "orchestrator" / "engines" / "vllm_c
 NO_VALUE_ACTIONS = {"store_true", "store_false", "store_const", "append_const", "count", "help", "version"}
 METRIC_KINDS = ("gauge", "counter", "histogram", "summary", "info")  # in the constructor's name, any case
 METRIC_NAME = re.compile(r"^vllm:[a-z0-9_]+$")
+# the log lines a trial would read: a format string is kept when it contains one of these
+LOG_KEYWORDS = (
+    "throughput:",
+    " reqs",
+    "KV cache usage",
+    "cache hit rate",
+    "Preemptions",
+    "GPU KV cache size",
+    "Maximum concurrency",
+)
+LOG_FILES = ("vllm/v1/metrics/loggers.py", "vllm/v1/core/kv_cache_utils.py", "vllm/engine/metrics.py")
 ROUTE_METHODS = {"get", "post", "put", "delete", "patch", "api_route"}
 
 
@@ -494,6 +509,22 @@ def read_metrics(src: Sources) -> dict[str, str]:
     return dict(sorted(metrics.items()))
 
 
+def read_log_formats(src: Sources) -> list[str]:
+    found: set[str] = set()
+    for name in LOG_FILES:
+        if name not in src.text:
+            continue
+        for node in ast.walk(src.tree(name)):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and "%" in node.value
+                and any(k in node.value for k in LOG_KEYWORDS)
+            ):
+                found.add(node.value)
+    return sorted(found)
+
+
 # ---------------------------------------------------------------------------------------------- driver
 
 
@@ -511,6 +542,7 @@ def facts(wheel_path: Path) -> dict:
         "flags": read_flags(src),
         "routes": read_routes(src),
         "metrics": read_metrics(src),
+        "log_formats": read_log_formats(src),
     }
 
 

@@ -52,3 +52,16 @@ def test_every_record_names_its_wheel_and_the_recorded_set_is_complete() -> None
         assert routes <= set(data["routes"])
         assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                 "vllm:time_to_first_token_seconds"} <= set(data["metrics"])
+
+
+def test_the_stats_line_a_trial_would_read_is_in_every_release() -> None:
+    # the periodic stats line's parts; the KV part names its device from 0.34 on ("%s KV cache usage")
+    for version in RECORDED:
+        formats = _record(version)["log_formats"]
+        parts = ("Avg prompt throughput: %.1f tokens/s", "Avg generation throughput: %.1f tokens/s",
+                 "Running: %d reqs", "Waiting: %d reqs", "Preemptions: %d", "Prefix cache hit rate: %.1f%%")
+        for part in parts:
+            assert part in formats, (version, part)
+        assert "GPU KV cache usage: %.1f%%" in formats or "%s KV cache usage: %.1f%%" in formats, version
+    assert "%s KV cache usage: %.1f%%" in _record("0.34.0")["log_formats"]
+    assert "GPU KV cache usage: %.1f%%" in _record("0.19.0")["log_formats"]
