@@ -193,7 +193,10 @@ def _parts(
         elif head == "Union":
             for a in args:
                 yield from _parts(a, aliases, seen)
-        elif head in ("Annotated", "ClassVar", "InitVar", "Final"):
+        elif head in ("Annotated", "SkipValidation") and _is_union(args[0]):
+            # vLLM's type-hint reader does not open a union inside an annotation: the field takes a string
+            yield "Union"
+        elif head in ("Annotated", "ClassVar", "InitVar", "Final", "SkipValidation"):
             yield from _parts(args[0], aliases, seen)
         else:
             yield head
@@ -203,6 +206,12 @@ def _parts(
         yield from _parts(aliases[name], aliases, seen | {name})
     elif name:
         yield name
+
+
+def _is_union(node: ast.expr) -> bool:
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr)) or (
+        isinstance(node, ast.Subscript) and _name(node.value) in ("Optional", "Union")
+    )
 
 
 def _literal_values(
@@ -238,7 +247,10 @@ def _field_kind(annotation: ast.expr | None, aliases: dict[str, ast.expr]) -> di
     if "bool" in simple:
         return {"value": False, "negation": True}
     if literals and "str" not in simple:  # beside str, the values are only a hint (argparse metavar)
-        return {"value": True, "choices": [v for v in literals if v is not None]}
+        choices = [v for v in literals if v is not None]
+        if "None" in simple or None in literals:  # an optional field also accepts the word None
+            choices.append("None")
+        return {"value": True, "choices": choices}
     return {"value": True}
 
 
@@ -293,6 +305,7 @@ def _flags_in(
             kwargs_of: dict[str, str] = {}  # variable -> config class whose get_kwargs it holds
             loop_of: dict[str, str] = {}  # loop variable -> config class (for key, value in X_kwargs.items())
             held: dict[str, ast.expr] = {}  # variable -> the X_kwargs["field"] it was given
+            listed: dict[str, list[str]] = {}  # loop variable -> the option strings a literal list gives it
             for node in ast.walk(func):
                 if (
                     isinstance(node, ast.Assign)
@@ -316,6 +329,15 @@ def _flags_in(
                     value_var = node.target.elts[1]
                     if isinstance(value_var, ast.Name):
                         loop_of[value_var.id] = kwargs_of[node.iter.func.value.id]
+                # for arg, type in [("--guided-decoding-backend", str), ...]: add_argument(arg, type=type)
+                if isinstance(node, ast.For) and isinstance(node.iter, ast.List | ast.Tuple):
+                    first = node.target.elts[0] if isinstance(node.target, ast.Tuple) else node.target
+                    heads = [e.elts[0] if isinstance(e, ast.Tuple) and e.elts else e for e in node.iter.elts]
+                    options = [
+                        h.value for h in heads if isinstance(h, ast.Constant) and isinstance(h.value, str)
+                    ]
+                    if isinstance(first, ast.Name) and options and all(o.startswith("-") for o in options):
+                        listed[first.id] = options
             for var, cls in list(kwargs_of.items()):
                 kwargs_of[var] = _registering(cls, called, bases)[0]
             loop_of = {var: ",".join(_registering(cls, called, bases)) for var, cls in loop_of.items()}
@@ -325,6 +347,11 @@ def _flags_in(
                 for k in call.keywords:  # **moe_kwargs: the field it holds
                     if k.arg is None and isinstance(k.value, ast.Name) and k.value.id in held:
                         k.value = held[k.value.id]
+                if call.args and isinstance(call.args[0], ast.Name) and call.args[0].id in listed:
+                    for option in listed[call.args[0].id]:
+                        one = ast.Call(call.func, [ast.Constant(option), *call.args[1:]], call.keywords)
+                        _one_flag(one, kwargs_of, loop_of, classes, aliases, flags)
+                    continue
                 _one_flag(call, kwargs_of, loop_of, classes, aliases, flags)
 
 

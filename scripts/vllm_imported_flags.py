@@ -2,19 +2,21 @@
 static reading of the same release is checked against (tests/data/vllm/flags-<version>-imported.json).
 
     python -m venv /tmp/v && /tmp/v/bin/pip install vllm==0.19.0
-    /tmp/v/bin/python scripts/vllm_imported_flags.py > tests/data/vllm/flags-0.19.0-imported.json
+    /tmp/v/bin/python scripts/vllm_imported_flags.py tests/data/vllm/flags-0.19.0-imported.json
 
 It builds the parser ``vllm serve`` builds (``make_arg_parser``) and writes, per option string, its
 argparse dest, whether it takes a value (a ``BooleanOptionalAction`` or ``store_true`` takes none,
 ``nargs="?"`` an optional one) and its choices. On a machine without a GPU vLLM cannot name a device,
 and one config's default (``DeviceConfig``) refuses to be built without one; the platform is told
-"cpu" first, which changes no option.
+"cpu" first, which changes no option. The JSON goes to the file named (vLLM logs to standard output).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 from vllm import __version__, platforms
 
@@ -38,4 +40,5 @@ for action in parser._actions:
             takes = "optional"
         flags[option] = {"dest": action.dest, "value": takes,
                          "choices": sorted(map(str, action.choices)) if action.choices else []}
-print(json.dumps({"vllm_version": __version__, "flags": flags}, indent=1, sort_keys=True))
+out = {"vllm_version": __version__, "flags": flags}
+Path(sys.argv[1]).write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
