@@ -172,20 +172,26 @@ def text_cell(v: object) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
 
-def read_silicon(path: str | Path) -> tuple[list[SiliconRow], Cleaning]:
-    """The distinct aggregated SGLang measurements of the CSV at ``path``, cleaned (module doc)."""
-    file = Path(path)
+def read_csv(file: Path, needed: set[str]) -> pd.DataFrame:
+    """The silicon CSV at ``file`` with at least the columns ``needed``; a one-line SiliconError where it
+    cannot be read or lacks one."""
     try:
         df = pd.read_csv(file)
     except (OSError, pd.errors.ParserError, UnicodeDecodeError) as e:
         raise SiliconError(f"--silicon {file}: cannot read it as CSV ({e})") from None
-    needed = {"id", "silicon_data_source", "backend", "backend_version", "model_path", "system", "precision",
-              "mode", "isl", "osl", "batch_size", "tp_size", "moe_tp_size", "moe_ep_size",
-              "silicon_ttft_ms", "silicon_tpot_ms"}
     missing = sorted(needed - set(df.columns))
     if missing:
         raise SiliconError(f"--silicon {file}: missing column(s) {', '.join(missing)}; valid: the format of "
                            "aiconfigurator-core's systems/silicon_sample.csv")
+    return df
+
+
+def read_silicon(path: str | Path) -> tuple[list[SiliconRow], Cleaning]:
+    """The distinct aggregated SGLang measurements of the CSV at ``path``, cleaned (module doc)."""
+    file = Path(path)
+    df = read_csv(file, {"id", "silicon_data_source", "backend", "backend_version", "model_path", "system",
+                         "precision", "mode", "isl", "osl", "batch_size", "tp_size", "moe_tp_size",
+                         "moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms"})
     clean = Cleaning()
     df = df[df["backend"] == "sglang"]
     clean.sglang_rows = len(df)

@@ -22,8 +22,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
-
 from orchestrator.fidelity.corpus import Entry
 from orchestrator.fidelity.silicon import (
     GAP_REQUESTS_PER_STREAM,
@@ -36,11 +34,11 @@ from orchestrator.fidelity.silicon import (
     NO_PROFILE,
     PREDICTED_SOURCE,
     SYSTEMS,
-    SiliconError,
     SiliconRow,
     Unreplayable,
     int_cell,
     model_for,
+    read_csv,
     short_model,
     text_cell,
 )
@@ -177,17 +175,10 @@ class DisaggCleaning:
 
 def read_disagg(path: str | Path) -> tuple[list[DisaggRow], DisaggCleaning]:
     """The distinct disaggregated SGLang measurements of the CSV at ``path`` that carry their topology."""
-    file = Path(path)
-    try:
-        df = pd.read_csv(file)
-    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as e:
-        raise SiliconError(f"--silicon {file}: cannot read it as CSV ({e})") from None
     needed = {f"{role}_{k}" for role in ("prefill", "decode")
               for k in ("num_workers", "tp_size", "attention_dp_size", "moe_ep_size", "batch_size")}
-    missing = sorted(needed - set(df.columns))
-    if missing:
-        raise SiliconError(f"--silicon {file}: missing column(s) {', '.join(missing)}; valid: the format of "
-                           "aiconfigurator-core's systems/silicon_sample.csv")
+    df = read_csv(Path(path), needed | {"id", "silicon_data_source", "backend", "mode", "model_path",
+                                        "system", "isl", "osl", "silicon_ttft_ms", "silicon_tpot_ms"})
     clean = DisaggCleaning()
     df = df[(df["backend"] == "sglang") & (df["mode"] == "disagg")]
     clean.rows = len(df)
