@@ -9,6 +9,7 @@ import json
 import pytest
 
 from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.validate import validate
 from orchestrator.engines.vllm import target_release
 from orchestrator.engines.vllm_compat.command import build_args, check_args, vllm_argv
 from orchestrator.engines.vllm_compat.versions import RECORDED, UnknownRelease, release
@@ -37,7 +38,9 @@ CONFIGS = {
                  server__mem_fraction_static=0.85),
     "no prefix cache, eager": _cfg(server__radix_cache=False, server__cuda_graph=False),
     "override and extra": _cfg(model__override_args={"num_hidden_layers": 4},
-                               server__extra_args={"max-model-len": 4096, "async-scheduling": True}),
+                               server__extra_args={"max-model-len": 4096, "disable-log-stats": True}),
+    "vllm's own": _cfg(vllm__async_scheduling=True, vllm__block_size=32, vllm__scheduling_policy="priority",
+                       vllm__long_prefill_token_threshold=2048),
 }
 
 
@@ -116,7 +119,9 @@ def test_a_flag_the_release_lacks_is_refused_against_its_key() -> None:
         check_args(build_args(_cfg(server__extra_args={"kv-cache-dtype": "int3"}), 8000), release("0.19.0"))
     assert "valid: auto, bfloat16, float16, fp8," in str(e.value)
     with pytest.raises(ConfigError, match="takes no value"):
-        vllm_argv(_cfg(server__extra_args={"async-scheduling": "yes"}), "python", 8000)
+        vllm_argv(_cfg(server__extra_args={"disable-log-stats": "yes"}), "python", 8000)
+    with pytest.raises(ConfigError, match=r"set it with vllm\.async_scheduling"):
+        build_args(_cfg(server__extra_args={"async-scheduling": True}), 8000)
     with pytest.raises(ConfigError, match=r"set it with server\.max_running_requests"):
         build_args(_cfg(server__extra_args={"max-num-seqs": 8}), 8000)
 
@@ -128,3 +133,29 @@ def test_the_release_checked_against_is_said() -> None:
     assert chosen == "0.19.0" and "not recorded" in why
     with pytest.raises(UnknownRelease, match=r"valid: 0\.11\.2"):
         release("0.13.0")
+
+
+def test_vllms_own_keys_become_its_flags_where_the_release_has_them() -> None:
+    own = _cfg(vllm__async_scheduling=False, vllm__block_size=32, vllm__scheduling_policy="priority",
+               vllm__max_num_partial_prefills=2)
+    argv = vllm_argv(own, "python", 8000, "0.19.0")
+    assert "--no-async-scheduling" in argv and argv[argv.index("--block-size") + 1] == "32"
+    assert argv[argv.index("--scheduling-policy") + 1] == "priority"
+    assert argv[argv.index("--max-num-partial-prefills") + 1] == "2"
+    # gone from 0.34 (read from its wheel): refused against the key, naming the release
+    with pytest.raises(ConfigError, match=r"^vllm\.max_num_partial_prefills=2: invalid \(vLLM 0\.34\.0 "
+                                          r"has no --max-num-partial-prefills"):
+        vllm_argv(_cfg(vllm__max_num_partial_prefills=2), "python", 8000, "0.34.0")
+
+
+def test_vllms_own_keys_are_refused_on_another_engine() -> None:
+    cfg = _cfg(vllm__async_scheduling=True)
+    cfg.engine.name = "sim"
+    with pytest.raises(ConfigError) as e:
+        validate(cfg)
+    assert str(e.value).startswith("vllm.async_scheduling=True: invalid (a flag of vLLM only); "
+                                   "valid: null with engine=sim")
+    cfg = _cfg(vllm__scheduling_policy="lpm")
+    cfg.engine.name, cfg.dry_run = "vllm", True
+    with pytest.raises(ConfigError, match=r"vllm\.scheduling_policy=lpm: invalid; valid: fcfs, priority"):
+        validate(cfg)

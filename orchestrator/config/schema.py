@@ -445,6 +445,19 @@ SWEEP_WIDE_KEYS = ("tracking.uri", "tracking.experiment", "ray.address", "ray.nu
 
 
 @dataclass
+class VLLMConf:
+    """vLLM's own knobs (``vllm.*``; docs/vllm-adapter.md): set only with ``engine=vllm``, where each
+    becomes its flag, checked against the release; null leaves vLLM's default. What both engines share
+    (layout, caps, memory, prefix caching) is configured in their common groups."""
+
+    async_scheduling: bool | None = None  # --async-scheduling: the next step scheduled while this one runs
+    block_size: int | None = None  # --block-size: tokens per KV-cache block
+    scheduling_policy: str | None = None  # --scheduling-policy: fcfs | priority
+    long_prefill_token_threshold: int | None = None  # --long-prefill-token-threshold: a "long" prompt
+    max_num_partial_prefills: int | None = None  # --max-num-partial-prefills: prompts chunked at once
+
+
+@dataclass
 class ParasweepConf:
     engine: EngineConf = field(default_factory=EngineConf)
     model: ModelConf = field(default_factory=ModelConf)
@@ -458,6 +471,7 @@ class ParasweepConf:
     server: ServerConf = field(default_factory=ServerConf)
     spec: SpecConf = field(default_factory=SpecConf)
     pd: PDConf = field(default_factory=PDConf)
+    vllm: VLLMConf = field(default_factory=VLLMConf)
     workload: WorkloadConf = field(default_factory=WorkloadConf)
     telemetry: TelemetryConf = field(default_factory=TelemetryConf)
     tracking: TrackingConf = field(default_factory=TrackingConf)

@@ -150,6 +150,23 @@ def _positive(key: str, value: Any, allow_none: bool = False) -> None:
         raise ConfigError(key, value, "an integer >= 1" + (" or null" if allow_none else ""))
 
 
+def _validate_vllm_keys(cfg: ParasweepConf, engine: str, reason: str) -> None:
+    """``vllm.*`` are vLLM's own flags: refused on any other engine, and checked for their type here."""
+    for f in dataclasses.fields(cfg.vllm):
+        value = getattr(cfg.vllm, f.name)
+        if value is None:
+            continue
+        key = f"vllm.{f.name}"
+        if engine != "vllm":
+            raise ConfigError(key, value, f"null with engine={engine} ({reason})", why="a flag of vLLM only")
+        if f.name == "async_scheduling" and not isinstance(value, bool):
+            raise ConfigError(key, value, "true, false or null")
+        if f.name == "scheduling_policy" and value not in ("fcfs", "priority"):
+            raise ConfigError(key, value, "fcfs, priority or null")
+        if f.name not in ("async_scheduling", "scheduling_policy"):
+            _positive(key, value)
+
+
 def _validate_ray(cfg: ParasweepConf) -> None:
     """A joined cluster's resources are its own: declaring GPUs or CPUs is for a local Ray only."""
     if not joins_cluster(cfg.ray.address):
@@ -175,6 +192,7 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
         raise ConfigError("repeat", cfg.repeat, f"0 to {cfg.repeats - 1} (set by the launcher from repeats)")
     engine, reason = resolve_engine_reason(cfg)
     _validate_sim_faults(cfg, engine, reason)
+    _validate_vllm_keys(cfg, engine, reason)
     if engine == "sglang" and cfg.engine.name == "auto":
         # the simulated engine's pace (engine=auto plays it faster than real time where it picks it):
         # where auto picks SGLang, the engine runs in real time whatever the config says

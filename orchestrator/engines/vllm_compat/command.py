@@ -14,6 +14,8 @@ lacks, a value where it takes none or a value outside its choices is refused aga
 
 from __future__ import annotations
 
+import dataclasses
+
 from orchestrator.config.schema import ParasweepConf, trial_nodes
 from orchestrator.engines.launch_args import Arg, args_to_argv, flag_values, plain_value
 from orchestrator.engines.vllm_compat.versions import NEWEST_KNOWN, VLLMRelease, release
@@ -33,6 +35,10 @@ MANAGED = {
     "max_num_seqs": "server.max_running_requests", "max_num_batched_tokens": "server.chunked_prefill_size",
     "gpu_memory_utilization": "server.mem_fraction_static", "enforce_eager": "server.cuda_graph",
     "seed": "server.random_seed", "enable_prefix_caching": "server.radix_cache",
+    "async_scheduling": "vllm.async_scheduling", "block_size": "vllm.block_size",
+    "scheduling_policy": "vllm.scheduling_policy",
+    "long_prefill_token_threshold": "vllm.long_prefill_token_threshold",
+    "max_num_partial_prefills": "vllm.max_num_partial_prefills",
     "host": "(127.0.0.1: servers stay on this machine)",
     "port": "(chosen by parasweep: a free port per trial)",
 }
@@ -113,8 +119,24 @@ def build_args(cfg: ParasweepConf, port: int) -> list[Arg]:
             args.append(Arg(flag, [str(value)], key, value))
     if not s.cuda_graph:
         args.append(Arg("--enforce-eager", [], "server.cuda_graph", False))
+    args += _own(cfg)
     for name, value in plain_value(s.extra_args).items():
         args.append(_extra(str(name), value))
+    return args
+
+
+def _own(cfg: ParasweepConf) -> list[Arg]:
+    """``vllm.*``: vLLM's own knobs, each its flag where set (a bool as --x or --no-x)."""
+    args = []
+    for f in dataclasses.fields(cfg.vllm):
+        value = getattr(cfg.vllm, f.name)
+        if value is None:
+            continue
+        flag, key = "--" + f.name.replace("_", "-"), f"vllm.{f.name}"
+        if isinstance(value, bool):
+            args.append(Arg(flag if value else "--no-" + flag[2:], [], key, value))
+        else:
+            args.append(Arg(flag, [str(value)], key, value))
     return args
 
 
