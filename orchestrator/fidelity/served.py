@@ -97,6 +97,8 @@ def predict_row(row: SiliconRow, with_aic: bool = True, params: dict[str, float]
         return "skip", str(e)
     except (ValueError, RuntimeError) as e:
         return "skip", f"the replay failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    # output lengths uniform in [ratio x L, L] (fixed where the client gives no ratio)
+    ratio = 1.0 if entry.workload.random_range_ratio is None else entry.workload.random_range_ratio
     aic: dict[str, float | None] = {"ttft_ms": None, "tpot_ms": None}
     why = "not asked (--no-aiconfigurator)"
     if with_aic:
@@ -114,7 +116,7 @@ def predict_row(row: SiliconRow, with_aic: bool = True, params: dict[str, float]
         measured={"ttft_ms": row.ttft_ms, "tpot_ms": row.tpot_ms},
         parasweep={"ttft_ms": predicted["mean_ttft_ms"], "tpot_ms": predicted["mean_tpot_ms"]},
         aiconfigurator=aic, aic_why_none=why if aic["ttft_ms"] is None else "", apart=row.apart,
-        mean_output=row.osl * (1 + (entry.workload.random_range_ratio or 1.0)) / 2,
+        mean_output=row.osl * (1 + ratio) / 2,
         notes=[*notes, *plan.notes], duplicates=row.duplicates)
 
 
