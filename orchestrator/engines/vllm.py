@@ -9,9 +9,10 @@ import functools
 import subprocess
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace
-from orchestrator.engines.sglang_compat.versions import parse_version
 from orchestrator.engines.vllm_compat.command import vllm_argv
 from orchestrator.engines.vllm_compat.versions import NEWEST_KNOWN, RECORDED
 from orchestrator.errors import ConfigError
@@ -34,7 +35,10 @@ def target_release(installed: str | None) -> tuple[str, str]:
         return NEWEST_KNOWN, f"vLLM not installed here: checked against the newest recorded, {NEWEST_KNOWN}"
     if installed in RECORDED:
         return installed, f"vLLM {installed} installed (its recorded flags)"
-    older = [v for v in RECORDED if parse_version(v) <= parse_version(installed)]
+    try:
+        older = [v for v in RECORDED if Version(v) <= Version(installed)]
+    except InvalidVersion:  # a build without a release number (a nightly's "0.1.dev..." is valid)
+        older = []
     chosen = older[-1] if older else RECORDED[0]
     return chosen, f"vLLM {installed} installed, not recorded: checked against the nearest recorded, {chosen}"
 

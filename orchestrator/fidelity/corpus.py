@@ -48,6 +48,11 @@ class Role(BaseModel):
     server_args: dict[str, Any] = Field(default_factory=dict)
 
 
+# the layout of a disaggregated run, as a replay names it and the trust bands group it (" attention DP"
+# added where a role runs attention-DP ranks)
+DISAGGREGATED = "disaggregated"
+
+
 class Disaggregation(BaseModel):
     """A run served by prefill and decode servers behind a router (docs/fidelity.md, the format)."""
 

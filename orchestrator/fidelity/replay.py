@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.fidelity.catalog import NotModelled, across_nodes, hardware_profile, model_folder
-from orchestrator.fidelity.corpus import Entry, Role
+from orchestrator.fidelity.corpus import DISAGGREGATED, Entry, Role
 from orchestrator.fidelity.releases import release_defaults
 from orchestrator.prediction.modelled import engine_env
 from simulator.model_spec import ModelSpec, load_model_spec
@@ -260,7 +260,7 @@ def _disaggregated(entry: Entry, base: list[str], requests: list[BenchRequest], 
 
     roles = Roles(role_argv("prefill", d.prefill), role_argv("decode", d.decode), d.prefill.workers,
                   d.decode.workers)
-    layout = "disaggregated" + (" attention DP" if max(d.prefill.attention, d.decode.attention) > 1 else "")
+    layout = DISAGGREGATED + (" attention DP" if max(d.prefill.attention, d.decode.attention) > 1 else "")
     return Plan(argv=roles.decode_argv, env=env, requests=requests, max_concurrency=cap,
                 family="moe" if moe else "dense", layout=layout, hardware=profile.stem, notes=notes,
                 roles=roles)

@@ -388,18 +388,10 @@ def launch_flags(row: SiliconRow) -> tuple[dict[str, object], list[str]]:
     return args, notes
 
 
-def to_entry(row: SiliconRow) -> tuple[Entry, list[str]]:
-    """``row`` as a replayable entry (the corpus's format) and what its mapping assumes; raises
-    :class:`Unreplayable`."""
-    folder, quant, model_note = model_for(row)
-    if row.system not in SYSTEMS:
-        raise Unreplayable(f"GPU system {row.system}: {NO_PROFILE}")
-    args, notes = launch_flags(row)
-    if quant:
-        args["quantization"] = quant
-    notes = [n for n in (model_note, *row.fixes, *notes) if n]
-    if row.apart:
-        notes.append(f"scored apart: {row.apart}")
+def client_workload(row: SiliconRow) -> tuple[dict[str, object], list[str]]:
+    """The client that measured ``row`` as the corpus's workload (closed loop of C streams, its request
+    count, lengths and seed), and what is assumed of it where its source does not publish it."""
+    notes: list[str] = []
     gap = row.cohort == "gap-analysis"
     per_stream = GAP_REQUESTS_PER_STREAM if gap else INFERENCEX_REQUESTS_PER_STREAM
     tool, ratio = INFERENCEX_TOOL, INFERENCEX_RANGE_RATIO
@@ -413,10 +405,25 @@ def to_entry(row: SiliconRow) -> tuple[Entry, list[str]]:
         notes.append(f"client not published: closed loop of {row.concurrency} streams, {per_stream}·C "
                      "requests of the nominal lengths (fixed lengths as AIConfigurator's aiperf harness "
                      "sends them; the count as InferenceX's)")
-    workload = {"tool": tool, "dataset": "random",
-                "num_prompts": per_stream * row.concurrency, "random_input_len": row.isl,
-                "random_output_len": row.osl, "random_range_ratio": ratio,
-                "request_rate": "inf", "max_concurrency": row.concurrency, "seed": INFERENCEX_SEED}
+    return {"tool": tool, "dataset": "random", "num_prompts": per_stream * row.concurrency,
+            "random_input_len": row.isl, "random_output_len": row.osl, "random_range_ratio": ratio,
+            "request_rate": "inf", "max_concurrency": row.concurrency, "seed": INFERENCEX_SEED}, notes
+
+
+def to_entry(row: SiliconRow) -> tuple[Entry, list[str]]:
+    """``row`` as a replayable entry (the corpus's format) and what its mapping assumes; raises
+    :class:`Unreplayable`."""
+    folder, quant, model_note = model_for(row)
+    if row.system not in SYSTEMS:
+        raise Unreplayable(f"GPU system {row.system}: {NO_PROFILE}")
+    args, notes = launch_flags(row)
+    if quant:
+        args["quantization"] = quant
+    notes = [n for n in (model_note, *row.fixes, *notes) if n]
+    if row.apart:
+        notes.append(f"scored apart: {row.apart}")
+    workload, client_notes = client_workload(row)
+    notes += client_notes
     entry = Entry.model_validate({
         "id": row.id, "source_url": f"{PREDICTED_SOURCE}: {row.source}", "model": row.model,
         "gpu": GPU_NAMES[row.system], "gpu_count": row.tp, "sglang_version": row.version or "0.5.5",

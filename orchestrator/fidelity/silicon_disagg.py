@@ -24,18 +24,13 @@ from pathlib import Path
 
 from orchestrator.fidelity.corpus import Entry
 from orchestrator.fidelity.silicon import (
-    GAP_REQUESTS_PER_STREAM,
-    GAP_TOOL,
     GPU_NAMES,
-    INFERENCEX_RANGE_RATIO,
-    INFERENCEX_REQUESTS_PER_STREAM,
-    INFERENCEX_SEED,
-    INFERENCEX_TOOL,
     NO_PROFILE,
     PREDICTED_SOURCE,
     SYSTEMS,
     SiliconRow,
     Unreplayable,
+    client_workload,
     int_cell,
     model_for,
     read_csv,
@@ -261,16 +256,12 @@ def to_entry(row: DisaggRow) -> tuple[Entry, list[str]]:
     if max(servers) > per_node:
         raise Unreplayable(f"a server of {max(servers)} GPUs is wider than a node of {per_node}")
     nodes = place_servers(servers, per_node)[-1] + 1
-    gap = row.cohort == "gap-analysis"
-    per_stream = GAP_REQUESTS_PER_STREAM if gap else INFERENCEX_REQUESTS_PER_STREAM
-    tool, ratio = (GAP_TOOL, 1.0) if gap else (INFERENCEX_TOOL, INFERENCEX_RANGE_RATIO)
     notes = [n for n in (model_note, *notes) if n]
     ranks = row.decode.workers * row.decode.attention
     notes.append(f"{row.concurrency} streams = decode batch {row.concurrency // ranks} x "
                  f"{row.decode.workers} decode server(s) x {row.decode.attention} rank(s)")
-    if gap:
-        notes.append(f"client not published: closed loop of {row.concurrency} streams, {per_stream}·C "
-                     "requests of the nominal lengths (as for the aggregated gap-analysis rows)")
+    workload, client_notes = client_workload(row)
+    notes += client_notes
     entry = Entry.model_validate({
         "id": row.id, "source_url": f"{PREDICTED_SOURCE}: {row.source}", "model": row.model,
         "gpu": GPU_NAMES[row.system], "gpu_count": row.gpus, "nodes": nodes,
@@ -281,9 +272,7 @@ def to_entry(row: DisaggRow) -> tuple[Entry, list[str]]:
                         "attention": row.prefill.attention, "server_args": prefill_args},
             "decode": {"workers": row.decode.workers, "tp": row.decode.gpus, "ep": row.decode.ep,
                        "attention": row.decode.attention, "server_args": decode_args}},
-        "workload": {"tool": tool, "dataset": "random", "num_prompts": per_stream * row.concurrency,
-                     "random_input_len": row.isl, "random_output_len": row.osl, "random_range_ratio": ratio,
-                     "request_rate": "inf", "max_concurrency": row.concurrency, "seed": INFERENCEX_SEED},
+        "workload": workload,
         "measured": {"mean_ttft_ms": row.ttft_ms, "mean_tpot_ms": row.tpot_ms},
         "parasweep": {"model": folder, "hardware": SYSTEMS[row.system]}})
     return entry, notes

@@ -30,12 +30,12 @@ from typing import Any
 
 from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import ParasweepConf
+from orchestrator.fidelity.corpus import DISAGGREGATED
 from vocab.assets import published_dir
 
 ERRORS_FILE = "errors.json"
 SILICON_ERRORS_FILE = "silicon_errors.json"
 MIN_ENTRIES = 3
-DISAGGREGATED = "disaggregated"  # the layout of a prefill/decode deployment, as the replay names it
 # the kinds of number a band can be of (an empty kind: every number)
 THROUGHPUT, TTFT, TPOT = "throughput", "TTFT", "TPOT/ITL"
 KIND_OF_GOAL = {"throughput": THROUGHPUT, "ttft_p99_ms": TTFT, "itl_p99_ms": TPOT, "tpot_p99_ms": TPOT}
