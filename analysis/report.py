@@ -37,7 +37,7 @@ from analysis.prefix_reuse import reuse_lines
 from analysis.repeats import combine_repeats, repeats_of
 from vocab.findings import SEVERITIES
 from vocab.metric_keys import MetricKey, point_metrics
-from vocab.status import Tag
+from vocab.status import PLAYS, Tag
 from vocab.telemetry import J_PER_TOKEN, GpuSource
 
 log = logging.getLogger("parasweep")
@@ -88,14 +88,19 @@ def engine_lines(runs: list[Any]) -> list[str]:
         who = "" if len(by_engine) == 1 else f"{_who([_num(r) for r in group], len(runs))}: "
         if engine == "sim-predict":
             text = f"Simulated engine in virtual time{why}: the simulator's predictions, not measured"
-        elif engine == "sim":
-            text = f"Simulated engine{why}: the simulator's numbers, not measured"
+        elif engine in PLAYS:
+            played = "SGLang" if PLAYS[engine] == "sglang" else "vLLM"
+            versions = sorted({r.data.tags.get(Tag.ENGINE_VERSION, "") for r in group} - {""})
+            # the release it plays, where the tag names one ("parasweep-sim playing vllm 0.34.0")
+            shown = sorted({v.rsplit(" ", 1)[-1] for v in versions if " playing " in v})
+            plays = f" playing {played}" + (f" {', '.join(shown)}" if shown else "")
+            text = f"Simulated engine{plays}{why}: the simulator's numbers, not measured"
         else:  # a real engine measured them; a run without the tag says nothing it cannot back
             versions = sorted({r.data.tags.get(Tag.ENGINE_VERSION, "") for r in group} - {"", "unknown"})
             text = f"Engine {engine} {', '.join(versions)}".rstrip() + why
-            text += ": measured" if engine == "sglang" else ""
+            text += ": measured" if engine in ("sglang", "vllm") else ""
         lines.append(f"{who}{text}")
-        if engine == "sim" and (pace := _pace(group)):
+        if engine in PLAYS and (pace := _pace(group)):
             lines += textwrap.wrap(pace, MAX_WIDTH, initial_indent="    ", subsequent_indent="    ")
     costs = sorted({r.data.tags.get(Tag.STEP_COSTS, "") for r in runs} - {""})
     if costs:  # what priced the simulator's numbers and predictions

@@ -19,9 +19,9 @@ from analysis.report import behind_text, finding_key, instead_lines, load_text, 
 from analysis.store import masked
 from vocab.metric_keys import PointLabel, point_metrics
 from vocab.status import RunKind, Tag
+from vocab.status import simulated as is_simulated
 from workloads.length_classes import CLASSES
 
-SIM_ENGINES = ("sim", "sim-predict")
 COMMON_HIGHLIGHTS = ("model.name", "hardware.name", "hardware.gpu", "tp.size", "pp.size", "dp.size",
                      "ep.size", "workload.name", "workload.concurrency", "workload.rate")
 SEARCH_SHOWN = 10  # candidates of the search's table shown in the report, best first
@@ -89,14 +89,17 @@ def engines(trials: Sequence[Trial]) -> tuple[bool, str]:
     names = sorted({t.tags.get(Tag.ENGINE, "") for t in trials} - {""})
     versions = sorted({t.tags.get(Tag.ENGINE_VERSION, "") for t in trials} - {""})
     sources = sorted({t.tags.get(Tag.GPU_TELEMETRY, "") for t in trials} - {""})
-    simulated = any(e in SIM_ENGINES for e in names) or "simulated" in sources
+    simulated = any(is_simulated(e) for e in names) or "simulated" in sources
     parts = []
     for engine in names:
         parts.append({"sim": "the simulated engine (a discrete-event model behind an SGLang-compatible "
                              "HTTP server): timings simulated, not measured",
                       "sim-predict": "the simulated engine's model in virtual time: predictions, "
                                      "not measurements",
-                      "sglang": "measured on SGLang"}.get(engine, f"engine {engine}"))
+                      "sim-vllm": "the simulated engine playing vLLM (the same model behind a "
+                                  "vLLM-compatible HTTP server): timings simulated, not measured",
+                      "sglang": "measured on SGLang",
+                      "vllm": "measured on vLLM"}.get(engine, f"engine {engine}"))
     text = "; ".join(parts) or "engine unknown (no trial recorded one)"
     if versions:
         text += f" ({', '.join(versions)})"

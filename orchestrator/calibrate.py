@@ -30,6 +30,7 @@ import yaml
 from orchestrator.engines.sglang_compat.speculative import ALGORITHMS
 from orchestrator.errors import UserError
 from vocab.assets import model_dir
+from vocab.status import simulated
 from vocab.telemetry import SPEC_ACCEPT_LEN
 
 # The constants a run can tell apart. Where each lives (CostParams or the hardware profile) is the
@@ -78,7 +79,7 @@ class TrialData:
 
     @property
     def simulated(self) -> bool:
-        return self.engine in ("sim", "sim-predict")
+        return simulated(self.engine)
 
 
 @dataclass

@@ -15,14 +15,13 @@ from omegaconf import OmegaConf
 from orchestrator.errors import UserError
 from vocab.assets import group_options
 from vocab.metric_keys import MetricKey, point_metrics
-from vocab.status import Tag, TrialStatus
+from vocab.status import Tag, TrialStatus, simulated
 
 if TYPE_CHECKING:
     from orchestrator.sweep import SweepState
 
 CONFIG_GROUPS = ("engine", "model", "hardware", "parallelism", "workload", "experiment")
 # the engine tags of runs whose numbers come from the simulated engine (live, and in virtual time)
-SIMULATED_ENGINES = ("sim", "sim-predict")
 
 
 HELP_WIDTH = 100  # `python run.py --help` stays within this many columns
@@ -503,7 +502,7 @@ def _simulated(run: Any) -> bool:
     """Whether the run's numbers come from the simulated engine (live or in virtual time): its plots
     must say so. Decided by the engine, not the GPU telemetry source: a live simulated trial with
     ``telemetry.gpu_hz=0`` has no GPU source at all, yet every number in it is simulated."""
-    return run.data.tags.get(Tag.ENGINE) in SIMULATED_ENGINES
+    return simulated(run.data.tags.get(Tag.ENGINE, ""))
 
 
 def _telemetry_plots(trial_dir: Path, label: str, source: str, simulated: bool,

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from orchestrator.engines.base import engine_version
 from vocab.status import PLACEMENT_TAGS
 
 # Distribution names as pip knows them; where a package ships under two names, the first installed wins.
@@ -38,6 +37,14 @@ GIT_TIMEOUT_S = 5.0
 # The checkout this code runs from (when it runs from one: an installed copy has no git state).
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
+
+
+def engine_version(info: dict) -> str:
+    """``sglang 0.5.23``, ``parasweep-sim 0.5.23`` or ``parasweep-sim playing vllm 0.34.0``: the engine
+    and the release it is (or plays), as the server says of itself."""
+    version = info.get("version", "unknown")
+    engine = f"{info['engine']} playing {info['plays']}" if info.get("plays") else info.get("engine")
+    return f"{engine} {version}" if engine else str(version)
 
 
 def fingerprint(engine_name: str, server_info: dict[str, Any], hardware_name: str,

@@ -87,6 +87,32 @@ def _add_fault_flags(p: argparse.ArgumentParser) -> None:
       help="start-up fails: log a CUDA out-of-memory traceback as SGLang does and exit with code 1")
 
 
+def add_sim_flags(p: argparse.ArgumentParser) -> None:
+    """The simulator's own flags (``--sim-*``: hardware, calibration, pace, faults), whichever engine's
+    flags it is playing."""
+    a = p.add_argument
+    a("--sim-hardware", required=True, metavar="NAME_OR_PATH",
+      help="hardware profile: a name under conf/hardware/ or a path to a .yaml/.json file")
+    a("--sim-calibration", default=None, metavar="PATH",
+      help="calibration profile (YAML) with fitted cost-model constants (python -m orchestrator calibrate)")
+    a("--sim-step-costs", default="auto", choices=["auto", "roofline", "measured"],
+      help="what prices each step's kernels: measured kernel tables (aiconfigurator-core) for the hardware "
+           "profile's GPU, the roofline, or auto (measured where covered)")
+    a("--sim-router", default="round_robin", choices=list(DP_ROUTERS),
+      help="with --dp-size > 1: how requests are spread over the replicas: SGLang's DP controller "
+           "(round_robin), or the sglang-router package's cache_aware policy in front of them")
+    a("--sim-spec-acceptance", default="auto:chat", metavar="ACCEPTANCE",
+      help="with speculative decoding: how many drafted tokens the target accepts. auto:chat|code|math (the "
+           "published accept lengths of the draft kind), a mean accept length, or rates:p1,p2,... (each "
+           "draft position's acceptance given the one before); SGLANG_SIMULATE_ACC_LEN wins where set")
+    a("--sim-pd-node", type=int, default=0, metavar="N",
+      help="with --disaggregation-mode: the node of the deployment this server sits on (a prefill server "
+           "sends its KV over the GPUs' link to decode servers on its node, over the network to others)")
+    a("--sim-time-scale", type=float, default=1.0, metavar="F",
+      help="simulated seconds per wall-clock second (2.0 runs twice as fast)")
+    _add_fault_flags(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: a misspelt or abbreviated flag must fail loudly instead of silently matching.
     p = argparse.ArgumentParser(
@@ -179,27 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--scheduler-recv-interval", type=int, default=1)
     a("--skip-server-warmup", action="store_true")
     a("--watchdog-timeout", type=float, default=300.0)
-    # simulator-only
-    a("--sim-hardware", required=True, metavar="NAME_OR_PATH",
-      help="hardware profile: a name under conf/hardware/ or a path to a .yaml/.json file")
-    a("--sim-calibration", default=None, metavar="PATH",
-      help="calibration profile (YAML) with fitted cost-model constants (python -m orchestrator calibrate)")
-    a("--sim-step-costs", default="auto", choices=["auto", "roofline", "measured"],
-      help="what prices each step's kernels: measured kernel tables (aiconfigurator-core) for the hardware "
-           "profile's GPU, the roofline, or auto (measured where covered)")
-    a("--sim-router", default="round_robin", choices=list(DP_ROUTERS),
-      help="with --dp-size > 1: how requests are spread over the replicas: SGLang's DP controller "
-           "(round_robin), or the sglang-router package's cache_aware policy in front of them")
-    a("--sim-spec-acceptance", default="auto:chat", metavar="ACCEPTANCE",
-      help="with speculative decoding: how many drafted tokens the target accepts. auto:chat|code|math (the "
-           "published accept lengths of the draft kind), a mean accept length, or rates:p1,p2,... (each "
-           "draft position's acceptance given the one before); SGLANG_SIMULATE_ACC_LEN wins where set")
-    a("--sim-pd-node", type=int, default=0, metavar="N",
-      help="with --disaggregation-mode: the node of the deployment this server sits on (a prefill server "
-           "sends its KV over the GPUs' link to decode servers on its node, over the network to others)")
-    a("--sim-time-scale", type=float, default=1.0, metavar="F",
-      help="simulated seconds per wall-clock second (2.0 runs twice as fast)")
-    _add_fault_flags(p)
+    add_sim_flags(p)
     return p
 
 

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from vocab.hardware import HardwareConf
 
 GPUS_PATH = "/parasweep_sim/gpus"
+# what a server playing another engine than SGLang is and on which clock it runs (it has no /server_info)
+SIM_INFO_PATH = "/parasweep_sim/info"
 
 # Device memory a process holds besides its tensors: the CUDA context, cuBLAS/NCCL workspaces. Taken
 # as the constant term (512 MiB) of SGLang's reserve arithmetic (resolve.py, mem_fraction_static); an

@@ -154,7 +154,11 @@ def load_config(argv: list[str]) -> SimConfig:
     """``argv`` (SGLang + ``--sim-*`` flags, without ``python -m simulator``) -> the resolved config.
 
     Raises ``ValueError`` with the message the live server would print (bad flag, invalid layout,
-    weights that do not fit, ...)."""
+    weights that do not fit, ...). ``serve MODEL <vLLM flags>`` plays vLLM, as the live server does."""
+    if argv[:1] == ["serve"]:
+        from simulator.vllm.cli import parse, resolved
+
+        return resolved(parse([str(a) for a in argv], exit_on_error=False))
     args = _parser().parse_args([str(a) for a in argv])
     if args.random_seed is None:
         args.random_seed = 0  # token ids only; fixed so predictions are reproducible
@@ -181,12 +185,22 @@ def _server_prompt(spec: RequestSpec, body: dict) -> np.ndarray:
     return generate_prompts(body)[0][0]
 
 
+def engine_schedulers(cfg: SimConfig, sim: Simulation) -> list[ReplicaModel]:
+    """The engine's schedulers: SGLang's (``lockstep.build_schedulers``), or vLLM's engine cores where
+    the configuration plays vLLM."""
+    if cfg.dialect == "vllm":
+        from simulator.vllm.scheduler import VLLMReplica
+
+        return [VLLMReplica(cfg, sim) for _ in range(cfg.dp)]
+    return build_schedulers(cfg, sim)
+
+
 class VirtualTrial:
     """One engine instance (all DP replicas) on one virtual clock; load points run one after another."""
 
     def __init__(self, cfg: SimConfig) -> None:
         sim = Simulation()
-        self._begin(cfg, sim, build_schedulers(cfg, sim))
+        self._begin(cfg, sim, engine_schedulers(cfg, sim))
         self.router = Router(cfg.router, cfg.schedulers)
         if cfg.server_warmup:
             self._warm_up()

@@ -13,6 +13,7 @@ import gc
 import signal
 import sys
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import orjson
@@ -32,12 +33,28 @@ from simulator.sim_config import SimConfig
 from simulator.timebase import LiveDriver, Simulation
 from vocab.telemetry import GpuSource
 
+
+class Served(Protocol):
+    """What the process lifecycle needs of a server: its app, its faults, readiness, its clock."""
+
+    app: web.Application
+    faults: FaultConf
+    pd: object
+    ready: bool
+    driver: LiveDriver
+    ready_message: str  # logged once it is ready
+
+
+ServerMaker = Callable[[SimConfig, asyncio.AbstractEventLoop, LogWriter], Served]
+
 # After SIGTERM, open requests get this long to finish before their handlers are cancelled: a stalled or
 # deadlocked stream (fault injection) must not hold the process for aiohttp's default 60 s.
 SHUTDOWN_GRACE_S = 1.0
 
 
 class SimServer:
+    ready_message = "The server is fired up and ready to roll!"
+
     def __init__(self, cfg: SimConfig, loop: asyncio.AbstractEventLoop, log: LogWriter) -> None:
         self.cfg = cfg
         self.loop = loop
@@ -202,9 +219,9 @@ class SimServer:
                               "gpus": gpu_rows(self.cfg, self.replicas, now)})
 
 
-async def _run(cfg: SimConfig, log: LogWriter) -> int:
+async def _run(cfg: SimConfig, log: LogWriter, make: ServerMaker) -> int:
     loop = asyncio.get_running_loop()
-    server = SimServer(cfg, loop, log)
+    server = make(cfg, loop, log)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -235,7 +252,7 @@ async def _run(cfg: SimConfig, log: LogWriter) -> int:
         # full passes, which otherwise grow with them and show up as multi-ms stalls in token timing.
         gc.collect()
         gc.freeze()
-        log.info("The server is fired up and ready to roll!")
+        log.info(server.ready_message)
     code = await _serve_until_stopped(stop, nodes, log)
     await nodes.close()
     server.ready = False
@@ -279,11 +296,15 @@ async def _serve_until_stopped(stop: asyncio.Event, nodes: NodeGroup, log: LogWr
     return 1
 
 
-def serve(cfg: SimConfig) -> int:
-    log = LogWriter(cfg.args.log_level)
+def serve(cfg: SimConfig, log: LogWriter | None = None, make: ServerMaker = SimServer,
+          startup: Callable[[SimConfig, LogWriter], None] = startup_lines) -> int:
+    """Serve until SIGTERM/SIGINT: SGLang's server by default; another engine's where ``log``, ``make`` and
+    ``startup`` are its log format, its server (the same parts behind its own routes) and its start-up
+    lines (``simulator/vllm/server.py``)."""
+    log = log or LogWriter(cfg.args.log_level)
     if FaultConf.from_args(cfg.args).oom_at_start:
         return fail_start_out_of_memory(cfg, log)
-    startup_lines(cfg, log)
+    startup(cfg, log)
     runner: Callable = asyncio.run
     try:
         import uvloop
@@ -292,7 +313,7 @@ def serve(cfg: SimConfig) -> int:
     except ImportError:  # pragma: no cover - uvloop is a declared dependency on Linux
         pass
     try:
-        return runner(_run(cfg, log))
+        return runner(_run(cfg, log, make))
     except KeyboardInterrupt:
         return 0
     finally:

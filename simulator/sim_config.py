@@ -132,6 +132,11 @@ class SimConfig:
         return str(self.args.sim_router)
 
     @property
+    def dialect(self) -> str:
+        """The engine the server plays: ``sglang``, or ``vllm`` (``python -m simulator serve ...``)."""
+        return str(getattr(self.args, "dialect", "sglang"))
+
+    @property
     def schedule_policy(self) -> str:
         return str(self.args.schedule_policy)
 

@@ -19,7 +19,8 @@ import pytest
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.router import pd_launch
-from orchestrator.engines.sim import SimEngine, virtual_trials
+from orchestrator.engines.sim import SimEngine
+from orchestrator.engines.virtual import virtual_trials
 from orchestrator.process.replicas import ReplicaGroup, Worker
 from orchestrator.process.server import free_port, group_alive
 from tests.conftest import HANG_GUARD_S, NO_DRAWING, ROOT, run_cli

@@ -41,6 +41,8 @@ def conf(engine: str = "sim", **faults: object) -> ParasweepConf:
     c.hardware = load_hardware("h100-sxm-x8")
     c.tp.size = c.pp.size = c.ep.size = c.dp.size = 1
     c.workload.concurrency = [1]
+    if engine == "sglang":  # GPUs declared: SGLang itself, not the simulated engine standing in
+        c.ray.num_gpus = 8
     for name, value in faults.items():
         setattr(c.engine.sim_faults, name, value)
     return c
@@ -183,8 +185,8 @@ def test_sglang_command_never_carries_a_sim_flag(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # the real entry point in a subprocess
 def test_the_cli_refuses_a_fault_on_sglang_in_one_line(workdir: Path) -> None:
-    result = run_cli(["engine=sglang", "model=tiny-test", "parallelism=tp1", "workload=tiny",
-                      "engine.sim_faults.http_error_fraction=0.5", "dry_run=true"], workdir)
+    result = run_cli(["engine=sglang", "ray.num_gpus=1", "model=tiny-test", "parallelism=tp1",
+                      "workload=tiny", "engine.sim_faults.http_error_fraction=0.5", "dry_run=true"], workdir)
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == [lines[0]] and lines[0].startswith("parasweep: engine.sim_faults.http_error_fraction=0.5")

@@ -239,7 +239,7 @@ def test_ttft_per_prompt_length_class_where_lengths_vary(tmp_path: Path) -> None
 
     cfg = _cfg("sharegpt", concurrency=[16], requests_per_concurrency=3)
     validate(cfg)
-    from orchestrator.engines.sim import prediction_argv
+    from orchestrator.engines.virtual import prediction_argv
 
     (point,) = load_points(cfg)
     argv = prediction_argv(cfg, tmp_path)

@@ -27,6 +27,19 @@ class TrialStatus(StrEnum):
         return self in (TrialStatus.OK, TrialStatus.SKIPPED)
 
 
+# The engine tags (Tag.ENGINE) whose numbers the simulator made: the simulated engine playing SGLang
+# ("sim") or vLLM ("sim-vllm"), and its model in virtual time ("sim-predict"). Any other tag is a real
+# engine, measured.
+SIMULATED_ENGINES = ("sim", "sim-vllm", "sim-predict")
+# the simulated engines that serve over HTTP, and the engine each plays
+PLAYS = {"sim": "sglang", "sim-vllm": "vllm"}
+
+
+def simulated(engine: str) -> bool:
+    """Whether the engine tag ``engine`` names the simulator (its numbers are not measured)."""
+    return engine in SIMULATED_ENGINES
+
+
 # the value of Tag.EXPERIMENT_KIND for parasweep's experiments: the UI's model-training view (runs,
 # params, metrics, charts); MLflow's UI also knows "genai_development" and "finetuning"
 EXPERIMENT_KIND = "custom_model_development"

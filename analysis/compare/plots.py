@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 
 from analysis.compare.columns import lower_is_better
 from analysis.compare.slo import pareto_front
+from vocab.status import PLAYS
 
 SERIES_STYLE = {"measured": {"marker": "o", "linestyle": "-"},
                 "predicted": {"marker": "^", "linestyle": "--"}}
@@ -23,7 +24,7 @@ SERIES_STYLE = {"measured": {"marker": "o", "linestyle": "-"},
 def _series_name(label: str, kind: str, engine: str) -> str:
     if kind == "predicted":
         return f"{label} (predicted, simulator)"
-    return f"{label} (sim engine)" if engine == "sim" else label
+    return f"{label} (sim engine)" if engine in PLAYS else label
 
 
 def _title(base: str, df: pd.DataFrame) -> str:

@@ -14,7 +14,7 @@ from analysis.compare.columns import CORE_COLUMNS, PREDICTED_ENGINE, CompareErro
 from analysis.store import StoreError, checked_store, default_tracking_uri, masked
 from analysis.store import client as store_client
 from vocab.metric_keys import Prefix, point_metrics
-from vocab.status import RunKind, Tag, TrialStatus
+from vocab.status import RunKind, Tag, TrialStatus, simulated
 
 
 def _search(client: Any, experiment_ids: list[str], filter_string: str) -> list[Any]:
@@ -114,7 +114,7 @@ def _derive(df: pd.DataFrame) -> pd.DataFrame:
     df["tok_s_per_user_from"] = np.where(from_tpot, "tpot_p50_ms", "output_tok_s/concurrency")
     # a point without a validity flag predates the check: count it valid rather than hide it
     df["valid"] = df["valid"].fillna(1.0).astype(float) == 1.0
-    df["simulated"] = (df["kind"] == "predicted") | df["engine"].isin(["sim", PREDICTED_ENGINE])
+    df["simulated"] = (df["kind"] == "predicted") | df["engine"].map(simulated).astype(bool)
     df["label"] = _labels(df)
     rest = sorted(c for c in df.columns if c not in CORE_COLUMNS)
     return df[list(CORE_COLUMNS) + rest]

@@ -74,7 +74,8 @@ def compare_table(df: pd.DataFrame, title: str, width: int = TABLE_WIDTH) -> Tab
 
 def _describe_row(row: pd.Series) -> str:
     origin = {"pred": "predicted by the simulator, not measured",
-              "sim": "measured on the simulated engine, not a GPU"}.get(_source(row),
+              "sim": "measured on the simulated engine, not a GPU",
+              "sim-vllm": "measured on the simulated engine playing vLLM, not a GPU"}.get(_source(row),
                                                                        f"measured, {row['engine']}")
     return (f"{row['label']} at concurrency {row['concurrency']} ({origin}): {_fmt(row['tok_s_per_gpu'])} "
             f"tok/s per GPU ({_fmt(row['output_tok_s'])} tok/s on {row['gpus']} GPU(s)), "

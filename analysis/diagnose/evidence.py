@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from analysis.diagnose.facts import TrialFacts
+from vocab.status import simulated as is_simulated
 from vocab.telemetry import (
     GpuSource,
 )
@@ -43,13 +44,12 @@ def gpu_evidence(f: TrialFacts) -> str | None:
     return None if source is GpuSource.NONE else f"({source.describe()})"
 
 
-SIMULATED_ENGINES = ("sim", "sim-predict")
 
 
 def scheduler_evidence(f: TrialFacts) -> str:
     # the engine tag decides, whatever GPU sampling did (a sim trial with gpu_hz=0 has source "none");
     # simulated GPU telemetry only comes with the simulated engine, whose log and metrics it also wrote
-    simulated = f.engine in SIMULATED_ENGINES or f.gpu_source == GpuSource.SIMULATED
+    simulated = is_simulated(f.engine) or f.gpu_source == GpuSource.SIMULATED
     return "(simulated engine's log / metrics, not measured)" if simulated else "(engine log / metrics)"
 
 

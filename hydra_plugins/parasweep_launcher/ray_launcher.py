@@ -256,11 +256,12 @@ class ParasweepRayLauncher(Launcher):
         from orchestrator.errors import UserError
         from orchestrator.launcher.ray_cluster import init_ray
         from orchestrator.store.tracking import is_local_store
+        from vocab.status import simulated
 
         if self.cluster is not None:
             return self.cluster
         num_gpus = sweep.ray_num_gpus
-        if num_gpus is None and all(j.engine == "sim" for j in jobs):
+        if num_gpus is None and all(simulated(j.engine) for j in jobs):
             num_gpus = jobs[0].cfg.hardware.num_gpus  # the simulated node's GPUs, for placement
         num_cpus = sweep.ray_num_cpus
         if num_cpus is None and not joins_cluster(sweep.ray_address) and num_gpus:

@@ -36,7 +36,9 @@ class SimFaultConf:
 
 @dataclass
 class EngineConf:
-    # "auto" picks sglang where a GPU and SGLang are present, else the simulated engine
+    # "auto" picks sglang where a GPU and SGLang are present, else the simulated engine; "sglang" and
+    # "vllm" run that engine, played by the simulated engine where this node has no GPU and none are
+    # declared (ray.num_gpus, a Ray cluster); "sim" is the simulated engine playing SGLang anywhere
     name: str = "auto"
     python: str | None = None  # interpreter that runs the engine (null: the one running parasweep)
     startup_timeout_s: float = 900.0  # readiness deadline; the failure message carries the log tail
@@ -341,6 +343,12 @@ class TrackingConf:
     engine_reason: str | None = None  # why the trial runs on its engine (engine=auto's choice, ...)
 
 
+def plays_vllm(cfg: ParasweepConf) -> bool:
+    """The trial runs vLLM, or the simulated engine playing it (``engine.name`` as asked, or as resolved:
+    ``sim-vllm`` where no GPU is)."""
+    return cfg.engine.name in ("vllm", "sim-vllm")
+
+
 def world_size(cfg: ParasweepConf) -> int:
     """The GPUs a trial takes: its layout's, or with disaggregation every prefill and decode server's."""
     if cfg.pd.enabled and not cfg.pd.role:
@@ -455,6 +463,9 @@ class VLLMConf:
     scheduling_policy: str | None = None  # --scheduling-policy: fcfs | priority
     long_prefill_token_threshold: int | None = None  # --long-prefill-token-threshold: a "long" prompt
     max_num_partial_prefills: int | None = None  # --max-num-partial-prefills: prompts chunked at once
+    # the recorded release a command line is checked against where vLLM is not installed here, and the
+    # one the simulated engine plays (null: the newest recorded); not a flag
+    release: str | None = None
 
 
 @dataclass

@@ -30,8 +30,9 @@ from orchestrator.errors import ConfigError
 from orchestrator.gpus import local_gpu_count, sglang_installed
 from vocab.load import LengthDist
 from vocab.model import DP_ROUTER_IMPLS, DP_ROUTERS, ROUTER_PACKAGE, SCHEDULE_POLICIES
+from vocab.status import simulated
 
-ENGINES = ("auto", "sim", "sglang", "vllm")
+ENGINES = ("auto", "sim", "sglang", "vllm", "sim-vllm")
 APIS = ("generate", "completions", "chat")
 MAX_ASYNC_DEPTH = 64
 
@@ -77,15 +78,32 @@ def typed_config(cfg: DictConfig | ParasweepConf) -> ParasweepConf:
 
 
 def resolve_engine(cfg: ParasweepConf) -> str:
-    """``auto`` becomes ``sglang`` on a node with GPUs and SGLang, else ``sim``."""
+    """``auto`` becomes ``sglang`` on a node with GPUs and SGLang, else ``sim``; a named engine becomes
+    the simulated engine playing it where there are no GPUs (``sim``, ``sim-vllm``)."""
     return resolve_engine_reason(cfg)[0]
+
+
+# the simulated engine's tag when it plays a named engine
+PLAYED_BY = {"sglang": "sim", "vllm": "sim-vllm"}
+
+
+def gpus_anywhere(cfg: ParasweepConf) -> bool:
+    """GPUs this sweep could run a real engine on: this node's (NVML), declared ones (``ray.num_gpus``,
+    e.g. to see a cluster's command lines in a dry run) or a Ray cluster's."""
+    return cfg.ray.num_gpus is not None or joins_cluster(cfg.ray.address) or local_gpu_count() > 0
 
 
 def resolve_engine_reason(cfg: ParasweepConf) -> tuple[str, str]:
     """The engine ``resolve_engine`` picks and why, in words for the end-of-sweep header (so a number
     from the simulated engine is never read as a measurement without saying how it came to be)."""
-    if cfg.engine.name != "auto":
-        return cfg.engine.name, f"engine={cfg.engine.name} in the config"
+    name = cfg.engine.name
+    if name in PLAYED_BY:
+        if not gpus_anywhere(cfg):
+            return PLAYED_BY[name], (f"engine={name}: no NVIDIA GPU on this node and none declared "
+                                     f"(ray.num_gpus, ray.address), so the simulated engine plays {name}")
+        return name, f"engine={name} in the config"
+    if name != "auto":
+        return name, f"engine={name} in the config"
     gpus = local_gpu_count()
     if gpus == 0:
         return "sim", "engine=auto: no NVIDIA GPU on this node"
@@ -99,7 +117,7 @@ def resolve_engine_reason(cfg: ParasweepConf) -> tuple[str, str]:
 def available_gpus(cfg: ParasweepConf, engine: str) -> tuple[int, str]:
     """GPUs a trial may use, and where that number comes from (for the error message)."""
     hw = cfg.hardware
-    if engine == "sim" or (hw.nodes > 1 and (cfg.predict or cfg.dry_run)):
+    if simulated(engine) or (hw.nodes > 1 and (cfg.predict or cfg.dry_run)):
         if hw.nodes > 1:  # a cluster profile: its nodes together
             return hw.cluster_gpus, f"hardware {hw.name} is {hw.nodes} nodes of {hw.num_gpus} GPUs"
         return hw.num_gpus, f"hardware {hw.name} has {hw.num_gpus} GPUs"
@@ -157,8 +175,10 @@ def _validate_vllm_keys(cfg: ParasweepConf, engine: str, reason: str) -> None:
         if value is None:
             continue
         key = f"vllm.{f.name}"
-        if engine != "vllm":
+        if engine not in ("vllm", "sim-vllm"):
             raise ConfigError(key, value, f"null with engine={engine} ({reason})", why="a flag of vLLM only")
+        if f.name == "release":  # checked against the recorded releases by the engine's adapter
+            continue
         if f.name == "async_scheduling" and not isinstance(value, bool):
             raise ConfigError(key, value, "true, false or null")
         if f.name == "scheduling_policy" and value not in ("fcfs", "priority"):
@@ -193,11 +213,11 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
     engine, reason = resolve_engine_reason(cfg)
     _validate_sim_faults(cfg, engine, reason)
     _validate_vllm_keys(cfg, engine, reason)
-    if engine == "sglang" and cfg.engine.name == "auto":
-        # the simulated engine's pace (engine=auto plays it faster than real time where it picks it):
-        # where auto picks SGLang, the engine runs in real time whatever the config says
+    if not simulated(engine) and cfg.engine.name in ("auto", *PLAYED_BY):
+        # the simulated engine's pace (engine=auto and a named engine play it faster than real time where
+        # the simulated engine stands in): where the real engine runs, it runs in real time
         cfg.engine.time_scale = 1.0
-    if cfg.engine.time_scale <= 0 or (engine != "sim" and cfg.engine.time_scale != 1.0):
+    if cfg.engine.time_scale <= 0 or (not simulated(engine) and cfg.engine.time_scale != 1.0):
         raise ConfigError("engine.time_scale", cfg.engine.time_scale,
                           f"> 0 for the simulated engine; 1.0 for {engine}")
 
@@ -238,7 +258,7 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
         raise ConfigError("tp.size", cfg.tp.size, f"a divisor of {model.num_heads}: {divisors}",
                           why=f"model {cfg.model.name} has {model.num_heads} attention heads to shard")
     validate_moe_layout(cfg, model)
-    if engine == "sim" and cfg.ep.two_batch_overlap:
+    if simulated(engine) and cfg.ep.two_batch_overlap:
         raise ConfigError("ep.two_batch_overlap", True, "false on the simulated engine (SGLang runs it)",
                           why="the simulated engine does not model two-batch overlap")
     if cfg.ep.size > 1:
@@ -309,13 +329,14 @@ def _validate_sim_faults(cfg: ParasweepConf, engine: str, reason: str) -> None:
     """Injected faults exist only in the simulated engine: on any other engine a set one is refused
     (a fault drill must never run against real GPUs by mistake); then each value's range."""
     faults = cfg.engine.sim_faults
-    if engine != "sim":
+    if not simulated(engine):
         for f in dataclasses.fields(SimFaultConf):
             value = getattr(faults, f.name)
             if value != f.default:
                 unset = "null" if f.default is None else str(f.default).lower()
                 raise ConfigError(f"engine.sim_faults.{f.name}", value,
-                                  f"only for engine=sim (leave it at {unset} otherwise)",
+                                  f"only for engine=sim or another engine the simulated engine plays "
+                                  f"(leave it at {unset} otherwise)",
                                   why=f"the trial runs on {engine}: {reason}")
     for name in _FAULT_FRACTIONS:
         value = getattr(faults, name)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.sglang_compat import SGLangTarget, args_to_argv, build_args, check_args
 from orchestrator.engines.sglang_compat.command import FIRST_NODE, HOST, NodePlace, decode_log_interval
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["FIRST_NODE", "HOST", "Engine", "NodePlace", "decode_log_interval", "sglang_flags"]
 
@@ -25,9 +29,14 @@ def sglang_flags(cfg: ParasweepConf, port: int, target: SGLangTarget | None = No
 
 
 class Engine:
-    """An engine adapter: how to start the server for one trial."""
+    """An engine adapter: how to start the server for one trial, and how to read it while it runs. The
+    reading side is SGLang's here (``/server_info``, its startup log, ``/flush_cache``, a log line per
+    batch); vLLM's adapters read vLLM's (``vllm_compat/readout.py``)."""
 
     name = "engine"
+    # the log has a line per batch (SGLang's): it is the scheduler series' first source; a periodic
+    # stats line (vLLM's, every 10 s) only stands in where /metrics has nothing
+    batch_log = True
 
     def python(self, cfg: ParasweepConf) -> str:
         return cfg.engine.python or sys.executable
@@ -52,14 +61,37 @@ class Engine:
         """What identifies this engine's behaviour, for matching trials on resume."""
         return "unknown"
 
+    def launch_env(self) -> dict[str, str]:
+        """Environment the server is started with beside the trial's (batch lines stamped to the ms)."""
+        return {"SGLANG_LOG_MS": "1"}
+
+    def server_info(self, url: str) -> dict[str, Any]:
+        """What the ready server says of itself (SGLang: ``GET /server_info``)."""
+        from orchestrator.process.server import http_get_json
+
+        return http_get_json(url + "/server_info")
+
+    def resolved(self, info: dict[str, Any], log_text: str) -> dict[str, Any]:
+        """The values the engine resolved at start-up: ``server_info`` completed by the startup log."""
+        from orchestrator.telemetry.server_log import resolved_config
+
+        return resolved_config(info, log_text)
+
+    def flush_cache(self, url: str) -> bool:
+        """Empty the server's prefix cache before a point; False where it would not."""
+        from orchestrator.process.server import flush_prefix_cache
+
+        return flush_prefix_cache(url)
+
+    def log_frame(self, path: Path) -> pd.DataFrame:
+        """The server log's scheduler lines, one row each (``telemetry/server_log.py``'s columns)."""
+        from orchestrator.telemetry.server_log import server_log_frame
+
+        return server_log_frame(path)
+
     def preflight(self, cfg: ParasweepConf) -> list[str]:
         """Build (and so check) the command line without launching anything; raises a one-line
         UserError/ConfigError where the engine would refuse it. Returns the plan notes."""
         self.argv(cfg, 0, Path("/nonexistent-trial-dir"))
         return self.plan_notes(cfg)
 
-
-def engine_version(info: dict) -> str:
-    """``sglang 0.5.23`` or ``parasweep-sim 0.1.0``: the engine tag and version /server_info gives."""
-    version = info.get("version", "unknown")
-    return f"{info['engine']} {version}" if info.get("engine") else str(version)

@@ -6,13 +6,11 @@ import dataclasses
 import functools
 import hashlib
 import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 
-from orchestrator.config.schema import ParasweepConf, SimFaultConf, role_config
+from orchestrator.config.schema import ParasweepConf, SimFaultConf
 from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace, sglang_flags
 from orchestrator.engines.sglang_compat.command import build_args, check_choices
 from orchestrator.engines.sglang_compat.speculative import acceptance_flag
@@ -20,10 +18,6 @@ from orchestrator.engines.sglang_compat.versions import NEWEST_KNOWN, recorded_f
 from orchestrator.errors import ConfigError
 from orchestrator.redact import redact_mapping, redact_text, secret_values
 from vocab.assets import model_dir
-
-if TYPE_CHECKING:
-    from simulator.predict import VirtualTrial
-    from simulator.predict_disagg import PDLayout
 
 
 def _override_args(cfg: ParasweepConf) -> dict:
@@ -46,7 +40,7 @@ def fault_flags(faults: SimFaultConf) -> list[str]:
 
 
 @functools.cache
-def _simulator_fingerprint() -> str:
+def simulator_fingerprint() -> str:
     """A hash of the simulator's source: its model is code, so a change to it changes results."""
     digest = hashlib.sha256()
     import simulator
@@ -61,7 +55,7 @@ class SimEngine(Engine):
     name = "sim"
 
     def version(self, cfg: ParasweepConf) -> str:
-        return f"parasweep-sim {_simulator_fingerprint()}"
+        return f"parasweep-sim {simulator_fingerprint()}"
 
     def preflight(self, cfg: ParasweepConf) -> list[str]:
         """Parse the command line with the simulator's own parser, so a flag it does not know (e.g.
@@ -137,31 +131,3 @@ class SimEngine(Engine):
             out.mkdir(parents=True, exist_ok=True)
             (out / "config.json").write_text(json.dumps(config, indent=1))
 
-
-def prediction_argv(cfg: ParasweepConf, workdir: Path) -> list[str]:
-    """The simulator's flags for ``cfg``, its files (hardware, calibration, model overrides) written
-    under ``workdir``: what a prediction in virtual time parses. Its port is never listened on."""
-    sim = SimEngine()
-    sim.prepare(cfg, workdir)
-    return sim.simulator_flags(cfg, 30000, workdir)
-
-
-def virtual_trials(cfg: ParasweepConf, workdir: Path) -> Callable[[], VirtualTrial]:
-    """A maker of fresh engines configured as ``cfg`` (its files written under ``workdir``), each to run
-    load points on in virtual time: one engine with its DP replicas, or a disaggregated deployment's
-    prefill and decode servers. Raises ``ValueError`` as the engine would refuse to start."""
-    from simulator.predict import VirtualTrial, load_config
-
-    if cfg.pd.enabled:
-        return pd_layout(cfg, workdir).fresh
-    engine = load_config(prediction_argv(cfg, workdir))
-    return lambda: VirtualTrial(engine)
-
-
-def pd_layout(cfg: ParasweepConf, workdir: Path) -> PDLayout:
-    """A disaggregated deployment's servers, each role's flags resolved once."""
-    from simulator.predict_disagg import load_layout
-
-    decode = prediction_argv(role_config(cfg, "decode"), workdir)
-    prefill = prediction_argv(role_config(cfg, "prefill"), workdir) if cfg.pd.prefill.workers else []
-    return load_layout(prefill, decode, cfg.pd.prefill.workers, cfg.pd.decode.workers, cfg.pd.policy)

@@ -1,7 +1,8 @@
 """vLLM (``vllm serve``) on the GPUs a trial is given: its command line, built from the shared keys and
-checked against the vLLM release it will run (the one ``engine.python`` has installed, or the newest
-recorded), so a flag that release lacks is refused before anything launches. Launching it is not built
-yet: ``engine=vllm`` runs with ``dry_run=true`` only (docs/vllm-adapter.md)."""
+checked against the vLLM release it will run (the one ``engine.python`` has installed, else
+``vllm.release`` or the newest recorded), so a flag that release lacks is refused before anything
+launches. Launching the real vLLM is not built yet: on GPUs ``engine=vllm`` runs with ``dry_run=true``
+only; where there are none the simulated engine plays it (``sim_vllm.py``; docs/vllm-adapter.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from packaging.version import InvalidVersion, Version
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace
 from orchestrator.engines.vllm_compat.command import vllm_argv
+from orchestrator.engines.vllm_compat.readout import VLLMReadout
 from orchestrator.engines.vllm_compat.versions import NEWEST_KNOWN, RECORDED
 from orchestrator.errors import ConfigError
 
@@ -29,8 +31,14 @@ def installed_version(python: str) -> str | None:
     return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
-def target_release(installed: str | None) -> tuple[str, str]:
-    """(the recorded release a command line is checked against, why that one)."""
+def target_release(installed: str | None, asked: str | None = None) -> tuple[str, str]:
+    """(the recorded release a command line is checked against, why that one): the installed one, else
+    ``asked`` (``vllm.release``), else the newest recorded."""
+    if asked is not None and asked not in RECORDED:
+        raise ConfigError("vllm.release", asked, ", ".join(RECORDED) + " or null",
+                          why="the recorded vLLM releases")
+    if installed is None and asked is not None:
+        return asked, f"vLLM not installed here: checked against {asked} (vllm.release)"
     if installed is None:
         return NEWEST_KNOWN, f"vLLM not installed here: checked against the newest recorded, {NEWEST_KNOWN}"
     if installed in RECORDED:
@@ -43,20 +51,20 @@ def target_release(installed: str | None) -> tuple[str, str]:
     return chosen, f"vLLM {installed} installed, not recorded: checked against the nearest recorded, {chosen}"
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(VLLMReadout, Engine):
     name = "vllm"
 
     def target(self, cfg: ParasweepConf) -> tuple[str, str]:
-        return target_release(installed_version(self.python(cfg)))
+        return target_release(installed_version(self.python(cfg)), cfg.vllm.release)
 
     def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path, node: NodePlace = FIRST_NODE) -> list[str]:
         return vllm_argv(cfg, self.python(cfg), port, self.target(cfg)[0])
 
     def preflight(self, cfg: ParasweepConf) -> list[str]:
         if not cfg.dry_run:
-            raise ConfigError("engine", "vllm", "sim, sglang or auto; vllm with dry_run=true",
-                              why="launching vLLM is not built yet: dry_run=true prints each trial's "
-                                  "vllm serve command, checked against the release")
+            raise ConfigError("engine", "vllm", "vllm with dry_run=true, or vllm where no GPU is (simulated)",
+                              why="launching the real vLLM is not built yet: dry_run=true prints each "
+                                  "trial's vllm serve command, checked against the release")
         return super().preflight(cfg)
 
     def plan_notes(self, cfg: ParasweepConf) -> list[str]:

@@ -33,7 +33,7 @@ class TrialPrediction:
 
 def predict_trials(cfgs: list[ParasweepConf], scratch: Path,
                    budget_s: float = 10.0) -> list[TrialPrediction | None]:
-    from orchestrator.engines.sim import virtual_trials
+    from orchestrator.engines.virtual import virtual_trials
     from orchestrator.points.plan import load_points, request_spec
     from orchestrator.points.virtual import in_virtual_time
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from orchestrator.config.lengths import length_bounds
 from orchestrator.config.model_info import model_info
-from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.schema import ParasweepConf, plays_vllm
 from orchestrator.config.traffic import source_of
 from orchestrator.points.ramp import predicted_durations
 
@@ -51,13 +51,20 @@ def load_points(cfg: ParasweepConf) -> list[Any]:
     return points
 
 
+def engine_api(cfg: ParasweepConf) -> str:
+    """The API the load is sent to: ``workload.api``, except that vLLM has no ``/generate`` (SGLang's
+    native API): its token-id prompts go to vLLM's ``/v1/completions``, which takes them as they are."""
+    api = cfg.workload.api
+    return "completions" if api == "generate" and plays_vllm(cfg) else api
+
+
 def request_spec(cfg: ParasweepConf) -> Any:
     from workloads import RequestSpec
 
     model = model_info(cfg.model.path)
     w = cfg.workload
     input_max, output_max = length_bounds(cfg, model.max_context)
-    return RequestSpec(api=w.api, input_len=w.input_len, output_len=w.output_len, seed=w.seed,
+    return RequestSpec(api=engine_api(cfg), input_len=w.input_len, output_len=w.output_len, seed=w.seed,
                        vocab_size=model.vocab_size, model=cfg.model.name, input_dist=w.input_dist,
                        output_dist=w.output_dist, input_max_len=input_max, output_max_len=output_max,
                        source=None if w.source == "random" else source_of(cfg))

@@ -47,7 +47,7 @@ def predicted_durations(cfg: ParasweepConf, points: list[Any], spec_of: Callable
                         ) -> dict[str, float]:
     """Point label -> predicted request duration in seconds ({} where the model cannot predict the
     config). ``spec_of`` gives the config's request spec (asked inside: it reads the model)."""
-    from orchestrator.engines.sim import virtual_trials
+    from orchestrator.engines.virtual import virtual_trials
 
     try:
         with tempfile.TemporaryDirectory(prefix="parasweep-ramp-") as tmp:

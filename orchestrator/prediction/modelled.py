@@ -21,9 +21,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from analysis.diagnose import ENV_PREFIX, StepEstimate
-from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.schema import ParasweepConf, plays_vllm
 from orchestrator.config.validate import validate
-from orchestrator.engines.sim import pd_layout, prediction_argv, virtual_trials
+from orchestrator.engines.virtual import pd_layout, prediction_argv, virtual_trials
 from orchestrator.errors import ConfigError
 from orchestrator.points.plan import load_points, request_spec
 from simulator.predict_disagg import PDLayout
@@ -75,7 +75,8 @@ def apply_change(cfg: ParasweepConf, change: Mapping[str, Any]) -> tuple[Paraswe
                               why=str(exc).splitlines()[0]) from None
     for group, conf in groups.items():
         setattr(changed, group, OmegaConf.to_object(conf))
-    changed.engine.name = "sim"  # predicted on the simulated engine, whatever the trial ran on
+    # predicted on the simulated engine playing the trial's engine, whatever the trial ran on
+    changed.engine.name = "sim-vllm" if plays_vllm(changed) else "sim"
     changed.engine.time_scale = 1.0
     changed.predict = True  # in virtual time: a deployment wider than one node is judged too
     validate(changed)

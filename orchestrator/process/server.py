@@ -44,13 +44,14 @@ def http_get_json(url: str, timeout: float = 5.0) -> Any:
         return json.loads(resp.read())
 
 
-def flush_prefix_cache(base_url: str, attempts: int = 10, pause_s: float = 0.2) -> bool:
-    """``POST /flush_cache``: empty the engine's prefix cache. SGLang refuses (400) while a request is
-    running or waiting; the last requests of a point can take a moment to leave, so it is asked again
-    a few times. False when it never flushed (or the engine has no such endpoint)."""
+def flush_prefix_cache(base_url: str, attempts: int = 10, pause_s: float = 0.2,
+                       path: str = "/flush_cache") -> bool:
+    """``POST /flush_cache`` (or vLLM's ``path``): empty the engine's prefix cache. SGLang refuses (400)
+    while a request is running or waiting; the last requests of a point can take a moment to leave, so it
+    is asked again a few times. False when it never flushed (or the engine has no such endpoint)."""
     for i in range(attempts):
         try:
-            req = urllib.request.Request(base_url.rstrip("/") + "/flush_cache", data=b"", method="POST")
+            req = urllib.request.Request(base_url.rstrip("/") + path, data=b"", method="POST")
             with urllib.request.urlopen(req, timeout=5.0) as resp:
                 if resp.status == 200:
                     return True

@@ -39,6 +39,7 @@ from orchestrator.search.runner import (
 )
 from vocab.metric_keys import point_metrics
 from vocab.status import Tag
+from vocab.status import simulated as is_simulated
 
 ANSWER_FILE = "answer.md"  # in the search folder: the answer, also the search run's description
 
@@ -183,7 +184,7 @@ def measured_lines(cfg: ParasweepConf, measured: list[Measured], settings: Setti
                 "None of the best can run as a trial on this machine: the prediction's answer stands "
                 "unmeasured."]
     engines = {m.engine for m in measured if m.run_id}
-    simulated = engines <= {"sim"}
+    simulated = all(is_simulated(e) for e in engines)
     kind = ("on the simulated engine in real time (a stand-in, not a GPU)" if simulated
             else f"on {', '.join(sorted(engines))}")
     lines = [f"Measured {kind}; beside each number, the search's prediction of the same load point:"]

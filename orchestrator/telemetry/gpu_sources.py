@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.telemetry.gpu_sampler import GpuReader, GpuSampler
+from vocab.status import simulated
 from vocab.telemetry import GpuSource
 
 log = logging.getLogger("parasweep")
@@ -44,7 +45,7 @@ def open_reader(engine: str, visible: str | None, world_size: int, server_url: s
                 server_urls: list[str] | None = None) -> GpuReader:
     """The reader for ``engine``'s GPUs (the simulated engine's: of ``server_url``, or of every server
     of ``server_urls`` in order); raises ``NvmlUnavailable`` when NVML cannot be used."""
-    if engine == "sim":
+    if simulated(engine):
         from orchestrator.telemetry.sim_gpu_source import ServersGpuReader, SimulatedGpuReader
 
         return ServersGpuReader(server_urls) if server_urls else SimulatedGpuReader(server_url)
@@ -69,6 +70,6 @@ def start_gpu_telemetry(engine: str, visible: str | None, world_size: int, serve
     except BaseException:  # the file could not be opened, or the first write failed: release NVML
         reader.close()
         raise
-    what = (f"{world_size} simulated GPU(s)" if engine == "sim"
+    what = (f"{world_size} simulated GPU(s)" if simulated(engine)
             else f"{world_size} GPU(s), CUDA_VISIBLE_DEVICES={visible or '(unset)'}")
     return GpuTelemetry(reader.name, f"{what} at {hz:g} Hz", sampler)

@@ -31,7 +31,13 @@ GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queue"
            "sglang:token_usage": "token_usage", "sglang:gen_throughput": "gen_throughput",
            "sglang:num_retracted_requests_total": "retracted_total",
            "sglang:spec_accept_length": "accept_len"}
-_RANK_LABELS = {"dp": "dp_rank", "pp": "pp_rank", "tp": "tp_rank"}
+# vLLM's: requests in the step's batch and waiting, the KV cache's use (a fraction), and its preemptions
+# (by recompute: what SGLang calls a retraction), per engine core
+VLLM_GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "queue",
+               "vllm:kv_cache_usage_perc": "token_usage", "vllm:num_preemptions_total": "retracted_total"}
+_COLUMNS = {**GAUGES, **VLLM_GAUGES}
+# the rank labels: SGLang's dp_rank/pp_rank/tp_rank; vLLM's engine core index stands for the DP rank
+_RANK_LABELS = {"dp": ("dp_rank", "engine"), "pp": ("pp_rank",), "tp": ("tp_rank",)}
 
 
 def _from_log(log: pd.DataFrame | None) -> pd.DataFrame:
@@ -48,14 +54,14 @@ def _from_log(log: pd.DataFrame | None) -> pd.DataFrame:
 def _from_metrics(metrics: pd.DataFrame | None) -> pd.DataFrame:
     if metrics is None or metrics.empty:
         return pd.DataFrame(columns=list(STAGE_COLUMNS))
-    rows = metrics[metrics["name"].isin(list(GAUGES))]
+    rows = metrics[metrics["name"].isin(list(_COLUMNS))]
     if rows.empty:
         return pd.DataFrame(columns=list(STAGE_COLUMNS))
     labels = rows["labels"].map(json.loads)
-    frame = pd.DataFrame({"ts": rows["ts"].to_numpy(), "column": rows["name"].map(GAUGES).to_numpy(),
+    frame = pd.DataFrame({"ts": rows["ts"].to_numpy(), "column": rows["name"].map(_COLUMNS).to_numpy(),
                           "value": rows["value"].to_numpy()})
-    for rank, label in _RANK_LABELS.items():
-        frame[rank] = [int(x.get(label, 0) or 0) for x in labels]
+    for rank, names in _RANK_LABELS.items():
+        frame[rank] = [int(next((x[n] for n in names if x.get(n)), 0) or 0) for x in labels]
     # one row per scrape and stage
     wide = frame.pivot_table(index=["ts", "dp", "pp", "tp"], columns="column", values="value",
                              aggfunc="max").reset_index()

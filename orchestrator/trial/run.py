@@ -21,8 +21,7 @@ from typing import Any
 
 from orchestrator.config.schema import PD_ROLES, role_gpus, world_size
 from orchestrator.config.traffic import traffic_note
-from orchestrator.engines.base import engine_version
-from orchestrator.environment import joined_placement, placement
+from orchestrator.environment import engine_version, joined_placement, placement
 from orchestrator.errors import EngineFailure, EngineStartError
 from orchestrator.fidelity.trust import bands_text
 from orchestrator.points.virtual import budget_hits
@@ -35,7 +34,7 @@ from orchestrator.trial.recorder import TrialPaths, TrialRecorder, config_tags, 
 from orchestrator.trial.session import EngineSession, LiveSession, VirtualSession
 from vocab.findings import Finding
 from vocab.records import PointResult
-from vocab.status import PLACEMENT_TAGS, RunKind, Tag, TrialStatus
+from vocab.status import PLACEMENT_TAGS, RunKind, Tag, TrialStatus, simulated
 from vocab.telemetry import SPEC_ACCEPT_LEN, GpuPlace, engine_layout
 
 log = logging.getLogger("parasweep")
@@ -87,7 +86,7 @@ def execute_trial(plan: TrialPlan, settings: TrialRunSettings,
             Tag.ENGINE_REASON: "predict=true" if virtual else (cfg.tracking.engine_reason
                                                                or f"engine={plan.engine_name}"),
             **({Tag.SIM_TIME_SCALE: f"{cfg.engine.time_scale:g}"}
-               if plan.engine_name == "sim" and not virtual and cfg.engine.time_scale != 1.0 else {}),
+               if simulated(plan.engine_name) and not virtual and cfg.engine.time_scale != 1.0 else {}),
             Tag.CONFIG_HASH: plan.config_hash,
             Tag.TRIAL_NUM: str(ident.num), Tag.OVERRIDES: ident.label,
             Tag.STEP_COSTS: step_costs_label(cfg),
@@ -203,7 +202,6 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
     from orchestrator.engines.router import worker_urls
     from orchestrator.environment import fingerprint
     from orchestrator.telemetry.gpu_sampler import read_gpu_samples
-    from orchestrator.telemetry.server_log import server_log_frame
     from orchestrator.telemetry.server_metrics import read_samples
     from orchestrator.telemetry.stage_series import stage_frame
     from orchestrator.trial.advice import check_findings
@@ -221,9 +219,12 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
         if cfg.predict:  # virtual time: the prediction's metrics already carry the summaries
             return
         metrics = frames["server_metrics"] = read_samples(paths.server_metrics_jsonl)
-        log_rows = frames["server_log"] = (server_log_frame(paths.server_log)
+        log_rows = frames["server_log"] = (plan.engine.log_frame(paths.server_log)
                                            if paths.server_log.exists() else None)
-        stages = frames["stage_series"] = stage_frame(log_rows, metrics)
+        # SGLang's log has a line per batch, the first source of the scheduler series; vLLM's a stats line
+        # every 10 s, which stands in only where /metrics has nothing
+        periodic = not plan.engine.batch_log and metrics is not None and not metrics.empty
+        stages = frames["stage_series"] = stage_frame(None if periodic else log_rows, metrics)
         samples = frames["gpu"] = with_placement(read_gpu_samples(paths.gpu_jsonl), layout)
         # behind the router package: its own scrapes and the other replicas', saved beside replica 0's
         urls = worker_urls(session.router_argv)

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from orchestrator.config.schema import (
     bootstrap_ports,
     gpus_per_node,
+    plays_vllm,
     role_config,
     router_process,
     trial_nodes,
@@ -47,9 +48,7 @@ from orchestrator.process.server import (
     ServerProcess,
     exit_reason,
     failed_scheduler,
-    flush_prefix_cache,
     free_port,
-    http_get_json,
     log_tail,
 )
 from orchestrator.telemetry.gpu_sources import GpuTelemetry, start_gpu_telemetry
@@ -59,6 +58,7 @@ from orchestrator.trial.plan import TrialPlan
 from orchestrator.trial.recorder import TrialPaths
 from vocab.load import LoadPoint, RequestSpec
 from vocab.records import ENGINE_FAILED, PointResult, RecordWriter
+from vocab.status import simulated
 from vocab.telemetry import GpuSource
 from workloads import clock
 from workloads.backend import sim_clock
@@ -165,8 +165,10 @@ class LiveSession:
     def __init__(self, plan: TrialPlan, paths: TrialPaths, env: dict[str, str] | None = None) -> None:
         self.plan, self.paths = plan, paths
         self.env = dict(os.environ) if env is None else env  # CUDA_VISIBLE_DEVICES as Ray set it
-        # batch log lines stamped to the millisecond, so stage series join the GPU samples
-        self.env.setdefault("SGLANG_LOG_MS", "1")
+        # what the engine is read by: SGLang's batch lines stamped to the millisecond, so stage series join
+        # the GPU samples; vLLM's development endpoints (its prefix-cache reset)
+        for key, value in plan.engine.launch_env().items():
+            self.env.setdefault(key, value)
         # dummy draft weights accept nothing: SGLang's own override sets the accept length assumed
         self.env.update(simulated_acceptance_env(plan.cfg, plan.engine_name, self.env))
         self.gpu = GpuTelemetry(GpuSource.NONE, "the engine did not start")
@@ -200,7 +202,7 @@ class LiveSession:
         cfg = self.plan.cfg
         self.plan.engine.prepare(cfg, self.plan.identity.trial_dir)
         self.paths.server_log.parent.mkdir(parents=True, exist_ok=True)
-        if self.plan.engine_name == "sglang":
+        if not simulated(self.plan.engine_name):
             self._check_gpus_free()
         self.timings["engine_launch"] = time.time()
         try:
@@ -218,9 +220,10 @@ class LiveSession:
             # router has no /server_info or /metrics of its own (its metrics are scraped apart), and
             # server.log is that server's
             engine_url = self._speaker_url or self.url
-            self.server_info = http_get_json(engine_url + "/server_info")
-            # /server_info, completed by the startup log (CUDA-graph sizes, per-stage limits, backend)
-            self.resolved = resolved_config(self.server_info, self.paths.read_server_log())
+            self.server_info = self.plan.engine.server_info(engine_url)
+            # what it says of itself, completed by the startup log (SGLang: CUDA-graph sizes, per-stage
+            # limits, backend; vLLM: the KV cache's tokens, async scheduling)
+            self.resolved = self.plan.engine.resolved(self.server_info, self.paths.read_server_log())
             if "SGLANG_SIMULATE_ACC_LEN" in self.env and cfg.spec.algorithm != "none":
                 # the accept length SGLang was told to verify at: where this run's acceptance came from
                 self.resolved["sglang_simulate_acc_len"] = self.env["SGLANG_SIMULATE_ACC_LEN"]
@@ -229,7 +232,7 @@ class LiveSession:
             # the simulated engine reports every GPU it models (behind the router: replica 0's; of a
             # disaggregated deployment, every server's, prefill servers first); NVML sees this node's
             replicas = cfg.dp.size if routed else 1
-            sim = self.plan.engine_name == "sim"
+            sim = simulated(self.plan.engine_name)
             sampled = self.plan.world_size // replicas if sim else gpus_per_node(cfg)
             self.gpu = start_gpu_telemetry(self.plan.engine_name, self.env.get("CUDA_VISIBLE_DEVICES"),
                                            sampled, engine_url, self.paths.gpu_jsonl, cfg.telemetry.gpu_hz,
@@ -246,7 +249,7 @@ class LiveSession:
         on its own clock: every timestamp of the trial (records, GPU samples, scrapes, point windows)
         then reads its seconds, as its log and ``meta_info`` do, so its latencies and rates are the
         model's and not F times off. Until the session ends."""
-        if self.plan.engine_name == "sim" and (sim := sim_clock(self.server_info)) is not None:
+        if simulated(self.plan.engine_name) and (sim := sim_clock(self.server_info)) is not None:
             self._engine_clock.enter_context(clock.engine_clock(*sim))
 
     def _start_scrapers(self, engine_url: str) -> None:
@@ -399,7 +402,7 @@ class LiveSession:
         # requests, by index) would otherwise be hits it never offered; a cache that would not flush
         # is said on the point (cache_flushed 0). The router passes it on to every replica; its own
         # prefix tree (where it routes) is kept, so a prefix goes back to the replica it went to before
-        flushed = flush_prefix_cache(self.url)
+        flushed = self.plan.engine.flush_cache(self.url)
         self.gpu.mark()  # the energy counter read at the point's start and end (it is costly to read)
         start = clock.now()
         result = run_point(self.url, point, spec, records_path=records, on_progress=on_progress,
@@ -443,7 +446,7 @@ class LiveSession:
             self._server = None
         finally:
             self._engine_clock.close()  # the samplers that stamped on it are stopped
-            if self.plan.engine_name == "sglang":  # the next trial on these GPUs needs their memory back
+            if not simulated(self.plan.engine_name):  # the next trial on these GPUs needs their memory back
                 for warning in wait_gpus_free(self.env.get("CUDA_VISIBLE_DEVICES"), RELEASE_WAIT_S,
                                               self._pids or None):
                     log.warning("%s", warning)
@@ -456,9 +459,10 @@ class VirtualSession:
 
     def __init__(self, plan: TrialPlan) -> None:
         from orchestrator.engines.sim import SimEngine
+        from orchestrator.engines.sim_vllm import SimVLLMEngine
 
         self.plan = plan
-        self._sim = SimEngine()
+        self._sim = SimVLLMEngine() if plays_vllm(plan.cfg) else SimEngine()
         # a disaggregated deployment's decode servers stand for it (the client's streams are theirs)
         shown = role_config(plan.cfg, "decode") if plan.cfg.pd.enabled else plan.cfg
         self.argv = self._sim.simulator_flags(shown, 30000, plan.identity.trial_dir)
@@ -481,7 +485,7 @@ class VirtualSession:
 
     def run_point(self, point: LoadPoint, spec: RequestSpec, records: Path,
                   on_progress: ProgressFn) -> PointResult:
-        from orchestrator.engines.sim import virtual_trials
+        from orchestrator.engines.virtual import virtual_trials
         from orchestrator.points.virtual import in_virtual_time
         from simulator.predict import run_points
 

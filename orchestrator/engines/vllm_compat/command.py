@@ -130,7 +130,7 @@ def _own(cfg: ParasweepConf) -> list[Arg]:
     args = []
     for f in dataclasses.fields(cfg.vllm):
         value = getattr(cfg.vllm, f.name)
-        if value is None:
+        if value is None or f.name == "release":  # which release, not a flag of it
             continue
         flag, key = "--" + f.name.replace("_", "-"), f"vllm.{f.name}"
         if isinstance(value, bool):

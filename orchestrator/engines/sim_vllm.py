@@ -1,0 +1,86 @@
+"""The simulated engine playing vLLM (``python -m simulator serve MODEL <vLLM flags> --sim-*``): the
+same ``vllm serve`` flags the real vLLM gets, checked against the release it plays (``vllm.release``,
+else the newest recorded), then the simulator's own. Read back as a vLLM server is (``readout.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.config.schema import ParasweepConf
+from orchestrator.engines.base import FIRST_NODE, NodePlace
+from orchestrator.engines.launch_args import args_to_argv
+from orchestrator.engines.sim import SimEngine, fault_flags, simulator_fingerprint
+from orchestrator.engines.vllm_compat.command import build_args, check_args
+from orchestrator.engines.vllm_compat.readout import VLLMReadout
+from orchestrator.engines.vllm_compat.versions import NEWEST_KNOWN, RECORDED, release
+from orchestrator.errors import ConfigError
+from orchestrator.redact import redact_mapping, redact_text, secret_values
+from vocab.assets import model_dir
+
+
+def played_release(cfg: ParasweepConf) -> str:
+    """The vLLM release the simulated engine plays: ``vllm.release``, else the newest recorded."""
+    asked = cfg.vllm.release
+    if asked is not None and asked not in RECORDED:
+        raise ConfigError(
+            "vllm.release", asked, ", ".join(RECORDED) + " or null", why="the recorded vLLM releases"
+        )
+    return asked or NEWEST_KNOWN
+
+
+class SimVLLMEngine(VLLMReadout, SimEngine):
+    name = "sim-vllm"
+
+    def version(self, cfg: ParasweepConf) -> str:
+        return f"parasweep-sim {simulator_fingerprint()} playing vllm {played_release(cfg)}"
+
+    def plan_notes(self, cfg: ParasweepConf) -> list[str]:
+        return [
+            f"the simulated engine plays vLLM {played_release(cfg)} (its flags checked against that release)"
+        ]
+
+    def preflight(self, cfg: ParasweepConf) -> list[str]:
+        """The command line through the simulator's vLLM parser, so a flag it does not model (from
+        server.extra_args) stops the sweep before anything launches."""
+        from simulator.vllm.cli import build_vllm_parser
+
+        parser = build_vllm_parser()
+
+        def refuse(message: str) -> None:
+            raise ConfigError(
+                "server.extra_args",
+                redact_mapping(dict(cfg.server.extra_args)),
+                "flags the simulated engine playing vLLM accepts (python -m simulator serve --help)",
+                why=redact_text(message, secret_values(dict(cfg.server.extra_args))),
+            )
+
+        parser.error = refuse  # type: ignore[method-assign]
+        parser.parse_args(self.simulator_flags(cfg, 30000, Path("/nonexistent-trial-dir"))[1:])
+        return self.plan_notes(cfg)
+
+    def simulator_flags(
+        self, cfg: ParasweepConf, port: int, trial_dir: Path, node: NodePlace = FIRST_NODE
+    ) -> list[str]:
+        version = played_release(cfg)
+        flags = args_to_argv(check_args(build_args(cfg, port), release(version)))
+        model = str(model_dir(cfg.model.path))
+        if "--hf-overrides" in flags:  # the simulator reads a config.json with the overrides applied
+            i = flags.index("--hf-overrides")
+            del flags[i : i + 2]
+            model = str(self.model_copy(trial_dir))
+        if cfg.calibration.name:
+            flags += ["--sim-calibration", str(self.calibration_file(trial_dir))]
+        return [
+            "serve",
+            model,
+            *flags,
+            "--sim-vllm-release",
+            version,
+            "--sim-hardware",
+            str(self.hardware_file(trial_dir)),
+            "--sim-step-costs",
+            cfg.simulator.step_costs,
+            "--sim-time-scale",
+            f"{cfg.engine.time_scale:g}",
+            *fault_flags(cfg.engine.sim_faults),
+        ]

@@ -1,0 +1,236 @@
+"""``python -m simulator serve MODEL <vLLM flags> --sim-*``: ``vllm serve``'s command line (the flags
+parasweep builds, and a few a user passes often), turned into the simulator's configuration.
+
+The simulator's configuration speaks in the engine-neutral quantities its model needs (layout, request
+and token caps, KV budget, page size, whether host work overlaps the GPU); SGLang's flag names are its
+spelling of them, so each vLLM flag is translated into the quantity it sets (docs/simulator.md,
+"Playing vLLM", has the table) and what only vLLM has (its release, async scheduling, the prefill
+threshold, the full-prompt check) rides beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from simulator.cli import add_sim_flags, build_parser
+from simulator.model_spec import KV_CACHE_DTYPES, ONLINE_FP8
+from simulator.vllm.releases import NEWEST, PLAYED, default_caps, played
+
+if TYPE_CHECKING:
+    from simulator.sim_config import SimConfig
+
+# vLLM's default --gpu-memory-utilization and --block-size (every played release)
+GPU_MEMORY_UTILIZATION = 0.9
+BLOCK_SIZE = 16
+# vLLM's largest CUDA graph by default: min(2 x max_num_seqs, 512) (CompilationConfig)
+MAX_CAPTURE = 512
+# What vLLM's start-up profile leaves outside the KV cache beyond the weights: the peak activations of
+# one step of --max-num-batched-tokens tokens and the non-torch allocations. Not measured here: an
+# estimate of 1 GiB plus 0.25 MiB per batched token (3 GiB at 8192 tokens), docs/simulator.md.
+PROFILE_BASE_MIB = 1024.0
+PROFILE_MIB_PER_TOKEN = 0.25
+
+
+def _bool_pair(p: argparse.ArgumentParser, flag: str, default: bool | None) -> None:
+    """``--x`` / ``--no-x``, as vLLM's BooleanOptionalAction spells a bool field."""
+    p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+
+
+def build_vllm_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m simulator serve",
+        description="parasweep simulated engine playing vLLM: vllm serve's flags, discrete-event timing.",
+        allow_abbrev=False,
+    )
+    a = p.add_argument
+    a("model_tag", help="directory with config.json")
+    a("--served-model-name", default=None)
+    a("--load-format", default="auto")
+    a("--skip-tokenizer-init", action="store_true")
+    a("--trust-remote-code", action="store_true")
+    a("--dtype", default="auto")
+    a("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES))
+    a("--quantization", "-q", default=None, choices=[ONLINE_FP8])
+    a("--max-model-len", type=int, default=None)
+    a("--hf-overrides", default=None)
+    a("--tensor-parallel-size", "-tp", type=int, default=1)
+    a("--pipeline-parallel-size", "-pp", type=int, default=1)
+    a("--data-parallel-size", "-dp", type=int, default=1)
+    a("--enable-expert-parallel", action="store_true")
+    a("--distributed-executor-backend", default=None, choices=["ray", "mp", "uni", "external_launcher"])
+    a("--max-num-seqs", type=int, default=None)
+    a("--max-num-batched-tokens", type=int, default=None)
+    a("--gpu-memory-utilization", type=float, default=GPU_MEMORY_UTILIZATION)
+    a("--block-size", type=int, default=None)
+    _bool_pair(p, "--enable-prefix-caching", None)
+    _bool_pair(p, "--async-scheduling", None)
+    a("--enforce-eager", action="store_true")
+    a("--max-cudagraph-capture-size", type=int, default=None)
+    a("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
+    a("--long-prefill-token-threshold", type=int, default=0)
+    a("--max-num-partial-prefills", type=int, default=1)
+    a("--seed", type=int, default=None)
+    a("--host", default="127.0.0.1")
+    a("--port", type=int, default=8000)
+    a("--disable-log-stats", action="store_true")
+    a("--disable-log-requests", action="store_true")
+    _bool_pair(p, "--enable-log-requests", False)
+    a(
+        "--uvicorn-log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error", "critical", "trace"],
+    )
+    a(
+        "--sim-vllm-release",
+        default=NEWEST,
+        choices=list(PLAYED),
+        help="the vLLM release whose defaults, metric names and log wording the server plays",
+    )
+    add_sim_flags(p)
+    return p
+
+
+class VLLMFlagError(ValueError):
+    """A command line vLLM would refuse (or one the simulated engine does not model)."""
+
+
+def _neutral(v: argparse.Namespace) -> argparse.Namespace:
+    """The simulator's configuration from vLLM's flags: the SGLang-spelt namespace its resolution reads,
+    every field at its default, then the quantities vLLM's flags set."""
+    from vocab.hardware import HardwareError, load_hardware
+
+    if v.hf_overrides is not None:
+        raise VLLMFlagError(
+            "--hf-overrides: the simulated engine reads a config.json with the overrides "
+            "already applied (parasweep writes one for the trial)"
+        )
+    if v.data_parallel_size > 1:
+        raise VLLMFlagError(
+            "--data-parallel-size > 1 is not modelled by the simulated engine playing vLLM yet"
+        )
+    if v.scheduling_policy != "fcfs":
+        raise VLLMFlagError("--scheduling-policy priority is not modelled: requests carry no priority")
+    if v.max_num_partial_prefills != 1:
+        raise VLLMFlagError("--max-num-partial-prefills > 1 is not modelled by the simulated engine yet")
+    try:
+        hw = load_hardware(v.sim_hardware)
+    except HardwareError as e:
+        raise VLLMFlagError(str(e)) from e
+    seqs_default, tokens_default = default_caps(hw.memory_gb, hw.gpu)
+    seqs = v.max_num_seqs if v.max_num_seqs is not None else seqs_default
+    budget = v.max_num_batched_tokens if v.max_num_batched_tokens is not None else tokens_default
+    for flag, value in (
+        ("--max-num-seqs", seqs),
+        ("--max-num-batched-tokens", budget),
+        ("--tensor-parallel-size", v.tensor_parallel_size),
+        ("--pipeline-parallel-size", v.pipeline_parallel_size),
+    ):
+        if value < 1:
+            raise VLLMFlagError(f"{flag} must be >= 1, got {value}")
+    if not 0 < v.gpu_memory_utilization <= 1:
+        raise VLLMFlagError(f"--gpu-memory-utilization must be in (0, 1], got {v.gpu_memory_utilization}")
+    if v.long_prefill_token_threshold < 0:
+        raise VLLMFlagError(
+            f"--long-prefill-token-threshold must be >= 0, got {v.long_prefill_token_threshold}"
+        )
+    total_mib = hw.memory_gb * 1e9 / 2**20
+    reserve = PROFILE_BASE_MIB + PROFILE_MIB_PER_TOKEN * budget
+    if v.gpu_memory_utilization - reserve / total_mib <= 0:
+        raise VLLMFlagError(
+            f"--gpu-memory-utilization {v.gpu_memory_utilization:g} leaves no memory for the "
+            f"KV cache after one step's activations ({reserve / 1024:.1f} GiB of "
+            f"{total_mib / 1024:.0f} GiB)"
+        )
+    release = played(v.sim_vllm_release)
+    n = build_parser().parse_args(["--model-path", v.model_tag, "--sim-hardware", v.sim_hardware])
+    n.served_model_name = v.served_model_name
+    n.load_format, n.skip_tokenizer_init, n.trust_remote_code = (
+        v.load_format,
+        v.skip_tokenizer_init,
+        v.trust_remote_code,
+    )
+    n.dtype, n.kv_cache_dtype, n.quantization = v.dtype, v.kv_cache_dtype, v.quantization
+    n.context_length = v.max_model_len
+    n.tp_size, n.pp_size = v.tensor_parallel_size, v.pipeline_parallel_size
+    n.ep_size = v.tensor_parallel_size if v.enable_expert_parallel else 1
+    n.max_running_requests = seqs
+    # one token budget per step: what a step computes, prompt chunks and decodes together
+    n.chunked_prefill_size = n.max_prefill_tokens = budget
+    n.mem_fraction_static = v.gpu_memory_utilization - reserve / total_mib
+    n.page_size = v.block_size or BLOCK_SIZE
+    n.disable_radix_cache = v.enable_prefix_caching is False  # on by default in every played release
+    asynchronous = release.async_scheduling_default if v.async_scheduling is None else v.async_scheduling
+    n.disable_overlap_schedule = not asynchronous
+    n.disable_cuda_graph = v.enforce_eager
+    n.cuda_graph_max_bs_decode = v.max_cudagraph_capture_size or min(2 * seqs, MAX_CAPTURE)
+    n.random_seed = v.seed if v.seed is not None else 0  # vLLM seeds with 0 where unset
+    n.host, n.port = v.host, v.port
+    n.enable_metrics = True  # vLLM always serves /metrics
+    n.skip_server_warmup = True  # vLLM sends itself no request before it is ready
+    n.log_level = "info"
+    for name in (
+        "sim_calibration",
+        "sim_step_costs",
+        "sim_router",
+        "sim_spec_acceptance",
+        "sim_pd_node",
+        "sim_time_scale",
+    ):
+        setattr(n, name, getattr(v, name))
+    for name in vars(v):
+        if name.startswith("sim_fault_"):
+            setattr(n, name, getattr(v, name))
+    # what only vLLM has, beside the shared quantities
+    n.dialect = "vllm"
+    n.vllm_release = release.version
+    n.async_scheduling = asynchronous
+    n.long_prefill_token_threshold = v.long_prefill_token_threshold
+    n.log_stats = not v.disable_log_stats
+    n.gpu_memory_utilization = v.gpu_memory_utilization
+    n.vllm_argv = sys.argv[1:]
+    return n
+
+
+def parse(argv: list[str], exit_on_error: bool = True) -> argparse.Namespace:
+    """``serve MODEL FLAGS...`` parsed and translated; a flag vLLM's parser would refuse exits 2 (as vLLM
+    does), or raises VLLMFlagError where not ``exit_on_error`` (a prediction); a combination vLLM refuses
+    at start-up raises VLLMFlagError."""
+    if not argv or argv[0] != "serve":
+        raise VLLMFlagError("the vLLM dialect's command is `serve MODEL [flags]`")
+    parser = build_vllm_parser()
+    if not exit_on_error:
+
+        def error(message: str) -> None:
+            raise VLLMFlagError(f"simulator flags: {message}")
+
+        parser.error = error  # type: ignore[method-assign]
+    return _neutral(parser.parse_args(argv[1:]))
+
+
+def resolved(args: argparse.Namespace) -> SimConfig:
+    """The translated flags resolved into the simulator's configuration; VLLMFlagError, in vLLM's words
+    where vLLM has its own, for a configuration it refuses at start-up."""
+    from simulator.resolve import FlagError, resolve
+
+    try:
+        return resolve(args)
+    except FlagError as e:
+        message = str(e)
+        if message.startswith("Not enough memory"):  # vLLM's words for the same refusal
+            message = ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+                       f"when initializing the engine. ({message.split('(', 1)[-1]}")
+        raise VLLMFlagError(message) from e
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        cfg = resolved(parse(argv))
+    except VLLMFlagError as e:
+        print(f"ValueError: {e}", file=sys.stderr, flush=True)
+        return 1
+    from simulator.vllm.server import serve
+
+    return serve(cfg)

@@ -1,0 +1,203 @@
+"""vLLM's scheduler (``vllm/v1/core/sched/scheduler.py``) in the replica model.
+
+vLLM has no prefill batch and no decode batch: every step gives each request the tokens it still needs
+(``num_tokens - num_computed_tokens``: one for a decoding request, the rest of its prompt for one being
+prefilled), under one token budget per step (``--max-num-batched-tokens``):
+
+1. the running requests first, in the order they were admitted, each up to the budget left (and to
+   ``--long-prefill-token-threshold`` where set). A request whose new tokens do not fit in the free KV
+   cache preempts the last running request (first come, first served): that one's KV is freed and it goes
+   back to the front of the waiting queue, to be computed again from its first token (recompute, vLLM's
+   only preemption mode). When the request itself is the last, it waits for the next step;
+2. then, unless a request was preempted in this step, waiting requests in order while the budget lasts and
+   fewer than ``--max-num-seqs`` run: the prompt's cached prefix is taken from the prefix cache, the rest
+   is computed in chunks of what the budget leaves. From 0.19 a request is admitted only when its whole
+   prompt fits in the free KV cache (``scheduler_reserve_full_isl``); before, its first chunk had to.
+
+The KV cache is counted in tokens (vLLM allocates blocks of ``--block-size`` tokens; the rounding is not
+modelled) and shared with the prefix cache, whose unreferenced blocks are free to take (evicted least
+recently used first). A step's forward is priced by the same step costs as SGLang's mixed batch: the
+prompt chunks and one token per decoding request. docs/simulator.md, "Playing vLLM".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from simulator.admission import Admission
+from simulator.costs import decode_shape, prefill_shape
+from simulator.entities import Batch, PrefillItem, Request, Slot
+from simulator.replica import ReplicaModel
+from simulator.sim_config import SimConfig
+from simulator.timebase import Simulation
+from simulator.vllm.releases import played
+
+
+class VLLMAdmission(Admission):
+    """What goes into each step, and the KV and request accounting behind it."""
+
+    def __init__(self, cfg: SimConfig, clock: Callable[[], float]) -> None:
+        super().__init__(cfg, clock)
+        self.budget = cfg.chunked_prefill_size  # --max-num-batched-tokens
+        self.long_threshold = int(cfg.args.long_prefill_token_threshold)
+        self.reserve_full_prompt = played(cfg.args.vllm_release).reserve_full_prompt
+        # each slot's admitted requests in the order they were admitted (one slot but under PP, where a
+        # batch per stage is in flight and a request is in at most one of them)
+        self.running: dict[int, list[Request]] = {}
+        self.preemptions = 0  # since start (vllm:num_preemptions)
+        self.queried_total = (
+            0  # since start: tokens looked up in the prefix cache (vllm:prefix_cache_queries)
+        )
+        self.step_preemptions = 0  # in the step built last
+
+    @property
+    def num_running(self) -> int:
+        return sum(len(r) for r in self.running.values())
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(
+            r.prefilled < r.context_len and not r.finished for reqs in self.running.values() for r in reqs
+        )
+
+    def holds(self, req: Request) -> bool:
+        return any(req in reqs for reqs in self.running.values())
+
+    def drop_finished(self, slot: Slot) -> None:
+        """Finished and aborted requests leave the slot: their pool row and KV are freed (their prompt and
+        output stay in the prefix cache)."""
+        running = self.running.get(slot.index, [])
+        for r in [r for r in running if r.finished]:
+            running.remove(r)
+            if r in slot.reqs:
+                slot.reqs.remove(r)
+            self.release(r)
+        super().drop_finished(slot)  # anything finished in the slot that was not in running
+
+    def _preempt(self, slot: Slot, req: Request) -> None:
+        """Recompute: ``req``'s KV is freed (what was cached stays in the prefix cache) and it goes back
+        to the front of the waiting queue with its output so far, which it will compute again."""
+        self.running[slot.index].remove(req)
+        if req in slot.reqs:
+            slot.reqs.remove(req)
+        self.release(req)
+        req.prefilled = 0
+        req.cached = 0
+        self.waiting.appendleft(req)
+        self.preemptions += 1
+        self.step_preemptions += 1
+
+    def _free(self, promised: int) -> int:
+        """KV tokens a step may still take: the pool less what requests hold, the cache's blocks in use
+        and what this step has already promised."""
+        return self.kv_capacity - self.held_tokens - promised
+
+    def _chunk(self, todo: int, budget: int) -> int:
+        n = min(todo, budget)
+        return min(n, self.long_threshold) if self.long_threshold > 0 else n
+
+    def build_step(self, slot: Slot, now: float) -> Batch | None:
+        """The step ``slot`` runs next: its running requests' tokens, then new ones; None when nothing
+        can run."""
+        self.drop_finished(slot)
+        running = self.running.setdefault(slot.index, [])
+        budget, promised = self.budget, 0
+        items: list[PrefillItem] = []
+        decodes: list[Request] = []
+        self.step_preemptions = 0
+        self.batch_cached = 0
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = self._chunk(req.context_len - req.prefilled, budget)
+            while n > self._free(promised):
+                victim = running[-1]
+                self._preempt(slot, victim)
+                if victim is req:
+                    break
+            if req not in running:  # it preempted itself: nothing more of the running list fits
+                break
+            if (
+                req.prefilled + n == req.context_len
+                and req.prefilled == req.context_len - 1
+                and req.output_ids
+            ):
+                decodes.append(req)
+            else:
+                items.append(PrefillItem(req, n, req.prefilled, req.prefilled + n == req.context_len))
+            req.prefilled += n
+            promised += n
+            budget -= n
+            i += 1
+        while self.waiting and budget > 0 and not self.step_preemptions and self.num_running < self.pool_size:
+            req = self.waiting[0]
+            if req.finished:  # aborted while waiting
+                self.waiting.popleft()
+                continue
+            cached = self._match(req)
+            todo = req.context_len - cached
+            if self.cache is not None:
+                self.queried_total += req.context_len
+            n = self._chunk(todo, budget)
+            if (todo if self.reserve_full_prompt else n) > self._free(promised):
+                self._unmatch(req)
+                break
+            self.waiting.popleft()
+            req.forward_entry = now
+            running.append(req)
+            self.pool_used += 1
+            self.peak_pool_used = max(self.peak_pool_used, self.pool_used)
+            req.kv_reserved = req.input_len - cached
+            self.kv_committed += req.kv_reserved
+            self.batch_cached += cached
+            self.cached_total += cached
+            items.append(PrefillItem(req, n, cached, cached + n == req.context_len))
+            req.prefilled = cached + n
+            promised += n
+            budget -= n
+        for it in items:  # a request whose prompt is all computed decodes from the next step on
+            if it.last_chunk and it.req not in slot.reqs:
+                slot.reqs.append(it.req)
+        if not items and not decodes:
+            return None
+        if not items:
+            return Batch(decode=True, reqs=decodes, shape=decode_shape([r.context_len for r in decodes]))
+        return Batch(
+            decode=False,
+            reqs=[it.req for it in items],
+            items=items,
+            mixed=decodes,
+            shape=prefill_shape(
+                [(it.tokens, it.prefix) for it in items] + [(1, r.context_len) for r in decodes]
+            ),
+        )
+
+
+class VLLMReplica(ReplicaModel):
+    """One vLLM engine core: the replica model with vLLM's scheduler deciding each step."""
+
+    def __init__(self, cfg: SimConfig, sim: Simulation) -> None:
+        super().__init__(cfg, sim)
+        self.admission: VLLMAdmission = VLLMAdmission(cfg, lambda: sim.now)
+        self.prompt_tokens_computed = 0  # since start: prompt tokens computed (recomputed ones too)
+        self.step_hook: Callable[[int], None] | None = None  # told each step's tokens (the live server)
+
+    def _build_batch(self, slot: Slot) -> Batch | None:
+        batch = self.admission.build_step(slot, self.sim.now)
+        if batch is not None and not batch.decode:
+            computed = sum(it.tokens for it in batch.items)
+            self.prefill_tokens_since_log += computed
+            self.prompt_tokens_computed += computed
+        if batch is not None and self.step_hook is not None:
+            self.step_hook(batch.shape.tokens if batch.shape is not None else 0)
+        return batch
+
+    def holds(self, req: Request) -> bool:
+        return super().holds(req) or self.admission.holds(req)
+
+    def idle(self) -> bool:
+        return super().idle() and self.admission.num_running == 0
+
+    @property
+    def num_running(self) -> int:
+        return self.admission.num_running
