@@ -157,3 +157,21 @@ def test_dry_run_vllm_engine_argv_and_a_real_vllm_trial_refused(workdir: Path) -
     assert real.returncode != 0 and "launching vLLM is not built yet" in real.stderr
     assert len(real.stderr.strip().splitlines()) == 1
     assert not (workdir / "runs" / "mlflow.db").exists()
+
+
+def test_the_sglang_vs_vllm_experiment_builds_each_engines_own_command(workdir: Path) -> None:
+    # GPUs declared: the real engines' command lines; none: the simulated engine playing each
+    real = run_cli(["dry_run=true", "ray.num_gpus=8", "-m", "experiment=sglang-vs-vllm"], workdir)
+    assert real.returncode == 0, real.stderr
+    argvs = [json.loads(line[len("argv: "):]) for line in real.stdout.splitlines()
+             if line.startswith("argv: ")]
+    modules = sorted(argv[2] for argv in argvs)
+    assert modules == ["sglang.launch_server"] * 2 + ["vllm.entrypoints.cli.main"] * 2
+    flag = {"sglang.launch_server": "--tp-size", "vllm.entrypoints.cli.main": "--tensor-parallel-size"}
+    sizes = {(argv[2], argv[argv.index(flag[argv[2]]) + 1]) for argv in argvs}
+    assert {size for _, size in sizes} == {"4", "8"} and len(sizes) == 4
+    played = run_cli(["dry_run=true", "-m", "experiment=sglang-vs-vllm"], workdir)
+    assert played.returncode == 0, played.stderr
+    engines = sorted(line.split("engine=")[2].split()[0] for line in played.stdout.splitlines()
+                     if line.startswith("trial "))
+    assert engines == ["sim", "sim", "sim-vllm", "sim-vllm"]
