@@ -39,11 +39,11 @@ def _row(rows, ident):
 
 def test_cleaning_counts_what_it_did(silicon) -> None:
     rows, clean = silicon
-    assert clean.sglang_rows == 1487
+    assert clean.backend_rows == 1487
     assert clean.disaggregated == 534
     assert len(clean.mislabelled) == 20  # the GB200 TP72 rows
     assert clean.relabelled == 172
-    assert clean.distinct == len(rows) == clean.sglang_rows - clean.disaggregated - 20 - clean.duplicates
+    assert clean.distinct == len(rows) == clean.backend_rows - clean.disaggregated - 20 - clean.duplicates
     assert not any(r.system == "gb200" for r in rows)
     # every kept row is one measurement: no two share lengths, concurrency and both numbers
     keys = {(r.system, r.group, r.precision, r.isl, r.osl, r.concurrency, round(r.ttft_ms, 3),

@@ -55,7 +55,9 @@ if TYPE_CHECKING:  # the core is imported only when an estimate is asked for: it
 
 BACKEND = "sglang"
 # Hub ids with no bundled config, and the bundled checkpoint with the same architecture that prices them.
-SAME_ARCHITECTURE = {"meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Meta-Llama-3.1-8B"}
+SAME_ARCHITECTURE = {"meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Meta-Llama-3.1-8B",
+                     "nvidia/Llama-3.1-8B-Instruct-FP8": "meta-llama/Meta-Llama-3.1-8B",
+                     "meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B"}
 REASON_CHARS = 300  # a reason is cut to this length; the core's messages can run to several sentences
 # aiconfigurator 0.12.0's constants for a single disaggregated estimate
 PREFILL_CORRECTION = 1.1  # cli/api.py DEFAULT_PREFILL_LATENCY_CORRECTION_SCALE
@@ -74,8 +76,9 @@ class AicEstimate:
 def estimate_agg(model_path: str, system: str, isl: float, osl: float, batch_size: float | None,
                  tp: float | None, pp: float | None, attention_dp: float | None, moe_tp: float | None,
                  moe_ep: float | None, gemm_quant: str | float | None, moe_quant: str | float | None,
-                 backend_version: str | None) -> AicEstimate:
-    """AIConfigurator's TTFT and TPOT (ms) for one aggregated SGLang row of ``silicon_sample.csv``.
+                 backend_version: str | None, backend: str = BACKEND) -> AicEstimate:
+    """AIConfigurator's TTFT and TPOT (ms) for one aggregated row of ``silicon_sample.csv`` served by
+    ``backend`` (sglang, or vllm: the core's vLLM tables and backend).
 
     The arguments are the row's columns as they stand (``tp_size`` included, even where it holds TP×EP).
     An empty or NaN cell is left out, as the accuracy tool leaves it out of its call: the version and
@@ -88,7 +91,8 @@ def estimate_agg(model_path: str, system: str, isl: float, osl: float, batch_siz
         return AicEstimate(None, None, why_none=f"a size is not a number: {_reason(exc)}")
     if sizes[0] is None or sizes[1] is None:
         return AicEstimate(None, None, why_none="the row gives no input or output length")
-    return _estimate(model_path, system, *sizes, _text(gemm_quant), _text(moe_quant), _text(backend_version))
+    return _estimate(model_path, system, *sizes, _text(gemm_quant), _text(moe_quant), _text(backend_version),
+                     backend)
 
 
 def _size(value: float | None, default: int | None = None) -> int | None:
@@ -113,14 +117,14 @@ def _reason(exc: BaseException) -> str:
 @functools.cache
 def _estimate(model_path: str, system: str, isl: int, osl: int, batch_size: int, tp: int, pp: int,
               attention_dp: int, moe_tp: int | None, moe_ep: int | None, gemm_quant: str | None,
-              moe_quant: str | None, backend_version: str | None) -> AicEstimate:
+              moe_quant: str | None, backend_version: str | None, backend: str = BACKEND) -> AicEstimate:
     try:
-        version, database = _database(system, backend_version)
+        version, database = _database(system, backend_version, backend)
     except Exception as exc:
         return AicEstimate(None, None, why_none=_reason(exc))
     try:
         ttft, tpot = _run_agg(_checkpoint(model_path), system, database, isl, osl, batch_size, tp, pp,
-                              attention_dp, moe_tp, moe_ep, gemm_quant, moe_quant)
+                              attention_dp, moe_tp, moe_ep, gemm_quant, moe_quant, backend)
     except Exception as exc:
         return AicEstimate(None, None, why_none=_reason(exc), version=version)
     return AicEstimate(ttft, tpot, version=version)
@@ -177,32 +181,32 @@ def _estimate_disagg(model_path: str, system: str, isl: int, osl: int, prefill: 
 
 
 @functools.cache
-def _database(system: str, requested: str | None) -> tuple[str, PerfDatabase]:
-    """(version, tables) for a system: the requested SGLang version if the core serves it, else the
+def _database(system: str, requested: str | None, backend: str = BACKEND) -> tuple[str, PerfDatabase]:
+    """(version, tables) for a system: the requested version of ``backend`` if the core serves it, else the
     default one. The core refuses a version outside its slots with a ValueError (and answers None for a
     version it cannot load)."""
     from aiconfigurator_core.sdk.perf_database import get_latest_database_version
 
     if requested is not None:
         try:
-            database = _tables(system, requested)
+            database = _tables(system, requested, backend)
         except ValueError:
             database = None
         if database is not None:
             return requested, database
-    version = get_latest_database_version(system=system, backend=BACKEND)
+    version = get_latest_database_version(system=system, backend=backend)
     if version is None:
-        raise ValueError(f"aiconfigurator-core has no {BACKEND} tables for system {system!r}")
-    database = _tables(system, version)
+        raise ValueError(f"aiconfigurator-core has no {backend} tables for system {system!r}")
+    database = _tables(system, version, backend)
     if database is None:
-        raise ValueError(f"aiconfigurator-core could not load its {BACKEND} {version} tables for {system!r}")
+        raise ValueError(f"aiconfigurator-core could not load its {backend} {version} tables for {system!r}")
     return version, database
 
 
-def _tables(system: str, version: str) -> PerfDatabase | None:
+def _tables(system: str, version: str, backend: str = BACKEND) -> PerfDatabase | None:
     from aiconfigurator_core.sdk.perf_database import get_database_view
 
-    return get_database_view(system, BACKEND, version, allow_missing_data=False, database_mode="SILICON",
+    return get_database_view(system, backend, version, allow_missing_data=False, database_mode="SILICON",
                              transfer_policy=None)
 
 
@@ -222,7 +226,7 @@ def _checkpoint(model_path: str) -> str:
 
 def _model(checkpoint: str, system: str, database: PerfDatabase, tp: int, pp: int, attention_dp: int,
            moe_tp: int | None, moe_ep: int | None, gemm_quant: str | None, moe_quant: str | None,
-           context: bool):  # -> the core's BaseModel
+           context: bool, backend: str = BACKEND):  # -> the core's BaseModel
     """The core's model of ``checkpoint`` at one layout, resolved as the upper package resolves it (the
     context-attention precision against the tables only for a role that runs prefills)."""
     from aiconfigurator_core.sdk.config import ModelConfig
@@ -241,10 +245,10 @@ def _model(checkpoint: str, system: str, database: PerfDatabase, tp: int, pp: in
     model_config = build_model_config(tp, pp, attention_dp, moe_tp, moe_ep, gemm_quant_mode=gemm_quant,
                                       moe_quant_mode=moe_quant)
     if context:
-        resolve_context_fmha_by_data(model_config, checkpoint, database, BACKEND, is_context_role=True)
-    resolve_dsv4_moe_arch(model_config, checkpoint, system_name=system, backend_name=BACKEND)
+        resolve_context_fmha_by_data(model_config, checkpoint, database, backend, is_context_role=True)
+    resolve_dsv4_moe_arch(model_config, checkpoint, system_name=system, backend_name=backend)
     resolve_nvfp4_for_system(model_config, system, checkpoint)
-    return get_model(checkpoint, model_config, BACKEND)
+    return get_model(checkpoint, model_config, backend)
 
 
 def _run_static(checkpoint: str, system: str, database: PerfDatabase, isl: int, osl: int, batch_size: int,
@@ -273,13 +277,13 @@ def _run_static(checkpoint: str, system: str, database: PerfDatabase, isl: int, 
 
 def _run_agg(checkpoint: str, system: str, database: PerfDatabase, isl: int, osl: int, batch_size: int,
              tp: int, pp: int, attention_dp: int, moe_tp: int | None, moe_ep: int | None,
-             gemm_quant: str | None, moe_quant: str | None) -> tuple[float, float]:
+             gemm_quant: str | None, moe_quant: str | None, backend: str = BACKEND) -> tuple[float, float]:
     from aiconfigurator_core.sdk.backends.factory import get_backend
     from aiconfigurator_core.sdk.config import RuntimeConfig
 
     model = _model(checkpoint, system, database, tp, pp, attention_dp, moe_tp, moe_ep, gemm_quant, moe_quant,
-                   context=True)
-    summary = get_backend(BACKEND).run_agg(
+                   context=True, backend=backend)
+    summary = get_backend(backend).run_agg(
         model, database, RuntimeConfig(isl=isl, osl=osl, batch_size=batch_size), ctx_tokens=isl,
         max_seq_len=None, free_gpu_memory_fraction=None, decode_tokens_per_iteration=1.0)
     if summary.check_oom():

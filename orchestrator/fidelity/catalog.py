@@ -54,6 +54,7 @@ GPUS: tuple[tuple[str, str], ...] = (
     (r"b300", "b300-sxm-x8"),
     (r"a100", "a100-sxm-x8"),
     (r"a40\b", "a40-pcie-x4"),
+    (r"\bl4\b", "l4-pcie-x8"),
 )
 # an assumed network between nodes where the source states none: one 400 Gb/s port per GPU
 ASSUMED_INTERNODE_BW_GBS = 50.0

@@ -33,11 +33,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--silicon", nargs="?", const="", default=None, metavar="CSV",
                    help="replay the served SGLang runs of aiconfigurator-core's silicon_sample.csv (default: "
                         "the installed file) beside AIConfigurator's estimate of each (docs/fidelity.md)")
+    p.add_argument("--backend", choices=["sglang", "vllm"], default="sglang",
+                   help="with --silicon: the engine whose served rows are replayed (vllm: on the simulated "
+                        "engine playing vLLM)")
     p.add_argument("--no-aiconfigurator", action="store_true",
                    help="with --silicon: leave AIConfigurator's estimates out (faster)")
     p.add_argument("--forward", nargs="?", const="", default=None, metavar="FILE",
                    help="replay published forward-only step timings (SGLang bench_one_batch; default: the "
                         "shipped data/published/forward.jsonl)")
+    p.add_argument("--pairs", nargs="?", const="", default=None, metavar="FILE",
+                   help="replay published pairs of layouts (PP against TP) and judge the predicted order "
+                        "(default: the shipped data/published/vllm_pp.jsonl, vLLM's)")
     p.add_argument("--json", dest="json_out", metavar="OUT", help="write the comparison as JSON to OUT")
     p.add_argument("--only", action="append", default=[], metavar="ID",
                    help="replay only the entries whose id contains ID (repeatable)")
@@ -130,13 +136,21 @@ def main(argv: list[str]) -> int:
         parser.error(f"--workers {args.workers}: invalid; valid: 1 or more processes")
     if args.json_out and not Path(args.json_out).resolve().parent.is_dir():
         parser.error(f"--json {args.json_out}: invalid; valid: a file in an existing folder")
-    if args.silicon is not None and args.forward is not None:
-        parser.error("--silicon and --forward: one at a time")
+    if sum(x is not None for x in (args.silicon, args.forward, args.pairs)) > 1:
+        parser.error("--silicon, --forward and --pairs: one at a time")
+    if args.pairs is not None:
+        from orchestrator.fidelity.pairs import run_pairs
+
+        try:
+            return run_pairs(args.pairs or None, args.json_out)
+        except UserError as e:
+            print(f"fidelity: {e}", file=sys.stderr)
+            return 2
     if args.silicon is not None:
         from orchestrator.fidelity.served_cli import run_silicon
 
         return run_silicon(args.silicon or None, args.only, args.workers, not args.no_aiconfigurator,
-                           args.json_out)
+                           args.json_out, args.backend)
     if args.forward is not None:
         from orchestrator.fidelity.forward import main as forward_main
 

@@ -20,6 +20,7 @@ import numpy as np
 from orchestrator.fidelity.catalog import NotModelled, across_nodes, hardware_profile, model_folder
 from orchestrator.fidelity.corpus import DISAGGREGATED, Entry, Role
 from orchestrator.fidelity.releases import release_defaults
+from orchestrator.fidelity.vllm_launch import vllm_argv
 from orchestrator.prediction.modelled import engine_env
 from simulator.model_spec import ModelSpec, load_model_spec
 from simulator.predict import VirtualTrial, load_config
@@ -195,6 +196,8 @@ def plan(entry: Entry, workdir: Path) -> Plan:
     if net_note:
         notes.append(net_note)
     calibration = entry.parasweep.get("calibration")  # constants in place of the model's defaults
+    if entry.parasweep.get("engine") == "vllm":  # played by the simulated engine playing vLLM
+        return _vllm_plan(entry, model_dir, profile, calibration, notes)
     argv = ["--model-path", str(model_dir), "--sim-hardware", str(profile), "--sim-step-costs", "auto",
             *(["--sim-calibration", calibration] if calibration else []),
             "--tp-size", str(p.tp), "--pp-size", str(p.pp), "--ep-size", str(p.ep), "--dp-size", str(p.dp)]
@@ -236,6 +239,24 @@ def plan(entry: Entry, workdir: Path) -> Plan:
     layout = "attention DP" if p.dp_attention else "EP" if p.ep > 1 else "TP"
     return Plan(argv=argv, env=env, requests=requests, max_concurrency=cap, family=family,
                 layout=layout, hardware=profile.stem, notes=notes)
+
+
+def _vllm_plan(entry: Entry, model_dir: Path, profile: Path, calibration: str | None,
+               notes: list[str]) -> Plan:
+    """A vLLM entry's plan: its launch as the simulated engine playing vLLM takes it, its requests as for
+    any entry."""
+    argv, launch_notes = vllm_argv(entry, model_dir, profile, calibration)
+    notes += launch_notes
+    spec = load_model_spec(str(model_dir))
+    requests, cap = _requests(entry, model_dir, spec, notes)
+    longest = max(r.input_len + r.output_len for r in requests)
+    context = entry.server_args.get("max_model_len")
+    if longest > (context if isinstance(context, int) else spec.max_context_length):
+        raise NotModelled(f"a request of {longest:,} tokens exceeds the served context")
+    p = entry.parallelism
+    family = "pp" if p.pp > 1 else "moe" if spec.is_moe else "dense"
+    return Plan(argv=argv, env={}, requests=requests, max_concurrency=cap, family=family,
+                layout="EP" if p.ep > 1 else "TP", hardware=profile.stem, notes=notes)
 
 
 def _disaggregated(entry: Entry, base: list[str], requests: list[BenchRequest], cap: int | None,

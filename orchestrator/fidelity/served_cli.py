@@ -22,8 +22,9 @@ from orchestrator.fidelity.silicon import (
     select,
 )
 from orchestrator.fidelity.silicon_disagg import read_disagg
+from orchestrator.fidelity.silicon_vllm import UNMODELLED as VLLM_UNMODELLED
 
-ARCHITECTURES_NOT_MODELLED = {why for _, why in UNMODELLED}
+ARCHITECTURES_NOT_MODELLED = {why for _, why in (*UNMODELLED, *VLLM_UNMODELLED)}
 
 
 def _ms(x: float | None) -> str:
@@ -80,11 +81,12 @@ def request_table(served: Sequence[Served]) -> str:
 
 
 def run_silicon(path: str | None, only: list[str], workers: int | None, with_aic: bool,
-                json_out: str | None) -> int:
+                json_out: str | None, backend: str = "sglang") -> int:
     try:
         file = Path(path) if path else default_csv()
-        rows, cleaning = read_silicon(file)
-        disagg, disagg_cleaning = read_disagg(file)
+        rows, cleaning = read_silicon(file, backend)
+        # vLLM's disaggregated rows are not replayed yet (the simulated engine plays no vLLM KV transfer)
+        disagg, disagg_cleaning = read_disagg(file) if backend == "sglang" else ([], None)
     except UserError as e:
         print(f"fidelity: {e}", file=sys.stderr)
         return 2
@@ -92,14 +94,16 @@ def run_silicon(path: str | None, only: list[str], workers: int | None, with_aic
     if not rows and not disagg:
         print(f"fidelity: --only {' '.join(only)}: no row of {file} matches", file=sys.stderr)
         return 2
-    print(f"fidelity: replaying {len(rows) + len(disagg)} served SGLang run(s) of {file} on the simulated "
-          "engine (predictions in virtual time, not measurements)"
+    engine = {"sglang": "SGLang", "vllm": "vLLM"}[backend]
+    print(f"fidelity: replaying {len(rows) + len(disagg)} served {engine} run(s) of {file} on the simulated "
+          f"engine{' playing vLLM' if backend == 'vllm' else ''} (predictions in virtual time, not "
+          "measurements)"
           + ("; AIConfigurator's estimate of each from the installed aiconfigurator-core"
              if with_aic else ""), flush=True)
-    out: dict[str, object] = {"source": str(file)}
+    out: dict[str, object] = {"source": str(file), "backend": backend}
     if rows:
         out |= _section(rows, cleaning.lines(), "aggregated", workers, with_aic)
-    if disagg:
+    if disagg and disagg_cleaning is not None:
         if rows:
             print()
         print("Disaggregated runs (prefill and decode servers apart; each role launched as its recipe says, "

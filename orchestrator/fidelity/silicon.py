@@ -114,6 +114,8 @@ class SiliconRow:
     fixes: list[str] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
     apart: str = ""  # why the row is scored apart from the others ("" where it is not): apart_reason
+    backend: str = "sglang"  # the engine that served it: sglang or vllm
+    dp: int = 1  # data-parallel ranks (vLLM's --data-parallel-size with the experts spread over them)
 
     @property
     def group(self) -> str:
@@ -131,7 +133,7 @@ class SiliconRow:
 class Cleaning:
     """What the reader did to the file, counted."""
 
-    sglang_rows: int = 0
+    backend_rows: int = 0
     disaggregated: int = 0
     mislabelled: list[str] = field(default_factory=list)
     relabelled: int = 0  # legacy TP x EP rows given their real layout
@@ -139,8 +141,12 @@ class Cleaning:
     distinct: int = 0
     apart: int = 0  # rows replayed but scored apart (apart_reason)
 
+    backend: str = "sglang"
+
     def lines(self) -> list[str]:
-        return [f"{self.sglang_rows} SGLang rows: {self.disaggregated} disaggregated (replayed apart, below)",
+        engine = {"sglang": "SGLang", "vllm": "vLLM"}[self.backend]
+        return [f"{self.backend_rows} {engine} rows: {self.disaggregated} disaggregated "
+                + ("(replayed apart, below)" if self.backend == "sglang" else "(not replayed for vLLM yet)"),
                 f"{len(self.mislabelled)} GB200 'aggregated' rows at TP{MISLABELLED_TP} dropped: multi-node "
                 "disaggregated runs from an older export schema",
                 f"{self.relabelled} rows storing TP x EP in tp_size given their real layout "
@@ -186,19 +192,20 @@ def read_csv(file: Path, needed: set[str]) -> pd.DataFrame:
     return df
 
 
-def read_silicon(path: str | Path) -> tuple[list[SiliconRow], Cleaning]:
-    """The distinct aggregated SGLang measurements of the CSV at ``path``, cleaned (module doc)."""
+def read_silicon(path: str | Path, backend: str = "sglang") -> tuple[list[SiliconRow], Cleaning]:
+    """The distinct aggregated measurements of ``backend`` (sglang or vllm) in the CSV at ``path``, cleaned
+    (module doc)."""
     file = Path(path)
     df = read_csv(file, {"id", "silicon_data_source", "backend", "backend_version", "model_path", "system",
                          "precision", "mode", "isl", "osl", "batch_size", "tp_size", "moe_tp_size",
                          "moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms"})
-    clean = Cleaning()
-    df = df[df["backend"] == "sglang"]
-    clean.sglang_rows = len(df)
+    clean = Cleaning(backend=backend)
+    df = df[df["backend"] == backend]
+    clean.backend_rows = len(df)
     clean.disaggregated = int((df["mode"] != "agg").sum())
     kept: dict[tuple, SiliconRow] = {}
     for rec in df[df["mode"] == "agg"].to_dict("records"):
-        row = _row(rec, clean)
+        row = _row(rec, clean) if backend == "sglang" else _vllm_row(rec)
         if row is None:
             continue
         key = (row.system, short_model(row.model), row.precision, row.isl, row.osl, row.concurrency,
@@ -244,6 +251,22 @@ def _row(rec: dict, clean: Cleaning) -> SiliconRow | None:
         precision=text_cell(rec.get("precision")) or "bf16", isl=int(rec["isl"]), osl=int(rec["osl"]),
         concurrency=_concurrency(rec, source), tp=tp, ep=ep, columns=columns,
         ttft_ms=float(rec["silicon_ttft_ms"]), tpot_ms=float(rec["silicon_tpot_ms"]), fixes=fixes)
+
+
+def _vllm_row(rec: dict) -> SiliconRow:
+    """A vLLM row: TP, the experts spread over TP x DP where ``moe_ep_size`` > 1 (vLLM's
+    --enable-expert-parallel), DP ranks from ``attention_dp_size`` (vLLM's --data-parallel-size)."""
+    tp, dp, moe_ep = (int_cell(rec.get(k)) or 1 for k in ("tp_size", "attention_dp_size", "moe_ep_size"))
+    source = text_cell(rec.get("silicon_data_source"))
+    cohort = "gap-analysis" if "gap-analysis" in source or "aic-auto-gap" in source else "inferencex"
+    columns = {k: rec.get(k) for k in ("batch_size", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size",
+                                       "moe_ep_size", "gemm_quant_mode", "moe_quant_mode")}
+    return SiliconRow(
+        id=str(rec["id"]), source=source, cohort=cohort, version=text_cell(rec.get("backend_version")),
+        model=str(rec["model_path"]), system=str(rec["system"]),
+        precision=text_cell(rec.get("precision")) or "bf16", isl=int(rec["isl"]), osl=int(rec["osl"]),
+        concurrency=_concurrency(rec, source), tp=tp, ep=moe_ep, columns=columns,
+        ttft_ms=float(rec["silicon_ttft_ms"]), tpot_ms=float(rec["silicon_tpot_ms"]), backend="vllm", dp=dp)
 
 
 def _concurrency(rec: dict, source: str) -> int:

@@ -15,12 +15,16 @@ import sys
 from typing import TYPE_CHECKING
 
 from simulator.cli import add_sim_flags, build_parser
-from simulator.model_spec import KV_CACHE_DTYPES, ONLINE_FP8
+from simulator.model_spec import ONLINE_FP8
 from simulator.vllm.releases import NEWEST, PLAYED, default_caps, played
 
 if TYPE_CHECKING:
     from simulator.sim_config import SimConfig
 
+# vLLM's KV cache dtypes the model prices (0.19.0's choices less the MLA-only and Intel ones), and the
+# simulator's name for each
+VLLM_KV_CACHE_DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "float16": "bfloat16", "fp8": "fp8_e4m3",
+                        "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 # vLLM's default --gpu-memory-utilization and --block-size (every played release)
 GPU_MEMORY_UTILIZATION = 0.9
 BLOCK_SIZE = 16
@@ -51,7 +55,7 @@ def build_vllm_parser() -> argparse.ArgumentParser:
     a("--skip-tokenizer-init", action="store_true")
     a("--trust-remote-code", action="store_true")
     a("--dtype", default="auto")
-    a("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES))
+    a("--kv-cache-dtype", default="auto", choices=list(VLLM_KV_CACHE_DTYPES))
     a("--quantization", "-q", default=None, choices=[ONLINE_FP8])
     a("--max-model-len", type=int, default=None)
     a("--hf-overrides", default=None)
@@ -146,14 +150,17 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
     release = played(v.sim_vllm_release)
     n = build_parser().parse_args(["--model-path", v.model_tag, "--sim-hardware", v.sim_hardware])
     n.served_model_name = v.served_model_name
-    n.load_format, n.skip_tokenizer_init, n.trust_remote_code = (
-        v.load_format,
-        v.skip_tokenizer_init,
-        v.trust_remote_code,
-    )
-    n.dtype, n.kv_cache_dtype, n.quantization = v.dtype, v.kv_cache_dtype, v.quantization
+    n.load_format, n.skip_tokenizer_init = v.load_format, v.skip_tokenizer_init
+    n.trust_remote_code, n.dtype, n.quantization = v.trust_remote_code, v.dtype, v.quantization
+    n.kv_cache_dtype = VLLM_KV_CACHE_DTYPES[v.kv_cache_dtype]
     n.context_length = v.max_model_len
     n.tp_size, n.pp_size = v.tensor_parallel_size, v.pipeline_parallel_size
+    world = v.tensor_parallel_size * v.pipeline_parallel_size
+    if world > hw.num_gpus and hw.nodes > 1:
+        # across nodes vLLM is one server process whose Ray executor places the ranks on the other nodes:
+        # the model prices the layout over the nodes it takes; no other process of the engine joins
+        n.nnodes = min(-(-world // hw.num_gpus), hw.nodes)
+        n.dist_init_addr = "127.0.0.1:1"
     n.ep_size = v.tensor_parallel_size if v.enable_expert_parallel else 1
     n.max_running_requests = seqs
     # one token budget per step: what a step computes, prompt chunks and decodes together

@@ -1,0 +1,183 @@
+"""The served vLLM rows of aiconfigurator-core's silicon CSV as entries the replay runs on the simulated
+engine playing vLLM: the model folder each maps to, its launch (the vLLM flags of its source's script,
+vLLM's defaults where none is published) and the same client as the SGLang rows (``silicon.client_workload``:
+InferenceX's benchmark_serving closed loop, or the gap-analysis harness). docs/fidelity.md, "Served vLLM
+runs", restates the sources."""
+
+from __future__ import annotations
+
+import re
+
+from orchestrator.fidelity.corpus import Entry
+from orchestrator.fidelity.silicon import (
+    GPU_NAMES,
+    NO_PROFILE,
+    PREDICTED_SOURCE,
+    SYSTEMS,
+    SiliconRow,
+    Unreplayable,
+    client_workload,
+    measured_on,
+)
+
+# (pattern on the CSV's model_path, why the simulated engine does not price it)
+UNMODELLED = (
+    (r"gpt-oss", "gpt-oss's MXFP4 experts and its attention sinks are not modelled by the simulated engine"),
+)
+# (pattern on model_path, precision, folder under models/, --quantization, what the mapping assumes)
+MODELS = (
+    (
+        r"llama-3\.1-70b",
+        "fp8",
+        "llama-3.1-70b",
+        "fp8",
+        "Llama-3.1-70B in FP8 priced as the BF16 checkpoint quantized to FP8 at load (--quantization fp8): "
+        "the checkpoint is not recorded",
+    ),
+    (
+        r"llama-3\.1-8b",
+        "fp8",
+        "llama-3.1-8b",
+        "fp8",
+        "NVIDIA's FP8 Llama-3.1-8B priced as the BF16 checkpoint quantized to FP8 at load "
+        "(--quantization fp8)",
+    ),
+    (r"qwen3-235b-a22b-fp8", "fp8", "qwen3-235b-a22b-fp8", None, ""),
+    (r"qwen3-32b$", "bf16", "qwen3-32b", None, ""),
+    (r"qwen3-32b$", "fp8", "qwen3-32b", "fp8",
+     "FP8 priced as the BF16 checkpoint quantized to FP8 at load (--quantization fp8): the checkpoint is "
+     "not recorded"),
+    (r"minimax-m2\.5", "fp8", "minimax-m2.5", None, ""),
+    (r"minimax-m2\.5", "fp4", "minimax-m2.5-nvfp4", None, "NVIDIA's NVFP4 MiniMax-M2.5 (its config)"),
+    (
+        r"kimi-k2\.5",
+        "int4",
+        "kimi-k2",
+        None,
+        "Kimi-K2.5's language model priced as Kimi-K2-Thinking's: the same architecture and INT4 experts",
+    ),
+    (r"kimi-k2\.5", "fp4", "kimi-k2.5-nvfp4", None, "NVIDIA's NVFP4 Kimi-K2.5 (its config)"),
+)
+
+
+def model_for(row: SiliconRow) -> tuple[str, str | None, str]:
+    """(folder under models/, --quantization or None, what the mapping assumes) for a vLLM ``row``."""
+    key = row.model.lower()
+    for pattern, why in UNMODELLED:
+        if re.search(pattern, key):
+            raise Unreplayable(why)
+    for pattern, precision, folder, quant, note in MODELS:
+        if re.search(pattern, key) and row.precision == precision:
+            return folder, quant, note
+    raise Unreplayable(f"model {row.model} in {row.precision}: no model folder maps to it")
+
+
+def launch_flags(row: SiliconRow) -> tuple[dict[str, object], list[str]]:
+    """The vLLM flags the row's source launched it with (vLLM's dest names), and what is assumed:
+    InferenceX's scripts (SemiAnalysisAI/InferenceX, ``benchmarks/``) at the commit in effect on the row's
+    date; vLLM's defaults where the source publishes none (the gap-analysis runs, Kimi-K2.5)."""
+    notes: list[str] = []
+    args: dict[str, object] = {"enable_prefix_caching": False}  # the prompts share no prefix either way
+    model, day = row.model.lower(), measured_on(row)
+    if row.cohort == "gap-analysis":
+        notes.append("launch not published: vLLM's defaults for the layout")
+        return args, notes
+    if "llama-3.1-70b" in model:
+        # benchmarks/70b_fp8_*.sh and 70b_fp4_b200_docker.sh (last state c198b20e, 2025-10-30), vLLM 0.10.2:
+        # --gpu-memory-utilization 0.9, a config with fp8 KV, async scheduling, 8192 batched tokens
+        args |= {
+            "gpu_memory_utilization": 0.9,
+            "kv_cache_dtype": "fp8",
+            "async_scheduling": True,
+            "max_num_batched_tokens": 8192,
+            "max_num_seqs": 512 if row.system == "b200_sxm" else row.concurrency,
+            "max_model_len": 10240
+            if row.system == "h100_sxm"
+            else row.isl + row.osl + (20 if row.isl + row.osl <= 2048 else 200),
+        }
+        notes.append(
+            "InferenceX ran NVIDIA's Llama-3.3-70B-Instruct FP8/FP4 checkpoints (Llama-3.1-70B's "
+            "architecture) on vLLM 0.10.2, played as the oldest recorded release"
+        )
+    elif "minimax-m2.5" in model and row.system == "h100_sxm":
+        # minimaxm2.5_fp8_h100.sh (ac0d2a85, 2026-03-02): 0.90 of the GPU, 256 sequences, piecewise graphs
+        args |= {"gpu_memory_utilization": 0.9, "max_num_seqs": 256, "max_model_len": row.isl + row.osl + 256}
+    elif "minimax-m2.5" in model and row.system == "h200_sxm":
+        # minimaxm2.5_fp8_h200.sh (a3634633, 2026-03-01; experts spread from 5e2c705d, 2026-03-13)
+        args |= {"gpu_memory_utilization": 0.95, "max_model_len": row.isl + row.osl + 256}
+    elif "minimax-m2.5" in model and row.system in ("b200_sxm", "b300_sxm"):
+        # minimaxm2.5_{fp8,fp4}_b200.sh (f342df18, 2026-03-11; from bddbf403, 2026-04-03: fp8 KV, 2 x ISL
+        # batched tokens, graphs to 2048)
+        args |= {"max_model_len": row.isl + row.osl + 256}
+        if row.precision == "fp8":
+            args["block_size"] = 32
+        if day and day >= "2026-04-03":
+            args |= {
+                "gpu_memory_utilization": 0.9,
+                "kv_cache_dtype": "fp8",
+                "max_num_batched_tokens": 2 * row.isl,
+                "max_cudagraph_capture_size": 2048,
+            }
+        else:
+            args["gpu_memory_utilization"] = 0.95
+        if row.system == "b300_sxm":
+            notes.append("B300: the B200 script's flags (the B300 script is not restated)")
+    else:
+        notes.append("launch flags not restated for this model: vLLM's defaults for the layout")
+    if "minimax-m2.5" in model and day and day < "2026-03-27":
+        args["enable_prefix_caching"] = True  # on by default until the scripts turned it off (0f78cf4e)
+    return args, notes
+
+
+def expert_parallel_always(row: SiliconRow) -> bool:
+    """InferenceX's MiniMax-M2.5 scripts for H200 (from 5e2c705d, 2026-03-13) and B200 (f342df18,
+    2026-03-11, until bddbf403, 2026-04-03) passed --enable-expert-parallel whenever ``EP_SIZE -ge 1``,
+    which every run's EP size (1 or more) is: the experts were spread over the TP group on every row."""
+    if "minimax-m2.5" not in row.model.lower():
+        return False
+    day = measured_on(row)
+    if row.system == "h200_sxm":
+        return bool(day) and day >= "2026-03-13"
+    if row.system in ("b200_sxm", "b300_sxm"):
+        return bool(day) and "2026-03-11" <= day < "2026-04-03"
+    return False
+
+
+def to_vllm_entry(row: SiliconRow) -> tuple[Entry, list[str]]:
+    """A vLLM ``row`` as a replayable entry and what its mapping assumes; raises :class:`Unreplayable`."""
+    folder, quant, model_note = model_for(row)
+    if row.system not in SYSTEMS:
+        raise Unreplayable(f"GPU system {row.system}: {NO_PROFILE}")
+    if row.dp > 1:
+        raise Unreplayable(
+            "vLLM's data parallelism (--data-parallel-size with the experts over every rank) "
+            "is not modelled by the simulated engine playing vLLM yet"
+        )
+    args, notes = launch_flags(row)
+    ep = row.ep if row.ep > 1 else 1
+    if ep == 1 and row.tp > 1 and expert_parallel_always(row):
+        ep = row.tp
+        notes.append("--enable-expert-parallel on whatever the row's moe_ep says: the script's test "
+                     "(EP_SIZE -ge 1) was true for every run")
+    if quant:
+        args["quantization"] = quant
+    notes = [n for n in (model_note, *notes) if n]
+    if row.apart:
+        notes.append(f"scored apart: {row.apart}")
+    workload, client_notes = client_workload(row)
+    entry = Entry.model_validate(
+        {
+            "id": row.id,
+            "source_url": f"{PREDICTED_SOURCE}: {row.source}",
+            "model": row.model,
+            "gpu": GPU_NAMES[row.system],
+            "gpu_count": row.tp * row.dp,
+            "vllm_version": row.version or "0.19.0",
+            "parallelism": {"tp": row.tp, "ep": ep},
+            "server_args": args,
+            "workload": workload,
+            "measured": {"mean_ttft_ms": row.ttft_ms, "mean_tpot_ms": row.tpot_ms},
+            "parasweep": {"model": folder, "hardware": SYSTEMS[row.system], "engine": "vllm"},
+        }
+    )
+    return entry, [*notes, *client_notes]
