@@ -110,6 +110,9 @@ class VLLMAdmission(Admission):
         while i < len(running) and budget > 0:
             req = running[i]
             n = self._chunk(req.context_len - req.prefilled, budget)
+            if n <= 0:  # nothing to compute until its last token is out (vLLM skips it: `continue`)
+                i += 1
+                continue
             while n > self._free(promised):
                 victim = running[-1]
                 self._preempt(slot, victim)
