@@ -356,13 +356,15 @@ class Unreplayable(Exception):
     """A row whose model or GPU the simulated engine does not price; the message says why."""
 
 
-def model_for(row: SiliconRow) -> tuple[str, str | None, str]:
-    """(folder under models/, --quantization or None, what the mapping assumes) for ``row``."""
+def model_for(row: SiliconRow, models: tuple = MODELS, unmodelled: tuple = UNMODELLED
+              ) -> tuple[str, str | None, str]:
+    """(folder under models/, --quantization or None, what the mapping assumes) for ``row``, by the
+    ``models`` table (SGLang's rows' by default), refusing what ``unmodelled`` names."""
     key = row.model.lower()
-    for pattern, why in UNMODELLED:
+    for pattern, why in unmodelled:
         if re.search(pattern, key):
             raise Unreplayable(why)
-    for pattern, precision, folder, quant, note in MODELS:
+    for pattern, precision, folder, quant, note in models:
         if re.search(pattern, key) and row.precision == precision:
             return folder, quant, note
     raise Unreplayable(f"model {row.model} in {row.precision}: no model folder maps to it")

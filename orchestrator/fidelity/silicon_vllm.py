@@ -6,8 +6,6 @@ runs", restates the sources."""
 
 from __future__ import annotations
 
-import re
-
 from orchestrator.fidelity.corpus import Entry
 from orchestrator.fidelity.silicon import (
     GPU_NAMES,
@@ -18,6 +16,7 @@ from orchestrator.fidelity.silicon import (
     Unreplayable,
     client_workload,
     measured_on,
+    model_for,
 )
 
 # (pattern on the CSV's model_path, why the simulated engine does not price it)
@@ -58,18 +57,6 @@ MODELS = (
     ),
     (r"kimi-k2\.5", "fp4", "kimi-k2.5-nvfp4", None, "NVIDIA's NVFP4 Kimi-K2.5 (its config)"),
 )
-
-
-def model_for(row: SiliconRow) -> tuple[str, str | None, str]:
-    """(folder under models/, --quantization or None, what the mapping assumes) for a vLLM ``row``."""
-    key = row.model.lower()
-    for pattern, why in UNMODELLED:
-        if re.search(pattern, key):
-            raise Unreplayable(why)
-    for pattern, precision, folder, quant, note in MODELS:
-        if re.search(pattern, key) and row.precision == precision:
-            return folder, quant, note
-    raise Unreplayable(f"model {row.model} in {row.precision}: no model folder maps to it")
 
 
 def launch_flags(row: SiliconRow) -> tuple[dict[str, object], list[str]]:
@@ -145,7 +132,7 @@ def expert_parallel_always(row: SiliconRow) -> bool:
 
 def to_vllm_entry(row: SiliconRow) -> tuple[Entry, list[str]]:
     """A vLLM ``row`` as a replayable entry and what its mapping assumes; raises :class:`Unreplayable`."""
-    folder, quant, model_note = model_for(row)
+    folder, quant, model_note = model_for(row, MODELS, UNMODELLED)
     if row.system not in SYSTEMS:
         raise Unreplayable(f"GPU system {row.system}: {NO_PROFILE}")
     if row.dp > 1:
