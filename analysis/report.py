@@ -89,11 +89,13 @@ def engine_lines(runs: list[Any]) -> list[str]:
         if engine == "sim-predict":
             text = f"Simulated engine in virtual time{why}: the simulator's predictions, not measured"
         elif engine in PLAYS:
-            played = "SGLang" if PLAYS[engine] == "sglang" else "vLLM"
+            # SGLang is what the simulated engine plays unless said otherwise (a line stays within the
+            # summary's width); another engine is named with the release it plays, where the tag names
+            # one ("parasweep-sim playing vllm 0.34.0")
             versions = sorted({r.data.tags.get(Tag.ENGINE_VERSION, "") for r in group} - {""})
-            # the release it plays, where the tag names one ("parasweep-sim playing vllm 0.34.0")
             shown = sorted({v.rsplit(" ", 1)[-1] for v in versions if " playing " in v})
-            plays = f" playing {played}" + (f" {', '.join(shown)}" if shown else "")
+            plays = ("" if PLAYS[engine] == "sglang"
+                     else " playing vLLM" + (f" {', '.join(shown)}" if shown else ""))
             text = f"Simulated engine{plays}{why}: the simulator's numbers, not measured"
         else:  # a real engine measured them; a run without the tag says nothing it cannot back
             versions = sorted({r.data.tags.get(Tag.ENGINE_VERSION, "") for r in group} - {"", "unknown"})

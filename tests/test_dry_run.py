@@ -154,7 +154,7 @@ def test_dry_run_vllm_engine_argv_and_a_real_vllm_trial_refused(workdir: Path) -
         "pp.async_depth=4: invalid (SGLang's PP async batch depth has no vLLM flag); "
         "valid: 0 with engine=vllm")
     real = run_cli(["engine=vllm", "ray.num_gpus=8", "parallelism=tp8"], workdir)
-    assert real.returncode != 0 and "launching vLLM is not built yet" in real.stderr
+    assert real.returncode != 0 and "launching the real vLLM is not built yet" in real.stderr
     assert len(real.stderr.strip().splitlines()) == 1
     assert not (workdir / "runs" / "mlflow.db").exists()
 

@@ -343,8 +343,7 @@ def test_a_time_scaled_simulated_engine_is_said_under_the_engine_line(tmp_path: 
                 Tag.ENGINE_REASON: "engine=sim in the config"}
         tracker.start_run(f"#{num}", {**tags, **({Tag.SIM_TIME_SCALE: scale} if scale else {})}, parent)
     lines = engine_lines(tracker.children(parent))
-    assert lines[0] == ("Simulated engine playing SGLang (engine=sim in the config): the simulator's "
-                        "numbers, not measured")
+    assert lines[0] == "Simulated engine (engine=sim in the config): the simulator's numbers, not measured"
     assert " ".join(line.strip() for line in lines[1:3]) == (
         "played at 4x real time (engine.time_scale) and timed on its own clock: every time and rate is in "
         "the engine's seconds")

@@ -113,7 +113,8 @@ def test_one_sweep_runs_both_engines_each_with_its_own_telemetry(tmp_path: Path)
     # the scheduler series came from vLLM's gauges: the running requests of each point
     assert vllm.data.metrics["c4/running_reqs_mean"] > 0  # type: ignore[attr-defined]
     out = result.stdout
-    assert "Simulated engine playing SGLang" in out and "Simulated engine playing vLLM 0.34.0" in out
+    assert "trial #0: Simulated engine (engine=sglang: " in out
+    assert "trial #1: Simulated engine playing vLLM 0.34.0 (engine=vllm: " in out
     rows = [line for line in out.splitlines() if "engine=vllm" in line and "ok" in line]
     assert rows and any("engine=sglang" in line for line in out.splitlines())  # each row names its engine
 
