@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import hashlib
@@ -60,20 +61,30 @@ class SimEngine(Engine):
     def preflight(self, cfg: ParasweepConf) -> list[str]:
         """Parse the command line with the simulator's own parser, so a flag it does not know (e.g.
         from server.extra_args) stops the sweep before anything launches."""
-        from simulator.cli import build_parser
-
-        parser = build_parser()
-
-        def refuse(message: str) -> None:
-            raise ConfigError("server.extra_args", redact_mapping(dict(cfg.server.extra_args)),
-                              "flags the simulated engine accepts (python -m simulator --help)",
-                              why=redact_text(message, secret_values(dict(cfg.server.extra_args))))
-
-        parser.error = refuse  # type: ignore[method-assign]
-        parser.parse_args(self.simulator_flags(cfg, 30000, Path("/nonexistent-trial-dir")))
+        self.parse_flags(cfg)
         # values the SGLang release the simulated engine follows lists the choices of (--moe-a2a-backend)
         check_choices(build_args(cfg, 30000), recorded_flag_set(NEWEST_KNOWN), NEWEST_KNOWN)
         return self.plan_notes(cfg)
+
+    def flag_parser(self) -> tuple[argparse.ArgumentParser, str]:
+        """The simulator's parser of this engine's flags, and the command that shows them."""
+        from simulator.cli import build_parser
+
+        return build_parser(), "python -m simulator --help"
+
+    def parse_flags(self, cfg: ParasweepConf) -> None:
+        """The trial's simulator flags through ``flag_parser``: a one-line ConfigError on
+        ``server.extra_args`` (secrets masked) where it refuses one."""
+        parser, shown = self.flag_parser()
+
+        def refuse(message: str) -> None:
+            raise ConfigError("server.extra_args", redact_mapping(dict(cfg.server.extra_args)),
+                              f"flags the simulated engine accepts ({shown})",
+                              why=redact_text(message, secret_values(dict(cfg.server.extra_args))))
+
+        parser.error = refuse  # type: ignore[method-assign]
+        flags = self.simulator_flags(cfg, 30000, Path("/nonexistent-trial-dir"))
+        parser.parse_args(flags[1:] if flags[:1] == ["serve"] else flags)
 
     @staticmethod
     def hardware_file(trial_dir: Path) -> Path:

@@ -4,28 +4,24 @@ else the newest recorded), then the simulator's own. Read back as a vLLM server 
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.base import FIRST_NODE, NodePlace
 from orchestrator.engines.launch_args import args_to_argv
 from orchestrator.engines.sim import SimEngine, fault_flags, simulator_fingerprint
+from orchestrator.engines.vllm import target_release
 from orchestrator.engines.vllm_compat.command import build_args, check_args
 from orchestrator.engines.vllm_compat.readout import VLLMReadout
-from orchestrator.engines.vllm_compat.versions import NEWEST_KNOWN, RECORDED, release
-from orchestrator.errors import ConfigError
-from orchestrator.redact import redact_mapping, redact_text, secret_values
+from orchestrator.engines.vllm_compat.versions import release
 from vocab.assets import model_dir
 
 
 def played_release(cfg: ParasweepConf) -> str:
-    """The vLLM release the simulated engine plays: ``vllm.release``, else the newest recorded."""
-    asked = cfg.vllm.release
-    if asked is not None and asked not in RECORDED:
-        raise ConfigError(
-            "vllm.release", asked, ", ".join(RECORDED) + " or null", why="the recorded vLLM releases"
-        )
-    return asked or NEWEST_KNOWN
+    """The vLLM release the simulated engine plays: ``vllm.release``, else the newest recorded (vLLM need
+    not be installed to be played)."""
+    return target_release(None, cfg.vllm.release)[0]
 
 
 class SimVLLMEngine(VLLMReadout, SimEngine):
@@ -42,21 +38,13 @@ class SimVLLMEngine(VLLMReadout, SimEngine):
     def preflight(self, cfg: ParasweepConf) -> list[str]:
         """The command line through the simulator's vLLM parser, so a flag it does not model (from
         server.extra_args) stops the sweep before anything launches."""
+        self.parse_flags(cfg)
+        return self.plan_notes(cfg)
+
+    def flag_parser(self) -> tuple[argparse.ArgumentParser, str]:
         from simulator.vllm.cli import build_vllm_parser
 
-        parser = build_vllm_parser()
-
-        def refuse(message: str) -> None:
-            raise ConfigError(
-                "server.extra_args",
-                redact_mapping(dict(cfg.server.extra_args)),
-                "flags the simulated engine playing vLLM accepts (python -m simulator serve --help)",
-                why=redact_text(message, secret_values(dict(cfg.server.extra_args))),
-            )
-
-        parser.error = refuse  # type: ignore[method-assign]
-        parser.parse_args(self.simulator_flags(cfg, 30000, Path("/nonexistent-trial-dir"))[1:])
-        return self.plan_notes(cfg)
+        return build_vllm_parser(), "python -m simulator serve --help"
 
     def simulator_flags(
         self, cfg: ParasweepConf, port: int, trial_dir: Path, node: NodePlace = FIRST_NODE

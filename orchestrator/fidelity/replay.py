@@ -225,9 +225,7 @@ def plan(entry: Entry, workdir: Path) -> Plan:
         env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
         notes.append(f"context length {context:,} over the config's {spec.max_context_length:,}, "
                      "as published")
-    longest = max(r.input_len + r.output_len for r in requests)
-    if longest > (context if isinstance(context, int) else spec.max_context_length):
-        raise NotModelled(f"a request of {longest:,} tokens exceeds the served context")
+    _fits_context(requests, context, spec)
     if entry.disaggregation is not None:
         return _disaggregated(entry, argv[:argv.index("--tp-size")], requests, cap, env, notes,
                               spec.is_moe, profile)
@@ -241,6 +239,14 @@ def plan(entry: Entry, workdir: Path) -> Plan:
                 layout=layout, hardware=profile.stem, notes=notes)
 
 
+def _fits_context(requests: list[BenchRequest], context: object, spec: ModelSpec) -> None:
+    """NotModelled where a request is longer than the context the launch served (its own setting where
+    it published one, else the model's)."""
+    longest = max(r.input_len + r.output_len for r in requests)
+    if longest > (context if isinstance(context, int) else spec.max_context_length):
+        raise NotModelled(f"a request of {longest:,} tokens exceeds the served context")
+
+
 def _vllm_plan(entry: Entry, model_dir: Path, profile: Path, calibration: str | None,
                notes: list[str]) -> Plan:
     """A vLLM entry's plan: its launch as the simulated engine playing vLLM takes it, its requests as for
@@ -249,10 +255,7 @@ def _vllm_plan(entry: Entry, model_dir: Path, profile: Path, calibration: str | 
     notes += launch_notes
     spec = load_model_spec(str(model_dir))
     requests, cap = _requests(entry, model_dir, spec, notes)
-    longest = max(r.input_len + r.output_len for r in requests)
-    context = entry.server_args.get("max_model_len")
-    if longest > (context if isinstance(context, int) else spec.max_context_length):
-        raise NotModelled(f"a request of {longest:,} tokens exceeds the served context")
+    _fits_context(requests, entry.server_args.get("max_model_len"), spec)
     p = entry.parallelism
     family = "pp" if p.pp > 1 else "moe" if spec.is_moe else "dense"
     return Plan(argv=argv, env={}, requests=requests, max_concurrency=cap, family=family,
