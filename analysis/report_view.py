@@ -403,6 +403,9 @@ def instead(answer: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     r = answer.get("recommend") or {}
     commands = [(label, r[key]) for key, label in (("run_py", "parasweep"),
+                                                   ("vllm", f"vLLM as parasweep would launch it "
+                                                            f"({r.get('vllm_release')}'s flags, random "
+                                                            "weights, no tokenizer)"),
                                                    ("sglang", "SGLang as parasweep measures it (0.5.23's "
                                                               "flags, random weights, no tokenizer)"),
                                                    ("sglang_weights", "SGLang serving the real model"))

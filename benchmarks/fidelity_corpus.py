@@ -5,13 +5,15 @@ family, and every headline that moved by more than two points. ``--update`` reco
 there.
 
     .venv/bin/python benchmarks/fidelity_corpus.py [--update]
-    .venv/bin/python benchmarks/fidelity_corpus.py --silicon [--from OUT.json] [--update]
+    .venv/bin/python benchmarks/fidelity_corpus.py --silicon [--backend vllm] [--from OUT.json] [--update]
 
 ``--silicon``: the served SGLang rows of aiconfigurator-core's silicon CSV instead, parasweep's median
 |error| beside AIConfigurator's on the same rows, TTFT and TPOT, per GPU and overall (the disaggregated
 rows per model x GPU group), before (the rows recorded in ``data/published/silicon_errors.json``) and
 now; ``--from`` reads a run already written by ``python -m orchestrator fidelity --silicon --json
-OUT.json`` instead of replaying every row again (a quarter of an hour on two cores).
+OUT.json`` instead of replaying every row again (a quarter of an hour on two cores). ``--backend vllm``:
+the served vLLM rows, recorded in ``data/published/silicon_vllm_errors.json`` (what a vLLM trial's
+bands quote).
 
 A change to the model is kept when the corpus as a whole agrees better and no family gets worse by more
 than another gains (docs/fidelity.md).
@@ -35,7 +37,8 @@ from orchestrator.fidelity.silicon_disagg import read_disagg
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "data" / "published" / "sglang.jsonl"
 BASELINE = REPO / "data" / "published" / "errors.json"  # also what predictions quote their error from
-SILICON_BASELINE = REPO / "data" / "published" / "silicon_errors.json"
+SILICON_BASELINE = {"sglang": REPO / "data" / "published" / "silicon_errors.json",
+                    "vllm": REPO / "data" / "published" / "silicon_vllm_errors.json"}
 
 
 def _rows(data: list[dict]) -> list[Row]:
@@ -43,7 +46,7 @@ def _rows(data: list[dict]) -> list[Row]:
                 r["hardware"]) for r in data]
 
 
-def _served(path: str | None) -> tuple[list[Served], list[Served]]:
+def _served(path: str | None, backend: str = "sglang") -> tuple[list[Served], list[Served]]:
     """(aggregated rows, disaggregated rows): read from a run's JSON, or replayed now."""
     if path:
         keep = {f.name for f in fields(Served)}
@@ -53,15 +56,17 @@ def _served(path: str | None) -> tuple[list[Served], list[Served]]:
         disagg = disagg["compared"] if isinstance(disagg, dict) else disagg
         return ([Served(**{k: v for k, v in r.items() if k in keep}) for r in data.get("compared", [])],
                 [Served(**{k: v for k, v in r.items() if k in keep}) for r in disagg])
-    rows, _ = read_silicon(default_csv())
-    disagg_rows, _ = read_disagg(default_csv())
+    rows, _ = read_silicon(default_csv(), backend)
+    # the disaggregated rows replayed are SGLang's (vLLM's are not yet)
+    disagg_rows = read_disagg(default_csv())[0] if backend == "sglang" else []
     return predict_all(rows)[0], predict_all(disagg_rows)[0]
 
 
-def _silicon(path: str | None, update: bool) -> int:
-    served, disagg = _served(path)
-    if SILICON_BASELINE.is_file():
-        before, before_disagg = _served(str(SILICON_BASELINE))
+def _silicon(path: str | None, update: bool, backend: str) -> int:
+    served, disagg = _served(path, backend)
+    baseline = SILICON_BASELINE[backend]
+    if baseline.is_file():
+        before, before_disagg = _served(str(baseline))
         print(f"before (recorded: {len(before)} rows, {len(before_disagg)} disaggregated)")
         print(side_table(side_by_side(before, lambda s: s.system), "GPU"))
         print(side_table(side_by_side(before_disagg, lambda s: s.group), "disaggregated: model x GPU group"))
@@ -71,10 +76,9 @@ def _silicon(path: str | None, update: bool) -> int:
     print(side_table(side_by_side(disagg, lambda s: s.group), "disaggregated: model x GPU group"))
     print("(median |error|; 'rows both': the rows AIConfigurator estimates too, both medians over them)")
     if update:
-        SILICON_BASELINE.write_text(json.dumps({"compared": [s.as_json() for s in served],
-                                                "disaggregated": [s.as_json() for s in disagg]},
-                                               indent=0) + "\n")
-        print(f"\nbaseline written: {SILICON_BASELINE}")
+        baseline.write_text(json.dumps({"compared": [s.as_json() for s in served],
+                                        "disaggregated": [s.as_json() for s in disagg]}, indent=0) + "\n")
+        print(f"\nbaseline written: {baseline}")
     return 0
 
 
@@ -82,11 +86,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--update", action="store_true", help="record the current errors as the baseline")
     p.add_argument("--silicon", action="store_true", help="the served rows of the silicon CSV (module doc)")
+    p.add_argument("--backend", choices=sorted(SILICON_BASELINE), default="sglang",
+                   help="with --silicon: the engine whose served rows are compared")
     p.add_argument("--from", dest="from_json", metavar="OUT.json",
                    help="with --silicon: a run written by `fidelity --silicon --json` instead of a replay")
     args = p.parse_args()
     if args.silicon:
-        return _silicon(args.from_json, args.update)
+        return _silicon(args.from_json, args.update, args.backend)
     rows, _, skipped, _ = replay_all(read_corpus(CORPUS))
     print(f"{len({r.id for r in rows})} entries compared, {len(skipped)} skipped\n")
     if BASELINE.is_file():

@@ -312,9 +312,13 @@ def _show_instead(answer: dict[str, Any], console: Any) -> None:
     r = answer.get("recommend")
     if not r:
         return
-    commands = [("", r["run_py"]),
-                ("  SGLang as parasweep measures it (0.5.23's flags, random weights, no tokenizer):",
-                 r["sglang"])]
+    commands = [("", r["run_py"])]
+    if r.get("vllm"):
+        commands.append((f"  vLLM as parasweep would launch it ({r['vllm_release']}'s flags, random weights, "
+                         "no tokenizer):", r["vllm"]))
+    if r.get("sglang"):
+        commands.append(("  SGLang as parasweep measures it (0.5.23's flags, random weights, no tokenizer):",
+                         r["sglang"]))
     if r.get("sglang_weights"):
         commands.append(("  SGLang serving the real model:", r["sglang_weights"]))
     for head, command in commands:

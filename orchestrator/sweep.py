@@ -52,12 +52,15 @@ def note_sweep(config: DictConfig, multirun: bool) -> None:
 
 
 def _step_costs(config: DictConfig) -> str:
-    """The step-cost label of the base config ("" when it is invalid: validation says why later)."""
+    """The step-cost label of the base config ("" when it is invalid: validation says why later); each
+    trial's run carries its own (a sweep over engines prices each engine with its own tables)."""
     from simulator.step_costs import StepCostsError, describe_step_costs
+    from simulator.vllm.releases import NEWEST
 
+    vllm = config.engine.name in ("vllm", "sim-vllm")
     try:
-        return describe_step_costs(str(config.simulator.step_costs), config.hardware.get("kernel_tables")
-                                   ).label()
+        return describe_step_costs(str(config.simulator.step_costs), config.hardware.get("kernel_tables"),
+                                   *((config.vllm.release or NEWEST, "vllm") if vllm else ())).label()
     except StepCostsError:
         return ""
 

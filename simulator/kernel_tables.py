@@ -1,11 +1,13 @@
 """Measured kernel latencies, read as data from the tables ``aiconfigurator-core`` ships.
 
 NVIDIA's ``aiconfigurator-core`` (PyPI, Apache-2.0, Linux x86-64 wheels) carries Parquet tables of kernel
-latencies measured with SGLang's own kernels on real GPUs, under
-``aiconfigurator_core/systems/data/<system>/<family>/sglang/<version>/<table>.parquet``. This module only
-*reads* them: it finds the installed package's folder without importing it (its estimator is not used),
-picks for each operator family the recorded SGLang version nearest to the one launched, and answers
-latency queries by interpolating between measured points:
+latencies measured with each engine's own kernels on real GPUs, under
+``aiconfigurator_core/systems/data/<system>/<family>/<framework>/<version>/<table>.parquet`` (framework
+``sglang`` or ``vllm``). This module only *reads* them: it finds the installed package's folder without
+importing it (its estimator is not used), picks for each operator family the recorded version of the
+engine nearest to the one launched (SGLang's table where the engine has none of that name: vLLM's MLA
+tables are whole modules, not SGLang's kernel), keeps the implementation the engine runs
+(``kernel_lanes.py``), and answers latency queries by interpolating between measured points:
 
 - in token or batch counts and context lengths: linear in log(latency) against log(count), between the
   two measured neighbours (kernel time grows as a power of the work in each regime);
@@ -34,10 +36,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from packaging.version import Version
 
+from simulator import SGLANG_COMPAT_VERSION
+from simulator.kernel_lanes import LANES, Lanes
+
 PACKAGE = "aiconfigurator-core"
 # SMs DeepEP's normal-mode kernels take unless told otherwise (deep_ep.Buffer.num_sms)
 DEEPEP_NORMAL_SMS = 20
-FRAMEWORK = "sglang"
 
 
 def systems_dir() -> Path | None:
@@ -76,31 +80,33 @@ def nearest_version(available: Sequence[str], launched: str) -> str:
 class TableFile:
     family: str  # gemm, attention, mla, mla_bmm, moe, comm
     name: str  # e.g. gemm_perf
-    version: str  # the SGLang version the table was measured with
+    framework: str  # the engine whose kernels were measured: sglang or vllm
+    version: str  # the engine's version the table was measured with
     path: Path
 
 
 @functools.cache
-def find_table(system: str, family: str, name: str, launched: str) -> TableFile | None:
-    """``<system>/<family>/sglang/<version>/<name>.parquet`` for the version nearest to ``launched``
-    among those that have this table."""
+def find_table(system: str, family: str, name: str, launched: str, framework: str = "sglang"
+               ) -> TableFile | None:
+    """``<system>/<family>/<framework>/<version>/<name>.parquet`` for the version nearest to ``launched``
+    among those that have this table; SGLang's, for the release the simulator follows, where ``framework``
+    has none."""
     root = systems_dir()
     if root is None:
         return None
-    base = root / "data" / system / family / FRAMEWORK
-    if not base.is_dir():
-        return None
-    versions = [d.name for d in base.iterdir() if (d / f"{name}.parquet").is_file()]
+    base = root / "data" / system / family / framework
+    versions = [d.name for d in base.iterdir() if (d / f"{name}.parquet").is_file()] if base.is_dir() else []
     if not versions:
-        return None
+        return None if framework == "sglang" else find_table(system, family, name, SGLANG_COMPAT_VERSION)
     version = nearest_version(versions, launched)
-    return TableFile(family, name, version, base / version / f"{name}.parquet")
+    return TableFile(family, name, framework, version, base / version / f"{name}.parquet")
 
 
 @functools.cache
-def kernel_tables(system: str, launched: str) -> KernelTables:
-    """The one :class:`KernelTables` of this process for ``system`` and ``launched``."""
-    return KernelTables(system, launched)
+def kernel_tables(system: str, launched: str, framework: str = "sglang") -> KernelTables:
+    """The one :class:`KernelTables` of this process for ``system``, the engine (``framework``) and its
+    version ``launched``."""
+    return KernelTables(system, launched, LANES[framework])
 
 
 @functools.cache
@@ -236,13 +242,13 @@ class GemmTable:
 # -- the tables of one system, for one launched version -----------------------------------------------------
 
 class KernelTables:
-    """The measured tables of one GPU (``system``) for one launched SGLang version. Each method returns
-    an interpolator, or None with nothing measured for those keys. Get one with :func:`kernel_tables`:
-    it is built once per process, and so is each interpolator (predictions build many cost models from
-    the same tables)."""
+    """The measured tables of one GPU (``system``) for one engine (``lanes``: its tables and the kernels
+    it runs) at its launched version. Each method returns an interpolator, or None with nothing measured
+    for those keys. Get one with :func:`kernel_tables`: it is built once per process, and so is each
+    interpolator (predictions build many cost models from the same tables)."""
 
-    def __init__(self, system: str, launched: str) -> None:
-        self.system, self.launched = system, launched
+    def __init__(self, system: str, launched: str, lanes: Lanes) -> None:
+        self.system, self.launched, self.lanes = system, launched, lanes
         self._built: dict[tuple[object, ...], object] = {}
 
     def _once(self, build, *args: object):  # type: ignore[no-untyped-def]
@@ -253,10 +259,11 @@ class KernelTables:
         return self._built[key]
 
     def _file(self, family: str, name: str) -> TableFile | None:
-        return find_table(self.system, family, name, self.launched)
+        return find_table(self.system, family, name, self.launched, self.lanes.framework)
 
     def versions(self) -> dict[str, str]:
-        """family/table -> the SGLang version its numbers were measured with (those present)."""
+        """family/table -> the engine and version its numbers were measured with, "SGLang 0.5.14" (those
+        present)."""
         out = {}
         for family, name in (("gemm", "gemm_perf"), ("attention", "context_attention_perf"),
                              ("attention", "generation_attention_perf"), ("mla", "context_mla_perf"),
@@ -264,18 +271,24 @@ class KernelTables:
                              ("moe", "moe_perf"), ("comm", "custom_allreduce_perf")):
             f = self._file(family, name)
             if f is not None:
-                out[f"{family}/{name}"] = f.version
+                out[f"{family}/{name}"] = f"{LANES[f.framework].engine} {f.version}"
         return out
 
     def gemm(self, dtype: str) -> GemmTable | None:
         return self._once(self._build_gemm, dtype)
 
     def _build_gemm(self, dtype: str) -> GemmTable | None:
-        f = self._file("gemm", "gemm_perf")
+        f = (find_table(self.system, "gemm", "gemm_perf", SGLANG_COMPAT_VERSION)
+             if dtype in self.lanes.sglang_gemm else self._file("gemm", "gemm_perf"))
         if f is None:
             return None
-        rows = _read(f.path, (("gemm_dtype", "=", dtype),), ("m", "n", "k", "latency"))
+        rows = _read(f.path, (("gemm_dtype", "=", dtype),), ("kernel_source", "m", "n", "k", "latency"))
+        rows = _one_source(rows, self._lanes(f).gemm.get(dtype, ()))
         return GemmTable(rows) if rows else None
+
+    def _lanes(self, f: TableFile) -> Lanes:
+        """The kernel choices of the engine whose table ``f`` is (SGLang's where it stood in)."""
+        return LANES[f.framework]
 
     def attention(self, phase: str, heads: int, kv_heads: int, head_dim: int, kv_dtype: str,
                   backend: str) -> Surface | None:
@@ -291,7 +304,7 @@ class KernelTables:
                 ("head_dim", "=", head_dim), ("kv_cache_dtype", "=", kv_dtype),
                 ("attn_dtype", "=", "bfloat16"), ("window_size", "=", 0))
         rows = _read(f.path, keys, ("kernel_source", "batch_size", "isl", "step", "latency"))
-        rows = _one_source(rows, backend)
+        rows = _one_source(rows, self._lanes(f).attention_sources(backend))
         along = "isl" if phase == "context" else "step"
         points = {(float(r["batch_size"]), float(r[along])): float(r["latency"]) * 1e-3 for r in rows}
         return Surface(points) if points else None
@@ -339,7 +352,7 @@ class KernelTables:
                 ("topk", "=", topk), ("num_experts", "=", experts), ("moe_tp_size", "=", moe_tp),
                 ("moe_ep_size", "=", moe_ep), ("distribution", "=", distribution))
         rows = _read(f.path, keys, ("kernel_source", "num_tokens", "latency"))
-        rows = _one_source(rows, "sglang_fused_moe_triton")
+        rows = _one_source(rows, self._lanes(f).moe)
         points = {float(r["num_tokens"]): float(r["latency"]) * 1e-3 for r in rows}
         return Curve(points, proportional_above=True) if points else None
 
@@ -370,9 +383,9 @@ class KernelTables:
         return Curve(points, proportional_above=True) if points else None
 
     def allreduce(self, gpus: int, graph: bool) -> Curve | None:
-        """SGLang's tensor-parallel all-reduce (``tensor_model_parallel_all_reduce``: its custom all-reduce
-        where it applies, else NCCL) against the message size in bf16 elements, replayed from a CUDA graph
-        or eager."""
+        """The engine's tensor-parallel all-reduce (SGLang's and vLLM's
+        ``tensor_model_parallel_all_reduce``: the custom all-reduce where it applies, else NCCL) against the
+        message size in bf16 elements, replayed from a CUDA graph or eager."""
         return self._once(self._build_allreduce, gpus, graph)
 
     def _build_allreduce(self, gpus: int, graph: bool) -> Curve | None:
@@ -388,7 +401,7 @@ class KernelTables:
         f = self._file("comm", "custom_allreduce_perf")
         if f is None:
             return {}
-        keys = (("num_gpus", "=", gpus), ("backend", "=", "sglang_graph" if graph else "sglang_eager"),
+        keys = (("num_gpus", "=", gpus), ("backend", "=", self._lanes(f).allreduce_backend(graph)),
                 ("allreduce_dtype", "=", "bfloat16"))
         rows = _read(f.path, keys, ("message_size", "latency"))
         return {float(r["message_size"]): float(r["latency"]) * 1e-3 for r in rows}
@@ -414,11 +427,12 @@ def uncorroborated_spikes(points: dict[float, float], other: dict[float, float])
             if spike(points, a, x, b) and not spike(other, a, x, b)}
 
 
-def _one_source(rows: list[dict[str, object]], preferred: str) -> list[dict[str, object]]:
-    """Rows of one kernel implementation: ``preferred`` when measured, else the first in name order (a
-    table may hold several implementations of one operator; mixing them would interpolate across kernels)."""
+def _one_source(rows: list[dict[str, object]], preferred: Sequence[str]) -> list[dict[str, object]]:
+    """Rows of one kernel implementation: the first of ``preferred`` measured, else the first in name
+    order (a table may hold several implementations of one operator; mixing them would interpolate across
+    kernels)."""
     sources = sorted({str(r["kernel_source"]) for r in rows})
     if not sources:
         return rows
-    chosen = preferred if preferred in sources else sources[0]
+    chosen = next((p for p in preferred if p in sources), sources[0])
     return [r for r in rows if r["kernel_source"] == chosen]

@@ -52,6 +52,8 @@ excluded, as in a measured trial and as ``output_tok_s`` counts); they are simul
   DP replicas per stage index; mean, least and most active stage;
 * ``kv_token_usage_max``: the highest KV pool use / pool size of any replica from the first measured
   send on;
+* ``retracted_reqs`` (playing vLLM): the requests preempted in the window (vLLM's
+  ``vllm:num_preemptions``), each to be computed again from its first token;
 * ``queue_reqs_mean`` and ``running_reqs_mean``: the mean waiting queue (all replicas) and the mean
   running requests per micro-batch slot, integrated from each request's model times (its wait before
   its first prefill batch, then its run to its last token);
@@ -97,6 +99,7 @@ from vocab.telemetry import (
     RANK_QUEUE_SPREAD,
     RANK_RUNNING,
     RANK_RUNNING_IMBALANCE,
+    RETRACTED,
     RUNNING_MEAN,
     STAGE_ACTIVITY_MAX,
     STAGE_ACTIVITY_MEAN,
@@ -169,9 +172,15 @@ def load_config(argv: list[str]) -> SimConfig:
 
 
 def resolved_server_info(argv: list[str]) -> dict:
-    """The dict ``GET /server_info`` of ``python -m simulator <argv>`` returns, without serving."""
+    """The dict ``GET /server_info`` of ``python -m simulator <argv>`` returns (``/parasweep_sim/info``
+    where it plays vLLM), without serving."""
     cfg = load_config(argv)
-    info = cfg.server_info()
+    if cfg.dialect == "vllm":  # what /parasweep_sim/info says where it plays vLLM (no /server_info)
+        from simulator.vllm.info import played_info
+
+        info = played_info(cfg)
+    else:
+        info = cfg.server_info()
     info["launch_command"] = " ".join(["python", "-m", "simulator", *[str(a) for a in argv]])
     return info
 
@@ -212,6 +221,9 @@ class VirtualTrial:
         # busy seconds of every stage at the window's bounds: (when, {(replica, stage): seconds}); the
         # steady window, and the whole measured span for a point too short to have one
         self._marks: dict[str, tuple[float, dict[tuple[int, int], float]]] = {}
+        # requests preempted since start at each bound (vLLM's schedulers count them; SGLang's admission
+        # reserves every decode token and never retracts in the model)
+        self._preempted: dict[str, int] = {}
         self._seq = 0
         # where each request went, with several schedulers (read and dropped by the client at its send)
         self.rank_of: dict[str, int] = {}
@@ -260,7 +272,7 @@ class VirtualTrial:
         point = as_sessions(point, spec)
         sim = self.sim
         self._reset_point()
-        self._marks = {}
+        self._marks, self._preempted = {}, {}
         client = _VirtualClient(self, point, spec)
         client.start()
         events = 0
@@ -302,6 +314,7 @@ class VirtualTrial:
         Busy time is read at the instant itself; reading it later for a past instant would not be exact
         (``StageBusy`` folds finished intervals as time is read)."""
         now = self.sim.now
+        self._preempted[bound] = sum(getattr(rep.admission, "preemptions", 0) for rep in self.replicas)
         self._marks[bound] = (now, {(r, s): rep.busy[s].busy_total(now) for r, rep in enumerate(self.replicas)
                                     for s in range(rep.cfg.pp)})
         if bound == "open" or (bound == "first" and "open" not in self._marks):
@@ -318,6 +331,8 @@ class VirtualTrial:
         start, busy_start = self._marks[bounds[0]]
         end, busy_end = self._marks[bounds[1]]
         out[KV_USAGE_MAX] = max(r.admission.peak_kv_used / r.admission.kv_capacity for r in self.replicas)
+        if self.cfg.dialect == "vllm":  # preempted requests, as vLLM's counter would show over the window
+            out[RETRACTED] = float(self._preempted[bounds[1]] - self._preempted[bounds[0]])
         if end - start <= 0:
             return None
         return start, end, {key: busy_end[key] - busy_start[key] for key in busy_end}

@@ -346,10 +346,15 @@ def resolve(args: argparse.Namespace) -> SimConfig:
                 available_bytes=max(total - w - draft_bytes - kv - graph_mem, 0.0),
             )
         )
+    # the engine played prices its steps with its own kernels' tables, at its release
+    framework = getattr(args, "dialect", "sglang")
+    launched = args.vllm_release if framework == "vllm" else SGLANG_COMPAT_VERSION
+
     def price(model: CostModel) -> StepCosts:
         return apply_step_costs(getattr(args, "sim_step_costs", "auto"), model, hw.kernel_tables,
-                                SGLANG_COMPAT_VERSION, backend,
-                                fuse_shared_experts=not args.disable_shared_experts_fusion)
+                                launched, backend,
+                                fuse_shared_experts=not args.disable_shared_experts_fusion,
+                                framework=framework)
 
     try:
         step_costs = price(cost)

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from packaging.version import Version
+
 from simulator import SGLANG_COMPAT_VERSION
 from simulator.costs import CostModel
-from simulator.kernel_tables import kernel_tables, package_version, systems_dir, table_sets
+from simulator.kernel_tables import KernelTables, kernel_tables, package_version, systems_dir, table_sets
 from simulator.measured_costs import Coverage, MeasuredCosts
 
 MODES = ("auto", "roofline", "measured")
@@ -68,11 +70,11 @@ def unavailable(table_set: str | None) -> str:
     return ""
 
 
-def describe_step_costs(mode: str, table_set: str | None, launched: str = SGLANG_COMPAT_VERSION
-                        ) -> StepCosts:
-    """What ``mode`` chooses for a hardware profile naming ``table_set`` (tables for the SGLang version
-    ``launched``: by default the one the simulator follows), without building a model: the label every
-    run, prediction and finding carries."""
+def describe_step_costs(mode: str, table_set: str | None, launched: str = SGLANG_COMPAT_VERSION,
+                        framework: str = "sglang") -> StepCosts:
+    """What ``mode`` chooses for a hardware profile naming ``table_set`` (tables of the engine
+    ``framework`` at its version ``launched``: by default SGLang's, at the version the simulator follows),
+    without building a model: the label every run, prediction and finding carries."""
     if mode not in MODES:
         raise StepCostsError(f"--sim-step-costs {mode!r}: valid: {', '.join(MODES)}")
     if mode == "roofline":
@@ -83,20 +85,41 @@ def describe_step_costs(mode: str, table_set: str | None, launched: str = SGLANG
             raise StepCostsError(f"--sim-step-costs measured: {why}; valid here: auto or roofline")
         return StepCosts(mode, "roofline", why=why)
     assert table_set is not None
-    versions = sorted(set(kernel_tables(table_set, launched).versions().values()))
-    return StepCosts(mode, "measured", tables=(f"aiconfigurator-core {package_version()}: {table_set}, "
-                                               f"SGLang {'/'.join(versions)}"))
+    measured_with = _measured_with(kernel_tables(table_set, launched, framework))
+    return StepCosts(mode, "measured",
+                     tables=f"aiconfigurator-core {package_version()}: {table_set}, {measured_with}")
+
+
+def _measured_with(tables: KernelTables) -> str:
+    """"SGLang 0.5.14", "vLLM 0.19.0/0.24.0 (SGLang 0.5.14 for mla)": the engine versions the tables were
+    measured with, the engine's own, then SGLang's where it stands in (and for which families)."""
+    own = tables.lanes.engine
+    versions: dict[str, set[str]] = {}
+    families: dict[str, set[str]] = {}
+    for table, measured in tables.versions().items():
+        engine, version = measured.split(" ", 1)
+        versions.setdefault(engine, set()).add(version)
+        families.setdefault(engine, set()).add(table.split("/")[0])
+
+    def listed(engine: str) -> str:
+        return f"{engine} {'/'.join(sorted(versions[engine], key=Version))}"
+
+    others = [f"{listed(e)} for {', '.join(sorted(families[e]))}" for e in sorted(versions) if e != own]
+    mine = listed(own) if own in versions else own
+    return f"{mine} ({'; '.join(others)})" if others else mine
 
 
 def apply_step_costs(mode: str, cost: CostModel, table_set: str | None, launched: str,
-                     attention_backend: str, fuse_shared_experts: bool = True) -> StepCosts:
+                     attention_backend: str, fuse_shared_experts: bool = True, framework: str = "sglang"
+                     ) -> StepCosts:
     """Set ``cost``'s step-cost source as ``mode`` asks and say what priced it. ``fuse_shared_experts``:
     SGLang's default of folding DeepSeek-V3's shared expert into the routed experts' kernel (off with
-    ``--disable-shared-experts-fusion``)."""
-    chosen = describe_step_costs(mode, table_set, launched)
+    ``--disable-shared-experts-fusion``). ``framework``, ``launched``: the engine the simulator plays and
+    its version, whose tables price the step."""
+    chosen = describe_step_costs(mode, table_set, launched, framework)
     if chosen.source == "measured":
         assert table_set is not None
-        source = MeasuredCosts(cost, kernel_tables(table_set, launched), attention_backend,
+        source = MeasuredCosts(cost, kernel_tables(table_set, launched, framework), attention_backend,
                                fuse_shared_experts)
         cost.use_source(source)
         chosen.coverage = source.coverage

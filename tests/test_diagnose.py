@@ -237,6 +237,42 @@ def test_kv_capacity_on_retractions_without_room_to_raise_the_memory_fraction() 
     assert x.alternatives == [FP8_KV]
 
 
+def test_vllm_preemptions_in_vllm_s_words_and_its_memory_flag_raised_further() -> None:
+    # vLLM at --gpu-memory-utilization 0.9 (its default; SGLang's 0.9 leaves no room to raise)
+    x = found(facts(c32={RETRACTED: 3.0}, resolved={"mem_fraction_static": 0.9}, plays="vllm",
+                    pp_size=1))["kv_capacity"]
+    assert x.severity == "critical" and "3 requests preempted" in x.evidence and "retracted" not in x.evidence
+    assert x.change == {"server.mem_fraction_static": 0.95} and "--max-num-seqs" in x.suggestion
+
+
+def test_vllm_admission_held_by_a_full_kv_cache_is_not_ttft_queueing() -> None:
+    # vLLM reserves no decode tokens: SGLang's reservation arithmetic does not apply; a full cache with
+    # requests waiting is what holds admission back
+    point = {QUEUE_MEAN: 20.0, KV_USAGE_MAX: 0.99, "ttft_p99_ms": 4000.0, "ttft_p99_queue_ms": 3800.0}
+    f = found(facts(c32=point, plays="vllm", pp_size=1, input_len=2000, output_len=500))
+    assert "ttft_queueing" not in f and "the KV cache ran full: vLLM admits a request only when its prompt " \
+        "fits" in f["kv_capacity"].evidence
+    # the same numbers on SGLang: its own reading (the pool at the workload's lengths) decides
+    assert "vLLM admits" not in " ".join(x.evidence for x in found(facts(c32=point, pp_size=1)).values())
+
+
+def test_vllm_prompts_starved_of_the_token_budget() -> None:
+    # 256 running requests take 256 of a 1,024-token budget: a 2,000-token prompt takes 3 steps of the 768
+    # left (2 with the whole budget), and the TTFT is mostly queueing
+    point = {RUNNING_MEAN: 256.0, QUEUE_MEAN: 30.0, KV_USAGE_MAX: 0.4, "ttft_p99_ms": 3000.0,
+             "ttft_p99_queue_ms": 2500.0}
+    kw = dict(plays="vllm", pp_size=1, input_len=2000.0, output_len=300.0)
+    f = found(facts(c32=point, resolved={"chunked_prefill_size": 1024}, **kw))
+    x = f["prefill_starved"]
+    assert "takes 3 steps of the 768 tokens left" in x.evidence and x.goal == "ttft_p99_ms"
+    assert x.change == {"server.chunked_prefill_size": 4096}  # 256 + 2,000, to a power of two
+    assert x.alternatives == [{"server.chunked_prefill_size": 2048}] and "ttft_queueing" not in f
+    # a budget the decodes leave room in: quiet; SGLang (prefill batches apart from decodes): quiet
+    assert "prefill_starved" not in found(facts(c32=point, resolved={"chunked_prefill_size": 8192}, **kw))
+    assert "prefill_starved" not in found(facts(c32=point, resolved={"chunked_prefill_size": 1024},
+                                                pp_size=1, input_len=2000.0, output_len=300.0))
+
+
 def test_kv_bound_admission_below_the_caps_but_not_at_a_cap() -> None:
     # 2,048 + 256 tokens a request: a 37,000-token pool holds 16 of them; 16 run (4 per micro-batch of
     # a cap of 8, 4 micro-batches) of the 32 offered while 4 wait, below max_running_requests=256

@@ -196,6 +196,39 @@ def test_kv_capacity(tmp_path: Path) -> None:
     assert kv.change in ({"server.mem_fraction_static": 0.3}, fp8)
 
 
+def test_vllm_preempting_for_want_of_kv_cache(tmp_path: Path) -> None:
+    """The simulated engine playing vLLM: a KV cache squeezed by --gpu-memory-utilization 0.6 for
+    Llama-3.1-70B at TP4 and 96 long streams. vLLM reserves no decode tokens at admission, so it runs
+    full and preempts; the finding says so in vLLM's words, and its fixes are predicted on vLLM's
+    scheduler."""
+    cfg = scenario("llama-3.1-70b", "h100-sxm-x8", tp=4, concurrency=96, input_len=2000, output_len=1000,
+                   mem_fraction_static=0.6)
+    cfg.engine.name = "sim-vllm"
+    found = diagnosed(cfg, tmp_path)
+    kv = found["kv_capacity"]
+    assert kv.severity == "critical" and "requests preempted" in kv.evidence and "not measured" in kv.evidence
+    assert "--gpu-memory-utilization" in kv.suggestion
+    assert "ttft_queueing" not in found  # the KV finding carries the queueing
+    # the memory the user's key gives vLLM (--gpu-memory-utilization 0.6), raised: not its KV share
+    assert tried(kv, {"server.mem_fraction_static": 0.65})["verdict"] in ("helps", "trade-off")
+    assert "vLLM 0.24.0" in kv.predicted_effect["source"]  # priced by vLLM's kernels
+
+
+def test_vllm_decodes_starving_prompts_of_the_token_budget(tmp_path: Path) -> None:
+    """vLLM's one token budget per step, shrunk to 512: about 120 running requests' decode tokens take a
+    fifth of it, a 1,000-token prompt then needs three steps, and requests queue; a budget that holds
+    the decodes and a prompt is predicted to cut the TTFT (and to lengthen the ITL, said beside it)."""
+    cfg = scenario("llama-3.1-8b", "h100-sxm-x8", concurrency=256, input_len=1000, output_len=300,
+                   chunked_prefill_size=512)
+    cfg.engine.name = "sim-vllm"
+    found = diagnosed(cfg, tmp_path)
+    starved = found["prefill_starved"]
+    assert "512-token budget" in starved.evidence and "queueing" in starved.evidence
+    assert starved.goal == "ttft_p99_ms" and "ttft_queueing" not in found
+    assert starved.change["server.chunked_prefill_size"] > 512
+    assert starved.predicted_effect["change_pct"]["ttft_p99_ms"] < -50
+
+
 def test_tp_comm_bound_on_pcie(tmp_path: Path) -> None:
     found = diagnosed(scenario("llama-3.1-70b", "rtx-pro-6000-pcie-x8", tp=8, concurrency=16), tmp_path)
     comm = found["tp_comm_bound"]

@@ -18,6 +18,7 @@ from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.validate import validate
 from orchestrator.errors import ConfigError
 from simulator.costs import decode_shape, prefill_shape
+from simulator.kernel_lanes import LANES
 from simulator.kernel_tables import KernelTables, nearest_version, systems_dir, uncorroborated_spikes
 from simulator.predict import load_config
 from vocab.hardware import load_hardware
@@ -27,7 +28,7 @@ SYSTEMS = systems_dir()
 pytestmark = pytest.mark.skipif(SYSTEMS is None, reason="aiconfigurator-core is not installed here (its "
                                 "wheels are Linux x86-64 only): the measured step costs cannot be tested")
 H100 = "h100_sxm"
-TABLES = KernelTables(H100, "0.5.23")
+TABLES = KernelTables(H100, "0.5.23", LANES["sglang"])
 
 
 def rows(family: str, name: str, **keys: object) -> list[dict]:
@@ -126,7 +127,7 @@ def test_a_protocol_step_both_measurements_show_is_kept() -> None:
     """The PCIe box's all-reduce is slower at 262,144 elements than at 524,288, in the graph table and the
     eager table alike: NCCL's low-latency protocol up to 512 KB, Simple above. A decode step of Kimi K2 at
     32 tokens (229,376 elements) runs below that switch, so it is priced on the low-latency segment."""
-    tables = KernelTables("rtx_pro_6000_server", "0.5.23")
+    tables = KernelTables("rtx_pro_6000_server", "0.5.23", LANES["sglang"])
     for graph in (True, False):
         points, other = tables.allreduce_points(8, graph), tables.allreduce_points(8, not graph)
         assert points[262144.0] > points[524288.0] > points[131072.0]

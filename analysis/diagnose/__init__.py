@@ -36,7 +36,8 @@ kv_capacity          ``kv_token_usage_max`` >= 0.95, or ``retracted_reqs``  engi
                      running ones sit below the concurrency and both caps   queue time, else Little's law
                      and the pool (used + reserved, ``max_total_num_tokens``
                      at the workload's lengths) has no room for another
-                     (see :func:`kv_capacity`)
+                     (see :func:`kv_capacity`; SGLang's: vLLM reserves
+                     nothing, its preemptions are ``retracted_reqs``)
 tp_comm_bound        cost model ``comm_s / step_s`` and ``memory_bound_s``, cost model estimate; ITL: load
                      measured ``itl_p50_ms``: tp > 1 and (PCIe and comm     generator
                      share >= 0.3 at the busiest point, or anywhere ITL p50
@@ -69,6 +70,10 @@ pd_decode_kv_pressure disaggregated: waiting for the decode pre-allocation  the 
 expert_imbalance     experts over an EP group without EPLB: the cost        cost model estimate
                      model's decode step >= 10 % longer than with every
                      EP rank given an even share of the routed experts
+prefill_starved      vLLM: the running requests' decode tokens take >= a     engine metrics; budget:
+                     fifth of the step's token budget, a prompt then needs  resolved by the engine; TTFT
+                     >= 2 steps, one more than the whole budget would       split as kv_capacity's
+                     take, and queueing is >= half the TTFT (and 100 ms)
 dp_dispatch_imbalance several schedulers (attention-DP ranks, DP replicas    engine log / metrics, per
                      in the engine) dealt requests round-robin: one rank's  rank (``dp_rank``, ``DP<r>``)
                      mean queue >= 1 request longer than another's while
@@ -76,15 +81,15 @@ dp_dispatch_imbalance several schedulers (attention-DP ranks, DP replicas    eng
 ==================== ====================================================== ==============================
 
 Findings carry a ``goal``: ``throughput`` for most, ``itl_p99_ms`` for prefill_interference and
-``ttft_p99_ms`` for ttft_queueing; the advice check judges each suggested change on it.
+``ttft_p99_ms`` for ttft_queueing and prefill_starved; the advice check judges each suggested change on it.
 
 Rules on GPU telemetry stay quiet when the trial had none (``gpu_source="none"``) or a summary is
 missing. "Busiest" is the highest-concurrency closed-loop point whose client check passed (an invalid
 point's numbers describe the client, not the server).
 
 The rules live by what they look at: ``engine`` (the client, the GPUs, the engine's settings),
-``pipeline``, ``kv_pool``, ``latency``, ``prefix_cache``, ``speculation``, ``disaggregation``,
-``data_parallel``, ``experts``; ``facts``
+``pipeline``, ``kv_pool``, ``latency``, ``token_budget`` (vLLM's), ``prefix_cache``, ``speculation``,
+``disaggregation``, ``data_parallel``, ``experts``; ``facts``
 is what they read
 and ``evidence`` what they share.
 """
@@ -109,6 +114,7 @@ from analysis.diagnose.latency import prefill_interference, ttft_queueing
 from analysis.diagnose.pipeline import admission_cap, pp_bubble, pp_stage_imbalance, too_few_microbatches
 from analysis.diagnose.prefix_cache import prefix_cache_split, prefix_cache_thrash
 from analysis.diagnose.speculation import speculation_costs, speculation_would_pay
+from analysis.diagnose.token_budget import prefill_starved
 from vocab.findings import SEVERITIES, Finding
 
 __all__ = [
@@ -120,7 +126,7 @@ RULES: list[Callable[[TrialFacts], list[Finding]]] = [
     client_bound, too_few_microbatches, admission_cap, pp_bubble, pp_stage_imbalance, cuda_graph_off,
     gpu_underused, kv_capacity, tp_comm_bound, prefill_interference, ttft_queueing, prefix_cache_thrash,
     prefix_cache_split, speculation_would_pay, speculation_costs, pd_prefill_bound, pd_decode_bound,
-    pd_transfer_bound, pd_decode_kv_pressure, dp_dispatch_imbalance, expert_imbalance,
+    pd_transfer_bound, pd_decode_kv_pressure, dp_dispatch_imbalance, expert_imbalance, prefill_starved,
 ]
 
 

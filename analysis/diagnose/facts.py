@@ -55,6 +55,7 @@ class TrialFacts:
     interconnect: str = "nvlink"                # hardware profile: "pcie" | "nvlink"
     gpu_source: str = "none"                    # vocab.telemetry.GpuSource value: named in evidence
     engine: str = ""                            # the engine tag: "sim", "sim-predict", "sglang"
+    plays: str = "sglang"                       # whose scheduler, flags and words: "sglang" or "vllm"
     steps: Mapping[str, StepEstimate] = field(default_factory=dict)   # label -> estimate
     stage_layers: Sequence[int] = ()            # layers per PP stage as the engine split them
     input_len: float = 0.0                      # the workload's mean prompt length (tokens; 0: unknown)

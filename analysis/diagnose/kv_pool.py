@@ -107,8 +107,11 @@ def kv_bound(f: TrialFacts, label: str) -> str | None:
     """Why admission at ``label`` was held back by the KV pool, or None: requests waited (mean queue
     >= 1) while the running requests stayed below the concurrency and both admission caps, and the
     pool, used plus reserved for their remaining decode tokens, had no room for one more request
-    (fewer than 1.5 requests' worth left at the mean lengths, so most of the time none)."""
+    (fewer than 1.5 requests' worth left at the mean lengths, so most of the time none). vLLM's:
+    :func:`_vllm_kv_bound`."""
     m = f.points[label]
+    if f.plays == "vllm":
+        return _vllm_kv_bound(f, m)
     fit = _kv_pool_fit(f, m)
     waiting, total = _waiting(f, m), running_total(f, m)
     if fit is None or waiting is None or total is None or waiting < 1:
@@ -133,6 +136,18 @@ def kv_bound(f: TrialFacts, label: str) -> str | None:
               f"({'prompt' if prompt >= f.input_len else 'uncached prompt'} and every decode token, "
               f"reserved at admission) the {pool:,}-token KV pool holds "
               f"{fits} request{'s' if fits != 1 else ''}" + pool_cap_text(f))
+
+
+def _vllm_kv_bound(f: TrialFacts, m: Mapping[str, float]) -> str | None:
+    """vLLM reserves no decode tokens at admission (it preempts when they run out); a waiting request is
+    admitted when its prompt (from 0.19; before, its first chunk) fits in the free blocks. So admission
+    was held by the cache where requests waited while it ran full (``kv_token_usage_max`` >= 0.95)."""
+    waiting, total = _waiting(f, m), running_total(f, m)
+    usage = float_or_none(m.get(KV_USAGE_MAX))
+    if waiting is None or total is None or usage is None or waiting < 1 or usage < 0.95:
+        return None
+    return (f"{waiting:.1f} requests waited on average while about {total:.1f} ran and the KV cache ran "
+            "full: vLLM admits a request only when its prompt fits in the free blocks")
 
 
 def pool_cap(f: TrialFacts) -> int | None:
@@ -177,7 +192,9 @@ def kv_capacity(f: TrialFacts) -> list[Finding]:
         if usage is not None and usage >= 0.95:
             reasons.append(f"KV pool usage reached {usage:.0%}")
         if retracted is not None and retracted > 0:
-            reasons.append(f"{retracted:.0f} requests retracted (KV pool full)")
+            reasons.append(f"{retracted:.0f} requests preempted (the KV cache ran out: each is computed "
+                           "again from its first token)" if f.plays == "vllm" else
+                           f"{retracted:.0f} requests retracted (KV pool full)")
         bound = kv_bound(f, label)
         if bound:
             reasons.append(bound)
@@ -198,15 +215,19 @@ def kv_capacity(f: TrialFacts) -> list[Finding]:
     cap = pool_cap(f)
     # a pool capped by --max-total-tokens grows only with the cap: more memory would not reach it
     raise_cap = {f"{EXTRA_ARGS_PREFIX}max_total_tokens": 2 * cap} if cap else None
+    # SGLang's fraction holds weights and KV only (0.9 leaves the rest little); vLLM's
+    # --gpu-memory-utilization is everything the engine takes, 0.9 by default, 0.95 commonly run
+    highest = 0.95 if f.plays == "vllm" else 0.9
     raise_mfs = ({"server.mem_fraction_static": round(min(mfs + 0.05, 0.95), 3)}
-                 if mfs is not None and mfs < 0.9 and not cap else None)
+                 if mfs is not None and mfs < highest and not cap else None)
     lower_mrr = ({"server.max_running_requests": fits} if fits is not None and (mrr is None or fits < mrr)
                  else None)
     fp8 = (None if str(f.resolved.get("kv_cache_dtype") or "auto").startswith(("fp8", "mxfp8"))
            else {f"{EXTRA_ARGS_PREFIX}kv-cache-dtype": "fp8_e4m3"})
     # MLA's latent is the same on every GPU of the TP group: each of them holds every request's cache.
     # Attention-DP ranks hold their own requests' only, up to tp times the tokens in all
-    replicated = f.latent_kv and f.tp_size > 1 and f.attn_dp == 1 and f.pp_size == 1 and f.pd is None
+    replicated = (f.latent_kv and f.tp_size > 1 and f.attn_dp == 1 and f.pp_size == 1 and f.pd is None
+                  and f.plays == "sglang")  # attention DP is SGLang's
     attention_dp = {"dp.attention": f.tp_size} if replicated else None
     candidates = some(attention_dp, raise_cap, raise_mfs, lower_mrr, fp8)
     change, alternatives = (candidates[0], candidates[1:]) if candidates else ({}, [])
@@ -221,6 +242,8 @@ def kv_capacity(f: TrialFacts) -> list[Finding]:
         + (f"; {split.text()}" if split and split.queue_ms > 0 else ""),
         suggest("Split the TP group into attention-DP ranks, each caching only its own requests."
                 if replicated else "Raise the pool's --max-total-tokens cap." if cap else
+                "Give the KV cache more memory (--gpu-memory-utilization), or store fewer bytes per token, "
+                "or run fewer sequences at once (--max-num-seqs)." if f.plays == "vllm" else
                 "Give the KV pool more memory, or store fewer bytes per token, or admit only what it "
                 "holds.", change),
         point=label, change=change, alternatives=alternatives)]

@@ -15,6 +15,7 @@ from analysis.diagnose.evidence import (
 )
 from analysis.diagnose.facts import RESOLVED, TrialFacts
 from analysis.diagnose.kv_pool import kv_bound, ttft_split_at
+from analysis.diagnose.token_budget import starved_at
 from vocab.findings import Finding
 from vocab.telemetry import (
     PREFILL_TOKENS_MAX,
@@ -84,7 +85,9 @@ def ttft_queueing(f: TrialFacts) -> list[Finding]:
     the queueing part of the TTFT (:func:`ttft_split_at`) is at least half of it and at least 100 ms, so is
     the median request's (when the server reported per-request times: a tail alone is a burst), and
     neither the KV pool (:func:`kv_bound`, and the ``kv_capacity`` finding) nor ``max_running_requests``
-    holds admission back there (those findings carry the split themselves). What remains is a server
+    holds admission back there, nor (vLLM) do the decodes starve the prompts of the step's token budget
+    (:func:`token_budget.starved_at`, the ``prefill_starved`` finding): those findings carry the split
+    themselves. What remains is a server
     that takes requests in slower than they come. Its own changes: twice the chunked-prefill size (fewer,
     larger prefill batches take prompts in faster) where the engine resolved one, and twice the DP
     replicas (more GPUs, where the node has them: a TTFT bought with GPUs, and the effect says so); the
@@ -99,11 +102,12 @@ def ttft_queueing(f: TrialFacts) -> list[Finding]:
         if p50_queue is not None and p50_ttft and p50_queue < 0.5 * p50_ttft:
             continue  # only a burst queued (a closed loop's first requests all at once), not the typical one
         c = f.concurrency.get(label)
-        if kv_bound(f, label) or (mrr and c and per_replica(f, c) > mrr):
-            return []
+        if kv_bound(f, label) or (mrr and c and per_replica(f, c) > mrr) or starved_at(f, label):
+            return []  # those findings carry the split themselves
         chunk = int_or_none(f.resolved.get("chunked_prefill_size"))
+        # more replicas: more GPUs, bought for the TTFT (SGLang's; vLLM's DP is not modelled)
         own = some({"server.chunked_prefill_size": 2 * chunk} if chunk and chunk > 0 else None,
-                    {"dp.size": 2 * f.dp_size})  # more replicas: more GPUs, bought for the TTFT
+                    {"dp.size": 2 * f.dp_size} if f.plays == "sglang" else None)
         change, alternatives = own[0], own[1:]
         return [Finding(
             "ttft_queueing", "warning", f"Requests wait in the queue for most of their TTFT at {label}",

@@ -1,13 +1,16 @@
 """How far to trust a prediction: the error of the model on measurements like it that it did not come from.
 
-Two sets of measured numbers, both replayed by ``python -m orchestrator fidelity`` and recorded after a
+Sets of measured numbers, each replayed by ``python -m orchestrator fidelity`` and recorded after a
 change to the model is accepted: the published corpus (``data/published/errors.json``, written by
-``benchmarks/fidelity_corpus.py --update``: every number it compares) and the served SGLang runs of
+``benchmarks/fidelity_corpus.py --update``: every number it compares), the served SGLang runs of
 aiconfigurator-core's silicon sample (``data/published/silicon_errors.json``, ``--silicon --update``: each
-row's mean TTFT and mean TPOT). No constant of the model was fitted to either, so each error is out of
-sample. A configuration belongs to a family: ``pp`` (pipeline stages), ``router`` (DP replicas), ``moe``
-or ``dense``; within it to a layout (TP, EP where experts are spread, or attention DP; a prefill/decode
-deployment is "disaggregated", with " attention DP" where a role runs ranks) and a GPU. Its band is the
+row's mean TTFT and mean TPOT), and its served vLLM runs (``silicon_vllm_errors.json``, ``--silicon
+--backend vllm --update``), which alone judge a trial of vLLM or of the simulated engine playing it (its
+groups are vLLM's runs: the same family, layout and GPU, else the family, else every vLLM run). No
+constant of the model was fitted to any of them, so each error is out of sample. A configuration
+belongs to a family: ``pp`` (pipeline stages), ``router`` (DP replicas), ``moe`` or ``dense``; within
+it to a layout (TP, EP where experts are spread, or attention DP; a prefill/decode deployment is
+"disaggregated", with " attention DP" where a role runs ranks) and a GPU. Its band is the
 median absolute error of the most specific group with at least ``MIN_ENTRIES`` published runs: the family
 on that GPU and layout, else (for a disaggregated deployment, whose TTFT holds the queue at its prefill
 servers as no single server's does) the family's disaggregated runs on any GPU, else the family, else
@@ -29,12 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config.model_info import model_info
-from orchestrator.config.schema import ParasweepConf
+from orchestrator.config.schema import ParasweepConf, plays_vllm
 from orchestrator.fidelity.corpus import DISAGGREGATED
 from vocab.assets import published_dir
 
 ERRORS_FILE = "errors.json"
 SILICON_ERRORS_FILE = "silicon_errors.json"
+SILICON_VLLM_ERRORS_FILE = "silicon_vllm_errors.json"
 MIN_ENTRIES = 3
 # the kinds of number a band can be of (an empty kind: every number)
 THROUGHPUT, TTFT, TPOT = "throughput", "TTFT", "TPOT/ITL"
@@ -71,14 +75,15 @@ class Band:
 
 
 @functools.cache
-def _rows() -> tuple[dict, ...]:
-    """Every recorded error: the corpus's numbers and the silicon rows' TTFT and TPOT, in one shape
-    (id, metric, error, family, layout, hardware)."""
+def _rows(engine: str = "sglang") -> tuple[dict, ...]:
+    """Every recorded error of ``engine``'s runs: for SGLang the corpus's numbers and the silicon rows'
+    TTFT and TPOT, for vLLM its silicon rows', in one shape (id, metric, error, family, layout,
+    hardware)."""
     out: list[dict] = []
     path = published_dir() / ERRORS_FILE
-    if path.is_file():
+    if engine == "sglang" and path.is_file():
         out += json.loads(path.read_text())["compared"]
-    path = published_dir() / SILICON_ERRORS_FILE
+    path = published_dir() / (SILICON_VLLM_ERRORS_FILE if engine == "vllm" else SILICON_ERRORS_FILE)
     if path.is_file():
         recorded = json.loads(path.read_text())
         # rows scored apart (measured without warm-up, slower than on a lesser GPU) hold what no replay
@@ -99,20 +104,21 @@ def _band(rows: list[dict], group: str, kind: str) -> Band | None:
     return Band(statistics.median(abs(r["error"]) for r in rows), entries, group, kind)
 
 
-def band_for(family: str, layout: str, hardware: str, kind: str = "") -> Band | None:
-    """The band of the most specific group with enough published runs (module doc), of every number or of
-    one ``kind``; None without the errors files."""
-    rows = [r for r in _rows() if not kind or kind_of(r["metric"]) == kind]
+def band_for(family: str, layout: str, hardware: str, kind: str = "", engine: str = "sglang") -> Band | None:
+    """The band of the most specific group with enough published runs of ``engine`` (module doc), of every
+    number or of one ``kind``; None without the errors files."""
+    rows = [r for r in _rows(engine) if not kind or kind_of(r["metric"]) == kind]
     if not rows:
         return None
+    whose = "vLLM " if engine == "vllm" else ""
     exact = [r for r in rows if r["family"] == family and r["layout"] == layout and r["hardware"] == hardware]
     same = [r for r in rows if r["family"] == family]
     apart = None
     if layout.startswith(DISAGGREGATED):
         apart = _band([r for r in same if r["layout"].startswith(DISAGGREGATED)],
-                      f"{family} {DISAGGREGATED} runs", kind)
-    return (_band(exact, f"{family} {layout} runs on {hardware}", kind) or apart
-            or _band(same, f"{family} runs", kind) or _band(rows, "runs", kind))
+                      f"{whose}{family} {DISAGGREGATED} runs", kind)
+    return (_band(exact, f"{whose}{family} {layout} runs on {hardware}", kind) or apart
+            or _band(same, f"{whose}{family} runs", kind) or _band(rows, f"{whose}runs", kind))
 
 
 def family_of(cfg: ParasweepConf, change: Mapping[str, Any] | None = None) -> tuple[str, str, str]:
@@ -142,8 +148,10 @@ def band_for_config(cfg: ParasweepConf, change: Mapping[str, Any] | None = None,
     """The band of ``cfg`` (of every number, or of one ``kind``); with a ``change``, the wider of the
     configuration's and the changed one's (a predicted difference between two families carries the errors
     of both)."""
-    bands = [b for b in (band_for(*family_of(cfg), kind),
-                         band_for(*family_of(cfg, change), kind) if change else None) if b is not None]
+    engine = "vllm" if plays_vllm(cfg) else "sglang"
+    bands = [b for b in (band_for(*family_of(cfg), kind, engine),
+                         band_for(*family_of(cfg, change), kind, engine) if change else None)
+             if b is not None]
     return max(bands, key=lambda b: b.error) if bands else None
 
 

@@ -39,6 +39,11 @@ def step_costs_label(cfg: ParasweepConf) -> str:
     (why)". Every run, prediction and predicted effect carries it."""
     from simulator.step_costs import describe_step_costs
 
+    if plays_vllm(cfg):
+        from simulator.vllm.releases import NEWEST
+
+        return describe_step_costs(cfg.simulator.step_costs, cfg.hardware.kernel_tables,
+                                   cfg.vllm.release or NEWEST, "vllm").label()
     return describe_step_costs(cfg.simulator.step_costs, cfg.hardware.kernel_tables).label()
 
 

@@ -8,6 +8,8 @@ node and workload, where the user is already looking.
 * **Candidates.** Every other layout of the GPUs of the trial predicted best at the busiest load,
   aggregated or disaggregated into prefill and decode servers
   (``orchestrator/prediction/neighbourhood.py``), and the changes that trial's diagnosis suggested.
+  Where the sweep ran both engines (``engine=sglang,vllm``), the same for each engine's best trial:
+  the answer may be the other engine's.
   Each trial's own config is predicted at the same loads the same way (``at_load.py``), so the
   comparison is model against model, never a prediction against a measurement.
 * **Better than every trial.** A candidate is recommended when, against each trial, it is at no load
@@ -16,8 +18,8 @@ node and workload, where the user is already looking.
   95 % intervals of the two windows' throughput); within the sweep's SLOs (``search.slo``) where it
   declares them. Of several, the one with the highest throughput at the busiest load.
 * **Said once**, with its ``run.py`` command line (the trial's own overrides and the change) and the
-  SGLang command it stands for. When nothing qualifies, one line says how many configurations were
-  tried.
+  engine command it stands for (SGLang's, or ``vllm serve``). When nothing qualifies, one line says how
+  many configurations were tried.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 
 from analysis.diagnose import overrides_text
 from analysis.noise import Estimate, judge
-from orchestrator.config.schema import ParasweepConf, world_size
+from orchestrator.config.schema import ParasweepConf, plays_vllm, world_size
 from orchestrator.config.slo import worst_ratio
 from orchestrator.fidelity.trust import THROUGHPUT, band_for_config
 from orchestrator.prediction.at_load import Load, Predicted, predict_many
@@ -113,27 +115,30 @@ def run_instead(trials: Sequence[SweepTrial], cache_dir: Path | None = None,
     if not own:
         return {"skipped": "no trial's configuration could be predicted"}
     busiest = loads[-1].label
-    base = max((t for t in trials if t.name in own),
-               key=lambda t: own[t.name].metrics[busiest].get("output_tok_s", 0.0))
+    # the best trial of each engine the sweep ran: the candidates are its neighbours
+    bases = [max(group, key=lambda t: own[t.name].metrics[busiest].get("output_tok_s", 0.0))
+             for vllm in (False, True)
+             if (group := [t for t in trials if t.name in own and plays_vllm(t.cfg) == vllm])]
     engines = {p.engine for p in own.values()}
-    changes = [c for c in [*layouts(base.cfg), *base.suggested] if c]
-    tried = predict_many([(base.cfg, c) for c in changes], loads, cache_dir, workers)
-    fresh = [p for p in tried if p.ok and p.engine not in engines]
+    changes = [(b, c) for b in bases for c in [*layouts(b.cfg), *b.suggested] if c]
+    tried = predict_many([(b.cfg, c) for b, c in changes], loads, cache_dir, workers)
+    fresh = [(b, p) for (b, _), p in zip(changes, tried, strict=True) if p.ok and p.engine not in engines]
+    base = bases[0]
     slo = dict(base.cfg.search.slo)
-    winners = [p for p in fresh if _judge_one(p, own, loads, slo)]
+    winners = [(b, p) for b, p in fresh if _judge_one(p, own, loads, slo)]
     gpus = world_size(base.cfg)
     labels = [load.label for load in loads]
     if not winners:
         return {"none": (f"no other configuration of the same {gpus} GPUs is predicted better than every "
                          f"trial at {', '.join(labels)} ({len(changes)} tried, {len(fresh)} predicted; "
                          f"{SOURCE})"), "tried": len(changes)}
-    best = max(winners, key=lambda p: p.metrics[busiest].get("output_tok_s", 0.0))
-    return {"recommend": _answer(best, base, own, loads, slo, len(changes))}
+    best_base, best = max(winners, key=lambda w: w[1].metrics[busiest].get("output_tok_s", 0.0))
+    return {"recommend": _answer(best, best_base, own, loads, slo, len(changes))}
 
 
 def _answer(best: Predicted, base: SweepTrial, own: Mapping[str, Predicted], loads: Sequence[Load],
             slo: Mapping[str, float], tried: int) -> dict[str, Any]:
-    from orchestrator.search.runner import sglang_command
+    from orchestrator.search.runner import sglang_command, vllm_command
 
     per_load = {}
     for load in loads:
@@ -160,8 +165,11 @@ def _answer(best: Predicted, base: SweepTrial, own: Mapping[str, Predicted], loa
               "per_load": per_load, "tried": tried, "slo": dict(slo),
               "source": f"{SOURCE}; step costs: {step_costs_label(cfg)}"
                         + (f"; the model's error: {band.text()}" if band else ""),
-              "run_py": " ".join([*env, "python", "run.py", *kept, overrides_text(keys)]).strip(),
-              "sglang": sglang_command(cfg, best.change)}
+              "run_py": " ".join([*env, "python", "run.py", *kept, overrides_text(keys)]).strip()}
+    if plays_vllm(cfg):
+        answer["vllm"], answer["vllm_release"] = vllm_command(cfg, best.change)
+        return answer
+    answer["sglang"] = sglang_command(cfg, best.change)
     if cfg.model.weights:
         answer["sglang_weights"] = sglang_command(cfg, best.change, cfg.model.weights)
     return answer

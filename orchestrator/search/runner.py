@@ -250,6 +250,23 @@ def sglang_command(cfg: ParasweepConf, change: dict[str, Any], weights: str | No
     return " & ".join([*replicas, shlex.join(launch.router)])
 
 
+def vllm_command(cfg: ParasweepConf, change: dict[str, Any]) -> tuple[str, str]:
+    """(the ``vllm serve`` command of ``cfg`` with ``change`` as parasweep would start it (port 8000,
+    secrets masked), the release whose flags it was checked against: ``vllm.release``, else the newest
+    recorded)."""
+    from orchestrator.engines.vllm import target_release
+    from orchestrator.engines.vllm_compat.command import vllm_argv
+    from orchestrator.prediction.modelled import apply_change
+    from orchestrator.redact import redact_argv
+
+    changed, env = apply_change(cfg, change)
+    version = target_release(None, changed.vllm.release)[0]
+    argv = vllm_argv(changed, "python", 8000, version)
+    # `vllm serve` is the command users type; parasweep runs the same entry point through its Python
+    served = ["vllm", *argv[argv.index("serve"):]]
+    return shlex.join([*(f"{k}={v}" for k, v in env.items()), *redact_argv(served)]), version
+
+
 def _disaggregated_command(cfg: ParasweepConf, prefix: list[str],
                            server: Callable[[ParasweepConf, int], list[str]]) -> str:
     """Every prefill and decode server of a disaggregated deployment on its GPUs (ports 30001..,

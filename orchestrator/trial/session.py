@@ -52,7 +52,6 @@ from orchestrator.process.server import (
     log_tail,
 )
 from orchestrator.telemetry.gpu_sources import GpuTelemetry, start_gpu_telemetry
-from orchestrator.telemetry.server_log import resolved_config
 from orchestrator.telemetry.server_metrics import MetricsScraper
 from orchestrator.trial.plan import TrialPlan
 from orchestrator.trial.recorder import TrialPaths
@@ -480,7 +479,7 @@ class VirtualSession:
 
         self._sim.prepare(self.plan.cfg, self.plan.identity.trial_dir)
         self.server_info = resolved_server_info(self.argv)
-        self.resolved = resolved_config(self.server_info, "")
+        self.resolved = self._sim.resolved(self.server_info, "")
         return self
 
     def run_point(self, point: LoadPoint, spec: RequestSpec, records: Path,

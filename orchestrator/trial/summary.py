@@ -8,7 +8,7 @@ from typing import Any
 
 from analysis.diagnose import StepEstimate, TrialFacts
 from orchestrator.config.model_info import model_info
-from orchestrator.config.schema import ParasweepConf, role_config, role_gpus, router_process
+from orchestrator.config.schema import ParasweepConf, plays_vllm, role_config, role_gpus, router_process
 from orchestrator.trial.plan import TrialPlan
 from vocab.model import ROUTER_PACKAGE
 from vocab.records import PointResult
@@ -55,7 +55,8 @@ def trial_facts(cfg: ParasweepConf, resolved: dict[str, Any], results: list[Poin
         concurrency=concurrency, idle_power_w=cfg.hardware.idle_power_w,
         power_limit_w=cfg.hardware.power_limit_w, tp_size=shown.tp.size, dp_size=shown.dp.size,
         attn_dp=shown.dp.attention, latent_kv=info.latent_kv, moe=info.is_moe,
-        interconnect=cfg.hardware.interconnect, gpu_source=gpu_source.value, engine=engine, steps=steps,
+        interconnect=cfg.hardware.interconnect, gpu_source=gpu_source.value, engine=engine,
+        plays="vllm" if plays_vllm(cfg) else "sglang", steps=steps,
         stage_layers=layers, input_len=input_len, output_len=output_len, dp_router=cfg.dp.router,
         spec_algorithm=cfg.spec.algorithm, spec_drafts=_spec_drafts(cfg), pd=_deployment(cfg))
 

@@ -171,6 +171,8 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
     asynchronous = release.async_scheduling_default if v.async_scheduling is None else v.async_scheduling
     n.disable_overlap_schedule = not asynchronous
     n.disable_cuda_graph = v.enforce_eager
+    # vLLM folds DeepSeek's shared expert into the routed ones only on ROCm (AITER); on CUDA it runs beside
+    n.disable_shared_experts_fusion = True
     n.cuda_graph_max_bs_decode = v.max_cudagraph_capture_size or min(2 * seqs, MAX_CAPTURE)
     n.random_seed = v.seed if v.seed is not None else 0  # vLLM seeds with 0 where unset
     n.host, n.port = v.host, v.port

@@ -24,6 +24,7 @@ from simulator.logs import LogWriter
 from simulator.server import serve as serve_engine
 from simulator.sim_config import SimConfig
 from simulator.timebase import LiveDriver, Simulation
+from simulator.vllm.info import played_info
 from simulator.vllm.logs import VLLMLogWriter
 from simulator.vllm.metrics import VLLMMetrics
 from simulator.vllm.reporter import STATS_INTERVAL_S, StatsLine, VLLMReporter
@@ -144,24 +145,10 @@ class VLLMServer:
         cfg = self.cfg
         return json_response(
             {
-                "engine": "parasweep-sim",
-                "sim_version": __version__,
-                "plays": "vllm",
-                "version": cfg.args.vllm_release,
-                "sim_hardware": cfg.hw.name,
+                **played_info(cfg),
                 "sim_time_scale": cfg.time_scale,
                 "sim_wall_origin": self.driver.wall(0.0),
                 "sim_faults": self.faults.active(),
-                "sim_step_costs": cfg.step_costs.to_dict(),
-                "max_num_seqs": cfg.max_running_requests,
-                "max_num_batched_tokens": cfg.chunked_prefill_size,
-                "block_size": cfg.page_size,
-                "async_scheduling": bool(cfg.args.async_scheduling),
-                "kv_cache_tokens": cfg.max_total_num_tokens,
-                "gpu_memory_utilization": cfg.args.gpu_memory_utilization,
-                "enable_prefix_caching": cfg.radix_cache,
-                "enforce_eager": cfg.disable_cuda_graph,
-                "max_model_len": cfg.context_len,
                 "launch_command": " ".join([sys.executable, "-m", "simulator", *cfg.args.vllm_argv]),
             }
         )

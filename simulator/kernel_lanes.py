@@ -1,0 +1,72 @@
+"""Which of the measured kernel implementations each engine runs.
+
+aiconfigurator-core measures an operator under several implementations (its ``kernel_source`` column: a
+table of vLLM's block-FP8 GEMMs holds DeepGEMM's, CUTLASS's and FlashInfer's), and names them per
+framework (SGLang's FA3 attention is ``fa3``, vLLM's is ``vllm_flash_attn_fa3``). A step is priced by
+the implementation the engine picks by default, each choice below read from the engine's own source
+(docs/simulator.md, "Which kernels each engine runs"). Every list is an order of preference: the first
+one measured for the queried shape is used, else the first measured in name order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
+
+
+@dataclass(frozen=True)
+class Lanes:
+    framework: str  # the tables' folder: sglang or vllm
+    # the fused-MoE implementation, in preference order
+    moe: tuple[str, ...]
+    # GEMM implementation per weight dtype (an absent dtype: one implementation measured)
+    gemm: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # attention implementation per backend name the simulator resolves (fa3, triton, flashinfer,
+    # trtllm_mha); an absent name is looked up as it is
+    attention: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # GEMM dtypes read from SGLang's table: the same kernel, measured there without a wrapper's host time
+    sglang_gemm: frozenset[str] = frozenset()
+
+    @property
+    def engine(self) -> str:
+        return ENGINE_NAMES[self.framework]
+
+    def attention_sources(self, backend: str) -> tuple[str, ...]:
+        return self.attention.get(backend, (backend,))
+
+    def allreduce_backend(self, graph: bool) -> str:
+        """The all-reduce table's ``backend``: the engine's custom all-reduce replayed from a CUDA graph
+        or launched eagerly."""
+        return f"{self.framework}_{'graph' if graph else 'eager'}"
+
+
+# vLLM's FlashInfer backend on Blackwell runs TensorRT-LLM's prefill and decode kernels; tables of
+# 0.22 carry one label for the backend
+_VLLM_FLASHINFER = ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode", "vllm_flashinfer")
+
+LANES = {
+    # SGLang's fused MoE is its Triton kernel unless a backend is asked for; every GEMM dtype has one
+    # implementation in its tables; attention tables are labelled with SGLang's backend names
+    "sglang": Lanes("sglang", moe=("sglang_fused_moe_triton",)),
+    "vllm": Lanes(
+        "vllm",
+        # Triton's fused MoE (``fused_moe`` in 0.19's tables, split per quantization in 0.24's): vLLM's
+        # default on Hopper; the FlashInfer ones need VLLM_USE_FLASHINFER_MOE_* set
+        moe=("vllm_fused_moe", "vllm_fp8moe_triton_tritonexperts",
+             "vllm_unquantizedfusedmoe_triton_tritonexperts"),
+        # block-FP8 linear layers run DeepGEMM where it is installed (VLLM_USE_DEEP_GEMM defaults to 1;
+        # vLLM's images ship it). vLLM's table times its linear method eagerly, activation quantization
+        # and Python dispatch included: 70-85 us at every token count up to 1,024 on H100 and H200, where
+        # SGLang's table times the same DeepGEMM kernel at 9-14 us. A decode step replays a CUDA graph,
+        # which has no host time, so SGLang's measurement of the kernel prices it.
+        gemm={"fp8_block": ("DeepGemmFp8BlockScaledMMKernel",)},
+        sglang_gemm=frozenset({"fp8_block"}),
+        # vLLM's backend priority (platforms/cuda.py): FLASH_ATTN first below compute capability 10, which
+        # is FlashAttention 3 on Hopper; FLASHINFER first on Blackwell. The simulator resolves fa3 on
+        # Hopper and trtllm_mha (SGLang's default) on Blackwell: each names vLLM's default there
+        attention={"fa3": ("vllm_flash_attn_fa3",), "triton": ("vllm_triton_attn",),
+                   "flashinfer": _VLLM_FLASHINFER, "trtllm_mha": _VLLM_FLASHINFER},
+    ),
+}
+

@@ -1,0 +1,96 @@
+"""Each engine's steps are priced by its own kernels' tables: the simulated engine playing vLLM reads
+aiconfigurator-core's vLLM tables (its attention, MoE and all-reduce implementations, at the version
+nearest the release it plays), SGLang's where vLLM has none of that name, and SGLang's block-FP8 GEMM
+(the same DeepGEMM kernel, measured without vLLM's eager wrapper). The expected rows are read from the
+Parquet files here, independently of ``kernel_tables.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from simulator.costs import decode_shape
+from simulator.kernel_lanes import LANES
+from simulator.kernel_tables import find_table, kernel_tables, systems_dir
+from simulator.predict import load_config
+
+REPO = Path(__file__).resolve().parent.parent
+SYSTEMS = systems_dir()
+pytestmark = pytest.mark.skipif(SYSTEMS is None, reason="aiconfigurator-core is not installed here (its "
+                                "wheels are Linux x86-64 only): the measured step costs cannot be tested")
+H200 = "h200_sxm"
+
+
+def rows(framework: str, version: str, family: str, name: str, **keys: object) -> list[dict]:
+    path = SYSTEMS / "data" / H200 / family / framework / version / f"{name}.parquet"  # type: ignore[operator]
+    return pq.read_table(path, filters=[(k, "=", v) for k, v in keys.items()]).to_pylist()
+
+
+def test_vllm_tables_are_read_at_the_version_nearest_the_release_played() -> None:
+    assert find_table(H200, "moe", "moe_perf", "0.19.0", "vllm").version == "0.19.0"  # type: ignore[union-attr]
+    assert find_table(H200, "moe", "moe_perf", "0.34.0", "vllm").version == "0.24.0"  # type: ignore[union-attr]
+    # older than every vLLM table: the oldest
+    assert find_table(H200, "moe", "moe_perf", "0.11.2", "vllm").version == "0.19.0"  # type: ignore[union-attr]
+    # vLLM's MLA tables are whole modules under other names: SGLang's kernel tables stand in
+    mla = find_table(H200, "mla", "context_mla_perf", "0.19.0", "vllm")
+    assert mla is not None and mla.framework == "sglang"
+
+
+def test_vllm_attention_moe_and_allreduce_come_from_vllm_s_own_kernels() -> None:
+    tables = kernel_tables(H200, "0.19.0", "vllm")
+    # Llama-3.1-70B at TP8: 8 query heads, 1 KV head of 128 per GPU; FA3 on Hopper is vLLM's
+    # vllm_flash_attn_fa3 lane
+    surface = tables.attention("generation", 8, 1, 128, "bfloat16", "fa3")
+    assert surface is not None
+    measured = rows("vllm", "0.24.0", "attention", "generation_attention_perf", num_heads=8,
+                    num_key_value_heads=1, head_dim=128, kv_cache_dtype="bfloat16", window_size=0,
+                    kernel_source="vllm_flash_attn_fa3", batch_size=16)
+    assert measured
+    for r in measured[:5]:
+        assert surface(16, r["step"]) == pytest.approx(r["latency"] * 1e-3, rel=1e-12)
+    # MiniMax-M2.5's experts under EP8: vLLM 0.19's Triton fused MoE
+    curve = tables.moe("fp8_block", 3072, 1536, 8, 256, 1, 8, "power_law_1.01")
+    moe = rows("vllm", "0.19.0", "moe", "moe_perf", moe_dtype="fp8_block", hidden_size=3072, inter_size=1536,
+               topk=8, num_experts=256, moe_tp_size=1, moe_ep_size=8, distribution="power_law_1.01")
+    assert curve is not None and moe and {r["kernel_source"] for r in moe} == {"vllm_fused_moe"}
+    for r in moe[:5]:
+        assert curve(r["num_tokens"]) == pytest.approx(r["latency"] * 1e-3, rel=1e-12)
+    # the all-reduce: vLLM's custom all-reduce replayed from a CUDA graph, the 0.19 table
+    reduce = rows("vllm", "0.19.0", "comm", "custom_allreduce_perf", num_gpus=8, backend="vllm_graph",
+                  allreduce_dtype="bfloat16")
+    points = tables.allreduce_points(8, True)
+    assert points and points == {float(r["message_size"]): r["latency"] * 1e-3 for r in reduce}
+
+
+def test_vllm_s_block_fp8_gemm_is_priced_by_the_deepgemm_kernel_sglang_measured() -> None:
+    vllm, sglang = kernel_tables(H200, "0.19.0", "vllm"), kernel_tables(H200, "0.5.23", "sglang")
+    assert vllm.gemm("fp8_block") is not None
+    assert vllm.gemm("fp8_block")(64, 4096, 4096) == sglang.gemm("fp8_block")(64, 4096, 4096)  # type: ignore[misc]
+    # why: vLLM's own table of that kernel times its eager wrapper, flat near 80 us up to 1,024 tokens
+    wrapped = rows("vllm", "0.24.0", "gemm", "gemm_perf", gemm_dtype="fp8_block", n=4096, k=4096,
+                   kernel_source="DeepGemmFp8BlockScaledMMKernel")
+    small = [r["latency"] * 1e-3 for r in wrapped if r["m"] <= 1024]
+    assert small and min(small) > 5 * sglang.gemm("fp8_block")(64, 4096, 4096)  # type: ignore[misc]
+    # the per-tensor FP8 GEMM is vLLM's own CUTLASS kernel
+    cutlass = rows("vllm", "0.24.0", "gemm", "gemm_perf", gemm_dtype="fp8", n=8192, k=8192, m=64)
+    assert {r["kernel_source"] for r in cutlass} == {"CutlassFP8ScaledMMLinearKernel"}
+    assert vllm.gemm("fp8")(64, 8192, 8192) == pytest.approx(cutlass[0]["latency"] * 1e-3, rel=1e-12)  # type: ignore[misc]
+
+
+def test_the_simulated_vllm_says_whose_tables_priced_it() -> None:
+    cfg = load_config(["serve", str(REPO / "models" / "llama-3.1-70b"), "--tensor-parallel-size", "8",
+                       "--sim-hardware", "h200-nvlink-x8", "--sim-vllm-release", "0.19.0"])
+    label = cfg.step_costs.label()
+    assert "h200_sxm, vLLM 0.19.0/0.24.0" in label and "SGLang 0.5.14 for mla" in label
+    assert cfg.step_costs.fallbacks() == []
+    sglang = load_config(["--model-path", str(REPO / "models" / "llama-3.1-70b"), "--tp-size", "8",
+                          "--sim-hardware", "h200-nvlink-x8"])
+    assert sglang.step_costs.label().endswith("h200_sxm, SGLang 0.5.14)")
+    # the same step, two engines' kernels: not the same price
+    assert cfg.cost.source.tables.lanes is LANES["vllm"]
+    assert sglang.cost.source.tables.lanes is LANES["sglang"]
+    shape = decode_shape([1024] * 16)
+    assert cfg.cost.gpu_time(0, shape) != pytest.approx(sglang.cost.gpu_time(0, shape), rel=1e-3)
