@@ -39,7 +39,7 @@ CASES = [
     (["workload.api=grpc"], ["workload.api=grpc", "generate, completions, chat"]),
     (["engine=trtllm"], ["engine=trtllm", "unknown engine", "sglang", "sim", "vllm"]),
     (["engine=vllm", "ray.num_gpus=8"],
-     ["engine=vllm", "launching the real vLLM is not built yet", "dry_run=true"]),
+     ["engine.python=", "vLLM is not installed there", 'pip install -e ".[vllm]"']),
     (["parallelism=tp1", "tp.size=3"], ["tp.size=3", "64 attention heads", "[1, 2, 4, 8, 16, 32, 64]"]),
     (["workload.input_len=300000"], ["workload.input_len+workload.output_len=300032", "at most 262144"]),
     (["workload.concurrency=8"], ["workload.concurrency", "a list, e.g. [8]"]),

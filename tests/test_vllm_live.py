@@ -5,6 +5,7 @@ sweep of both engines on this machine; a fault in the middle of a vLLM trial."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -141,3 +142,49 @@ def test_a_key_of_the_other_engine_is_refused_in_one_line(tmp_path: Path, args: 
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and says in lines[0], result.stderr
+
+
+def _vllm_stand_in(folder: Path, release: str) -> Path:
+    """A Python whose installed ``vllm`` (package metadata: ``release``) is the simulated engine playing
+    that release: ``python -m vllm.entrypoints.cli.main serve MODEL FLAGS`` runs ``python -m simulator
+    serve MODEL FLAGS`` on an H100 profile. As strict as vLLM where parasweep meets it: its parser takes
+    the release's flags and exits 2 on any other, it serves only vLLM's routes, metrics and log lines."""
+    site = folder / "site"
+    cli = site / "vllm" / "entrypoints" / "cli"
+    cli.mkdir(parents=True)
+    for package in (site / "vllm", site / "vllm" / "entrypoints", cli):
+        (package / "__init__.py").write_text("")
+    (cli / "main.py").write_text(
+        "import runpy, sys\n"
+        f"sys.argv = ['simulator', *sys.argv[1:], '--sim-hardware', 'h100-sxm-x8', '--sim-vllm-release', "
+        f"'{release}']\n"
+        "runpy.run_module('simulator', run_name='__main__')\n")
+    meta = site / f"vllm-{release}.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {release}\n")
+    python = folder / "python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={site}:{REPO} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    return python
+
+
+def test_a_vllm_trial_launches_reads_and_stops_the_installed_vllm(tmp_path: Path) -> None:
+    """engine=vllm on a node with GPUs declared: the command built for the installed release (0.19.0,
+    read from its package metadata) is launched as a real vLLM would be, read through vLLM's routes, log
+    and metrics, and stopped with its process group. The installed vLLM is a stand-in (above), and the
+    run says what answered: the engine version it reports."""
+    python = _vllm_stand_in(tmp_path / "vllm-env", "0.19.0")
+    result = run_cli(["engine=vllm", f"engine.python={python}", "ray.num_gpus=1", *SMALL], tmp_path,
+                     timeout=300, store=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    trial = _trials(tmp_path)["vllm"]
+    tags = trial.data.tags  # type: ignore[attr-defined]
+    assert tags[Tag.STATUS] == "ok" and tags[Tag.ENGINE_VERSION] == "parasweep-sim playing vllm 0.19.0"
+    trial_dir = Path(tags[Tag.TRIAL_DIR])
+    log = (trial_dir / "server" / "server.log").read_text()
+    argv = json.loads((trial_dir / "server" / "argv.json").read_text())
+    assert argv[:4] == [str(python), "-m", "vllm.entrypoints.cli.main", "serve"]
+    assert "GPU KV cache size: " in log and "Application startup complete." in log
+    scraped = (trial_dir / "telemetry" / "server_metrics.jsonl").read_text()
+    assert "vllm:num_requests_running" in scraped
+    assert not _no_leftovers(trial_dir)

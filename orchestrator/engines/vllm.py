@@ -61,10 +61,10 @@ class VLLMEngine(VLLMReadout, Engine):
         return vllm_argv(cfg, self.python(cfg), port, self.target(cfg)[0])
 
     def preflight(self, cfg: ParasweepConf) -> list[str]:
-        if not cfg.dry_run:
-            raise ConfigError("engine", "vllm", "vllm with dry_run=true, or vllm where no GPU is (simulated)",
-                              why="launching the real vLLM is not built yet: dry_run=true prints each "
-                                  "trial's vllm serve command, checked against the release")
+        python = self.python(cfg)
+        if not cfg.dry_run and installed_version(python) is None:
+            raise ConfigError("engine.python", python, 'a Python with vLLM installed (pip install -e ".[vllm]")',
+                              why="vLLM is not installed there; dry_run=true prints the command without it")
         return super().preflight(cfg)
 
     def plan_notes(self, cfg: ParasweepConf) -> list[str]:
