@@ -63,7 +63,8 @@ class VLLMEngine(VLLMReadout, Engine):
     def preflight(self, cfg: ParasweepConf) -> list[str]:
         python = self.python(cfg)
         if not cfg.dry_run and installed_version(python) is None:
-            raise ConfigError("engine.python", python, 'a Python with vLLM installed (pip install -e ".[vllm]")',
+            raise ConfigError("engine.python", python,
+                              'a Python with vLLM installed (pip install -e ".[vllm]")',
                               why="vLLM is not installed there; dry_run=true prints the command without it")
         return super().preflight(cfg)
 
