@@ -43,6 +43,10 @@ class CostParams:
     kernels_dense_mlp: int = 4  # norm, gate_up GEMM, act, down GEMM
     kernels_moe: int = 10  # router GEMM, top-k, align/sort, 2 grouped GEMMs, act, combine, 3 shared
     kernels_tp_collective: int = 1  # per all-reduce
+    # vLLM (V1) splits its compiled model at the attention op: a step that is not a plain decode replays
+    # the pieces between them from CUDA graphs and launches the op itself eagerly, its KV-cache write and
+    # its attention kernel (vllm/config/compilation.py: splitting_ops, cudagraph_mode FULL_AND_PIECEWISE)
+    kernels_attn_split: int = 2
     kernels_head: int = 8  # final norm, LM head GEMM, logits gather, sampling
     # Host (CPU) time per kernel of an eager forward beyond the profile's kernel_launch_us (ATen
     # dispatcher + cudaLaunchKernel): the Python that SGLang runs around each kernel. The module call and
@@ -217,6 +221,9 @@ class CostModel:
         self.p = params or CostParams()
         self.cuda_graph_max_bs = cuda_graph_max_bs
         self.disable_cuda_graph = disable_cuda_graph
+        # vLLM's piecewise CUDA graphs for the steps a full graph does not replay (``host_time``); set by
+        # the vLLM dialect unless --enforce-eager
+        self.piecewise = False
         # SGLANG_PP_LAYER_PARTITION (validated in resolve) overrides SGLang's even split.
         self.stage_layers = (list(layer_partition) if layer_partition
                              else pp_layer_split(spec.num_layers, par.pp))
@@ -390,7 +397,7 @@ class CostModel:
         host = self.host_time(stage, shape)
         if self.uses_cuda_graph(shape):
             return work + host
-        if shape.decode:
+        if shape.decode or self.piecewise:  # vLLM's pieces and compiled code launch ahead of the GPU
             return max(work, host)
         return max(work, host) + self.p.prefill_overlap_loss * min(work, host)
 
@@ -420,8 +427,12 @@ class CostModel:
         shape = self.replayed_shape(shape)  # a padded graph all-reduces its padded rows too
         # measured collective tables are of one node: a group across nodes is priced by the network
         if self.source is not None and not (self._tp_inter or self._ep_inter):
-            return self.source.comm_time(stage, shape, self.uses_cuda_graph(shape))
+            return self.source.comm_time(stage, shape, self.replays_collectives(shape))
         return self.roofline_comm_time(stage, shape)
+
+    def replays_collectives(self, shape: BatchShape) -> bool:
+        """The step's all-reduces run inside CUDA graphs: a replayed decode, or vLLM's graph pieces."""
+        return self.uses_cuda_graph(shape) or (self.piecewise and shape.tokens <= self.cuda_graph_max_bs)
 
     def roofline_comm_time(self, stage: int, shape: BatchShape) -> float:
         st = self.stages[stage]
@@ -481,7 +492,16 @@ class CostModel:
         driver."""
         if self.uses_cuda_graph(shape):
             return self.hw.graph_launch_us * 1e-6
-        return self.stages[stage].kernels * (self.p.host_op_us + self.hw.kernel_launch_us) * 1e-6
+        st = self.stages[stage]
+        if self.piecewise:
+            # vLLM: the attention op eagerly in every layer; around it a graph piece per layer (and one
+            # more) where the step's tokens fit the largest captured size, else the compiled model's
+            # kernels, each launched from its generated code (no Python module around it)
+            split = st.layers * self.p.kernels_attn_split * (self.p.host_op_us + self.hw.kernel_launch_us)
+            if shape.tokens <= self.cuda_graph_max_bs:
+                return (split + (st.layers + 1) * self.hw.graph_launch_us) * 1e-6
+            return (split + st.kernels * self.hw.kernel_launch_us) * 1e-6
+        return st.kernels * (self.p.host_op_us + self.hw.kernel_launch_us) * 1e-6
 
     def hop_time(self, shape: BatchShape, boundary: int = 0) -> float:
         """Stage ``boundary`` -> ``boundary`` + 1: hidden states and residual of every new token, point

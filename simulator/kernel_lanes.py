@@ -27,6 +27,9 @@ class Lanes:
     attention: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # GEMM dtypes read from SGLang's table: the same kernel, measured there without a wrapper's host time
     sglang_gemm: frozenset[str] = frozenset()
+    # implementations whose rows are not read (each says why below): the next recorded version that
+    # measured the operator stands in
+    distrusted: frozenset[str] = frozenset()
 
     @property
     def engine(self) -> str:
@@ -62,6 +65,10 @@ LANES = {
         # which has no host time, so SGLang's measurement of the kernel prices it.
         gemm={"fp8_block": ("DeepGemmFp8BlockScaledMMKernel",)},
         sglang_gemm=frozenset({"fp8_block"}),
+        # 0.19's INT4 (Marlin) MoE rows are 2.4 times slower (median of the 324 shapes both measured;
+        # never less than 1.25 times) than 0.24's rows of the same Marlin kernel on H200 and B200, which
+        # agree with SGLang's Marlin rows: a collection that did not time the kernel vLLM runs
+        distrusted=frozenset({"vllm_marlin_int4_moe"}),
         # vLLM's backend priority (platforms/cuda.py): FLASH_ATTN first below compute capability 10, which
         # is FlashAttention 3 on Hopper; FLASHINFER first on Blackwell. The simulator resolves fa3 on
         # Hopper and trtllm_mha (SGLang's default) on Blackwell: each names vLLM's default there

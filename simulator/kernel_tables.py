@@ -7,7 +7,8 @@ latencies measured with each engine's own kernels on real GPUs, under
 importing it (its estimator is not used), picks for each operator family the recorded version of the
 engine nearest to the one launched (SGLang's table where the engine has none of that name: vLLM's MLA
 tables are whole modules, not SGLang's kernel), keeps the implementation the engine runs
-(``kernel_lanes.py``), and answers latency queries by interpolating between measured points:
+(``kernel_lanes.py``; a fused-MoE shape the nearest version did not measure is read from the table's other
+versions, then SGLang's), and answers latency queries by interpolating between measured points:
 
 - in token or batch counts and context lengths: linear in log(latency) against log(count), between the
   two measured neighbours (kernel time grows as a power of the work in each regime);
@@ -100,6 +101,14 @@ def find_table(system: str, family: str, name: str, launched: str, framework: st
         return None if framework == "sglang" else find_table(system, family, name, SGLANG_COMPAT_VERSION)
     version = nearest_version(versions, launched)
     return TableFile(family, name, framework, version, base / version / f"{name}.parquet")
+
+
+def other_versions(f: TableFile) -> list[TableFile]:
+    """The same table at the engine's other recorded versions, newest first."""
+    base = f.path.parent.parent
+    versions = sorted((d.name for d in base.iterdir() if d.name != f.version and (d / f.path.name).is_file()),
+                      key=Version, reverse=True)
+    return [TableFile(f.family, f.name, f.framework, v, base / v / f.path.name) for v in versions]
 
 
 @functools.cache
@@ -286,6 +295,15 @@ class KernelTables:
         rows = _one_source(rows, self._lanes(f).gemm.get(dtype, ()))
         return GemmTable(rows) if rows else None
 
+    def _versions_of(self, f: TableFile) -> list[TableFile]:
+        """Where to read a shape ``f`` has not measured: the engine's other recorded versions of the table
+        (newest first), then SGLang's for another engine (the version the simulator follows first)."""
+        found = [f, *other_versions(f)]
+        if f.framework != "sglang":
+            sglang = find_table(self.system, f.family, f.name, SGLANG_COMPAT_VERSION)
+            found += [sglang, *other_versions(sglang)] if sglang else []
+        return found
+
     def _lanes(self, f: TableFile) -> Lanes:
         """The kernel choices of the engine whose table ``f`` is (SGLang's where it stood in)."""
         return LANES[f.framework]
@@ -351,8 +369,14 @@ class KernelTables:
         keys = (("moe_dtype", "=", dtype), ("hidden_size", "=", hidden), ("inter_size", "=", inter),
                 ("topk", "=", topk), ("num_experts", "=", experts), ("moe_tp_size", "=", moe_tp),
                 ("moe_ep_size", "=", moe_ep), ("distribution", "=", distribution))
-        rows = _read(f.path, keys, ("kernel_source", "num_tokens", "latency"))
-        rows = _one_source(rows, self._lanes(f).moe)
+        rows: list[dict[str, object]] = []
+        for table in self._versions_of(f):  # past a version without the shape, or only distrusted rows
+            distrusted = self._lanes(table).distrusted
+            rows = [r for r in _read(table.path, keys, ("kernel_source", "num_tokens", "latency"))
+                    if r["kernel_source"] not in distrusted]
+            if rows:
+                rows = _one_source(rows, self._lanes(table).moe)
+                break
         points = {float(r["num_tokens"]): float(r["latency"]) * 1e-3 for r in rows}
         return Curve(points, proportional_above=True) if points else None
 

@@ -333,6 +333,8 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     cap = args.pp_max_micro_batch_size or max(mrr // pp, 1)
     graph_bs = min(graph_bs, mrr)  # captured sizes are clipped to the request pool size
     cost = CostModel(spec, hw, par, graph_bs, disable_graph, params, partition)
+    # vLLM replays what a full graph does not from piecewise graphs, unless --enforce-eager
+    cost.piecewise = getattr(args, "dialect", "sglang") == "vllm" and not disable_graph
 
     stages = []
     for w, kv_tok in zip(weights, kv_per_token, strict=True):

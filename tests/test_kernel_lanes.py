@@ -94,3 +94,34 @@ def test_the_simulated_vllm_says_whose_tables_priced_it() -> None:
     assert sglang.cost.source.tables.lanes is LANES["sglang"]
     shape = decode_shape([1024] * 16)
     assert cfg.cost.gpu_time(0, shape) != pytest.approx(sglang.cost.gpu_time(0, shape), rel=1e-3)
+
+
+def test_a_distrusted_vllm_table_gives_way_to_the_next_version_of_the_same_kernel() -> None:
+    # Kimi K2's INT4 experts at TP8: vLLM 0.19's Marlin rows are 2-3x 0.24's (and SGLang's): 0.24's read
+    curve = kernel_tables(H200, "0.19.0", "vllm").moe("int4_wo", 7168, 2048, 8, 384, 8, 1, "power_law_1.01")
+    keys = dict(moe_dtype="int4_wo", hidden_size=7168, inter_size=2048, topk=8, num_experts=384,
+                moe_tp_size=8, moe_ep_size=1, distribution="power_law_1.01")
+    newer = rows("vllm", "0.24.0", "moe", "moe_perf", **keys)
+    older = rows("vllm", "0.19.0", "moe", "moe_perf", **keys)
+    assert curve is not None and newer and older
+    at = {r["num_tokens"]: r["latency"] * 1e-3 for r in newer}
+    for tokens, seconds in list(at.items())[:5]:
+        assert curve(tokens) == pytest.approx(seconds, rel=1e-12)
+    assert min(r["latency"] for r in older if r["num_tokens"] == 64) > 2 * 1e3 * at[64]
+
+
+def test_a_shape_the_nearest_version_lacks_is_read_from_another() -> None:
+    # Qwen3-235B-A22B's experts at TP8 (moe_tp 8): SGLang 0.5.14's table has no such rows, 0.5.10's has
+    keys = dict(moe_dtype="fp8_block", hidden_size=4096, inter_size=1536, topk=8, num_experts=128,
+                moe_tp_size=8, moe_ep_size=1, distribution="power_law_1.01")
+    assert not rows("sglang", "0.5.14", "moe", "moe_perf", **keys)
+    older = {r["num_tokens"]: r["latency"] * 1e-3 for r in rows("sglang", "0.5.10", "moe", "moe_perf",
+                                                                   **keys)
+             if r["kernel_source"] == "sglang_fused_moe_triton"}
+    assert older
+    for engine, version in (("sglang", "0.5.23"), ("vllm", "0.19.0")):  # vLLM has none: SGLang's stand in
+        tables = kernel_tables(H200, version, engine)
+        curve = tables.moe("fp8_block", 4096, 1536, 8, 128, 8, 1, "power_law_1.01")
+        assert curve is not None
+        for tokens, seconds in list(older.items())[:5]:
+            assert curve(tokens) == pytest.approx(seconds, rel=1e-12)
