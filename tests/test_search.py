@@ -164,6 +164,15 @@ def test_the_answer_says_how_to_serve_the_real_model(tmp_path: Path) -> None:
     assert "dummy" not in real and "--skip-tokenizer-init" not in real and "models/tiny-test" not in real
 
 
+def test_a_candidate_on_vllm_is_given_as_vllm_serve(tmp_path: Path) -> None:
+    # a search over engines (engine=choice(sglang,vllm)): the vLLM candidate's launch is vLLM's command
+    cfg = tiny(tmp_path, {"itl_p99_ms": 5.0})
+    run_py, launch, real = command_lines(cfg, {"engine": "vllm", "tp.size": 2}, 16)
+    assert "engine=vllm tp.size=2" in run_py and "sglang" not in launch + real
+    assert launch.startswith("  vLLM as parasweep would launch it (0.34.0's flags;")
+    assert "vllm serve " in launch and "--tensor-parallel-size 2" in launch and "--load-format dummy" in launch
+
+
 def test_a_cap_on_load_is_per_replica_and_said_when_it_held(tmp_path: Path) -> None:
     # no SLO the tiny model can miss at these loads: the cap holds every candidate
     cfg = tiny(tmp_path, {"ttft_p99_ms": 60_000.0})

@@ -190,8 +190,9 @@ def answer_lines(cfg: ParasweepConf, result: SearchResult, settings: Settings,
 def command_lines(cfg: ParasweepConf, change: dict[str, Any], concurrency: int | None,
                   task: tuple[str, ...] = ()) -> list[str]:
     """A candidate as a person runs it: its ``run.py`` command line at ``concurrency`` (the search's
-    own overrides kept, its search turned off) and its SGLang launch command."""
-    from orchestrator.config.schema import server_nodes, world_size
+    own overrides kept, its search turned off) and its engine's launch command (SGLang's, or ``vllm
+    serve`` for a candidate on vLLM)."""
+    from orchestrator.config.schema import plays_vllm, server_nodes, world_size
     from orchestrator.prediction.modelled import apply_change
     from orchestrator.search.measure import base_overrides
 
@@ -203,9 +204,15 @@ def command_lines(cfg: ParasweepConf, change: dict[str, Any], concurrency: int |
     off = ["search.name=null"] if any(o.startswith(("experiment=", "search=")) for o in task) else []
     run_py = " ".join(["python", "run.py", *base, *off, overrides_text(change),
                        f"workload.concurrency=[{concurrency}]", *(["predict=true"] if across else [])])
-    lines = [f"  {run_py}" + ("  (across nodes: in prediction)" if across else ""),
-             f"  SGLang as parasweep measures it (0.5.23's flags; random weights of the config folder, "
-             f"no tokenizer): {sglang_command(cfg, change)}"]
+    lines = [f"  {run_py}" + ("  (across nodes: in prediction)" if across else "")]
+    if plays_vllm(changed):
+        command, release = vllm_command(cfg, change)
+        return [*lines, f"  vLLM as parasweep would launch it ({release}'s flags; random weights of the config "
+                        f"folder, no tokenizer): {command}",
+                "  To serve the real model: the weights' folder or Hugging Face id as the model, without "
+                "--load-format dummy and --skip-tokenizer-init"]
+    lines.append(f"  SGLang as parasweep measures it (0.5.23's flags; random weights of the config folder, "
+                 f"no tokenizer): {sglang_command(cfg, change)}")
     if changed.pd.enabled and len(set(server_nodes(changed))) > 1:
         lines.append("  Across nodes: each server's --host is its node's address, and the router's --prefill "
                      "and --decode URLs those addresses")
