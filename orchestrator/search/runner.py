@@ -207,8 +207,8 @@ def command_lines(cfg: ParasweepConf, change: dict[str, Any], concurrency: int |
     lines = [f"  {run_py}" + ("  (across nodes: in prediction)" if across else "")]
     if plays_vllm(changed):
         command, release = vllm_command(cfg, change)
-        return [*lines, f"  vLLM as parasweep would launch it ({release}'s flags; random weights of the config "
-                        f"folder, no tokenizer): {command}",
+        return [*lines, f"  vLLM as parasweep would launch it ({release}'s flags; random weights of the "
+                        f"config folder, no tokenizer): {command}",
                 "  To serve the real model: the weights' folder or Hugging Face id as the model, without "
                 "--load-format dummy and --skip-tokenizer-init"]
     lines.append(f"  SGLang as parasweep measures it (0.5.23's flags; random weights of the config folder, "
