@@ -397,7 +397,7 @@ class CostModel:
         host = self.host_time(stage, shape)
         if self.uses_cuda_graph(shape):
             return work + host
-        if shape.decode or self.piecewise:  # vLLM's pieces and compiled code launch ahead of the GPU
+        if shape.decode or self.replays_pieces(shape):  # vLLM's graph pieces launch ahead of the GPU
             return max(work, host)
         return max(work, host) + self.p.prefill_overlap_loss * min(work, host)
 
@@ -430,9 +430,14 @@ class CostModel:
             return self.source.comm_time(stage, shape, self.replays_collectives(shape))
         return self.roofline_comm_time(stage, shape)
 
+    def replays_pieces(self, shape: BatchShape) -> bool:
+        """vLLM replays the step from its piecewise CUDA graphs: not a fully replayed decode, and its
+        tokens fit the largest captured size."""
+        return self.piecewise and not self.uses_cuda_graph(shape) and shape.tokens <= self.cuda_graph_max_bs
+
     def replays_collectives(self, shape: BatchShape) -> bool:
         """The step's all-reduces run inside CUDA graphs: a replayed decode, or vLLM's graph pieces."""
-        return self.uses_cuda_graph(shape) or (self.piecewise and shape.tokens <= self.cuda_graph_max_bs)
+        return self.uses_cuda_graph(shape) or self.replays_pieces(shape)
 
     def roofline_comm_time(self, stage: int, shape: BatchShape) -> float:
         st = self.stages[stage]
@@ -493,14 +498,12 @@ class CostModel:
         if self.uses_cuda_graph(shape):
             return self.hw.graph_launch_us * 1e-6
         st = self.stages[stage]
-        if self.piecewise:
-            # vLLM: the attention op eagerly in every layer; around it a graph piece per layer (and one
-            # more) where the step's tokens fit the largest captured size, else the compiled model's
-            # kernels, each launched from its generated code (no Python module around it)
+        if self.replays_pieces(shape):
+            # vLLM: the attention op eagerly in every layer, a graph piece per layer (and one more) around
+            # it. A step above the largest captured size runs the compiled model without graphs, every
+            # kernel launched from Python as an eager step's are: priced as one
             split = st.layers * self.p.kernels_attn_split * (self.p.host_op_us + self.hw.kernel_launch_us)
-            if shape.tokens <= self.cuda_graph_max_bs:
-                return (split + (st.layers + 1) * self.hw.graph_launch_us) * 1e-6
-            return (split + st.kernels * self.hw.kernel_launch_us) * 1e-6
+            return (split + (st.layers + 1) * self.hw.graph_launch_us) * 1e-6
         return st.kernels * (self.p.host_op_us + self.hw.kernel_launch_us) * 1e-6
 
     def hop_time(self, shape: BatchShape, boundary: int = 0) -> float:

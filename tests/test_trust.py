@@ -14,6 +14,7 @@ from orchestrator.fidelity.trust import (
     ERRORS_FILE,
     MIN_ENTRIES,
     SILICON_ERRORS_FILE,
+    SILICON_VLLM_ERRORS_FILE,
     TPOT,
     TTFT,
     band_for,
@@ -120,3 +121,21 @@ def test_a_disaggregated_deployment_carries_the_band_of_disaggregated_runs() -> 
     assert elsewhere is not None and elsewhere.group == "moe disaggregated runs"
     c.pd.enabled = False
     assert family_of(c)[1] == "TP"
+
+
+def test_a_vllm_trial_is_judged_by_vllm_s_runs_alone() -> None:
+    recorded = json.loads((published_dir() / SILICON_VLLM_ERRORS_FILE).read_text())["compared"]
+    scored = [r for r in recorded if not r.get("apart")]  # written by fidelity_corpus.py --backend vllm
+    c = _cfg("llama-3.1-70b", "h200-nvlink-x8")
+    c.engine.name = "sim-vllm"
+    key = ("dense", "TP", "h200-nvlink-x8")
+    exact = [r for r in scored if (r["kind"], r["layout"], r["hardware"]) == key]
+    band = band_for_config(c, kind=TPOT)
+    assert band is not None and band.entries == len(exact) >= MIN_ENTRIES
+    assert band.error == statistics.median(abs(r["error"]["parasweep"]["tpot_ms"]) for r in exact)
+    assert band.group == "vLLM dense TP runs on h200-nvlink-x8" and "published vLLM dense TP" in band.text()
+    # the same configuration on SGLang quotes SGLang's runs; a vLLM layout no vLLM run has: every vLLM run
+    c.engine.name = "sim"
+    assert not band_for_config(c, kind=TPOT).group.startswith("vLLM")  # type: ignore[union-attr]
+    c.engine.name, c.pp.size = "vllm", 2
+    assert band_for_config(c).group == "vLLM runs"  # type: ignore[union-attr]

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.engines.vllm_compat.versions import RECORDED, release
 from orchestrator.telemetry.vllm_log import resolved_from_vllm_log, stats_row, vllm_log_frame
+from simulator.costs import prefill_shape
 from simulator.entities import Batch
 from simulator.predict import VirtualTrial, load_config
 from simulator.vllm.logs import VLLMLogWriter
@@ -185,3 +186,28 @@ def test_the_simulated_stats_line_reads_back_as_a_real_one(tmp_path: Path) -> No
     assert row["gen_throughput"] == pytest.approx(48 * 1500 / trial.sim.now, rel=1e-3)
     assert (row["running_req"], row["queue_req"]) == (adm.num_running, len(adm.waiting))  # type: ignore[attr-defined]
     assert out.getvalue().startswith("(APIServer pid=")
+
+
+def test_a_step_a_full_graph_does_not_replay_is_priced_as_vllm_s_graph_pieces() -> None:
+    cfg = load_config(_serve("--tensor-parallel-size", "2"))
+    cost, hw, p = cfg.cost, cfg.hw, cfg.cost.p
+    assert cost.piecewise and cost.cuda_graph_max_bs == 512  # min(2 x 1024 sequences, 512)
+    layers = cost.stages[0].layers
+    small, large = prefill_shape([(500, 0)]), prefill_shape([(2048, 0)])
+    # up to the largest captured size: the attention op eagerly in each layer, a graph piece around it
+    pieces = (layers * p.kernels_attn_split * (p.host_op_us + hw.kernel_launch_us)
+              + (layers + 1) * hw.graph_launch_us) * 1e-6
+    assert cost.host_time(0, small) == pytest.approx(pieces, rel=1e-12)
+    work = cost.gpu_time(0, small) + cost.comm_time(0, small)
+    assert cost.stage_time(0, small) == pytest.approx(max(work, pieces), rel=1e-12)
+    # above it: the compiled model without graphs, priced as an eager step (its dispatch after the work)
+    eager = cost.stages[0].kernels * (p.host_op_us + hw.kernel_launch_us) * 1e-6
+    assert cost.host_time(0, large) == pytest.approx(eager, rel=1e-12)
+    work = cost.gpu_time(0, large) + cost.comm_time(0, large)
+    after = max(work, eager) + p.prefill_overlap_loss * min(work, eager)
+    assert cost.stage_time(0, large) == pytest.approx(after, rel=1e-12)
+    # --enforce-eager, and SGLang: no pieces
+    assert not load_config(_serve("--tensor-parallel-size", "2", "--enforce-eager")).cost.piecewise
+    sglang = load_config(["--model-path", MODEL, "--sim-hardware", "h100-sxm-x8", "--tp-size", "2"])
+    assert not sglang.cost.piecewise
+    assert sglang.cost.host_time(0, small) == pytest.approx(eager, rel=1e-12)
