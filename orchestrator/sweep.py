@@ -54,13 +54,13 @@ def note_sweep(config: DictConfig, multirun: bool) -> None:
 def _step_costs(config: DictConfig) -> str:
     """The step-cost label of the base config ("" when it is invalid: validation says why later); each
     trial's run carries its own (a sweep over engines prices each engine with its own tables)."""
-    from simulator.step_costs import StepCostsError, describe_step_costs
-    from simulator.vllm.releases import NEWEST
+    from orchestrator.config.schema import VLLM_ENGINES
+    from orchestrator.prediction.modelled import step_costs_of
+    from simulator.step_costs import StepCostsError
 
-    vllm = config.engine.name in ("vllm", "sim-vllm")
     try:
-        return describe_step_costs(str(config.simulator.step_costs), config.hardware.get("kernel_tables"),
-                                   *((config.vllm.release or NEWEST, "vllm") if vllm else ())).label()
+        return step_costs_of(str(config.simulator.step_costs), config.hardware.get("kernel_tables"),
+                             config.engine.name in VLLM_ENGINES, config.vllm.release)
     except StepCostsError:
         return ""
 

@@ -25,10 +25,8 @@ class Lanes:
     # attention implementation per backend name the simulator resolves (fa3, triton, flashinfer,
     # trtllm_mha); an absent name is looked up as it is
     attention: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # GEMM dtypes read from SGLang's table: the same kernel, measured there without a wrapper's host time
-    sglang_gemm: frozenset[str] = frozenset()
     # implementations whose rows are not read (each says why below): the next recorded version that
-    # measured the operator stands in
+    # measured the operator stands in, then SGLang's measurement of it
     distrusted: frozenset[str] = frozenset()
 
     @property
@@ -59,16 +57,20 @@ LANES = {
         moe=("vllm_fused_moe", "vllm_fp8moe_triton_tritonexperts",
              "vllm_unquantizedfusedmoe_triton_tritonexperts"),
         # block-FP8 linear layers run DeepGEMM where it is installed (VLLM_USE_DEEP_GEMM defaults to 1;
-        # vLLM's images ship it). vLLM's table times its linear method eagerly, activation quantization
-        # and Python dispatch included: 70-85 us at every token count up to 1,024 on H100 and H200, where
-        # SGLang's table times the same DeepGEMM kernel at 9-14 us. A decode step replays a CUDA graph,
-        # which has no host time, so SGLang's measurement of the kernel prices it.
+        # vLLM's images ship it)
         gemm={"fp8_block": ("DeepGemmFp8BlockScaledMMKernel",)},
-        sglang_gemm=frozenset({"fp8_block"}),
-        # 0.19's INT4 (Marlin) MoE rows are 2.4 times slower (median of the 324 shapes both measured;
-        # never less than 1.25 times) than 0.24's rows of the same Marlin kernel on H200 and B200, which
-        # agree with SGLang's Marlin rows: a collection that did not time the kernel vLLM runs
-        distrusted=frozenset({"vllm_marlin_int4_moe"}),
+        distrusted=frozenset({
+            # vLLM's block-FP8 GEMM rows time its linear method eagerly, activation quantization and
+            # Python dispatch included: DeepGEMM's 70-85 us at every token count up to 1,024 on H100 and
+            # H200 (SGLang's rows of the same kernel: 9-14 us), FlashInfer's 60 us from one token,
+            # CUTLASS's never under 150 us, Triton's (L40S) never under 280 us. A decode step replays a
+            # CUDA graph, which has no host time: SGLang's measurement of the kernel prices it
+            "DeepGemmFp8BlockScaledMMKernel", "FlashInferFp8BlockScaledMMKernel",
+            "CutlassFp8BlockScaledMMKernel", "TritonFp8BlockScaledMMKernel",
+            # 0.19's INT4 (Marlin) MoE rows are 2.4 times slower (median of the 324 shapes both measured;
+            # never less than 1.25 times) than 0.24's rows of the same Marlin kernel on H200 and B200,
+            # which agree with SGLang's Marlin rows: a collection that did not time the kernel vLLM runs
+            "vllm_marlin_int4_moe"}),
         # vLLM's backend priority (platforms/cuda.py): FLASH_ATTN first below compute capability 10, which
         # is FlashAttention 3 on Hopper; FLASHINFER first on Blackwell. The simulator resolves fa3 on
         # Hopper and trtllm_mha (SGLang's default) on Blackwell: each names vLLM's default there

@@ -30,7 +30,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,22 +287,28 @@ class KernelTables:
         return self._once(self._build_gemm, dtype)
 
     def _build_gemm(self, dtype: str) -> GemmTable | None:
-        f = (find_table(self.system, "gemm", "gemm_perf", SGLANG_COMPAT_VERSION)
-             if dtype in self.lanes.sglang_gemm else self._file("gemm", "gemm_perf"))
-        if f is None:
-            return None
-        rows = _read(f.path, (("gemm_dtype", "=", dtype),), ("kernel_source", "m", "n", "k", "latency"))
-        rows = _one_source(rows, self._lanes(f).gemm.get(dtype, ()))
+        f = self._file("gemm", "gemm_perf")
+        rows = self._trusted_rows(f, (("gemm_dtype", "=", dtype),), ("m", "n", "k", "latency"),
+                                  lambda lanes: lanes.gemm.get(dtype, ())) if f else []
         return GemmTable(rows) if rows else None
 
-    def _versions_of(self, f: TableFile) -> list[TableFile]:
-        """Where to read a shape ``f`` has not measured: the engine's other recorded versions of the table
-        (newest first), then SGLang's for another engine (the version the simulator follows first)."""
+    def _trusted_rows(self, f: TableFile, keys: tuple[tuple[str, str, object], ...], columns: tuple[str, ...],
+                      preferred: Callable[[Lanes], Sequence[str]]) -> list[dict[str, object]]:
+        """The rows of ``keys`` in ``f``, of one implementation (the first of ``preferred`` by the lanes
+        of the engine whose table it is); where ``f`` measured none but distrusted ones, the first that
+        did of the engine's other recorded versions (newest first), then, for another engine, SGLang's
+        (the version the simulator follows first)."""
         found = [f, *other_versions(f)]
         if f.framework != "sglang":
             sglang = find_table(self.system, f.family, f.name, SGLANG_COMPAT_VERSION)
             found += [sglang, *other_versions(sglang)] if sglang else []
-        return found
+        for table in found:
+            lanes = self._lanes(table)
+            rows = [r for r in _read(table.path, keys, ("kernel_source", *columns))
+                    if r["kernel_source"] not in lanes.distrusted]
+            if rows:
+                return _one_source(rows, preferred(lanes))
+        return []
 
     def _lanes(self, f: TableFile) -> Lanes:
         """The kernel choices of the engine whose table ``f`` is (SGLang's where it stood in)."""
@@ -369,14 +375,7 @@ class KernelTables:
         keys = (("moe_dtype", "=", dtype), ("hidden_size", "=", hidden), ("inter_size", "=", inter),
                 ("topk", "=", topk), ("num_experts", "=", experts), ("moe_tp_size", "=", moe_tp),
                 ("moe_ep_size", "=", moe_ep), ("distribution", "=", distribution))
-        rows: list[dict[str, object]] = []
-        for table in self._versions_of(f):  # past a version without the shape, or only distrusted rows
-            distrusted = self._lanes(table).distrusted
-            rows = [r for r in _read(table.path, keys, ("kernel_source", "num_tokens", "latency"))
-                    if r["kernel_source"] not in distrusted]
-            if rows:
-                rows = _one_source(rows, self._lanes(table).moe)
-                break
+        rows = self._trusted_rows(f, keys, ("num_tokens", "latency"), lambda lanes: lanes.moe)
         points = {float(r["num_tokens"]): float(r["latency"]) * 1e-3 for r in rows}
         return Curve(points, proportional_above=True) if points else None
 

@@ -343,10 +343,14 @@ class TrackingConf:
     engine_reason: str | None = None  # why the trial runs on its engine (engine=auto's choice, ...)
 
 
+# the engine names of a trial that runs vLLM, or the simulated engine playing it
+VLLM_ENGINES = ("vllm", "sim-vllm")
+
+
 def plays_vllm(cfg: ParasweepConf) -> bool:
     """The trial runs vLLM, or the simulated engine playing it (``engine.name`` as asked, or as resolved:
     ``sim-vllm`` where no GPU is)."""
-    return cfg.engine.name in ("vllm", "sim-vllm")
+    return cfg.engine.name in VLLM_ENGINES
 
 
 def world_size(cfg: ParasweepConf) -> int:

@@ -17,6 +17,7 @@ from orchestrator.config.lengths import length_bounds
 from orchestrator.config.model_info import model_info
 from orchestrator.config.moe_layout import validate_moe_layout
 from orchestrator.config.schema import (
+    VLLM_ENGINES,
     ParasweepConf,
     SimFaultConf,
     joins_cluster,
@@ -175,7 +176,7 @@ def _validate_vllm_keys(cfg: ParasweepConf, engine: str, reason: str) -> None:
         if value is None:
             continue
         key = f"vllm.{f.name}"
-        if engine not in ("vllm", "sim-vllm"):
+        if engine not in VLLM_ENGINES:
             raise ConfigError(key, value, f"null with engine={engine} ({reason})", why="a flag of vLLM only")
         if f.name == "release":  # checked against the recorded releases by the engine's adapter
             continue
