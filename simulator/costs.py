@@ -497,14 +497,18 @@ class CostModel:
         driver."""
         if self.uses_cuda_graph(shape):
             return self.hw.graph_launch_us * 1e-6
-        st = self.stages[stage]
         if self.replays_pieces(shape):
-            # vLLM: the attention op eagerly in every layer, a graph piece per layer (and one more) around
-            # it. A step above the largest captured size runs the compiled model without graphs, every
-            # kernel launched from Python as an eager step's are: priced as one
-            split = st.layers * self.p.kernels_attn_split * (self.p.host_op_us + self.hw.kernel_launch_us)
-            return (split + (st.layers + 1) * self.hw.graph_launch_us) * 1e-6
-        return st.kernels * (self.p.host_op_us + self.hw.kernel_launch_us) * 1e-6
+            return self.pieces_host_time(stage)
+        return self.stages[stage].kernels * (self.p.host_op_us + self.hw.kernel_launch_us) * 1e-6
+
+    def pieces_host_time(self, stage: int) -> float:
+        """Host seconds of a step replayed from vLLM's piecewise graphs: the attention op eagerly in every
+        layer, a graph piece per layer (and one more) around it. A step above the largest captured size
+        runs the compiled model without graphs, every kernel launched from Python as an eager step's are:
+        priced as one."""
+        st = self.stages[stage]
+        split = st.layers * self.p.kernels_attn_split * (self.p.host_op_us + self.hw.kernel_launch_us)
+        return (split + (st.layers + 1) * self.hw.graph_launch_us) * 1e-6
 
     def hop_time(self, shape: BatchShape, boundary: int = 0) -> float:
         """Stage ``boundary`` -> ``boundary`` + 1: hidden states and residual of every new token, point

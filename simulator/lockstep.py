@@ -18,9 +18,10 @@ from simulator.timebase import Simulation
 
 
 class LockstepGroup:
-    def __init__(self, cfg: SimConfig, sim: Simulation, costs: LockstepCosts) -> None:
+    def __init__(self, cfg: SimConfig, sim: Simulation, costs: LockstepCosts,
+                 scheduler: type[ReplicaModel] = ReplicaModel) -> None:
         self.cfg, self.sim, self.costs = cfg, sim, costs
-        self.ranks = [ReplicaModel(cfg, sim) for _ in range(cfg.schedulers)]
+        self.ranks = [scheduler(cfg, sim) for _ in range(cfg.schedulers)]
         for rank in self.ranks:
             rank.lockstep = self
         self.clock = SchedulerClock(hide=not cfg.disable_overlap_schedule)
@@ -74,9 +75,10 @@ class LockstepGroup:
                 rank.observer.on_dp_balance(ratio, max(hosts) - host + self.costs.sync_s)
 
 
-def build_schedulers(cfg: SimConfig, sim: Simulation) -> list[ReplicaModel]:
-    """The engine's schedulers: one per DP replica, each on its own; or the attention-DP ranks of its
-    one TP group, in lockstep."""
+def build_schedulers(cfg: SimConfig, sim: Simulation,
+                     scheduler: type[ReplicaModel] = ReplicaModel) -> list[ReplicaModel]:
+    """The engine's schedulers (``scheduler``: SGLang's, or vLLM's engine core): one per DP replica, each
+    on its own; or the attention-DP ranks of its one TP group, in lockstep."""
     if cfg.lockstep is not None:
-        return LockstepGroup(cfg, sim, cfg.lockstep).ranks
-    return [ReplicaModel(cfg, sim) for _ in range(cfg.dp)]
+        return LockstepGroup(cfg, sim, cfg.lockstep, scheduler).ranks
+    return [scheduler(cfg, sim) for _ in range(cfg.dp)]

@@ -200,7 +200,7 @@ def engine_schedulers(cfg: SimConfig, sim: Simulation) -> list[ReplicaModel]:
     if cfg.dialect == "vllm":
         from simulator.vllm.scheduler import VLLMReplica
 
-        return [VLLMReplica(cfg, sim) for _ in range(cfg.dp)]
+        return build_schedulers(cfg, sim, VLLMReplica)
     return build_schedulers(cfg, sim)
 
 

@@ -275,10 +275,13 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         frac = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
     if not 0 < frac < 1:
         raise FlagError(f"mem_fraction_static must be in (0, 1), got {frac}")
-    if attention_dp is not None and chunked > 0:  # each rank prefills its share (after the memory rule)
+    # SGLang splits its token and request caps over the attention-DP ranks; vLLM's are each engine core's
+    sglang = getattr(args, "dialect", "sglang") == "sglang"
+    shares = attention_dp.ranks if attention_dp is not None and sglang else 1
+    if shares > 1 and chunked > 0:  # each rank prefills its share (after the memory rule)
         warnings.append(f"DP attention is enabled. chunked prefill size is adjusted from {chunked} to "
-                        f"{chunked // attention_dp.ranks}.")
-        chunked //= attention_dp.ranks
+                        f"{chunked // shares}.")
+        chunked //= shares
 
     par = Parallel(tp=tp, pp=pp, ep=ep, moe_a2a_backend=args.moe_a2a_backend, eplb=bool(args.enable_eplb))
     disable_graph = bool(args.disable_cuda_graph)
@@ -322,7 +325,7 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         mrr = min(estimated, token_capacity // 2)
     else:
         # attention DP: the value is each rank's share (SGLang: max_running_requests // attn_dp_size)
-        asked_mrr = max(asked_mrr // (attention_dp.ranks if attention_dp else 1), 1)
+        asked_mrr = max(asked_mrr // shares, 1)
         mrr = min(asked_mrr, token_capacity // 2)
         if mrr < asked_mrr:
             warnings.append(

@@ -436,6 +436,11 @@ def test_ttft_queueing() -> None:
     # an admission cap holds them back: admission_cap says so, not this
     capped = found(facts(c32=queued(), resolved={"max_running_requests": 16}))
     assert "admission_cap" in capped and "ttft_queueing" not in capped
+    # vLLM: a dense model's DP ranks are offered; a MoE model's tie the experts' spread to them, so its
+    # wider splits are left to the layouts the advice check adds
+    kw = dict(plays="vllm", pp_size=1, resolved={"chunked_prefill_size": 8192})
+    assert found(facts(c32=queued(), **kw))["ttft_queueing"].alternatives == [{"dp.size": 2}]
+    assert found(facts(c32=queued(), moe=True, **kw))["ttft_queueing"].alternatives == []
 
 
 def test_ttft_queueing_by_littles_law_without_per_request_times() -> None:

@@ -54,9 +54,10 @@ def test_what_is_not_modelled_is_said(silicon) -> None:
     gpt = next(r for r in rows if "gpt-oss" in r.model)
     with pytest.raises(Unreplayable, match="MXFP4"):
         to_vllm_entry(gpt)
-    ranks = next(r for r in rows if r.dp > 1)
-    with pytest.raises(Unreplayable, match="data parallelism"):
-        to_vllm_entry(ranks)
+    odd = next(r for r in rows if r.dp > 1)
+    odd.dp = odd.tp // 2
+    with pytest.raises(Unreplayable, match="one DP rank per GPU"):
+        to_vllm_entry(odd)
 
 
 def test_an_unreleased_build_is_played_as_the_newest_release() -> None:
@@ -77,11 +78,22 @@ def test_one_row_predicted_and_estimated_side_by_side(silicon) -> None:
     assert est.version and (est.tpot_ms is not None or est.why_none)
 
 
-def test_a_vllm_entry_refuses_data_parallelism_before_it_runs(silicon, tmp_path) -> None:
+def test_an_attention_dp_row_runs_one_dp_rank_per_gpu_with_the_experts_over_all(silicon, tmp_path) -> None:
+    """InferenceX's DP_ATTENTION runs: --tensor-parallel-size=1 --data-parallel-size=$TP
+    --enable-expert-parallel on TP GPUs; the CSV stores TP, the DP ranks, and TP x DP as moe_ep_size."""
     rows, _ = silicon
-    entry, _ = to_vllm_entry(_row(rows, MINIMAX_H100))
-    entry.parallelism.dp = 2
-    with pytest.raises(NotModelled, match="data parallelism"):
+    row = next(r for r in rows if r.dp == 4 and "MiniMax" in r.model and r.system == "h100_sxm")
+    assert (row.tp, row.dp, row.ep) == (4, 4, 16)  # as the CSV records it
+    entry, notes = to_vllm_entry(row)
+    par = entry.parallelism
+    assert entry.gpu_count == 4 and (par.tp, par.dp, par.ep) == (1, 4, 4)
+    assert any("--data-parallel-size 4" in n for n in notes)
+    assert "DP4 EP4" in row.family
+    argv = plan(entry, tmp_path).argv
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "1"
+    assert argv[argv.index("--data-parallel-size") + 1] == "4" and "--enable-expert-parallel" in argv
+    entry.parallelism.ep = 2  # experts over some of the engine's GPUs: vLLM has no such layout
+    with pytest.raises(NotModelled, match="spreads them over every GPU"):
         plan(entry, tmp_path)
 
 

@@ -51,6 +51,17 @@ def test_every_split_of_the_same_gpus_over_pcie_too() -> None:
     assert [c[ATTN_DP_KEY] for c in around if ATTN_DP_KEY in c] == [8]
 
 
+def test_on_vllm_the_experts_span_every_dp_rank_and_no_moe_dp_rank_runs_a_pipeline() -> None:
+    cfg = config("qwen3-30b-a3b", "h100-sxm-x8", tp=8)
+    cfg.engine.name = "sim-vllm"
+    found = splits(layouts(cfg))
+    assert all(ep in (1, tp * dp) for tp, _, dp, ep in found)  # vLLM's only expert layouts
+    assert (1, 1, 8, 8) in found and (2, 1, 4, 8) in found and (2, 1, 4, 1) in found
+    assert not any(pp > 1 and dp > 1 for _, pp, dp, _ in found)
+    assert (1, 8, 1, 1) in found and (2, 4, 1, 2) in found  # pipelines without DP stay
+    assert not any(ATTN_DP_KEY in c for c in layouts(cfg))  # SGLang's key: vLLM's DP splits stand for it
+
+
 def test_a_dense_model_gets_no_expert_or_attention_dp_splits() -> None:
     around = layouts(config("llama-3.1-70b", "h100-sxm-x8", tp=4))
     assert all("ep.size" not in c and ATTN_DP_KEY not in c for c in around)

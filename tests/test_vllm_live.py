@@ -58,6 +58,31 @@ def test_it_serves_vllms_api_metrics_and_log_lines_only(tmp_path: Path) -> None:
     assert len(stats) >= 1 and stats["gen_throughput"].max() > 0  # the periodic line, read back
 
 
+def test_a_moe_model_s_dp_ranks_serve_their_own_series_and_stats_lines(tmp_path: Path) -> None:
+    """--data-parallel-size 2 with the experts spread: two engine cores in lockstep behind one API
+    server, each with its own ``engine`` label and stats line, the requests spread over both."""
+    argv = ["serve", str(REPO / "models" / "qwen3-30b-a3b"), "--sim-hardware", "h100-sxm-x8", "--seed", "1",
+            "--data-parallel-size", "2", "--enable-expert-parallel", "--sim-time-scale", "20"]
+    server = Server(argv, tmp_path)
+    try:
+        info = json.loads(server.get("/parasweep_sim/info")[1])
+        with clock.engine_clock(info["sim_time_scale"], info["sim_wall_origin"]):
+            result = run_point(server.url, POINT, SPEC, lag_threshold_ms=250.0)
+        time.sleep(1.0)  # one stats interval after the load
+        text = server.get("/metrics")[1].decode()
+        log = server.log()
+    finally:
+        server.stop()
+    assert result.metrics["completed"] == 24
+    tokens = {json.loads(s["labels"])["engine"]: s["value"] for s in parse_samples(text, 0.0)
+              if s["name"] == "vllm:generation_tokens_total"}
+    assert set(tokens) == {"0", "1"} and min(tokens.values()) > 0  # both cores served requests
+    assert sum(tokens.values()) == result.metrics["output_tokens_total"]
+    path = tmp_path / "server.log"
+    path.write_text(log)
+    assert set(vllm_log_frame(path)["dp"]) == {0, 1}  # a stats line per core, read back
+
+
 def test_live_and_predicted_agree_within_5_percent(tmp_path: Path) -> None:
     # one stream of 3,000-token prompts, each prefilled in three steps of the 1,024-token budget: how the
     # client's requests interleave in time cannot change what a step holds (several streams can: which

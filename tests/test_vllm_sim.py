@@ -63,7 +63,6 @@ def test_the_defaults_follow_the_release_and_the_gpu() -> None:
 
 
 @pytest.mark.parametrize(("flags", "says"), [
-    (["--data-parallel-size", "2"], "--data-parallel-size > 1 is not modelled"),
     (["--hf-overrides", "{}"], "overrides already applied"),
     (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1"),
     (["--gpu-memory-utilization", "0.02"], "leaves no memory for the KV cache"),

@@ -105,9 +105,10 @@ def ttft_queueing(f: TrialFacts) -> list[Finding]:
         if kv_bound(f, label) or (mrr and c and per_replica(f, c) > mrr) or starved_at(f, label):
             return []  # those findings carry the split themselves
         chunk = int_or_none(f.resolved.get("chunked_prefill_size"))
-        # more replicas: more GPUs, bought for the TTFT (SGLang's; vLLM's DP is not modelled)
+        # more replicas: more GPUs, bought for the TTFT. On vLLM a MoE model's DP ranks tie ep.size to
+        # them (the experts span every rank), so its wider splits are left to the layouts the check adds
         own = some({"server.chunked_prefill_size": 2 * chunk} if chunk and chunk > 0 else None,
-                    {"dp.size": 2 * f.dp_size} if f.plays == "sglang" else None)
+                    {"dp.size": 2 * f.dp_size} if f.plays == "sglang" or not f.moe else None)
         change, alternatives = own[0], own[1:]
         return [Finding(
             "ttft_queueing", "warning", f"Requests wait in the queue for most of their TTFT at {label}",

@@ -125,7 +125,10 @@ class SiliconRow:
     @property
     def family(self) -> str:
         """Model, GPU, layout and precision: the rows a trust band is computed over."""
-        layout = f"TP{self.tp}" + (f" EP{self.ep}" if self.ep > 1 else "")
+        if self.dp > 1:  # vLLM's rows: one DP rank per GPU, the experts over all of them
+            layout = f"DP{self.dp} EP{self.dp}"
+        else:
+            layout = f"TP{self.tp}" + (f" EP{self.ep}" if self.ep > 1 else "")
         return f"{short_model(self.model)} {layout} {self.precision} on {self.system}"
 
 

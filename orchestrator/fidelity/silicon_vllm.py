@@ -135,14 +135,19 @@ def to_vllm_entry(row: SiliconRow) -> tuple[Entry, list[str]]:
     folder, quant, model_note = model_for(row, MODELS, UNMODELLED)
     if row.system not in SYSTEMS:
         raise Unreplayable(f"GPU system {row.system}: {NO_PROFILE}")
-    if row.dp > 1:
-        raise Unreplayable(
-            "vLLM's data parallelism (--data-parallel-size with the experts over every rank) "
-            "is not modelled by the simulated engine playing vLLM yet"
-        )
     args, notes = launch_flags(row)
+    tp, dp = row.tp, 1
     ep = row.ep if row.ep > 1 else 1
-    if ep == 1 and row.tp > 1 and expert_parallel_always(row):
+    if row.dp > 1:
+        if row.dp != row.tp:
+            raise Unreplayable(f"attention DP {row.dp} with TP {row.tp}: InferenceX's vLLM scripts run one "
+                               "DP rank per GPU")
+        # InferenceX's scripts with DP_ATTENTION=true: --tensor-parallel-size=1 --data-parallel-size=$TP
+        # --enable-expert-parallel, on TP GPUs (the CSV's moe_ep_size holds TP x DP)
+        tp, dp, ep = 1, row.tp, row.tp
+        notes.append(f"attention DP {row.dp} on {row.tp} GPUs: vLLM's --tensor-parallel-size 1 "
+                     f"--data-parallel-size {row.tp} --enable-expert-parallel (InferenceX's DP_ATTENTION)")
+    elif ep == 1 and row.tp > 1 and expert_parallel_always(row):
         ep = row.tp
         notes.append("--enable-expert-parallel on whatever the row's moe_ep says: the script's test "
                      "(EP_SIZE -ge 1) was true for every run")
@@ -158,9 +163,9 @@ def to_vllm_entry(row: SiliconRow) -> tuple[Entry, list[str]]:
             "source_url": f"{PREDICTED_SOURCE}: {row.source}",
             "model": row.model,
             "gpu": GPU_NAMES[row.system],
-            "gpu_count": row.tp * row.dp,
+            "gpu_count": tp * dp,
             "vllm_version": row.version or "0.19.0",
-            "parallelism": {"tp": row.tp, "ep": ep},
+            "parallelism": {"tp": tp, "dp": dp, "ep": ep},
             "server_args": args,
             "workload": workload,
             "measured": {"mean_ttft_ms": row.ttft_ms, "mean_tpot_ms": row.tpot_ms},

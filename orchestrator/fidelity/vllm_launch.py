@@ -45,11 +45,8 @@ def vllm_argv(
 ) -> tuple[list[str], list[str]]:
     """(the simulated engine's command line without ``python -m simulator``, what is assumed)."""
     p, a = entry.parallelism, entry.server_args
-    if p.dp > 1 or p.dp_attention:
-        raise NotModelled(
-            "vLLM's data parallelism (--data-parallel-size) is not modelled by the simulated "
-            "engine playing vLLM yet"
-        )
+    if p.dp_attention:
+        raise NotModelled("dp_attention is SGLang's: vLLM's data parallelism is parallelism.dp")
     release, note = played_release(str(getattr(entry, "vllm_version", "") or NEWEST))
     argv = [
         "serve",
@@ -65,13 +62,15 @@ def vllm_argv(
         str(p.tp),
         "--pipeline-parallel-size",
         str(p.pp),
+        *(["--data-parallel-size", str(p.dp)] if p.dp > 1 else []),
         "--seed",
         "0",
     ]
     if p.ep > 1:
-        if p.ep != p.tp:
+        if p.ep != p.tp * p.dp:
             raise NotModelled(
-                f"experts over {p.ep} GPUs with TP{p.tp}: vLLM spreads them over the whole TP group"
+                f"experts over {p.ep} GPUs with TP{p.tp} x DP{p.dp}: vLLM spreads them over every GPU "
+                "of the engine"
             )
         argv.append("--enable-expert-parallel")
     argv += _flags(a)

@@ -4,11 +4,14 @@ them against the sweep's trials; none is left out because a rule of thumb says i
 PCIe, say): the prediction decides, and a layout that cannot run says why.
 
 For a trial on N GPUs: every tensor x pipeline x data-parallel split of N (each a divisor), and for a
-MoE model each split with tp > 1 also with its experts spread over the TP group (``ep.size = tp``).
+MoE model each split with tp > 1 also with its experts spread over the TP group (``ep.size = tp``); on
+vLLM, whose expert parallelism spans every GPU of the engine, over all its DP ranks' GPUs instead
+(``ep.size = tp x dp``; a MoE model's DP ranks with a pipeline are not modelled, so not tried).
 Leaving the pipeline (pp = 1) drops its knobs (async depth 0, the micro-batch cap to the engine's
 default), which mean nothing without it. A MoE model is also tried with the whole set of GPUs as one TP
 group whose every GPU is an attention-DP rank (``dp.attention``), its experts spread over all of them:
-the layout DeepSeek-style deployments serve large batches with.
+the layout DeepSeek-style deployments serve large batches with (on vLLM that is the split of one DP
+rank per GPU with the experts over all of them, among the splits already).
 A speculative trial's splits with a pipeline go without speculation (SGLang runs neither together as
 parasweep launches it), and its own split is tried without speculation and with one draft step.
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.config.model_info import model_info
-from orchestrator.config.schema import ParasweepConf, world_size
+from orchestrator.config.schema import ParasweepConf, plays_vllm, world_size
 
 ATTN_DP_KEY = "dp.attention"
 
@@ -37,6 +40,7 @@ def layouts(cfg: ParasweepConf) -> list[dict[str, Any]]:
     out; at most a few dozen for a node of 8 or 16 GPUs."""
     gpus = world_size(cfg)
     moe = model_info(cfg.model.path).is_moe
+    vllm = plays_vllm(cfg)
     # a disaggregated trial: every aggregated split is another layout, its own included
     current = (cfg.tp.size, cfg.pp.size, cfg.dp.size, cfg.ep.size) if not cfg.pd.enabled else None
     leave = {"pd.enabled": False} if cfg.pd.enabled else {}
@@ -44,7 +48,10 @@ def layouts(cfg: ParasweepConf) -> list[dict[str, Any]]:
     for tp in _divisors(gpus):
         for pp in _divisors(gpus // tp):
             dp = gpus // (tp * pp)
-            for ep in sorted({1, tp} if moe else {1}):
+            if vllm and moe and dp > 1 and pp > 1:
+                continue
+            spread = tp * dp if vllm else tp
+            for ep in sorted({1, spread} if moe else {1}):
                 if (tp, pp, dp, ep) == current:
                     continue
                 change: dict[str, Any] = {**leave, "tp.size": tp, "pp.size": pp}
@@ -59,7 +66,7 @@ def layouts(cfg: ParasweepConf) -> list[dict[str, Any]]:
                 if pp > 1 and cfg.spec.algorithm != "none":  # SGLang pipelines no speculation parasweep runs
                     change["spec.algorithm"] = "none"
                 out.append(change)
-    if moe and gpus > 1:  # the whole node as one TP/EP group with data-parallel attention
+    if moe and gpus > 1 and not vllm:  # the whole node as one TP/EP group with data-parallel attention
         out.append({**leave, "tp.size": gpus, "pp.size": 1, "ep.size": gpus, ATTN_DP_KEY: gpus,
                     **({"dp.size": 1} if cfg.dp.size != 1 else {}),
                     **({"pp.async_depth": 0} if cfg.pp.async_depth else {})})

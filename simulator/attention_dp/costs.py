@@ -82,16 +82,25 @@ class LockstepCosts:
         gathered = BatchShape(tokens=sum(rank_tokens), seqs=seqs, kv_read_tokens=0, attn_ctx=0.0,
                               decode=decode, width=width)
         shared = self.group_cost.split_gpu_time(0, gathered, padded=True)[1]
-        comm = self._comm(max(rank_tokens), gathered, graph)
         g = self.group_cost
-        dispatch = (g.hw.graph_launch_us * 1e-6 if graph
-                    else g.stages[0].kernels * (g.p.host_op_us + g.hw.kernel_launch_us) * 1e-6)
+        # vLLM replays a step that is no full-graph decode from its piecewise graphs where every rank's
+        # tokens fit the largest captured size (the ranks agree on the padded size, as for a full graph)
+        pieces = not graph and g.piecewise and max(rank_tokens) <= g.cuda_graph_max_bs
+        comm = self._comm(max(rank_tokens), gathered, graph or pieces)
+        if graph:
+            dispatch = g.hw.graph_launch_us * 1e-6
+        elif pieces:
+            dispatch = g.pieces_host_time(0)
+        else:
+            dispatch = g.stages[0].kernels * (g.p.host_op_us + g.hw.kernel_launch_us) * 1e-6
         dispatch += self.sync_s
         work = attention + shared + comm
         if graph:
             total = work + dispatch
+        elif decode or pieces:
+            total = max(work, dispatch)
         else:
-            total = max(work, dispatch) + (0.0 if decode else g.p.prefill_overlap_loss * min(work, dispatch))
+            total = max(work, dispatch) + g.p.prefill_overlap_loss * min(work, dispatch)
         return LockstepStep(attention, shared, comm, dispatch, graph, total)
 
     def _comm(self, rank_tokens: int, gathered: BatchShape, graph: bool) -> float:

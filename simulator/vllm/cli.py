@@ -110,9 +110,11 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
             "--hf-overrides: the simulated engine reads a config.json with the overrides "
             "already applied (parasweep writes one for the trial)"
         )
-    if v.data_parallel_size > 1:
+    moe_lockstep = v.data_parallel_size > 1 and _is_moe(v.model_tag)
+    if moe_lockstep and v.pipeline_parallel_size > 1:
         raise VLLMFlagError(
-            "--data-parallel-size > 1 is not modelled by the simulated engine playing vLLM yet"
+            "--data-parallel-size > 1 with --pipeline-parallel-size > 1 on a MoE model is not modelled "
+            "by the simulated engine playing vLLM"
         )
     if v.scheduling_policy != "fcfs":
         raise VLLMFlagError("--scheduling-policy priority is not modelled: requests carry no priority")
@@ -130,6 +132,7 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
         ("--max-num-batched-tokens", budget),
         ("--tensor-parallel-size", v.tensor_parallel_size),
         ("--pipeline-parallel-size", v.pipeline_parallel_size),
+        ("--data-parallel-size", v.data_parallel_size),
     ):
         if value < 1:
             raise VLLMFlagError(f"{flag} must be >= 1, got {value}")
@@ -155,13 +158,15 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
     n.kv_cache_dtype = VLLM_KV_CACHE_DTYPES[v.kv_cache_dtype]
     n.context_length = v.max_model_len
     n.tp_size, n.pp_size = v.tensor_parallel_size, v.pipeline_parallel_size
-    world = v.tensor_parallel_size * v.pipeline_parallel_size
+    if v.data_parallel_size > 1:
+        _data_parallel(n, v.data_parallel_size, moe_lockstep)
+    world = v.tensor_parallel_size * v.pipeline_parallel_size * v.data_parallel_size
     if world > hw.num_gpus and hw.nodes > 1:
         # across nodes vLLM is one server process whose Ray executor places the ranks on the other nodes:
         # the model prices the layout over the nodes it takes; no other process of the engine joins
         n.nnodes = min(-(-world // hw.num_gpus), hw.nodes)
         n.dist_init_addr = "127.0.0.1:1"
-    n.ep_size = v.tensor_parallel_size if v.enable_expert_parallel else 1
+    n.ep_size = n.tp_size if v.enable_expert_parallel else 1  # every GPU of the engine under DP
     n.max_running_requests = seqs
     # one token budget per step: what a step computes, prompt chunks and decodes together
     n.chunked_prefill_size = n.max_prefill_tokens = budget
@@ -200,6 +205,34 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
     n.gpu_memory_utilization = v.gpu_memory_utilization
     n.vllm_argv = sys.argv[1:]
     return n
+
+
+def _is_moe(model_dir: str) -> bool:
+    """Whether the checkpoint is a mixture of experts (False where its config cannot be read: the
+    resolution says why)."""
+    from simulator.model_spec import load_model_spec
+    from vocab.model import ModelConfigError
+
+    try:
+        return load_model_spec(model_dir, None).is_moe
+    except (ModelConfigError, OSError):
+        return False
+
+
+def _data_parallel(n: argparse.Namespace, dp: int, moe_lockstep: bool) -> None:
+    """``--data-parallel-size dp`` in the simulator's quantities. A dense model's DP ranks are engine cores
+    of their own (replicas). A MoE model's run in lockstep: each rank's attention on its own TP group,
+    the experts over every rank's GPUs (spread with --enable-expert-parallel, else sharded), every rank
+    stepping together, an idle one with a dummy batch. That is the simulator's attention-DP layout with an
+    attention TP of ``--tensor-parallel-size`` and each rank's LM head on its own GPUs. vLLM's API server
+    sends a request to the rank with the fewest waiting and running requests (from the ranks' reported
+    counts, waiting ones weighted 4 times): the model counts requests held, exactly."""
+    tp = n.tp_size
+    if moe_lockstep:
+        vars(n).update(tp_size=tp * dp, attn_dp_size=dp, enable_dp_lm_head=True)
+    else:
+        n.dp_size = dp
+    n.load_balance_method = "total_requests"
 
 
 def parse(argv: list[str], exit_on_error: bool = True) -> argparse.Namespace:

@@ -20,6 +20,7 @@ from simulator.faults import FaultConf, FaultInjector
 from simulator.frontend import Frontend
 from simulator.generation import GenerationAPI, json_response
 from simulator.gpus import GPUS_PATH, SIM_INFO_PATH, gpu_rows
+from simulator.lockstep import build_schedulers
 from simulator.logs import LogWriter
 from simulator.server import serve as serve_engine
 from simulator.sim_config import SimConfig
@@ -40,7 +41,7 @@ class VLLMServer:
         self.sim = Simulation()
         self.driver = LiveDriver(self.sim, loop, cfg.time_scale)
         log.wall = self.driver.epoch_now
-        self.replicas = [VLLMReplica(cfg, self.sim) for _ in range(cfg.dp)]
+        self.replicas: list[VLLMReplica] = build_schedulers(cfg, self.sim, VLLMReplica)  # type: ignore[assignment]
         self.metrics = VLLMMetrics(cfg.served_model_name, self.replicas, cfg.context_len)
         self.stats: list[StatsLine] = []
         for engine, rep in enumerate(self.replicas):
