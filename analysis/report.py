@@ -109,7 +109,7 @@ def engine_lines(runs: list[Any]) -> list[str]:
         lines += textwrap.wrap(f"Step costs: {'; '.join(costs)}", MAX_WIDTH, subsequent_indent="    ")
     errors = sorted({r.data.tags.get(Tag.PREDICTION_ERROR, "") for r in runs} - {""})
     if errors:  # how far such predictions are from published measurements
-        lines += textwrap.wrap(f"The model's error on published SGLang runs like these: {'; '.join(errors)} "
+        lines += textwrap.wrap(f"The model's error on published runs like these: {'; '.join(errors)} "
                                "(python -m orchestrator fidelity)", MAX_WIDTH, subsequent_indent="    ")
     return lines
 

@@ -107,7 +107,7 @@ def engines(trials: Sequence[Trial]) -> tuple[bool, str]:
         text += f". GPU telemetry: {telemetry_words(trials)}"
     errors = sorted({t.tags.get(Tag.PREDICTION_ERROR, "") for t in trials} - {""})
     if errors and (simulated or any(t.predicted for t in trials)):  # how far the model's numbers go
-        text += f". The model's error on published SGLang runs like these: {'; '.join(errors)}"
+        text += f". The model's error on published runs like these: {'; '.join(errors)}"
     return simulated, text + "."
 
 

@@ -10,9 +10,14 @@ one measured for the queried shape is used, else the first measured in name orde
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
+# GPUs of compute capability 10 (Blackwell), by aiconfigurator-core's system names
+BLACKWELL = frozenset({"b200_sxm", "b300_sxm", "gb200", "gb300"})
+# the MoE backends vLLM's --moe-backend names that the simulator prices (auto: vLLM's own choice)
+VLLM_MOE_BACKENDS = ("auto", "triton", "flashinfer_trtllm", "flashinfer_cutlass")
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,10 @@ class Lanes:
     # implementations whose rows are not read (each says why below): the next recorded version that
     # measured the operator stands in, then SGLang's measurement of it
     distrusted: frozenset[str] = frozenset()
+    # the fused-MoE implementation the engine runs for (GPU system, weight dtype, EP size, its MoE-backend
+    # flag), where its choice depends on them: looked for in every recorded version of the table before
+    # the nearest version's ``moe`` preference (an empty answer: no such rule)
+    moe_runs: Callable[[str, str, int, str], tuple[str, ...]] | None = None
 
     @property
     def engine(self) -> str:
@@ -46,6 +55,36 @@ class Lanes:
 # 0.22 carry one label for the backend
 _VLLM_FLASHINFER = ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode", "vllm_flashinfer")
 
+# vLLM's fused-MoE implementations by the tables' names; Triton's is SGLang's fused_moe_triton too (the
+# kernel SGLang took from vLLM), which stands in where no vLLM table of the GPU measured it
+_VLLM_TRITON_MOE = ("vllm_fused_moe", "vllm_fp8moe_triton_tritonexperts",
+                    "vllm_unquantizedfusedmoe_triton_tritonexperts", "sglang_fused_moe_triton")
+_VLLM_FI_TRTLLM_FP8 = ("vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic",
+                       "vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmodular")
+_VLLM_FI_CUTLASS_FP8 = ("vllm_fp8moe_flashinfer_cutlass_flashinferexperts",)
+
+
+def _vllm_moe_runs(system: str, dtype: str, ep: int, backend: str) -> tuple[str, ...]:
+    """vLLM's FP8 MoE oracle for block-FP8 experts (``fused_moe/oracle/fp8.py`` in 0.19.0's wheel; the
+    implementations aiconfigurator-core's 0.24 tables measured per GPU and EP size are the same): with
+    ``--moe-backend auto`` it tries FlashInfer's TensorRT-LLM kernels first, which run on Blackwell only
+    (the modular kernel takes any router); on Hopper it moves Triton to the front for TP and FlashInfer's
+    CUTLASS kernels for EP; elsewhere Triton is the first that runs. ``--moe-backend`` names one outright
+    (as the environment variables that switch FlashInfer and DeepGEMM off do: VLLM_USE_FLASHINFER_MOE_FP8=0
+    with VLLM_MOE_USE_DEEP_GEMM=0 leaves Triton). Every played release is priced by 0.19's rule."""
+    if dtype != "fp8_block":
+        return ()
+    named = {"triton": _VLLM_TRITON_MOE, "flashinfer_trtllm": _VLLM_FI_TRTLLM_FP8,
+             "flashinfer_cutlass": _VLLM_FI_CUTLASS_FP8}
+    if backend in named:
+        return named[backend]
+    if system in BLACKWELL:
+        return _VLLM_FI_TRTLLM_FP8
+    if system.startswith(("h100", "h200", "h20", "gh200")) and ep > 1:
+        return _VLLM_FI_CUTLASS_FP8
+    return _VLLM_TRITON_MOE
+
+
 LANES = {
     # SGLang's fused MoE is its Triton kernel unless a backend is asked for; every GEMM dtype has one
     # implementation in its tables; attention tables are labelled with SGLang's backend names
@@ -54,8 +93,8 @@ LANES = {
         "vllm",
         # Triton's fused MoE (``fused_moe`` in 0.19's tables, split per quantization in 0.24's): vLLM's
         # default on Hopper; the FlashInfer ones need VLLM_USE_FLASHINFER_MOE_* set
-        moe=("vllm_fused_moe", "vllm_fp8moe_triton_tritonexperts",
-             "vllm_unquantizedfusedmoe_triton_tritonexperts"),
+        moe=_VLLM_TRITON_MOE,
+        moe_runs=_vllm_moe_runs,
         # block-FP8 linear layers run DeepGEMM where it is installed (VLLM_USE_DEEP_GEMM defaults to 1;
         # vLLM's images ship it)
         gemm={"fp8_block": ("DeepGemmFp8BlockScaledMMKernel",)},

@@ -112,10 +112,12 @@ def other_versions(f: TableFile) -> list[TableFile]:
 
 
 @functools.cache
-def kernel_tables(system: str, launched: str, framework: str = "sglang") -> KernelTables:
+def kernel_tables(system: str, launched: str, framework: str = "sglang", moe_backend: str = "auto"
+                  ) -> KernelTables:
     """The one :class:`KernelTables` of this process for ``system``, the engine (``framework``) and its
-    version ``launched``."""
-    return KernelTables(system, launched, LANES[framework])
+    version ``launched``; ``moe_backend``: the MoE backend the engine was told to run (vLLM's
+    ``--moe-backend``; auto: its own choice)."""
+    return KernelTables(system, launched, LANES[framework], moe_backend)
 
 
 @functools.cache
@@ -256,8 +258,8 @@ class KernelTables:
     for those keys. Get one with :func:`kernel_tables`: it is built once per process, and so is each
     interpolator (predictions build many cost models from the same tables)."""
 
-    def __init__(self, system: str, launched: str, lanes: Lanes) -> None:
-        self.system, self.launched, self.lanes = system, launched, lanes
+    def __init__(self, system: str, launched: str, lanes: Lanes, moe_backend: str = "auto") -> None:
+        self.system, self.launched, self.lanes, self.moe_backend = system, launched, lanes, moe_backend
         self._built: dict[tuple[object, ...], object] = {}
 
     def _once(self, build, *args: object):  # type: ignore[no-untyped-def]
@@ -293,15 +295,23 @@ class KernelTables:
         return GemmTable(rows) if rows else None
 
     def _trusted_rows(self, f: TableFile, keys: tuple[tuple[str, str, object], ...], columns: tuple[str, ...],
-                      preferred: Callable[[Lanes], Sequence[str]]) -> list[dict[str, object]]:
-        """The rows of ``keys`` in ``f``, of one implementation (the first of ``preferred`` by the lanes
-        of the engine whose table it is); where ``f`` measured none but distrusted ones, the first that
-        did of the engine's other recorded versions (newest first), then, for another engine, SGLang's
-        (the version the simulator follows first)."""
+                      preferred: Callable[[Lanes], Sequence[str]], runs: Sequence[str] = ()
+                      ) -> list[dict[str, object]]:
+        """The rows of ``keys`` of the implementation the engine ``runs`` (the first of them measured),
+        from the first recorded version of ``f``'s table that measured it (``f``'s, then the others newest
+        first); without such rows, those of ``f`` of one implementation (the first of ``preferred`` by the
+        lanes of the engine whose table it is); where ``f`` measured none but distrusted ones, the first
+        that did of the engine's other recorded versions (newest first), then, for another engine,
+        SGLang's (the version the simulator follows first)."""
         found = [f, *other_versions(f)]
         if f.framework != "sglang":
             sglang = find_table(self.system, f.family, f.name, SGLANG_COMPAT_VERSION)
             found += [sglang, *other_versions(sglang)] if sglang else []
+        for table in found if runs else ():
+            rows = [r for r in _read(table.path, keys, ("kernel_source", *columns))
+                    if r["kernel_source"] in runs and r["kernel_source"] not in self._lanes(table).distrusted]
+            if rows:
+                return _one_source(rows, runs)
         for table in found:
             lanes = self._lanes(table)
             rows = [r for r in _read(table.path, keys, ("kernel_source", *columns))
@@ -375,7 +385,9 @@ class KernelTables:
         keys = (("moe_dtype", "=", dtype), ("hidden_size", "=", hidden), ("inter_size", "=", inter),
                 ("topk", "=", topk), ("num_experts", "=", experts), ("moe_tp_size", "=", moe_tp),
                 ("moe_ep_size", "=", moe_ep), ("distribution", "=", distribution))
-        rows = self._trusted_rows(f, keys, ("num_tokens", "latency"), lambda lanes: lanes.moe)
+        rule = self.lanes.moe_runs
+        runs = rule(self.system, dtype, moe_ep, self.moe_backend) if rule else ()
+        rows = self._trusted_rows(f, keys, ("num_tokens", "latency"), lambda lanes: lanes.moe, runs)
         points = {float(r["num_tokens"]): float(r["latency"]) * 1e-3 for r in rows}
         return Curve(points, proportional_above=True) if points else None
 

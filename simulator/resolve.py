@@ -359,7 +359,7 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         return apply_step_costs(getattr(args, "sim_step_costs", "auto"), model, hw.kernel_tables,
                                 launched, backend,
                                 fuse_shared_experts=not args.disable_shared_experts_fusion,
-                                framework=framework)
+                                framework=framework, moe_backend=getattr(args, "vllm_moe_backend", "auto"))
 
     try:
         step_costs = price(cost)

@@ -110,17 +110,17 @@ def _measured_with(tables: KernelTables) -> str:
 
 
 def apply_step_costs(mode: str, cost: CostModel, table_set: str | None, launched: str,
-                     attention_backend: str, fuse_shared_experts: bool = True, framework: str = "sglang"
-                     ) -> StepCosts:
+                     attention_backend: str, fuse_shared_experts: bool = True, framework: str = "sglang",
+                     moe_backend: str = "auto") -> StepCosts:
     """Set ``cost``'s step-cost source as ``mode`` asks and say what priced it. ``fuse_shared_experts``:
     SGLang's default of folding DeepSeek-V3's shared expert into the routed experts' kernel (off with
     ``--disable-shared-experts-fusion``). ``framework``, ``launched``: the engine the simulator plays and
-    its version, whose tables price the step."""
+    its version, whose tables price the step; ``moe_backend``: the MoE kernels it was told to run."""
     chosen = describe_step_costs(mode, table_set, launched, framework)
     if chosen.source == "measured":
         assert table_set is not None
-        source = MeasuredCosts(cost, kernel_tables(table_set, launched, framework), attention_backend,
-                               fuse_shared_experts)
+        source = MeasuredCosts(cost, kernel_tables(table_set, launched, framework, moe_backend),
+                               attention_backend, fuse_shared_experts)
         cost.use_source(source)
         chosen.coverage = source.coverage
     return chosen

@@ -9,7 +9,7 @@ import pytest
 from orchestrator.fidelity.catalog import NotModelled
 from orchestrator.fidelity.replay import plan
 from orchestrator.fidelity.served import aic_estimate, predict_row
-from orchestrator.fidelity.silicon import Unreplayable, default_csv, read_silicon
+from orchestrator.fidelity.silicon import Unreplayable, default_csv, measured_on, read_silicon
 from orchestrator.fidelity.silicon_vllm import to_vllm_entry
 from orchestrator.fidelity.vllm_launch import played_release
 
@@ -95,6 +95,19 @@ def test_an_attention_dp_row_runs_one_dp_rank_per_gpu_with_the_experts_over_all(
     entry.parallelism.ep = 2  # experts over some of the engine's GPUs: vLLM has no such layout
     with pytest.raises(NotModelled, match="spreads them over every GPU"):
         plan(entry, tmp_path)
+
+
+def test_the_b200_script_s_moe_kernels_follow_its_environment(silicon, tmp_path) -> None:
+    """minimaxm2.5_fp8_b200.sh switched FlashInfer's and DeepGEMM's MoE off (VLLM_USE_FLASHINFER_MOE_FP8=0,
+    VLLM_MOE_USE_DEEP_GEMM=0) until bddbf403 (2026-04-03): Triton's kernels, then vLLM's own choice."""
+    rows, _ = silicon
+    b200 = [r for r in rows if "MiniMax" in r.model and r.system == "b200_sxm" and r.precision == "fp8"
+            and r.dp == 1]
+    before = next(r for r in b200 if measured_on(r) < "2026-04-03")
+    after = next(r for r in b200 if measured_on(r) >= "2026-04-03")
+    argv = plan(to_vllm_entry(before)[0], tmp_path).argv
+    assert argv[argv.index("--moe-backend") + 1] == "triton"
+    assert "--moe-backend" not in plan(to_vllm_entry(after)[0], tmp_path).argv  # auto: FlashInfer's
 
 
 def test_the_h200_script_spread_the_experts_on_every_run(silicon, tmp_path) -> None:

@@ -24,8 +24,9 @@ pytestmark = pytest.mark.skipif(SYSTEMS is None, reason="aiconfigurator-core is 
 H200 = "h200_sxm"
 
 
-def rows(framework: str, version: str, family: str, name: str, **keys: object) -> list[dict]:
-    path = SYSTEMS / "data" / H200 / family / framework / version / f"{name}.parquet"  # type: ignore[operator]
+def rows(framework: str, version: str, family: str, name: str, system: str = H200,
+         **keys: object) -> list[dict]:
+    path = SYSTEMS / "data" / system / family / framework / version / f"{name}.parquet"  # type: ignore[operator]
     return pq.read_table(path, filters=[(k, "=", v) for k, v in keys.items()]).to_pylist()
 
 
@@ -51,10 +52,10 @@ def test_vllm_attention_moe_and_allreduce_come_from_vllm_s_own_kernels() -> None
     assert measured
     for r in measured[:5]:
         assert surface(16, r["step"]) == pytest.approx(r["latency"] * 1e-3, rel=1e-12)
-    # MiniMax-M2.5's experts under EP8: vLLM 0.19's Triton fused MoE
-    curve = tables.moe("fp8_block", 3072, 1536, 8, 256, 1, 8, "power_law_1.01")
+    # MiniMax-M2.5's experts over TP4: vLLM 0.19's Triton fused MoE (its choice on Hopper for TP)
+    curve = tables.moe("fp8_block", 3072, 1536, 8, 256, 4, 1, "power_law_1.01")
     moe = rows("vllm", "0.19.0", "moe", "moe_perf", moe_dtype="fp8_block", hidden_size=3072, inter_size=1536,
-               topk=8, num_experts=256, moe_tp_size=1, moe_ep_size=8, distribution="power_law_1.01")
+               topk=8, num_experts=256, moe_tp_size=4, moe_ep_size=1, distribution="power_law_1.01")
     assert curve is not None and moe and {r["kernel_source"] for r in moe} == {"vllm_fused_moe"}
     for r in moe[:5]:
         assert curve(r["num_tokens"]) == pytest.approx(r["latency"] * 1e-3, rel=1e-12)
@@ -63,6 +64,52 @@ def test_vllm_attention_moe_and_allreduce_come_from_vllm_s_own_kernels() -> None
                   allreduce_dtype="bfloat16")
     points = tables.allreduce_points(8, True)
     assert points and points == {float(r["message_size"]): r["latency"] * 1e-3 for r in reduce}
+
+
+MINIMAX_EXPERTS = dict(moe_dtype="fp8_block", hidden_size=3072, inter_size=1536, topk=8, num_experts=256,
+                       distribution="power_law_1.01")
+
+
+def _held_to(curve, measured: list[dict]) -> None:  # type: ignore[no-untyped-def]
+    """``curve`` passes through the measured points (a point measured twice: the row read last)."""
+    points = {r["num_tokens"]: r["latency"] * 1e-3 for r in measured}
+    assert curve is not None and points
+    for tokens, seconds in points.items():
+        assert curve(tokens) == pytest.approx(seconds, rel=1e-12)
+
+
+@pytest.mark.parametrize("system", ["b200_sxm", "b300_sxm"])
+def test_vllm_s_block_fp8_experts_on_blackwell_run_flashinfer_s_trtllm_kernels(system: str) -> None:
+    """vLLM 0.19's FP8 MoE oracle tries FlashInfer's TensorRT-LLM kernels first, and they run on Blackwell:
+    0.19's tables measured Triton's fused MoE only, 0.24's the kernel vLLM runs, which prices the step.
+    --moe-backend triton (or the environment switching FlashInfer and DeepGEMM off) runs Triton's."""
+    shape = ("fp8_block", 3072, 1536, 8, 256, 2, 1, "power_law_1.01")
+    runs = kernel_tables(system, "0.19.0", "vllm").moe(*shape)
+    trtllm = rows("vllm", "0.24.0", "moe", "moe_perf", system, moe_tp_size=2, moe_ep_size=1,
+                  **MINIMAX_EXPERTS)
+    monolithic = "vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic"
+    assert {r["kernel_source"] for r in trtllm} == {monolithic}
+    _held_to(runs, trtllm)
+    triton = kernel_tables(system, "0.19.0", "vllm", "triton").moe(*shape)
+    if system == "b200_sxm":
+        _held_to(triton, rows("vllm", "0.19.0", "moe", "moe_perf", system, moe_tp_size=2, moe_ep_size=1,
+                              **MINIMAX_EXPERTS))
+    else:  # no vLLM table of B300 measured Triton's: SGLang's measurement of the same kernel stands in
+        _held_to(triton, rows("sglang", "0.5.14", "moe", "moe_perf", system, moe_tp_size=2, moe_ep_size=1,
+                              **MINIMAX_EXPERTS))
+    assert triton(256) > runs(256)  # type: ignore[misc]  # FlashInfer's kernels are the faster
+
+
+def test_vllm_s_block_fp8_experts_on_hopper_run_triton_for_tp_and_flashinfer_cutlass_for_ep() -> None:
+    tables = kernel_tables(H200, "0.19.0", "vllm")
+    spread = rows("vllm", "0.24.0", "moe", "moe_perf", moe_tp_size=1, moe_ep_size=4, **MINIMAX_EXPERTS)
+    assert {r["kernel_source"] for r in spread} == {"vllm_fp8moe_flashinfer_cutlass_flashinferexperts"}
+    _held_to(tables.moe("fp8_block", 3072, 1536, 8, 256, 1, 4, "power_law_1.01"), spread)
+    # SGLang's tables are read as they were: its Triton kernel, whatever the layout
+    sglang = kernel_tables(H200, "0.5.23", "sglang").moe("fp8_block", 3072, 1536, 8, 256, 1, 4,
+                                                         "power_law_1.01")
+    _held_to(sglang, rows("sglang", "0.5.14", "moe", "moe_perf", moe_tp_size=1, moe_ep_size=4,
+                          **MINIMAX_EXPERTS))
 
 
 def test_vllm_s_block_fp8_gemm_is_priced_by_the_deepgemm_kernel_sglang_measured() -> None:

@@ -259,8 +259,8 @@ def test_prediction_sweep_is_the_latest(sweeps: dict) -> None:
     assert "Prediction sweep report" in page and "SIMULATED, NOT MEASURED" in page
     assert "virtual time" in page and "predicted tok/s" not in page  # no measurement to set it beside
     # how far the model's numbers go: its error on published runs of this family (a PP model here)
-    assert "The model&#39;s error on published SGLang runs like these: ±" in page or \
-        "The model's error on published SGLang runs like these: ±" in page
+    assert "The model&#39;s error on published runs like these: ±" in page or \
+        "The model's error on published runs like these: ±" in page
     assert "published pp runs" in page
     assert "#0 pp.async_depth=0" in page and "#1 pp.async_depth=1" in page
     assert IMG in page and not REMOTE_REF.search(page)

@@ -105,6 +105,21 @@ def test_keys_vllm_has_no_flag_for_are_refused_in_one_line(key: str, value: obje
     assert "valid:" in str(e.value)
 
 
+def test_a_moe_trial_s_experts_over_every_dp_rank_pass_validation_on_vllm_only() -> None:
+    """vLLM's expert parallelism spans the DP ranks (ep.size = tp.size x dp.size); SGLang's lives inside
+    the TP group, and each engine's trial is held to its own rule."""
+    def moe(engine: str, **keys: object) -> ParasweepConf:
+        c = _cfg(pp__size=1, **keys)
+        c.model.name, c.model.path = "qwen3-30b-a3b", "models/qwen3-30b-a3b"
+        c.engine.name = engine
+        c.workload.concurrency = [4]
+        return c
+
+    validate(moe("vllm", tp__size=1, dp__size=4, ep__size=4))
+    with pytest.raises(ConfigError, match=r"^ep\.size=4: invalid \(expert parallelism lives inside the TP"):
+        validate(moe("sglang", tp__size=1, dp__size=4, ep__size=4))
+
+
 def test_a_flag_the_release_lacks_is_refused_against_its_key() -> None:
     # --disable-log-requests: in 0.11.2, gone from later releases (read from the wheels)
     assert "--disable-log-requests" in release("0.11.2").flags

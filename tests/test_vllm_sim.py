@@ -64,6 +64,7 @@ def test_the_defaults_follow_the_release_and_the_gpu() -> None:
 
 @pytest.mark.parametrize(("flags", "says"), [
     (["--hf-overrides", "{}"], "overrides already applied"),
+    (["--moe-backend", "deep_gemm"], "--moe-backend deep_gemm is not modelled by the simulated engine"),
     (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1"),
     (["--gpu-memory-utilization", "0.02"], "leaves no memory for the KV cache"),
     (["--gpu-memory-utilization", "0.1"], "No available memory for the cache blocks"),  # vLLM's words

@@ -467,6 +467,7 @@ class VLLMConf:
     scheduling_policy: str | None = None  # --scheduling-policy: fcfs | priority
     long_prefill_token_threshold: int | None = None  # --long-prefill-token-threshold: a "long" prompt
     max_num_partial_prefills: int | None = None  # --max-num-partial-prefills: prompts chunked at once
+    moe_backend: str | None = None  # --moe-backend: the fused-MoE kernels (auto: vLLM's choice per GPU)
     # the recorded release a command line is checked against where vLLM is not installed here, and the
     # one the simulated engine plays (null: the newest recorded); not a flag
     release: str | None = None

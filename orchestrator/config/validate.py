@@ -21,6 +21,7 @@ from orchestrator.config.schema import (
     ParasweepConf,
     SimFaultConf,
     joins_cluster,
+    plays_vllm,
     router_process,
     trial_nodes,
     world_size,
@@ -29,6 +30,7 @@ from orchestrator.config.slo import check_slo
 from orchestrator.config.traffic import validate_traffic
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import local_gpu_count, sglang_installed
+from simulator.kernel_lanes import VLLM_MOE_BACKENDS
 from vocab.load import LengthDist
 from vocab.model import DP_ROUTER_IMPLS, DP_ROUTERS, ROUTER_PACKAGE, SCHEDULE_POLICIES
 from vocab.status import simulated
@@ -184,6 +186,12 @@ def _validate_vllm_keys(cfg: ParasweepConf, engine: str, reason: str) -> None:
             raise ConfigError(key, value, "true, false or null")
         if f.name == "scheduling_policy" and value not in ("fcfs", "priority"):
             raise ConfigError(key, value, "fcfs, priority or null")
+        if f.name == "moe_backend":  # the release's choices are checked by the engine's adapter
+            modelled = ", ".join(VLLM_MOE_BACKENDS)
+            if engine == "sim-vllm" and value not in VLLM_MOE_BACKENDS:
+                raise ConfigError(key, value, f"{modelled} or null on the simulated engine",
+                                  why="the MoE kernels the simulated engine prices")
+            continue
         if f.name not in ("async_scheduling", "scheduling_policy"):
             _positive(key, value)
 
@@ -265,7 +273,8 @@ def validate_with_reason(cfg: ParasweepConf) -> tuple[str, str]:
     if cfg.ep.size > 1:
         if not model.is_moe:
             raise ConfigError("ep.size", cfg.ep.size, "1", why=f"model {cfg.model.name} has no experts")
-        if cfg.tp.size % cfg.ep.size:
+        # vLLM's experts span every GPU of its TP and DP groups: its own rule (vllm_compat/command.py)
+        if cfg.tp.size % cfg.ep.size and not plays_vllm(cfg):
             divisors = [d for d in range(1, cfg.tp.size + 1) if cfg.tp.size % d == 0]
             raise ConfigError("ep.size", cfg.ep.size, f"a divisor of tp.size={cfg.tp.size}: {divisors}",
                               why="expert parallelism lives inside the TP group")

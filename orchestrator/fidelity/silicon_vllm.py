@@ -107,6 +107,11 @@ def launch_flags(row: SiliconRow) -> tuple[dict[str, object], list[str]]:
             }
         else:
             args["gpu_memory_utilization"] = 0.95
+            if row.precision == "fp8":
+                # VLLM_USE_FLASHINFER_MOE_FP8=0 and VLLM_MOE_USE_DEEP_GEMM=0 until bddbf403: Triton's MoE
+                args["moe_backend"] = "triton"
+                notes.append("the script's VLLM_USE_FLASHINFER_MOE_FP8=0 and VLLM_MOE_USE_DEEP_GEMM=0 as "
+                             "--moe-backend triton (the kernels they leave)")
         if row.system == "b300_sxm":
             notes.append("B300: the B200 script's flags (the B300 script is not restated)")
     else:

@@ -24,6 +24,7 @@ VALUED = (
     ("quantization", "--quantization"),
     ("max_cudagraph_capture_size", "--max-cudagraph-capture-size"),
     ("long_prefill_token_threshold", "--long-prefill-token-threshold"),
+    ("moe_backend", "--moe-backend"),
 )
 SWITCHES = (("enable_prefix_caching", "--enable-prefix-caching"), ("async_scheduling", "--async-scheduling"))
 

@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from simulator.cli import add_sim_flags, build_parser
+from simulator.kernel_lanes import VLLM_MOE_BACKENDS
 from simulator.model_spec import ONLINE_FP8
 from simulator.vllm.releases import NEWEST, PLAYED, default_caps, played
 
@@ -72,6 +73,7 @@ def build_vllm_parser() -> argparse.ArgumentParser:
     _bool_pair(p, "--async-scheduling", None)
     a("--enforce-eager", action="store_true")
     a("--max-cudagraph-capture-size", type=int, default=None)
+    a("--moe-backend", default="auto")
     a("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
     a("--long-prefill-token-threshold", type=int, default=0)
     a("--max-num-partial-prefills", type=int, default=1)
@@ -118,6 +120,9 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
         )
     if v.scheduling_policy != "fcfs":
         raise VLLMFlagError("--scheduling-policy priority is not modelled: requests carry no priority")
+    if v.moe_backend not in VLLM_MOE_BACKENDS:
+        raise VLLMFlagError(f"--moe-backend {v.moe_backend} is not modelled by the simulated engine "
+                            f"(modelled: {', '.join(VLLM_MOE_BACKENDS)})")
     if v.max_num_partial_prefills != 1:
         raise VLLMFlagError("--max-num-partial-prefills > 1 is not modelled by the simulated engine yet")
     try:
@@ -201,6 +206,7 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
     n.vllm_release = release.version
     n.async_scheduling = asynchronous
     n.long_prefill_token_threshold = v.long_prefill_token_threshold
+    n.vllm_moe_backend = v.moe_backend
     n.log_stats = not v.disable_log_stats
     n.gpu_memory_utilization = v.gpu_memory_utilization
     n.vllm_argv = sys.argv[1:]

@@ -38,6 +38,7 @@ MANAGED = {
     "async_scheduling": "vllm.async_scheduling", "block_size": "vllm.block_size",
     "scheduling_policy": "vllm.scheduling_policy",
     "long_prefill_token_threshold": "vllm.long_prefill_token_threshold",
+    "moe_backend": "vllm.moe_backend",
     "max_num_partial_prefills": "vllm.max_num_partial_prefills",
     "host": "(127.0.0.1: servers stay on this machine)",
     "port": "(chosen by parasweep: a free port per trial)",
