@@ -224,6 +224,9 @@ class CostModel:
         # vLLM's piecewise CUDA graphs for the steps a full graph does not replay (``host_time``); set by
         # the vLLM dialect unless --enforce-eager
         self.piecewise = False
+        # vLLM's FlashInfer all-reduce fused with the RMSNorm after it: the largest all-reduce (bytes) it
+        # takes, the custom all-reduce above (0: none; set by the vLLM dialect)
+        self.fused_allreduce_bytes = 0
         # SGLANG_PP_LAYER_PARTITION (validated in resolve) overrides SGLang's even split.
         self.stage_layers = (list(layer_partition) if layer_partition
                              else pp_layer_split(spec.num_layers, par.pp))

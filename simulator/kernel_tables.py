@@ -431,6 +431,22 @@ class KernelTables:
         kept = {x: y for x, y in points.items() if x not in uncorroborated_spikes(points, other)}
         return Curve(kept)
 
+    def fused_allreduce(self, gpus: int) -> Curve | None:
+        """FlashInfer's all-reduce fused with an RMSNorm (vLLM's ``fuse_allreduce_rms``), against the
+        message size in bf16 elements: FlashInfer's ``trtllm_allreduce_fusion`` is TensorRT-LLM's
+        all-reduce fusion kernel, ported, which aiconfigurator-core times in its TensorRT-LLM tables (the
+        newest recorded version); the same inside a CUDA graph or not (a compiled pass)."""
+        return self._once(self._build_fused_allreduce, gpus)
+
+    def _build_fused_allreduce(self, gpus: int) -> Curve | None:
+        f = find_table(self.system, "comm", "custom_allreduce_perf", "99", "trtllm")
+        if f is None or f.framework != "trtllm":
+            return None
+        rows = _read(f.path, (("num_gpus", "=", gpus), ("allreduce_dtype", "=", "bfloat16")),
+                     ("message_size", "latency"))
+        points = {float(r["message_size"]): float(r["latency"]) * 1e-3 for r in rows}
+        return Curve(points) if points else None
+
     def allreduce_points(self, gpus: int, graph: bool) -> dict[float, float]:
         """The measured all-reduce rows as they are: message size in bf16 elements -> seconds."""
         f = self._file("comm", "custom_allreduce_perf")

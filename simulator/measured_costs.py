@@ -166,6 +166,7 @@ class MeasuredCosts:
             self._moe_curve = self._moe_table()
         self._head = gemm("lm_head", s.vocab // tp, s.hidden, s.lm_head_bytes_per_param)
         self._allreduce = {graph: self._allreduce_table(graph) for graph in (True, False)}
+        self._fused = self._fused_allreduce_table()
 
         self._attn_elementwise = self._attention_elementwise_elems()
         # SGLang folds DeepSeek-V3's shared expert into the routed experts' kernel as one more expert every
@@ -231,6 +232,17 @@ class MeasuredCosts:
         curve = self.tables.allreduce(self.par.tp, graph)
         self.coverage.priced[name] = ("measured" if curve is not None
                                       else f"roofline: all-reduce over {self.par.tp} GPUs not measured")
+        return curve
+
+    def _fused_allreduce_table(self):  # type: ignore[no-untyped-def]
+        """vLLM's FlashInfer all-reduce where its compilation fuses the TP all-reduces (None else)."""
+        limit = self.roofline.fused_allreduce_bytes
+        if not limit or self.par.tp == 1:
+            return None
+        curve = self.tables.fused_allreduce(self.par.tp)
+        self.coverage.priced["allreduce.fused"] = (
+            f"measured: FlashInfer's fused all-reduce up to {limit / 2**20:g} MiB (TensorRT-LLM's kernel)"
+            if curve is not None else f"not measured over {self.par.tp} GPUs: the custom all-reduce's")
         return curve
 
     # -- roofline prices of single operators (the fallback) ---------------------------------------------
@@ -363,7 +375,12 @@ class MeasuredCosts:
         attn = sum(self._gemm_time(g, tokens) for g in self._attn_gemms)
         if not decode and self._kv_b is not None:
             attn += self._gemm_time(self._kv_b, tokens)
-        attn += self._elementwise_time(tokens, ELEMENTWISE_KERNELS_PER_LAYER, self._attn_elementwise)
+        # vLLM's fused all-reduce runs the two add-RMSNorms in its own kernel: their bytes stay, their
+        # launches go
+        norms_fused = self._fused is not None and tokens * self.spec.hidden * BF16_BYTES <= \
+            self.roofline.fused_allreduce_bytes
+        attn += self._elementwise_time(tokens, ELEMENTWISE_KERNELS_PER_LAYER - 2 * norms_fused,
+                                       self._attn_elementwise)
         # silu_and_mul reads the gate and up halves and writes their product: 3 x the GPU's MLP width
         dense = (sum(self._gemm_time(g, tokens) for g in self._dense_gemms)
                  + self._elementwise_time(tokens, ELEMENTWISE_KERNELS_DENSE_MLP,
@@ -407,6 +424,10 @@ class MeasuredCosts:
         roofline's outside the measured range), before ``scale_comm``."""
         cost = self.roofline
         elems = tokens * self.spec.hidden
+        if self._fused is not None and elems * BF16_BYTES <= cost.fused_allreduce_bytes:
+            fused = self._fused(elems)
+            if fused is not None:
+                return fused + cost.allreduce_wait()
         curve = self._allreduce[graph]
         one = curve(elems) if curve is not None else None
         if one is None:

@@ -338,6 +338,7 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     cost = CostModel(spec, hw, par, graph_bs, disable_graph, params, partition)
     # vLLM replays what a full graph does not from piecewise graphs, unless --enforce-eager
     cost.piecewise = getattr(args, "dialect", "sglang") == "vllm" and not disable_graph
+    cost.fused_allreduce_bytes = int(getattr(args, "vllm_fused_allreduce_bytes", 0))
 
     stages = []
     for w, kv_tok in zip(weights, kv_per_token, strict=True):

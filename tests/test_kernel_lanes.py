@@ -172,3 +172,40 @@ def test_a_shape_the_nearest_version_lacks_is_read_from_another() -> None:
         assert curve is not None
         for tokens, seconds in list(older.items())[:5]:
             assert curve(tokens) == pytest.approx(seconds, rel=1e-12)
+
+
+@pytest.mark.parametrize(("release", "system", "tp", "dp", "mib"), [
+    ("0.19.0", "b200_sxm", 8, 1, 1.0), ("0.19.0", "h200_sxm", 8, 1, 0.5), ("0.19.0", "b300_sxm", 8, 1, 2.0),
+    ("0.19.0", "b200_sxm", 4, 1, 32.0), ("0.17.0", "b300_sxm", 8, 1, 0.0),  # 10.3: the family from 0.19
+    ("0.16.0", "b200_sxm", 8, 1, 0.0),  # not on by default before 0.17
+    ("0.19.0", "b200_sxm", 8, 2, 0.0),  # TP with DP: off up to 0.19
+    ("0.34.0", "b300_sxm", 8, 2, 4.0), ("0.19.0", "b200_sxm", 1, 1, 0.0), ("0.19.0", "b200_sxm", 3, 1, 0.0),
+])
+def test_vllm_fuses_the_tp_all_reduces_where_its_default_compilation_does(release: str, system: str, tp: int,
+                                                                          dp: int, mib: float) -> None:
+    from simulator.vllm.releases import played
+
+    assert played(release).fused_allreduce_bytes(system, tp, dp, 1) == int(mib * 2**20)
+
+
+def test_a_fused_all_reduce_is_priced_by_tensorrt_llm_s_kernel_up_to_its_size() -> None:
+    """vLLM 0.19 on 8 B200s fuses each TP all-reduce of up to 1 MiB with its RMSNorm into FlashInfer's
+    all-reduce (TensorRT-LLM's fusion kernel, from its table); a larger one, or 0.16, the custom one."""
+    def config(release: str):  # type: ignore[no-untyped-def]
+        return load_config(["serve", str(REPO / "models" / "llama-3.1-70b"), "--tensor-parallel-size", "8",
+                            "--sim-hardware", "b200-sxm-x8", "--sim-vllm-release", release])
+
+    fused = {r["message_size"]: r["latency"] * 1e-3
+             for r in rows("trtllm", "1.3.0rc20", "comm", "custom_allreduce_perf", "b200_sxm", num_gpus=8,
+                           allreduce_dtype="bfloat16")}
+    custom = {r["message_size"]: r["latency"] * 1e-3
+              for r in rows("vllm", "0.19.0", "comm", "custom_allreduce_perf", "b200_sxm", num_gpus=8,
+                            allreduce_dtype="bfloat16", backend="vllm_graph")}
+    source = config("0.19.0").cost.source
+    wait = source.roofline.allreduce_wait()
+    assert source.allreduce(16, True) == pytest.approx(fused[16 * 8192] + wait, rel=1e-12)  # 256 KiB
+    assert source.allreduce(64, True) == pytest.approx(fused[64 * 8192] + wait, rel=1e-12)  # 1 MiB: fused
+    assert source.allreduce(128, True) == pytest.approx(custom[128 * 8192] + wait, rel=1e-12)
+    assert fused[16 * 8192] < 0.5 * custom[16 * 8192]  # 7.9 us against the custom all-reduce's 26
+    older = config("0.16.0").cost.source
+    assert older.allreduce(16, True) == pytest.approx(custom[16 * 8192] + wait, rel=1e-12)

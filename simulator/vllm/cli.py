@@ -207,6 +207,9 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
     n.async_scheduling = asynchronous
     n.long_prefill_token_threshold = v.long_prefill_token_threshold
     n.vllm_moe_backend = v.moe_backend
+    n.vllm_fused_allreduce_bytes = release.fused_allreduce_bytes(
+        hw.kernel_tables or "", v.tensor_parallel_size, v.data_parallel_size, v.pipeline_parallel_size
+    )
     n.log_stats = not v.disable_log_stats
     n.gpu_memory_utilization = v.gpu_memory_utilization
     n.vllm_argv = sys.argv[1:]

@@ -11,6 +11,18 @@ from packaging.version import Version
 PLAYED = ("0.11.2", "0.12.0", "0.15.1", "0.16.0", "0.17.0", "0.18.0", "0.19.0", "0.34.0")
 NEWEST = PLAYED[-1]
 
+# compute capability of each GPU by aiconfigurator-core's system names (those the fused all-reduce
+# rule below tells apart)
+CAPABILITY = {"h100_sxm": 90, "h200_sxm": 90, "b200_sxm": 100, "b300_sxm": 103}
+# FI_ALLREDUCE_FUSION_MAX_SIZE_MB (compilation/passes/fusion/allreduce_rms_fusion.py): the largest
+# all-reduce input, per capability and TP size, that the fused all-reduce takes; 0.16 and 0.18 hold the
+# same table (0.17 is read as theirs), 0.19 adds compute capability 10.3, 0.34 raises its 8-GPU size
+_FUSED_MAX_MB = {
+    "0.17": {90: {2: 64, 4: 2, 8: 0.5}, 100: {2: 64, 4: 32, 8: 1}},
+    "0.19": {90: {2: 64, 4: 2, 8: 0.5}, 100: {2: 64, 4: 32, 8: 1}, 103: {2: 64, 4: 64, 8: 2}},
+    "0.34": {90: {2: 64, 4: 2, 8: 0.5}, 100: {2: 64, 4: 32, 8: 1}, 103: {2: 64, 4: 64, 8: 4}},
+}
+
 
 @dataclass(frozen=True)
 class PlayedRelease:
@@ -31,6 +43,23 @@ class PlayedRelease:
         """``scheduler_reserve_full_isl`` (0.19 on, default True): a waiting request is admitted only when
         its whole prompt fits in the free KV blocks, not only its first chunk."""
         return self._v >= Version("0.19")
+
+    def fused_allreduce_bytes(self, system: str, tp: int, dp: int, pp: int) -> int:
+        """The largest TP all-reduce (bytes) vLLM's default compilation fuses with the RMSNorm after it
+        into FlashInfer's all-reduce (0: none). ``fuse_allreduce_rms`` is on at the default optimization
+        level O2 from 0.17 (``enable_allreduce_rms_fusion``): with TP > 1 on compute capability 9.0 or
+        10.0 (0.19 on: the 10.x family), FlashInfer installed (vLLM's images ship it), and up to 0.19 no
+        DP or PP (their combinations with TP were broken); off in every earlier played release."""
+        if self._v < Version("0.17") or tp < 2:
+            return 0
+        key = "0.34" if self._v >= Version("0.34") else "0.19" if self._v >= Version("0.19") else "0.17"
+        cap = CAPABILITY.get(system, 0)
+        if key == "0.17" and cap not in (90, 100):
+            return 0
+        if key != "0.34" and (dp > 1 or pp > 1):
+            return 0
+        mb = _FUSED_MAX_MB[key].get(cap, {}).get(tp)
+        return int(mb * 2**20) if mb else 0
 
     @property
     def kv_usage_label(self) -> str:
