@@ -143,6 +143,7 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     except AttentionDPError as e:
         raise FlagError(str(e)) from e
     warnings += dp_warnings
+    warnings += list(getattr(args, "dialect_warnings", []))  # what the played engine's own flags left out
     if depth < 0:
         raise FlagError(f"pp_async_batch_depth must be >= 0, got {depth}")
     if args.pp_max_micro_batch_size is not None and args.pp_max_micro_batch_size < 1:
@@ -337,7 +338,9 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     graph_bs = min(graph_bs, mrr)  # captured sizes are clipped to the request pool size
     cost = CostModel(spec, hw, par, graph_bs, disable_graph, params, partition)
     # vLLM replays what a full graph does not from piecewise graphs, unless --enforce-eager
-    cost.piecewise = getattr(args, "dialect", "sglang") == "vllm" and not disable_graph
+    # (with cudagraph_mode PIECEWISE, decode steps too: no full graphs, pieces still)
+    cost.piecewise = getattr(args, "dialect", "sglang") == "vllm" and getattr(args, "vllm_pieces",
+                                                                               not disable_graph)
     cost.fused_allreduce_bytes = int(getattr(args, "vllm_fused_allreduce_bytes", 0))
 
     stages = []

@@ -6,6 +6,8 @@ runs", restates the sources."""
 
 from __future__ import annotations
 
+import json
+
 from orchestrator.fidelity.corpus import Entry
 from orchestrator.fidelity.silicon import (
     GPU_NAMES,
@@ -82,6 +84,15 @@ def launch_flags(row: SiliconRow) -> tuple[dict[str, object], list[str]]:
             if row.system == "h100_sxm"
             else row.isl + row.osl + (20 if row.isl + row.osl <= 2048 else 200),
         }
+        if row.system == "b200_sxm":
+            # 70b_fp8_b200_docker.sh: FlashInfer's all-reduce fusion, full graphs for decode steps only
+            args["compilation_config"] = json.dumps({
+                "pass_config": {"enable_fi_allreduce_fusion": True, "enable_attn_fusion": True,
+                                "enable_noop": True},
+                "custom_ops": ["+quant_fp8", "+rms_norm"], "cudagraph_mode": "FULL_DECODE_ONLY",
+                "splitting_ops": []})
+            notes.append("B200: the script's VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB (8 MB at TP8) "
+                         "is not read: the fused all-reduce up to vLLM's own size for the GPU")
         notes.append(
             "InferenceX ran NVIDIA's Llama-3.3-70B-Instruct FP8/FP4 checkpoints (Llama-3.1-70B's "
             "architecture) on vLLM 0.10.2, played as the oldest recorded release"

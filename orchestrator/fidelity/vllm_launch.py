@@ -25,6 +25,7 @@ VALUED = (
     ("max_cudagraph_capture_size", "--max-cudagraph-capture-size"),
     ("long_prefill_token_threshold", "--long-prefill-token-threshold"),
     ("moe_backend", "--moe-backend"),
+    ("compilation_config", "--compilation-config"),
 )
 SWITCHES = (("enable_prefix_caching", "--enable-prefix-caching"), ("async_scheduling", "--async-scheduling"))
 

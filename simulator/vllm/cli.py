@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from simulator.cli import add_sim_flags, build_parser
 from simulator.kernel_lanes import VLLM_MOE_BACKENDS
 from simulator.model_spec import ONLINE_FP8
+from simulator.vllm.compilation import CompilationError, read_compilation
 from simulator.vllm.releases import NEWEST, PLAYED, default_caps, played
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ def build_vllm_parser() -> argparse.ArgumentParser:
     a("--enforce-eager", action="store_true")
     a("--max-cudagraph-capture-size", type=int, default=None)
     a("--moe-backend", default="auto")
+    a("--compilation-config", "-cc", default=None)
+    a("--optimization-level", "-O", default=None)
     a("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
     a("--long-prefill-token-threshold", type=int, default=0)
     a("--max-num-partial-prefills", type=int, default=1)
@@ -156,6 +159,10 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
             f"{total_mib / 1024:.0f} GiB)"
         )
     release = played(v.sim_vllm_release)
+    try:
+        compiled = read_compilation(v.compilation_config, v.optimization_level, v.enforce_eager)
+    except CompilationError as e:
+        raise VLLMFlagError(str(e)) from e
     n = build_parser().parse_args(["--model-path", v.model_tag, "--sim-hardware", v.sim_hardware])
     n.served_model_name = v.served_model_name
     n.load_format, n.skip_tokenizer_init = v.load_format, v.skip_tokenizer_init
@@ -180,10 +187,11 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
     n.disable_radix_cache = v.enable_prefix_caching is False  # on by default in every played release
     asynchronous = release.async_scheduling_default if v.async_scheduling is None else v.async_scheduling
     n.disable_overlap_schedule = not asynchronous
-    n.disable_cuda_graph = v.enforce_eager
+    n.disable_cuda_graph = not compiled.full_graphs  # no full decode graphs
     # vLLM folds DeepSeek's shared expert into the routed ones only on ROCm (AITER); on CUDA it runs beside
     n.disable_shared_experts_fusion = True
-    n.cuda_graph_max_bs_decode = v.max_cudagraph_capture_size or min(2 * seqs, MAX_CAPTURE)
+    n.cuda_graph_max_bs_decode = (v.max_cudagraph_capture_size or compiled.max_capture
+                                  or min(2 * seqs, MAX_CAPTURE))
     n.random_seed = v.seed if v.seed is not None else 0  # vLLM seeds with 0 where unset
     n.host, n.port = v.host, v.port
     n.enable_metrics = True  # vLLM always serves /metrics
@@ -208,7 +216,15 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
     n.long_prefill_token_threshold = v.long_prefill_token_threshold
     n.vllm_moe_backend = v.moe_backend
     n.vllm_fused_allreduce_bytes = release.fused_allreduce_bytes(
-        hw.kernel_tables or "", v.tensor_parallel_size, v.data_parallel_size, v.pipeline_parallel_size
+        hw.kernel_tables or "", v.tensor_parallel_size, v.data_parallel_size, v.pipeline_parallel_size,
+        compiled.fuse_allreduce,
+    )
+    n.vllm_pieces = compiled.pieces
+    n.vllm_cudagraph_mode = compiled.cudagraph_mode
+    n.dialect_warnings = (
+        ["--compilation-config keys that price nothing in the simulated engine: "
+         + ", ".join(compiled.ignored)]
+        if compiled.ignored else []
     )
     n.log_stats = not v.disable_log_stats
     n.gpu_memory_utilization = v.gpu_memory_utilization

@@ -26,6 +26,7 @@ def played_info(cfg: SimConfig) -> dict[str, Any]:
         "kv_cache_tokens": cfg.max_total_num_tokens,
         "gpu_memory_utilization": a.gpu_memory_utilization,
         "enable_prefix_caching": cfg.radix_cache,
-        "enforce_eager": cfg.disable_cuda_graph,
+        "enforce_eager": a.vllm_cudagraph_mode == "NONE",
+        "cudagraph_mode": a.vllm_cudagraph_mode,
         "max_model_len": cfg.context_len,
     }
