@@ -14,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
-# GPUs of compute capability 10 (Blackwell), by aiconfigurator-core's system names
-BLACKWELL = frozenset({"b200_sxm", "b300_sxm", "gb200", "gb300"})
 # the MoE backends vLLM's --moe-backend names that the simulator prices (auto: vLLM's own choice)
 VLLM_MOE_BACKENDS = ("auto", "triton", "flashinfer_trtllm", "flashinfer_cutlass")
 
@@ -65,24 +63,20 @@ _VLLM_FI_CUTLASS_FP8 = ("vllm_fp8moe_flashinfer_cutlass_flashinferexperts",)
 
 
 def _vllm_moe_runs(system: str, dtype: str, ep: int, backend: str) -> tuple[str, ...]:
-    """vLLM's FP8 MoE oracle for block-FP8 experts (``fused_moe/oracle/fp8.py`` in 0.19.0's wheel; the
-    implementations aiconfigurator-core's 0.24 tables measured per GPU and EP size are the same): with
-    ``--moe-backend auto`` it tries FlashInfer's TensorRT-LLM kernels first, which run on Blackwell only
-    (the modular kernel takes any router); on Hopper it moves Triton to the front for TP and FlashInfer's
-    CUTLASS kernels for EP; elsewhere Triton is the first that runs. ``--moe-backend`` names one outright
-    (as the environment variables that switch FlashInfer and DeepGEMM off do: VLLM_USE_FLASHINFER_MOE_FP8=0
-    with VLLM_MOE_USE_DEEP_GEMM=0 leaves Triton). Every played release is priced by 0.19's rule."""
+    """The block-FP8 expert kernels ``--moe-backend`` names (as the environment variables that switch
+    FlashInfer and DeepGEMM off do: VLLM_USE_FLASHINFER_MOE_FP8=0 with VLLM_MOE_USE_DEEP_GEMM=0 leaves
+    Triton's), looked for in every recorded version. ``system`` and ``ep`` are what vLLM's own choice
+    (``auto``) depends on; see below why ``auto`` is not priced by it."""
     if dtype != "fp8_block":
         return ()
     named = {"triton": _VLLM_TRITON_MOE, "flashinfer_trtllm": _VLLM_FI_TRTLLM_FP8,
              "flashinfer_cutlass": _VLLM_FI_CUTLASS_FP8}
     if backend in named:
         return named[backend]
-    if system in BLACKWELL:
-        return _VLLM_FI_TRTLLM_FP8
-    if system.startswith(("h100", "h200", "h20", "gh200")) and ep > 1:
-        return _VLLM_FI_CUTLASS_FP8
-    return _VLLM_TRITON_MOE
+    # auto: the oracle's kernels (FlashInfer TRT-LLM on Blackwell, FlashInfer CUTLASS for EP on Hopper)
+    # priced from the tables that timed them predicted InferenceX's served runs worse than Triton's
+    # (docs/simulator.md, "vLLM's block-FP8 experts"): the nearest version's preference prices them
+    return ()
 
 
 LANES = {

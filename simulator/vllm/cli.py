@@ -216,8 +216,7 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
     n.long_prefill_token_threshold = v.long_prefill_token_threshold
     n.vllm_moe_backend = v.moe_backend
     n.vllm_fused_allreduce_bytes = release.fused_allreduce_bytes(
-        hw.kernel_tables or "", v.tensor_parallel_size, v.data_parallel_size, v.pipeline_parallel_size,
-        compiled.fuse_allreduce,
+        hw.kernel_tables or "", v.tensor_parallel_size, compiled.fuse_allreduce
     )
     n.vllm_pieces = compiled.pieces
     n.vllm_cudagraph_mode = compiled.cudagraph_mode

@@ -44,23 +44,18 @@ class PlayedRelease:
         its whole prompt fits in the free KV blocks, not only its first chunk."""
         return self._v >= Version("0.19")
 
-    def fused_allreduce_bytes(self, system: str, tp: int, dp: int, pp: int, asked: bool | None = None) -> int:
-        """The largest TP all-reduce (bytes) vLLM's compilation fuses with the RMSNorm after it into
-        FlashInfer's all-reduce (0: none). ``asked``: the compilation config's ``fuse_allreduce_rms``
-        (None: unset). Unset, it is on at the default optimization level O2 from 0.17
-        (``enable_allreduce_rms_fusion``): with TP > 1 on compute capability 9.0 or 10.0 (0.19 on: the
-        10.x family), FlashInfer installed (vLLM's images ship it), and up to 0.19 no DP or PP (their
-        combinations with TP were broken); off in every earlier played release. Asked for, the size limit
-        of the release applies (0.17's before 0.17)."""
-        if asked is False or tp < 2 or (asked is None and self._v < Version("0.17")):
+    def fused_allreduce_bytes(self, system: str, tp: int, asked: bool | None) -> int:
+        """The largest TP all-reduce (bytes) the compilation fuses with the RMSNorm after it into
+        FlashInfer's all-reduce, where the compilation config asks for ``fuse_allreduce_rms`` (0: none):
+        the release's size limit for the GPU and TP size (0.17's before 0.17). vLLM turns the fusion on
+        by default from 0.17 (O2's ``enable_allreduce_rms_fusion``: TP > 1 on compute capability 9.0 or
+        10.x, FlashInfer installed, up to 0.19 no DP or PP); that default is not priced: priced from
+        TensorRT-LLM's table it predicted the served runs worse than the custom all-reduce's
+        (docs/simulator.md, "vLLM fuses its TP all-reduces from 0.17")."""
+        if not asked or tp < 2:
             return 0
         key = "0.34" if self._v >= Version("0.34") else "0.19" if self._v >= Version("0.19") else "0.17"
-        cap = CAPABILITY.get(system, 0)
-        if asked is None and key == "0.17" and cap not in (90, 100):
-            return 0
-        if asked is None and key != "0.34" and (dp > 1 or pp > 1):
-            return 0
-        mb = _FUSED_MAX_MB[key].get(cap, {}).get(tp)
+        mb = _FUSED_MAX_MB[key].get(CAPABILITY.get(system, 0), {}).get(tp)
         return int(mb * 2**20) if mb else 0
 
     @property
