@@ -31,10 +31,10 @@ class Lanes:
     # implementations whose rows are not read (each says why below): the next recorded version that
     # measured the operator stands in, then SGLang's measurement of it
     distrusted: frozenset[str] = frozenset()
-    # the fused-MoE implementation the engine runs for (GPU system, weight dtype, EP size, its MoE-backend
-    # flag), where its choice depends on them: looked for in every recorded version of the table before
-    # the nearest version's ``moe`` preference (an empty answer: no such rule)
-    moe_runs: Callable[[str, str, int, str], tuple[str, ...]] | None = None
+    # the fused-MoE implementation the engine was told to run (weight dtype, its MoE-backend flag): looked
+    # for in every recorded version of the table before the nearest version's ``moe`` preference (an
+    # empty answer: none named)
+    moe_runs: Callable[[str, str], tuple[str, ...]] | None = None
 
     @property
     def engine(self) -> str:
@@ -62,21 +62,18 @@ _VLLM_FI_TRTLLM_FP8 = ("vllm_fp8moe_flashinfer_trtllm_trtllmfp8expertsmonolithic
 _VLLM_FI_CUTLASS_FP8 = ("vllm_fp8moe_flashinfer_cutlass_flashinferexperts",)
 
 
-def _vllm_moe_runs(system: str, dtype: str, ep: int, backend: str) -> tuple[str, ...]:
+def _vllm_moe_runs(dtype: str, backend: str) -> tuple[str, ...]:
     """The block-FP8 expert kernels ``--moe-backend`` names (as the environment variables that switch
     FlashInfer and DeepGEMM off do: VLLM_USE_FLASHINFER_MOE_FP8=0 with VLLM_MOE_USE_DEEP_GEMM=0 leaves
-    Triton's), looked for in every recorded version. ``system`` and ``ep`` are what vLLM's own choice
-    (``auto``) depends on; see below why ``auto`` is not priced by it."""
+    Triton's), looked for in every recorded version; none for ``auto``. vLLM's own choice (its FP8 MoE
+    oracle: FlashInfer TRT-LLM on Blackwell, FlashInfer CUTLASS for EP on Hopper) priced from the tables
+    that timed it predicted InferenceX's served runs worse than Triton's (docs/simulator.md, "vLLM's own
+    choice of block-FP8 expert kernels"): ``auto`` prices the nearest version's own implementation."""
     if dtype != "fp8_block":
         return ()
     named = {"triton": _VLLM_TRITON_MOE, "flashinfer_trtllm": _VLLM_FI_TRTLLM_FP8,
              "flashinfer_cutlass": _VLLM_FI_CUTLASS_FP8}
-    if backend in named:
-        return named[backend]
-    # auto: the oracle's kernels (FlashInfer TRT-LLM on Blackwell, FlashInfer CUTLASS for EP on Hopper)
-    # priced from the tables that timed them predicted InferenceX's served runs worse than Triton's
-    # (docs/simulator.md, "vLLM's block-FP8 experts"): the nearest version's preference prices them
-    return ()
+    return named.get(backend, ())
 
 
 LANES = {

@@ -386,7 +386,7 @@ class KernelTables:
                 ("topk", "=", topk), ("num_experts", "=", experts), ("moe_tp_size", "=", moe_tp),
                 ("moe_ep_size", "=", moe_ep), ("distribution", "=", distribution))
         rule = self.lanes.moe_runs
-        runs = rule(self.system, dtype, moe_ep, self.moe_backend) if rule else ()
+        runs = rule(dtype, self.moe_backend) if rule else ()
         rows = self._trusted_rows(f, keys, ("num_tokens", "latency"), lambda lanes: lanes.moe, runs)
         points = {float(r["num_tokens"]): float(r["latency"]) * 1e-3 for r in rows}
         return Curve(points, proportional_above=True) if points else None
