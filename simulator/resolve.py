@@ -335,9 +335,10 @@ def resolve(args: argparse.Namespace) -> SimConfig:
             )
     mrr = max(mrr, 1)
     cap = args.pp_max_micro_batch_size or max(mrr // pp, 1)
-    # captured sizes are clipped to the request pool size (SGLang's batches); vLLM's, which count a step's
-    # tokens, to its token budget (VllmConfig._set_cudagraph_sizes)
-    graph_bs = min(graph_bs, chunked if not sglang and chunked > 0 else mrr)
+    # captured sizes are clipped to the request pool size (SGLang's batches; vLLM clips its, counted in a
+    # step's tokens, to its token budget instead: priced so, the served vLLM runs' TTFTs were predicted
+    # worse, docs/simulator.md, "Playing vLLM")
+    graph_bs = min(graph_bs, mrr)
     cost = CostModel(spec, hw, par, graph_bs, disable_graph, params, partition)
     # vLLM replays what a full graph does not from piecewise graphs, unless --enforce-eager
     # (with cudagraph_mode PIECEWISE, decode steps too: no full graphs, pieces still)

@@ -73,7 +73,7 @@ def test_a_lockstep_step_no_full_graph_replays_is_priced_as_graph_pieces_up_to_t
     costs = cfg.lockstep
     assert isinstance(costs, LockstepCosts)
     g = costs.group_cost
-    assert g.piecewise and g.cuda_graph_max_bs == 128  # min(2 x max_num_seqs, 512)
+    assert g.piecewise and g.cuda_graph_max_bs == 64  # min(2 x max_num_seqs, 512), then max_num_seqs
     small, large = prefill_shape([(60, 0)]), prefill_shape([(1000, 0)])
     pieces = costs.step([small, None])
     assert not pieces.graph
