@@ -116,7 +116,7 @@ def kernel_tables(system: str, launched: str, framework: str = "sglang", moe_bac
                   ) -> KernelTables:
     """The one :class:`KernelTables` of this process for ``system``, the engine (``framework``) and its
     version ``launched``; ``moe_backend``: the MoE backend the engine was told to run (vLLM's
-    ``--moe-backend``; auto: its own choice)."""
+    ``--moe-backend``; auto: the nearest table's own implementation)."""
     return KernelTables(system, launched, LANES[framework], moe_backend)
 
 
