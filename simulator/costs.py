@@ -398,9 +398,17 @@ class CostModel:
         overlap (``CostParams.prefill_overlap_loss``)."""
         work = self.gpu_time(stage, shape) + self.comm_time(stage, shape)
         host = self.host_time(stage, shape)
-        if self.uses_cuda_graph(shape):
+        return self.forward_time(work, host, self.uses_cuda_graph(shape),
+                                 shape.decode or self.replays_pieces(shape))
+
+    def forward_time(self, work: float, host: float, graph: bool, ahead: bool) -> float:
+        """A forward of ``work`` GPU seconds dispatched in ``host`` seconds: a full graph's replay call
+        before its work; a dispatch that runs ahead of the GPU (an eager decode, vLLM's graph pieces)
+        beside it; an eager prefill's beside it but for ``CostParams.prefill_overlap_loss`` of the
+        shorter."""
+        if graph:
             return work + host
-        if shape.decode or self.replays_pieces(shape):  # vLLM's graph pieces launch ahead of the GPU
+        if ahead:
             return max(work, host)
         return max(work, host) + self.p.prefill_overlap_loss * min(work, host)
 
@@ -498,20 +506,21 @@ class CostModel:
         """Host (CPU) seconds stage ``stage``'s scheduler process spends launching one forward: one
         cudaGraphLaunch, or, eager, every kernel through SGLang's Python, PyTorch's dispatcher and the
         driver."""
-        if self.uses_cuda_graph(shape):
-            return self.hw.graph_launch_us * 1e-6
-        if self.replays_pieces(shape):
-            return self.pieces_host_time(stage)
-        return self.stages[stage].kernels * (self.p.host_op_us + self.hw.kernel_launch_us) * 1e-6
+        return self.dispatch_time(stage, self.uses_cuda_graph(shape), self.replays_pieces(shape))
 
-    def pieces_host_time(self, stage: int) -> float:
-        """Host seconds of a step replayed from vLLM's piecewise graphs: the attention op eagerly in every
-        layer, a graph piece per layer (and one more) around it. A step above the largest captured size
-        runs the compiled model without graphs, every kernel launched from Python as an eager step's are:
-        priced as one."""
+    def dispatch_time(self, stage: int, graph: bool, pieces: bool) -> float:
+        """Host seconds to launch one forward on ``stage``: one graph replay (``graph``); vLLM's piecewise
+        graphs (``pieces``: the attention op eagerly in every layer, a graph piece per layer and one more
+        around it); else every kernel, as a step above vLLM's largest captured size (the compiled model
+        without graphs, launched from Python) is priced too."""
+        if graph:
+            return self.hw.graph_launch_us * 1e-6
         st = self.stages[stage]
-        split = st.layers * self.p.kernels_attn_split * (self.p.host_op_us + self.hw.kernel_launch_us)
-        return (split + (st.layers + 1) * self.hw.graph_launch_us) * 1e-6
+        launch = (self.p.host_op_us + self.hw.kernel_launch_us) * 1e-6
+        if pieces:
+            return (st.layers * self.p.kernels_attn_split * launch
+                    + (st.layers + 1) * self.hw.graph_launch_us * 1e-6)
+        return st.kernels * launch
 
     def hop_time(self, shape: BatchShape, boundary: int = 0) -> float:
         """Stage ``boundary`` -> ``boundary`` + 1: hidden states and residual of every new token, point

@@ -245,6 +245,11 @@ class MeasuredCosts:
             if curve is not None else f"not measured over {self.par.tp} GPUs: the custom all-reduce's")
         return curve
 
+    def _fuses(self, tokens: int) -> bool:
+        """The all-reduce of ``tokens`` hidden states is vLLM's fused one (its size within the limit)."""
+        return self._fused is not None and tokens * self.spec.hidden * BF16_BYTES <= \
+            self.roofline.fused_allreduce_bytes
+
     # -- roofline prices of single operators (the fallback) ---------------------------------------------
 
     def _roofline(self, bytes_: float, flops: float, eta_mem: float | None = None,
@@ -377,9 +382,7 @@ class MeasuredCosts:
             attn += self._gemm_time(self._kv_b, tokens)
         # vLLM's fused all-reduce runs the two add-RMSNorms in its own kernel: their bytes stay, their
         # launches go
-        norms_fused = self._fused is not None and tokens * self.spec.hidden * BF16_BYTES <= \
-            self.roofline.fused_allreduce_bytes
-        attn += self._elementwise_time(tokens, ELEMENTWISE_KERNELS_PER_LAYER - 2 * norms_fused,
+        attn += self._elementwise_time(tokens, ELEMENTWISE_KERNELS_PER_LAYER - 2 * self._fuses(tokens),
                                        self._attn_elementwise)
         # silu_and_mul reads the gate and up halves and writes their product: 3 x the GPU's MLP width
         dense = (sum(self._gemm_time(g, tokens) for g in self._dense_gemms)
@@ -424,10 +427,9 @@ class MeasuredCosts:
         roofline's outside the measured range), before ``scale_comm``."""
         cost = self.roofline
         elems = tokens * self.spec.hidden
-        if self._fused is not None and elems * BF16_BYTES <= cost.fused_allreduce_bytes:
-            fused = self._fused(elems)
-            if fused is not None:
-                return fused + cost.allreduce_wait()
+        fused = self._fused(elems) if self._fuses(tokens) else None
+        if fused is not None:
+            return fused + cost.allreduce_wait()
         curve = self._allreduce[graph]
         one = curve(elems) if curve is not None else None
         if one is None:

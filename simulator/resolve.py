@@ -342,8 +342,7 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     cost = CostModel(spec, hw, par, graph_bs, disable_graph, params, partition)
     # vLLM replays what a full graph does not from piecewise graphs, unless --enforce-eager
     # (with cudagraph_mode PIECEWISE, decode steps too: no full graphs, pieces still)
-    cost.piecewise = getattr(args, "dialect", "sglang") == "vllm" and getattr(args, "vllm_pieces",
-                                                                               not disable_graph)
+    cost.piecewise = not sglang and getattr(args, "vllm_pieces", not disable_graph)
     cost.fused_allreduce_bytes = int(getattr(args, "vllm_fused_allreduce_bytes", 0))
 
     stages = []

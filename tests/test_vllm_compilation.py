@@ -42,7 +42,7 @@ def test_each_mode_prices_the_steps_it_replays() -> None:
     decode, mixed = decode_shape([1500] * 16), prefill_shape([(300, 0)])
     pieces = served("-cc", '{"cudagraph_mode": "PIECEWISE"}').cost
     # a decode step replays pieces, not a full graph: the attention op launched between them
-    assert pieces.host_time(0, decode) == pytest.approx(pieces.pieces_host_time(0), rel=1e-12)
+    assert pieces.host_time(0, decode) == pytest.approx(pieces.dispatch_time(0, False, True), rel=1e-12)
     decode_only = served("-cc", '{"cudagraph_mode": "FULL_DECODE_ONLY"}').cost
     default = served().cost
     assert decode_only.stage_time(0, decode) == pytest.approx(default.stage_time(0, decode), rel=1e-12)

@@ -77,7 +77,7 @@ def test_a_lockstep_step_no_full_graph_replays_is_priced_as_graph_pieces_up_to_t
     small, large = prefill_shape([(60, 0)]), prefill_shape([(1000, 0)])
     pieces = costs.step([small, None])
     assert not pieces.graph
-    assert pieces.dispatch == pytest.approx(g.pieces_host_time(0) + costs.sync_s, rel=1e-12)
+    assert pieces.dispatch == pytest.approx(g.dispatch_time(0, False, True) + costs.sync_s, rel=1e-12)
     work = pieces.attention + pieces.shared + pieces.comm
     assert pieces.total == pytest.approx(max(work, pieces.dispatch), rel=1e-12)
     eager = costs.step([large, None])  # above the largest captured size: every kernel from Python

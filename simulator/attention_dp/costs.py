@@ -87,20 +87,9 @@ class LockstepCosts:
         # tokens fit the largest captured size (the ranks agree on the padded size, as for a full graph)
         pieces = not graph and g.piecewise and max(rank_tokens) <= g.cuda_graph_max_bs
         comm = self._comm(max(rank_tokens), gathered, graph or pieces)
-        if graph:
-            dispatch = g.hw.graph_launch_us * 1e-6
-        elif pieces:
-            dispatch = g.pieces_host_time(0)
-        else:
-            dispatch = g.stages[0].kernels * (g.p.host_op_us + g.hw.kernel_launch_us) * 1e-6
-        dispatch += self.sync_s
+        dispatch = g.dispatch_time(0, graph, pieces) + self.sync_s
         work = attention + shared + comm
-        if graph:
-            total = work + dispatch
-        elif decode or pieces:
-            total = max(work, dispatch)
-        else:
-            total = max(work, dispatch) + g.p.prefill_overlap_loss * min(work, dispatch)
+        total = g.forward_time(work, dispatch, graph, decode or pieces)
         return LockstepStep(attention, shared, comm, dispatch, graph, total)
 
     def _comm(self, rank_tokens: int, gathered: BatchShape, graph: bool) -> float:
