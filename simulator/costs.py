@@ -22,6 +22,12 @@ from simulator.cuda_graphs import replayed_batch
 from simulator.model_spec import BF16_BYTES, ModelSpec, is_fp8
 from vocab.hardware import HardwareConf
 
+# A QK norm over all heads (ModelSpec.qk_norm_over_heads): one kernel sums the squares of q and of k per
+# token, one scales them; under TP the two per-token sums (FP32) are all-reduced between them (vLLM's
+# MiniMaxText01RMSNormTP.forward_qk, SGLang's MiniMaxM2RMSNormTP)
+QK_NORM_KERNELS = 2
+QK_NORM_SUMS_BYTES = 2 * 4
+
 
 @dataclass(frozen=True)
 class CostParams:
@@ -196,6 +202,10 @@ class StepCostSource(Protocol):
         """Seconds of one TP all-reduce of ``tokens`` hidden states."""
         ...
 
+    def message_allreduce(self, elems: float, graph: bool) -> float | None:
+        """Seconds of one TP all-reduce of ``elems`` BF16 elements (None: not measured)."""
+        ...
+
     def comm_time(self, stage: int, shape: BatchShape, graph: bool) -> float:
         """Seconds of the stage's TP/EP collectives in that forward (``graph``: replayed from a CUDA
         graph, else launched eagerly)."""
@@ -279,6 +289,8 @@ class CostModel:
             expert_mem = n_moe * spec.num_experts * spec.expert_bytes / tp
             attn_kernels = n * (self.p.kernels_attn_mla if spec.attention == "mla"
                                 else self.p.kernels_attn_gqa)
+            if spec.qk_norm_over_heads:
+                attn_kernels += n * (QK_NORM_KERNELS + (self.p.kernels_tp_collective if tp > 1 else 0))
             kernels = attn_kernels + n_moe * self.p.kernels_moe + (n - n_moe) * self.p.kernels_dense_mlp
             if tp > 1:
                 kernels += 2 * n * self.p.kernels_tp_collective
@@ -434,12 +446,27 @@ class CostModel:
             return self.source.allreduce(tokens, graph) * self.p.scale_comm
         return self.allreduce_time(tokens)
 
+    def qk_norm_allreduce(self, tokens: int, graph: bool) -> float:
+        """One layer's all-reduce of ``tokens`` tokens' QK-norm sums of squares over the TP group (0 where
+        the model normalises head by head, or one GPU holds every head): the measured all-reduce of its
+        (small) size where the source has one, else the roofline's."""
+        if not self.spec.qk_norm_over_heads or self.par.tp == 1:
+            return 0.0
+        nbytes = tokens * QK_NORM_SUMS_BYTES
+        if self.source is not None and not (self._tp_inter or self._ep_inter):
+            t = self.source.message_allreduce(nbytes / BF16_BYTES, graph)
+            if t is not None:
+                return t * self.p.scale_comm
+        return self.message_allreduce_time(nbytes)
+
     def comm_time(self, stage: int, shape: BatchShape) -> float:
         shape = self.replayed_shape(shape)  # a padded graph all-reduces its padded rows too
+        graph = self.replays_collectives(shape)
+        qk_norm = self.stages[stage].layers * self.qk_norm_allreduce(shape.tokens, graph)
         # measured collective tables are of one node: a group across nodes is priced by the network
         if self.source is not None and not (self._tp_inter or self._ep_inter):
-            return self.source.comm_time(stage, shape, self.replays_collectives(shape))
-        return self.roofline_comm_time(stage, shape)
+            return self.source.comm_time(stage, shape, graph) + qk_norm
+        return self.roofline_comm_time(stage, shape) + qk_norm
 
     def replays_pieces(self, shape: BatchShape) -> bool:
         """vLLM replays the step from its piecewise CUDA graphs: not a fully replayed decode, and its
@@ -475,10 +502,13 @@ class CostModel:
         return wait * 1e-6 * math.sqrt(2.0 * math.log(tp)) if wait and tp > 1 else 0.0
 
     def allreduce_time(self, tokens: int) -> float:
-        """One TP all-reduce of ``tokens`` hidden states (ring, alpha-beta). A TP group wider than a
-        node runs at the network's bandwidth per GPU, every ring crossing it, with its latency added."""
+        """One TP all-reduce of ``tokens`` hidden states (ring, alpha-beta)."""
+        return self.message_allreduce_time(tokens * self.spec.hidden * BF16_BYTES)
+
+    def message_allreduce_time(self, act: float) -> float:
+        """One TP all-reduce of ``act`` bytes (ring, alpha-beta). A TP group wider than a node runs at the
+        network's bandwidth per GPU, every ring crossing it, with its latency added."""
         tp = self.par.tp
-        act = tokens * self.spec.hidden * BF16_BYTES
         if self._tp_inter:
             return ((self.hw.allreduce_latency_us * 1e-6 + self._inter_latency)
                     + 2.0 * (tp - 1) / tp * act / self._inter_link + self.allreduce_wait())

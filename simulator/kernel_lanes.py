@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
-# the MoE backends vLLM's --moe-backend names that the simulator prices (auto: vLLM's own choice)
+# the MoE backends vLLM's --moe-backend names that the simulator prices (auto: vLLM's own choice
+# where it is priced, else the nearest table's kernels)
 VLLM_MOE_BACKENDS = ("auto", "triton", "flashinfer_trtllm", "flashinfer_cutlass")
 
 
@@ -65,10 +66,9 @@ _VLLM_FI_CUTLASS_FP8 = ("vllm_fp8moe_flashinfer_cutlass_flashinferexperts",)
 def _vllm_moe_runs(dtype: str, backend: str) -> tuple[str, ...]:
     """The block-FP8 expert kernels ``--moe-backend`` names (as the environment variables that switch
     FlashInfer and DeepGEMM off do: VLLM_USE_FLASHINFER_MOE_FP8=0 with VLLM_MOE_USE_DEEP_GEMM=0 leaves
-    Triton's), looked for in every recorded version; none for ``auto``. vLLM's own choice (its FP8 MoE
-    oracle: FlashInfer TRT-LLM on Blackwell, FlashInfer CUTLASS for EP on Hopper) priced from the tables
-    that timed it predicted InferenceX's served runs worse than Triton's (docs/simulator.md, "vLLM's own
-    choice of block-FP8 expert kernels"): ``auto`` prices the nearest version's own implementation."""
+    Triton's), looked for in every recorded version; none for ``auto``, which prices the nearest version's
+    own implementation. The simulated vLLM names the kernels of vLLM's own choice itself where it prices
+    them (``PlayedRelease.fp8_moe_backend``)."""
     if dtype != "fp8_block":
         return ()
     named = {"triton": _VLLM_TRITON_MOE, "flashinfer_trtllm": _VLLM_FI_TRTLLM_FP8,

@@ -28,7 +28,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from simulator.costs import BF16_BYTES, BatchShape, CostModel, distinct_experts, ep_imbalance
+from simulator.costs import (
+    BF16_BYTES,
+    QK_NORM_KERNELS,
+    BatchShape,
+    CostModel,
+    distinct_experts,
+    ep_imbalance,
+)
 from simulator.kernel_tables import GemmTable, KernelTables
 from simulator.model_spec import is_fp8
 
@@ -169,6 +176,7 @@ class MeasuredCosts:
         self._fused = self._fused_allreduce_table()
 
         self._attn_elementwise = self._attention_elementwise_elems()
+        self._qk_width = (heads + max(s.num_kv_heads // tp, 1)) * s.qk_head_dim  # q and k, one GPU's heads
         # SGLang folds DeepSeek-V3's shared expert into the routed experts' kernel as one more expert every
         # token picks (determine_num_fused_shared_experts: DeepseekV3ForCausalLM with its 256 routed
         # experts, unless a DeepEP backend or --disable-shared-experts-fusion); other DeepSeek-style
@@ -384,6 +392,8 @@ class MeasuredCosts:
         # launches go
         attn += self._elementwise_time(tokens, ELEMENTWISE_KERNELS_PER_LAYER - 2 * self._fuses(tokens),
                                        self._attn_elementwise)
+        if self.spec.qk_norm_over_heads:  # reads q and k twice (sums, then scaling), writes them once
+            attn += self._elementwise_time(tokens, QK_NORM_KERNELS, 3 * self._qk_width)
         # silu_and_mul reads the gate and up halves and writes their product: 3 x the GPU's MLP width
         dense = (sum(self._gemm_time(g, tokens) for g in self._dense_gemms)
                  + self._elementwise_time(tokens, ELEMENTWISE_KERNELS_DENSE_MLP,
@@ -437,6 +447,15 @@ class MeasuredCosts:
                 self.coverage.note("allreduce", f"{elems} elements outside the measured range")
             return cost.allreduce_time(tokens)
         return one + cost.allreduce_wait()
+
+    def message_allreduce(self, elems: float, graph: bool) -> float | None:
+        """One TP all-reduce of ``elems`` BF16 elements, before ``scale_comm``; a message below the
+        smallest measured one takes its time (the flat, latency-bound end of the table)."""
+        curve = self._allreduce[graph]
+        if curve is None:
+            return None
+        one = curve(max(elems, curve.xs[0]))
+        return None if one is None else one + self.roofline.allreduce_wait()
 
     def comm_time(self, stage: int, shape: BatchShape, graph: bool) -> float:
         if self.par.tp == 1:

@@ -93,6 +93,10 @@ class ModelSpec:
     # the quantized weights are NVFP4 (4-bit floats, one FP8 scale per 16): the same bytes per weight as
     # 4-bit integers with BF16 scales per 32, but other kernels (the tables' nvfp4 rows)
     nvfp4: bool = False
+    # q and k are RMS-normalised over all heads at once, not head by head (MiniMax-M2's per-layer QK norm):
+    # with the heads split over a TP group each GPU holds a slice, and the per-token sums of squares are
+    # all-reduced between the norm's two kernels
+    qk_norm_over_heads: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -351,5 +355,6 @@ def spec_from_config(
         moe_inter=moe_inter,
         shared_inter=shared_inter,
         nvfp4=quant_desc.startswith("NVFP4"),
+        qk_norm_over_heads=bool(cfg.get("use_qk_norm")) and cfg.get("qk_norm_type") == "per_layer",
     )
 

@@ -81,6 +81,13 @@ class ReplicaModel:
         self.recv_interval = max(1, int(cfg.args.scheduler_recv_interval)) if cfg.pp == 1 else 1
         self.recv_count = 0
         self.unreceived: list[Request] = []
+        # The overlap scheduler (SGLang's event_loop_overlap, vLLM's async scheduling) builds the batch that
+        # follows the running one before the running one's results are in, when the batch before it ends
+        # (receive, build, launch, then wait for the previous batch): a request that comes while a batch
+        # runs is received only once that batch is done, after the next one was built, and goes into the
+        # batch after it (even one that comes as the running batch ends: its successor was built already)
+        self.behind: list[Request] = []
+        self.successor_built = False  # a batch was launched and the one to follow it is already decided
         self.last_decode = False  # the last launched batch was decode-only
         self.busy = [StageBusy() for _ in range(cfg.pp)]
         self.in_flight = 0
@@ -126,7 +133,8 @@ class ReplicaModel:
     @property
     def load(self) -> int:
         """Requests this replica holds: arriving, waiting or admitted (what a router counts in flight)."""
-        return self.arriving + len(self.unreceived) + len(self.admission.waiting) + self.admission.pool_used
+        return (self.arriving + len(self.unreceived) + len(self.behind) + len(self.admission.waiting)
+                + self.admission.pool_used)
 
     def _arrive(self, req: Request) -> None:
         self.arriving -= 1
@@ -137,8 +145,19 @@ class ReplicaModel:
         if self.recv_interval > 1 and any(s.reqs for s in self.slots):  # a running batch to decode
             self.unreceived.append(req)  # on the socket until the scheduler next polls it
             return
+        if self.clock.hide and self.successor_built:
+            self.behind.append(req)
+            return
         self.admission.waiting.append(req)
         self._wake()
+
+    def _take_behind(self) -> bool:
+        """The requests that came while the last batch ran join the waiting queue (the next batch was
+        built without them); whether there were any."""
+        late = [r for r in self.behind if not r.aborted]
+        self.behind = []
+        self.admission.waiting.extend(late)
+        return bool(late)
 
     def _receive(self, decoded: bool) -> None:
         """The scheduler's poll of its socket after an iteration (``decoded``: a decode-only one)."""
@@ -163,7 +182,7 @@ class ReplicaModel:
         """Whether ``req`` is waiting, running or being prefilled on this replica."""
         adm = self.admission
         return req in adm.waiting or adm.chunked_req is req or any(req in s.reqs for s in self.slots) \
-            or req in self.kv_arrived or req in self.unreceived
+            or req in self.kv_arrived or req in self.unreceived or req in self.behind
 
     def release_handed_off(self, req: Request) -> None:
         """Prefill server: ``req``'s KV has all arrived at its decode server: it is done here, and its pool
@@ -205,7 +224,7 @@ class ReplicaModel:
     def idle(self) -> bool:
         """No request waits, is being prefilled or runs in any slot."""
         adm = self.admission
-        return (not adm.waiting and not self.unreceived and adm.chunked_req is None
+        return (not adm.waiting and not self.unreceived and not self.behind and adm.chunked_req is None
                 and not any(s.reqs for s in self.slots))
 
     def on_idle(self) -> None:
@@ -238,7 +257,7 @@ class ReplicaModel:
                 return  # blocking receive of this slot's output; its return wakes us
             if self.recv_interval > 1:
                 self._receive(self.last_decode)
-            batch = self._build_batch(slot)
+            batch = self._next_batch(slot)
             self.cursor = (self.cursor + 1) % self.num_slots
             if batch is None:
                 skipped += 1
@@ -254,6 +273,16 @@ class ReplicaModel:
             return
         if self.observer is not None and self.in_flight == 0 and not self.admission.waiting:
             self.observer.on_idle(self)
+
+    def _next_batch(self, slot: Slot) -> Batch | None:
+        """The slot's next batch, built from what was received before the last batch ran; the requests
+        that came while it ran are received after (the batch after this one takes them), at once where
+        there is nothing else to run."""
+        self.successor_built = False
+        batch = self._build_batch(slot)
+        if self._take_behind() and batch is None:
+            batch = self._build_batch(slot)
+        return batch
 
     def _build_batch(self, slot: Slot) -> Batch | None:
         adm = self.admission
@@ -310,6 +339,7 @@ class ReplicaModel:
         end."""
         self.busy[0].add(start, end)
         slot.in_flight = batch
+        self.successor_built = True  # in the engine's loop, built before this batch's results are in
         self.in_flight += 1
         if self.in_flight > self.peak_in_flight:
             self.peak_in_flight = self.in_flight
@@ -327,7 +357,7 @@ class ReplicaModel:
         None; an iteration with nothing to run polls the socket as a single engine's does."""
         if self.recv_interval > 1:
             self._receive(self.last_decode)
-        batch = self._build_batch(self.slots[0])
+        batch = self._next_batch(self.slots[0])
         if batch is None and self.unreceived and not self.admission.has_work:
             self._receive(False)
             batch = self._build_batch(self.slots[0])

@@ -83,7 +83,7 @@ def test_vllm_s_block_fp8_experts_run_the_kernels_moe_backend_names(system: str)
     """--moe-backend flashinfer_trtllm: FlashInfer's TensorRT-LLM kernels, which only 0.24's tables timed;
     triton (or the environment switching FlashInfer and DeepGEMM off): Triton's, from 0.19's tables, or
     SGLang's measurement of the same kernel where no vLLM table of the GPU has it; auto: the nearest
-    version's own preference (vLLM's oracle would pick FlashInfer's: not priced so, docs/simulator.md)."""
+    version's own kernels (the simulated vLLM names the oracle's choice itself where it prices it)."""
     shape = ("fp8_block", 3072, 1536, 8, 256, 2, 1, "power_law_1.01")
     trtllm = rows("vllm", "0.24.0", "moe", "moe_perf", system, moe_tp_size=2, moe_ep_size=1,
                   **MINIMAX_EXPERTS)

@@ -17,7 +17,7 @@ import pytest
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.config.validate import validate
 from orchestrator.errors import ConfigError
-from simulator.costs import decode_shape, prefill_shape
+from simulator.costs import QK_NORM_KERNELS, decode_shape, prefill_shape
 from simulator.kernel_lanes import LANES
 from simulator.kernel_tables import KernelTables, nearest_version, systems_dir, uncorroborated_spikes
 from simulator.predict import load_config
@@ -258,3 +258,27 @@ def test_config_errors_name_the_key() -> None:
         validate(cfg)
     cfg.hardware.kernel_tables = "h100_sxm"
     validate(cfg)
+
+
+def test_a_qk_norm_over_all_heads_all_reduces_its_sums_under_tp() -> None:
+    """MiniMax-M2 normalises q and k over all heads at once (its config: use_qk_norm, qk_norm_type
+    per_layer): with the heads split over a TP group, every layer all-reduces each token's two sums of
+    squares (FP32), a message below the table's smallest, priced at that smallest one's time. Its two
+    kernels count in the attention blocks'. Qwen3 normalises head by head: nothing to all-reduce."""
+    cfg = _cfg("minimax-m2.5", "h100-sxm-x8", "--tp-size", "4")
+    cost = cfg.cost
+    assert cfg.spec.qk_norm_over_heads
+    measured = rows("comm", "custom_allreduce_perf", num_gpus=4, allreduce_dtype="bfloat16",
+                    backend="sglang_graph")
+    smallest = min(measured, key=lambda r: r["message_size"])
+    assert smallest["message_size"] > 8 * 8 / 2  # 8 tokens' sums: 32 BF16 elements' worth
+    one = cost.qk_norm_allreduce(8, True)
+    assert one == pytest.approx(smallest["latency"] * 1e-3 + cost.allreduce_wait(), rel=1e-9)
+    shape = decode_shape([1024] * 8)
+    layers = cost.stages[0].layers
+    assert cost.comm_time(0, shape) == pytest.approx(cost.source.comm_time(0, shape, True) + layers * one)
+    p = cost.p
+    assert cost.stages[0].attn_kernels == layers * (p.kernels_attn_gqa + QK_NORM_KERNELS
+                                                    + p.kernels_tp_collective)
+    qwen = _cfg("qwen3-32b", "h100-sxm-x8", "--tp-size", "4")
+    assert not qwen.spec.qk_norm_over_heads and qwen.cost.qk_norm_allreduce(8, True) == 0.0

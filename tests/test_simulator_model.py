@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from simulator.cli import build_parser
-from simulator.costs import decode_shape, distinct_experts, pp_layer_split
+from simulator.costs import decode_shape, distinct_experts, pp_layer_split, prefill_shape
 from simulator.entities import Request
 from simulator.model_spec import load_model_spec
 from simulator.predict import predict_point
@@ -216,3 +216,27 @@ def test_admission_respects_request_pool_and_slot_cap() -> None:
     assert all(r.finished and len(r.output_ids) == 50 for r in reqs)
     assert peak_pool == 16 and peak_slot == 2  # the request pool caps the total; 10 slots run short
     assert adm.pool_used == 0 and adm.kv_used == 0 and adm.kv_committed == 0
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_request_that_comes_during_a_step_waits_for_the_batch_already_built(overlap: bool) -> None:
+    """The overlap scheduler (SGLang's event loop, vLLM's async scheduling) builds the batch after the
+    running one when the running one starts, before its results are in: a request that comes while a step
+    runs misses the batch built already and is prefilled in the one after it. Without the overlap the
+    next batch is built when the step ends, and takes it."""
+    flags = [] if overlap else ["--disable-overlap-schedule"]
+    cfg = _cfg("--model-path", str(MODELS / "llama-3.1-8b"), "--sim-hardware", "h100-sxm-x8", *flags)
+    sim = Simulation()
+    rep = ReplicaModel(cfg, sim)
+    first, late = Request("first", 256, 64, 0), Request("late", 256, 64, 1)
+    rep.submit(first, 0.0)
+    sim.run_until(0.05)  # first is decoding, one step after another
+    step = cfg.cost.stage_time(0, decode_shape([300])) + (0.0 if overlap else cfg.cost.sched_time(1))
+    sent = sim.now + step / 2  # halfway through a decode step
+    rep.submit(late, sent)
+    while sim.peek() is not None:
+        sim.run_until(sim.peek())
+    prefill = cfg.cost.stage_time(0, prefill_shape([(256, 0)]))
+    waited = late.first_token_time - sent - prefill  # what it waited before its prefill ran
+    # the rest of the running step, then (overlap) the whole step built before it came
+    assert waited == pytest.approx(step / 2 + (step if overlap else 0.0), rel=0.2)

@@ -211,3 +211,17 @@ def test_a_step_a_full_graph_does_not_replay_is_priced_as_vllm_s_graph_pieces() 
     sglang = load_config(["--model-path", MODEL, "--sim-hardware", "h100-sxm-x8", "--tp-size", "2"])
     assert not sglang.cost.piecewise
     assert sglang.cost.host_time(0, small) == pytest.approx(eager, rel=1e-12)
+
+
+@pytest.mark.parametrize(("release_", "hardware", "flags", "priced"), [
+    ("0.19.0", "b200-sxm-x8", [], "flashinfer_trtllm"),  # the oracle's first choice on Blackwell
+    ("0.17.0", "b300-sxm-x8", [], "flashinfer_trtllm"),
+    ("0.16.0", "b200-sxm-x8", [], "auto"),  # before the oracle FlashInfer's were opt-in
+    ("0.19.0", "h200-nvlink-x8", ["--enable-expert-parallel"], "auto"),  # Hopper: not priced as vLLM picks
+    ("0.19.0", "b200-sxm-x8", ["--moe-backend", "triton"], "triton"),  # what was asked for
+])
+def test_auto_moe_kernels_are_the_fp8_oracle_s_choice_on_blackwell(release_: str, hardware: str,
+                                                                  flags: list[str], priced: str) -> None:
+    cfg = load_config(["serve", "models/minimax-m2.5", "--sim-hardware", hardware, "--sim-vllm-release",
+                       release_, "--tensor-parallel-size", "2", *flags])
+    assert cfg.args.vllm_moe_backend == priced

@@ -100,8 +100,10 @@ class LockstepCosts:
             t = 2 * dense_layers * gather + st.moe_layers * self._a2a(rank_tokens, gathered.decode)
         else:
             t = 2 * st.layers * gather
-        if self.layout.attn_tp > 1:  # each rank's attention output all-reduced over its own GPUs
-            t += st.layers * self.rank_cost.collective_time(rank_tokens, graph)
+        if self.layout.attn_tp > 1:  # each rank's attention output all-reduced over its own GPUs (and
+            # its QK norm's sums where the norm spans the heads)
+            t += st.layers * (self.rank_cost.collective_time(rank_tokens, graph)
+                              + self.rank_cost.qk_norm_allreduce(rank_tokens, graph))
         return t + g.logits_gather_time(gathered.logit_rows)
 
     def _a2a(self, rank_tokens: int, decode: bool) -> float:

@@ -214,7 +214,8 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
     n.vllm_release = release.version
     n.async_scheduling = asynchronous
     n.long_prefill_token_threshold = v.long_prefill_token_threshold
-    n.vllm_moe_backend = v.moe_backend
+    n.vllm_moe_backend = (release.fp8_moe_backend(hw.kernel_tables or "") if v.moe_backend == "auto"
+                          else v.moe_backend)
     n.vllm_fused_allreduce_bytes = release.fused_allreduce_bytes(
         hw.kernel_tables or "", v.tensor_parallel_size, compiled.fuse_allreduce
     )

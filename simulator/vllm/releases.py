@@ -44,6 +44,18 @@ class PlayedRelease:
         its whole prompt fits in the free KV blocks, not only its first chunk."""
         return self._v >= Version("0.19")
 
+    def fp8_moe_backend(self, system: str) -> str:
+        """The expert kernels ``--moe-backend auto`` prices for block-FP8 experts. vLLM's FP8 MoE oracle
+        (``fused_moe/oracle/fp8.py``, from 0.17) puts FlashInfer's TensorRT-LLM kernels first where they run
+        (Blackwell): priced so. On Hopper it prefers Triton's for tensor parallelism and FlashInfer's
+        CUTLASS kernels with expert parallelism; priced from the CUTLASS table, the Hopper runs with
+        experts spread were predicted worse in both TTFT and TPOT, so ``auto`` stays with the nearest
+        table's own kernels there (docs/simulator.md, "vLLM's own choice of block-FP8 expert kernels").
+        Before 0.17 FlashInfer's were opt-in: the nearest table's own."""
+        if self._v >= Version("0.17") and CAPABILITY.get(system, 0) >= 100:
+            return "flashinfer_trtllm"
+        return "auto"
+
     def fused_allreduce_bytes(self, system: str, tp: int, asked: bool | None) -> int:
         """The largest TP all-reduce (bytes) the compilation fuses with the RMSNorm after it into
         FlashInfer's all-reduce, where the compilation config asks for ``fuse_allreduce_rms`` (0: none):
