@@ -488,7 +488,9 @@ def behind_text(runner: dict[str, Any], goal: str | None) -> str:
     if not isinstance(behind, int | float) or not math.isfinite(behind):
         return "behind"
     name = dict(LATENCIES).get(goal or "")
-    how = f"{name} {behind:+.0f}% against the best" if name else f"{behind:.0f}% fewer tok/s"
+    how = (f"{name} {behind:+.0f}% against the best" if name
+           else f"{-behind:.0f}% more tok/s, inside the model's error" if behind < 0
+           else f"{behind:.0f}% fewer tok/s")
     return how + (", within noise" if runner.get("within_noise") else "")
 
 

@@ -433,6 +433,10 @@ def test_ttft_queueing() -> None:
     assert chunked.alternatives == [{"dp.size": 2}]
     # a burst: only the tail waited (the median request was admitted at once)
     assert "ttft_queueing" not in found(facts(c32=queued(server_queue_p50_ms=20.0)))
+    # the median request waited no more than the overlap loop makes it (the rest of a 400 ms step and the
+    # step built ahead): not a server taking requests in slower than they come
+    assert "ttft_queueing" not in found(facts(c32=queued(itl_p50_ms=400.0)))
+    assert "ttft_queueing" in found(facts(c32=queued(itl_p50_ms=300.0)))
     # an admission cap holds them back: admission_cap says so, not this
     capped = found(facts(c32=queued(), resolved={"max_running_requests": 16}))
     assert "admission_cap" in capped and "ttft_queueing" not in capped

@@ -141,7 +141,12 @@ def test_kimi_pp8_over_pcie_is_told_to_run_tp8(tmp_path: Path) -> None:
     first = tried(micro, {"pp.micro_batch_size": 4})  # the finding's own knob, predicted behind the layout
     assert first["change_pct"]["output_tok_s"] < effect["change_pct"]["output_tok_s"]
     assert "step costs: measured (aiconfigurator-core" in effect["source"]
-    assert effect["runner_up"]["change"] != micro.change and effect["runner_up"]["behind_pct"] > 0
+    # the runner-up is behind, or ahead by less than the model can resolve (MIN_GAIN) where the suggestion
+    # was preferred for its place in the finding's order, and the advice says which
+    runner = effect["runner_up"]
+    assert runner["change"] != micro.change and runner["behind_pct"] > -100 * MIN_GAIN
+    said = advice_text(micro.to_dict())
+    assert ("more tok/s, inside the model's error" in said) is (runner["behind_pct"] < 0)
     # what the pipeline needs, apart: the same configuration at twice the load
     assert effect["load"]["predicted_at"] == "c64" and effect["load"]["change"] == {}
     assert "More load is what this configuration needs, not a fix" in micro.suggestion

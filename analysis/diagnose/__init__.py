@@ -46,8 +46,9 @@ prefill_interference ``itl_p99_ms`` >= 3 x ``itl_p50_ms`` (and +10 ms)      load
                      where logged prefill batches average >= 256 prompt
                      tokens, a quarter or more beside decoding requests
 ttft_queueing        the TTFT split: queueing >= half of the TTFT (and      the engine's per-request queue
-                     >= 100 ms), for the median request too, with no KV     time, else Little's law over
-                     limit or admission cap to explain it                   the engine log / metrics
+                     >= 100 ms), for the median request too (and over 2     time, else Little's law over
+                     decode steps), with no KV limit, admission cap or      the engine log / metrics
+                     uneven DP dealing to explain it
 prefix_cache_thrash  ``cache_hit_rate`` < 0.8 x ``offered_hit_rate`` (and   the engine's per-request cached
                      10 points below it) where the prompts offered >= 20 %  tokens, else its log; the
                      (not with DP behind round-robin: the split rule)       prompts the client sent

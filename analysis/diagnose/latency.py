@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from analysis.diagnose.data_parallel import dealt_unevenly
 from analysis.diagnose.evidence import (
     EXTRA_ARGS_PREFIX,
     by_load,
@@ -80,13 +81,22 @@ def prefill_interference(f: TrialFacts) -> list[Finding]:
     return []
 
 
+# A request that comes while a step runs waits for the rest of it and, under the overlap scheduler, for
+# the step built ahead of it (docs/simulator.md, "The scheduler model"): up to two decode steps in the
+# queue that say nothing about the server taking requests in slower than they come
+LOOP_LAG_STEPS = 2
+
+
 def ttft_queueing(f: TrialFacts) -> list[Finding]:
     """TTFT is mostly waiting in the server's queue, and no cap explains it: at the busiest point where
     the queueing part of the TTFT (:func:`ttft_split_at`) is at least half of it and at least 100 ms, so is
-    the median request's (when the server reported per-request times: a tail alone is a burst), and
+    the median request's (when the server reported per-request times: a tail alone is a burst) and longer
+    than the scheduler's own loop makes a request wait (``LOOP_LAG_STEPS`` decode steps), and
     neither the KV pool (:func:`kv_bound`, and the ``kv_capacity`` finding) nor ``max_running_requests``
     holds admission back there, nor (vLLM) do the decodes starve the prompts of the step's token budget
-    (:func:`token_budget.starved_at`, the ``prefill_starved`` finding): those findings carry the split
+    (:func:`token_budget.starved_at`, the ``prefill_starved`` finding), nor are requests dealt to full DP
+    ranks while others have room (:func:`data_parallel.dealt_unevenly`, the ``dp_dispatch_imbalance``
+    finding): those findings carry the split
     themselves. What remains is a server
     that takes requests in slower than they come. Its own changes: twice the chunked-prefill size (fewer,
     larger prefill batches take prompts in faster) where the engine resolved one, and twice the DP
@@ -101,8 +111,12 @@ def ttft_queueing(f: TrialFacts) -> list[Finding]:
         p50_queue, p50_ttft = float_or_none(m.get("server_queue_p50_ms")), float_or_none(m.get("ttft_p50_ms"))
         if p50_queue is not None and p50_ttft and p50_queue < 0.5 * p50_ttft:
             continue  # only a burst queued (a closed loop's first requests all at once), not the typical one
+        step = float_or_none(m.get("itl_p50_ms"))
+        if p50_queue is not None and step and p50_queue < LOOP_LAG_STEPS * step:
+            continue  # the typical request waited no longer than the scheduler's own loop makes it
         c = f.concurrency.get(label)
-        if kv_bound(f, label) or (mrr and c and per_replica(f, c) > mrr) or starved_at(f, label):
+        if (kv_bound(f, label) or (mrr and c and per_replica(f, c) > mrr) or starved_at(f, label)
+                or dealt_unevenly(f, label)):
             return []  # those findings carry the split themselves
         chunk = int_or_none(f.resolved.get("chunked_prefill_size"))
         # more replicas: more GPUs, bought for the TTFT. On vLLM a MoE model's DP ranks tie ep.size to

@@ -336,8 +336,13 @@ def _inside_band(effect: Mapping[str, Any]) -> str:
 
 def _runner_up_says(runner: Mapping[str, Any], goal: str) -> str:
     behind = runner["behind_pct"]
-    how = (f"{behind:.0f}% fewer tok/s" if goal == "throughput"
-           else f"its {NAMES.get(goal, goal)} {behind:+.0f}% against the best's")
+    if goal != "throughput":
+        how = f"its {NAMES.get(goal, goal)} {behind:+.0f}% against the best's"
+    elif behind < 0:  # ahead by less than the model can resolve: the suggestion was preferred for its GPUs
+        # or its place in the finding's order (_preferred)
+        how = f"{-behind:.0f}% more tok/s, inside the model's error: the suggestion is preferred"
+    else:
+        how = f"{behind:.0f}% fewer tok/s"
     noise = (f"; within the prediction's noise ({runner['within_noise']}): either will do"
              if runner.get("within_noise") else "")
     return f"Runner-up: {overrides_text(runner['change'])} ({how}{noise})."
