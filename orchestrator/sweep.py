@@ -60,7 +60,8 @@ def _step_costs(config: DictConfig) -> str:
 
     try:
         return step_costs_of(str(config.simulator.step_costs), config.hardware.get("kernel_tables"),
-                             config.engine.name in VLLM_ENGINES, config.vllm.release)
+                             config.engine.name in VLLM_ENGINES, config.vllm.release,
+                             config.hardware.get("collective_tables"))
     except StepCostsError:
         return ""
 

@@ -212,6 +212,16 @@ class StepCostSource(Protocol):
         ...
 
 
+class BorrowedAllreduce(Protocol):
+    """A TP all-reduce measured on another system, pricing a box the roofline prices otherwise
+    (``HardwareConf.collective_tables``; ``simulator/borrowed_collectives.py``)."""
+
+    def allreduce(self, elems: float, graph: bool) -> float | None:
+        """Seconds of one all-reduce of ``elems`` BF16 elements over the TP group (None: the group's size
+        was not measured)."""
+        ...
+
+
 class CostModel:
     def __init__(
         self,
@@ -226,6 +236,8 @@ class CostModel:
         self.spec = spec
         # None: the roofline prices the kernels; set by ``use_source`` to a measured source
         self.source: StepCostSource | None = None
+        # the TP all-reduce measured on another system (``use_collectives``); None: the alpha-beta formula
+        self.borrowed: BorrowedAllreduce | None = None
         self.hw = hw
         self.par = par
         self.p = params or CostParams()
@@ -324,6 +336,11 @@ class CostModel:
     def use_source(self, source: StepCostSource) -> None:
         """Price kernels and collectives from ``source`` instead of the roofline."""
         self.source = source
+
+    def use_collectives(self, borrowed: BorrowedAllreduce) -> None:
+        """Price the roofline's TP all-reduces within a node from ``borrowed`` (another system's
+        measured all-reduce) instead of the alpha-beta formula."""
+        self.borrowed = borrowed
 
     def replayed_shape(self, shape: BatchShape) -> BatchShape:
         """The work a forward of ``shape`` does on the GPU: a decode batch replayed from a CUDA graph is
@@ -444,7 +461,7 @@ class CostModel:
             return 0.0
         if self.source is not None and not (self._tp_inter or self._ep_inter):
             return self.source.allreduce(tokens, graph) * self.p.scale_comm
-        return self.allreduce_time(tokens)
+        return self.allreduce_time(tokens, graph)
 
     def qk_norm_allreduce(self, tokens: int, graph: bool) -> float:
         """One layer's all-reduce of ``tokens`` tokens' QK-norm sums of squares over the TP group (0 where
@@ -457,7 +474,7 @@ class CostModel:
             t = self.source.message_allreduce(nbytes / BF16_BYTES, graph)
             if t is not None:
                 return t * self.p.scale_comm
-        return self.message_allreduce_time(nbytes)
+        return self.message_allreduce_time(nbytes, graph)
 
     def comm_time(self, stage: int, shape: BatchShape) -> float:
         shape = self.replayed_shape(shape)  # a padded graph all-reduces its padded rows too
@@ -466,7 +483,7 @@ class CostModel:
         # measured collective tables are of one node: a group across nodes is priced by the network
         if self.source is not None and not (self._tp_inter or self._ep_inter):
             return self.source.comm_time(stage, shape, graph) + qk_norm
-        return self.roofline_comm_time(stage, shape) + qk_norm
+        return self.roofline_comm_time(stage, shape, graph) + qk_norm
 
     def replays_pieces(self, shape: BatchShape) -> bool:
         """vLLM replays the step from its piecewise CUDA graphs: not a fully replayed decode, and its
@@ -477,11 +494,11 @@ class CostModel:
         """The step's all-reduces run inside CUDA graphs: a replayed decode, or vLLM's graph pieces."""
         return self.uses_cuda_graph(shape) or self.replays_pieces(shape)
 
-    def roofline_comm_time(self, stage: int, shape: BatchShape) -> float:
+    def roofline_comm_time(self, stage: int, shape: BatchShape, graph: bool = False) -> float:
         st = self.stages[stage]
         if self.par.tp == 1:
             return 0.0
-        allreduce = self.allreduce_time(shape.tokens)
+        allreduce = self.allreduce_time(shape.tokens, graph)
         # Attention output and MLP output are each all-reduced; with an all-to-all MoE backend the MoE
         # layer's all-reduce becomes a dispatch and a combine of the k routed copies of each token.
         t = st.layers * allreduce + (st.layers - st.moe_layers) * allreduce
@@ -501,14 +518,20 @@ class CostModel:
         wait, tp = self.p.allreduce_wait_us, self.par.tp
         return wait * 1e-6 * math.sqrt(2.0 * math.log(tp)) if wait and tp > 1 else 0.0
 
-    def allreduce_time(self, tokens: int) -> float:
-        """One TP all-reduce of ``tokens`` hidden states (ring, alpha-beta)."""
-        return self.message_allreduce_time(tokens * self.spec.hidden * BF16_BYTES)
+    def allreduce_time(self, tokens: int, graph: bool = False) -> float:
+        """One TP all-reduce of ``tokens`` hidden states (ring, alpha-beta, or the borrowed table)."""
+        return self.message_allreduce_time(tokens * self.spec.hidden * BF16_BYTES, graph)
 
-    def message_allreduce_time(self, act: float) -> float:
-        """One TP all-reduce of ``act`` bytes (ring, alpha-beta). A TP group wider than a node runs at the
-        network's bandwidth per GPU, every ring crossing it, with its latency added."""
+    def message_allreduce_time(self, act: float, graph: bool = False) -> float:
+        """One TP all-reduce of ``act`` bytes: within a node, the borrowed measured all-reduce where the
+        profile names one (``graph``: its CUDA-graph lane, else the eager one), else ring alpha-beta. A TP
+        group wider than a node runs at the network's bandwidth per GPU, every ring crossing it, with its
+        latency added."""
         tp = self.par.tp
+        if self.borrowed is not None and not self._tp_inter:
+            t = self.borrowed.allreduce(act / BF16_BYTES, graph)
+            if t is not None:
+                return t + self.allreduce_wait()
         if self._tp_inter:
             return ((self.hw.allreduce_latency_us * 1e-6 + self._inter_latency)
                     + 2.0 * (tp - 1) / tp * act / self._inter_link + self.allreduce_wait())

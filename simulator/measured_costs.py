@@ -445,7 +445,7 @@ class MeasuredCosts:
         if one is None:
             if curve is not None:
                 self.coverage.note("allreduce", f"{elems} elements outside the measured range")
-            return cost.allreduce_time(tokens)
+            return cost.allreduce_time(tokens, graph)
         return one + cost.allreduce_wait()
 
     def message_allreduce(self, elems: float, graph: bool) -> float | None:

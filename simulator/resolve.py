@@ -365,7 +365,8 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         return apply_step_costs(getattr(args, "sim_step_costs", "auto"), model, hw.kernel_tables,
                                 launched, backend,
                                 fuse_shared_experts=not args.disable_shared_experts_fusion,
-                                framework=framework, moe_backend=getattr(args, "vllm_moe_backend", "auto"))
+                                framework=framework, moe_backend=getattr(args, "vllm_moe_backend", "auto"),
+                                collective_tables=hw.collective_tables)
 
     try:
         step_costs = price(cost)

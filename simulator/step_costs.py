@@ -7,7 +7,9 @@
   ``kernel_tables`` (an ``aiconfigurator-core`` system); refused when the profile names none or the
   package is not installed;
 - ``auto`` (default): measured where the profile names a table set and the package is installed, else
-  the roofline, with the reason.
+  the roofline, with the reason; a roofline box whose profile names ``collective_tables`` (a measured
+  system of its GPU generation and bus) has its TP all-reduce priced from that system's table
+  (``borrowed_collectives.py``).
 
 Whatever the choice, :class:`StepCosts` says what priced the run: it goes into ``/server_info``
 (``sim_step_costs``), and from there into every run's tags and description.
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from packaging.version import Version
 
 from simulator import SGLANG_COMPAT_VERSION
+from simulator.borrowed_collectives import MeasuredAllreduce, measured_by
 from simulator.costs import CostModel
 from simulator.kernel_tables import KernelTables, kernel_tables, package_version, systems_dir, table_sets
 from simulator.measured_costs import Coverage, MeasuredCosts
@@ -39,6 +42,9 @@ class StepCosts:
     source: str  # what priced it: roofline | measured
     tables: str = ""  # "aiconfigurator-core 0.12.0: rtx_pro_6000_server, SGLang 0.5.14" (measured)
     why: str = ""  # why the roofline under auto
+    # roofline with the TP all-reduce measured on another system: what measured it
+    # ("aiconfigurator-core 0.12.0: l40s, vLLM 0.22.0"); "" where the formula prices it
+    collectives: str = ""
     # measured: what priced each operator (the roofline ones, and queries outside the measured range,
     # are added as the run meets them)
     coverage: Coverage = field(default_factory=Coverage)
@@ -51,11 +57,12 @@ class StepCosts:
         """One line: "measured (aiconfigurator-core 0.12.0: h100_sxm, SGLang 0.5.14)" or "roofline (why)"."""
         if self.source == "measured":
             return f"measured ({self.tables})"
-        return f"roofline ({self.why})" if self.why else "roofline"
+        base = f"roofline ({self.why})" if self.why else "roofline"
+        return f"{base}; TP all-reduce measured ({self.collectives})" if self.collectives else base
 
     def to_dict(self) -> dict[str, object]:
         return {"mode": self.mode, "source": self.source, "tables": self.tables, "why": self.why,
-                "label": self.label(), "fallbacks": self.fallbacks()}
+                "collectives": self.collectives, "label": self.label(), "fallbacks": self.fallbacks()}
 
 
 def unavailable(table_set: str | None) -> str:
@@ -71,10 +78,11 @@ def unavailable(table_set: str | None) -> str:
 
 
 def describe_step_costs(mode: str, table_set: str | None, launched: str = SGLANG_COMPAT_VERSION,
-                        framework: str = "sglang") -> StepCosts:
+                        framework: str = "sglang", collective_tables: str | None = None) -> StepCosts:
     """What ``mode`` chooses for a hardware profile naming ``table_set`` (tables of the engine
-    ``framework`` at its version ``launched``: by default SGLang's, at the version the simulator follows),
-    without building a model: the label every run, prediction and finding carries."""
+    ``framework`` at its version ``launched``: by default SGLang's, at the version the simulator follows)
+    and ``collective_tables``, without building a model: the label every run, prediction and finding
+    carries."""
     if mode not in MODES:
         raise StepCostsError(f"--sim-step-costs {mode!r}: valid: {', '.join(MODES)}")
     if mode == "roofline":
@@ -83,7 +91,9 @@ def describe_step_costs(mode: str, table_set: str | None, launched: str = SGLANG
     if why:
         if mode == "measured":
             raise StepCostsError(f"--sim-step-costs measured: {why}; valid here: auto or roofline")
-        return StepCosts(mode, "roofline", why=why)
+        borrowed = (measured_by(collective_tables, launched, framework)
+                    if collective_tables and not unavailable(collective_tables) else "")
+        return StepCosts(mode, "roofline", why=why, collectives=borrowed)
     assert table_set is not None
     measured_with = _measured_with(kernel_tables(table_set, launched, framework))
     return StepCosts(mode, "measured",
@@ -111,16 +121,23 @@ def _measured_with(tables: KernelTables) -> str:
 
 def apply_step_costs(mode: str, cost: CostModel, table_set: str | None, launched: str,
                      attention_backend: str, fuse_shared_experts: bool = True, framework: str = "sglang",
-                     moe_backend: str = "auto") -> StepCosts:
+                     moe_backend: str = "auto", collective_tables: str | None = None) -> StepCosts:
     """Set ``cost``'s step-cost source as ``mode`` asks and say what priced it. ``fuse_shared_experts``:
     SGLang's default of folding DeepSeek-V3's shared expert into the routed experts' kernel (off with
     ``--disable-shared-experts-fusion``). ``framework``, ``launched``: the engine the simulator plays and
-    its version, whose tables price the step; ``moe_backend``: the MoE kernels it was told to run."""
-    chosen = describe_step_costs(mode, table_set, launched, framework)
+    its version, whose tables price the step; ``moe_backend``: the MoE kernels it was told to run;
+    ``collective_tables``: the measured system whose all-reduce prices a roofline box's TP group."""
+    chosen = describe_step_costs(mode, table_set, launched, framework, collective_tables)
     if chosen.source == "measured":
         assert table_set is not None
         source = MeasuredCosts(cost, kernel_tables(table_set, launched, framework, moe_backend),
                                attention_backend, fuse_shared_experts)
         cost.use_source(source)
         chosen.coverage = source.coverage
+    elif chosen.collectives and collective_tables and cost.par.tp > 1:
+        borrowed = MeasuredAllreduce(collective_tables, launched, framework, cost.par.tp)
+        if borrowed.measured:
+            cost.use_collectives(borrowed)
+        else:  # a TP size the other system did not measure: the formula's, said so
+            chosen.collectives = ""
     return chosen

@@ -34,6 +34,14 @@ def test_llama_405b_on_two_h100_nodes_pipeline_ahead_of_tensor_parallelism(pairs
     assert pair.right is True, pair
 
 
+def test_llama_70b_on_eight_l4s_four_stages_of_tp2_ahead_of_two_of_tp4(pairs) -> None:
+    # Substratus: PP4 x TP2 307.6 output tok/s against PP2 x TP4's 261.2 over PCIe; what orders them is the
+    # all-reduce among four Ada GPUs on PCIe (NCCL's, several times two GPUs' custom all-reduce)
+    pair = judge("vllm-substratus-l4", pairs["vllm-substratus-l4"])
+    assert pair.measured_order == ["TP2 PP4", "TP4 PP2"]
+    assert pair.right is True, pair
+
+
 def test_a_vllm_layout_wider_than_a_node_takes_the_nodes_it_needs() -> None:
     model = str(ROOT / "models" / "llama-3.1-405b")
     cfg = load_config(["serve", model, "--sim-hardware", "h100-sxm-x8-2nodes-ib", "-tp", "16"])

@@ -41,6 +41,10 @@ class HardwareConf:
     source: str = ""  # where the numbers come from (datasheets, measurements), with URLs
     # the measured kernel tables of this GPU (an aiconfigurator-core system, e.g. "h100_sxm"); null: none
     kernel_tables: str | None = None
+    # a box without kernel tables of its own whose TP all-reduce is priced from another system's measured
+    # all-reduce table (an aiconfigurator-core system of the same GPU generation on the same bus, e.g. the
+    # L4 box from "l40s"); the roofline prices the rest. null: the roofline's alpha-beta all-reduce
+    collective_tables: str | None = None
     # a cluster: this many such nodes, joined by a network of this bandwidth per GPU per direction
     # (400 Gb/s InfiniBand or RoCE per GPU = 50 GB/s) and this one-message latency
     nodes: int = 1

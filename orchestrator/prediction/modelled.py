@@ -38,20 +38,21 @@ def step_costs_label(cfg: ParasweepConf) -> str:
     line: "measured (aiconfigurator-core 0.12.0: h100_sxm, SGLang 0.5.14)" or "roofline
     (why)". Every run, prediction and predicted effect carries it."""
     return step_costs_of(cfg.simulator.step_costs, cfg.hardware.kernel_tables, plays_vllm(cfg),
-                         cfg.vllm.release)
+                         cfg.vllm.release, cfg.hardware.collective_tables)
 
 
-def step_costs_of(mode: str, table_set: str | None, vllm: bool, vllm_release: str | None) -> str:
-    """The step-cost label of ``mode`` on ``table_set`` for the engine the simulator plays: vLLM's
-    tables at ``vllm_release`` (the newest played where None) where ``vllm``, else SGLang's;
-    ``simulator.step_costs.StepCostsError`` for a mode it cannot honour."""
+def step_costs_of(mode: str, table_set: str | None, vllm: bool, vllm_release: str | None,
+                  collective_tables: str | None = None) -> str:
+    """The step-cost label of ``mode`` on ``table_set`` (and the profile's ``collective_tables``) for the
+    engine the simulator plays: vLLM's tables at ``vllm_release`` (the newest played where None) where
+    ``vllm``, else SGLang's; ``simulator.step_costs.StepCostsError`` for a mode it cannot honour."""
     from simulator.step_costs import describe_step_costs
 
     if vllm:
         from simulator.vllm.releases import NEWEST
 
-        return describe_step_costs(mode, table_set, vllm_release or NEWEST, "vllm").label()
-    return describe_step_costs(mode, table_set).label()
+        return describe_step_costs(mode, table_set, vllm_release or NEWEST, "vllm", collective_tables).label()
+    return describe_step_costs(mode, table_set, collective_tables=collective_tables).label()
 
 
 def apply_change(cfg: ParasweepConf, change: Mapping[str, Any]) -> tuple[ParasweepConf, dict[str, str]]:
