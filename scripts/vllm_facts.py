@@ -19,12 +19,14 @@ parsed (``ast``) straight from the zip. What it extracts:
 - ``routes``: the HTTP paths and methods of the OpenAI-compatible server (route decorators,
   ``add_api_route`` and mounted apps such as ``/metrics`` under ``vllm/entrypoints/``, the old demo
   ``api_server.py`` left out).
-- ``metrics``: the Prometheus metric names the engine registers (``vllm:...``) and their type; a
-  counter is exposed with ``_total`` added.
+- ``metrics``: the Prometheus metric names the engine registers (``vllm:...``, the speculative
+  decoding counters beside the drafters included) and their type; a counter is exposed with ``_total``
+  added.
 - ``log_formats``: the format strings of the log lines a trial would read: the periodic stats line,
   which the engine assembles from parts ("Avg prompt throughput: %.1f tokens/s", "Running: %d reqs",
-  "GPU KV cache usage: %.1f%%", ...), and the start-up facts (the KV cache's size in tokens, the
-  concurrency it allows).
+  "GPU KV cache usage: %.1f%%", ...), the speculative-decoding line ("SpecDecoding metrics: ..."), and
+  the start-up facts (the KV cache's size in tokens, the concurrency it allows).
+- ``speculative_methods``: the ``method`` values ``--speculative-config`` accepts (``SpeculativeConfig``).
 
 Each file names the wheel and its SHA-256; the output is sorted, so the same wheel gives the same bytes.
 The files land in ``orchestrator/engines/vllm_compat/releases/`` (docs/vllm-adapter.md).
@@ -58,7 +60,11 @@ LOG_KEYWORDS = (
     "GPU KV cache size",
     "Maximum concurrency",
 )
-LOG_FILES = ("vllm/v1/metrics/loggers.py", "vllm/v1/core/kv_cache_utils.py", "vllm/engine/metrics.py")
+# the speculative-decoding line ("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput:
+# ...") and its counters live beside the drafters
+SPEC_METRICS = "vllm/v1/spec_decode/metrics.py"
+LOG_FILES = ("vllm/v1/metrics/loggers.py", "vllm/v1/core/kv_cache_utils.py", "vllm/engine/metrics.py",
+             SPEC_METRICS)
 ROUTE_METHODS = {"get", "post", "put", "delete", "patch", "api_route"}
 
 
@@ -515,7 +521,7 @@ def read_metrics(src: Sources) -> dict[str, str]:
     metrics: dict[str, str] = {}
     for name in sorted(src.text):
         if "vllm:" not in src.text[name] or not (
-            name.startswith("vllm/v1/metrics/") or name == "vllm/engine/metrics.py"
+            name.startswith("vllm/v1/metrics/") or name in ("vllm/engine/metrics.py", SPEC_METRICS)
         ):
             continue
         for node in ast.walk(src.tree(name)):
@@ -533,7 +539,32 @@ def read_metrics(src: Sources) -> dict[str, str]:
                 and METRIC_NAME.match(given.value)
             ):
                 metrics.setdefault(given.value, kind)
+        metrics |= {m: k for m, k in _looped_metrics(src.tree(name)).items() if m not in metrics}
     return dict(sorted(metrics.items()))
+
+
+def _looped_metrics(tree: ast.Module) -> dict[str, str]:
+    """Metrics a function registers in a loop (``for name, doc in (("vllm:x", "..."), ...):
+    Counter(name=name, ...)``, 0.34's speculative counters): each (name, ...) tuple of a function whose
+    metric constructor takes its name from a variable."""
+    found: dict[str, str] = {}
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        kinds = set()
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call):
+                kind = next((k for k in METRIC_KINDS if k in _name(node.func).lower()), None)
+                given = next((k.value for k in node.keywords if k.arg == "name"), None)
+                if kind and isinstance(given, ast.Name):
+                    kinds.add(kind)
+        if len(kinds) != 1:
+            continue
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.Tuple) and node.elts and isinstance(node.elts[0], ast.Constant)
+                    and isinstance(node.elts[0].value, str) and METRIC_NAME.match(node.elts[0].value)):
+                found[node.elts[0].value] = next(iter(kinds))
+    return found
 
 
 def read_log_formats(src: Sources) -> list[str]:
@@ -550,6 +581,17 @@ def read_log_formats(src: Sources) -> list[str]:
             ):
                 found.add(node.value)
     return sorted(found)
+
+
+def read_speculative_methods(src: Sources) -> list[str]:
+    """The ``method`` values ``--speculative-config`` takes (``SpeculativeConfig.method``'s Literal, its
+    nested aliases flattened)."""
+    classes, _, aliases = _classes_and_aliases(src)
+    annotation = classes.get("SpeculativeConfig", {}).get("method")
+    if annotation is None:
+        return []
+    values = {str(v) for part in _parts(annotation, aliases) if isinstance(part, tuple) for v in part[1]}
+    return sorted(values)
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -570,6 +612,7 @@ def facts(wheel_path: Path) -> dict:
         "routes": read_routes(src),
         "metrics": read_metrics(src),
         "log_formats": read_log_formats(src),
+        "speculative_methods": read_speculative_methods(src),
     }
 
 

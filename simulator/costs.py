@@ -242,6 +242,9 @@ class CostModel:
         self.par = par
         self.p = params or CostParams()
         self.cuda_graph_max_bs = cuda_graph_max_bs
+        # vLLM's captured sizes count a step's tokens (a speculative verify's k + 1 a request), SGLang's
+        # requests; set by the vLLM dialect
+        self.graph_in_tokens = False
         self.disable_cuda_graph = disable_cuda_graph
         # vLLM's piecewise CUDA graphs for the steps a full graph does not replay (``host_time``); set by
         # the vLLM dialect unless --enforce-eager
@@ -330,8 +333,12 @@ class CostModel:
 
     # -- per-step costs -------------------------------------------------------------------------------
 
+    def graph_requests(self, width: int = 1) -> int:
+        """The most requests a captured decode graph holds when each runs ``width`` tokens."""
+        return max(self.cuda_graph_max_bs // width, 1) if self.graph_in_tokens else self.cuda_graph_max_bs
+
     def uses_cuda_graph(self, shape: BatchShape) -> bool:
-        return shape.decode and not self.disable_cuda_graph and shape.seqs <= self.cuda_graph_max_bs
+        return shape.decode and not self.disable_cuda_graph and shape.seqs <= self.graph_requests(shape.width)
 
     def use_source(self, source: StepCostSource) -> None:
         """Price kernels and collectives from ``source`` instead of the roofline."""
@@ -348,9 +355,10 @@ class CostModel:
         collectives run the padded slots' tokens too; the attention of a padded slot (a context of one)
         is nothing beside the real ones', so sequences and contexts stay as they are. Anything else as
         it is."""
-        if not shape.decode or self.disable_cuda_graph or shape.seqs > self.cuda_graph_max_bs:
+        most = self.graph_requests(shape.width)
+        if not shape.decode or self.disable_cuda_graph or shape.seqs > most:
             return shape  # eager: as it is
-        extra = replayed_batch(shape.seqs, self.cuda_graph_max_bs) - shape.seqs
+        extra = replayed_batch(shape.seqs, most) - shape.seqs
         if not extra:
             return shape
         return BatchShape(tokens=shape.tokens + extra * shape.width, seqs=shape.seqs,

@@ -322,17 +322,19 @@ class ReplicaModel:
         host = cost.sched_time(len(batch.reqs) + len(batch.mixed))
         # Stage 0's scheduler thread also dispatches stage 0's forward (one graph replay, or every kernel
         # when eager), so it is free for the next turn only after both.
-        spec = self.spec if batch.decode else None
-        if spec is not None:  # the draft passes, the verify and the draft extend, each dispatched
-            lens = [r.context_len for r in batch.reqs]
-            dispatch = spec.iteration.host_time(lens)
-            parts = spec.iteration.parts(lens)
-            self.spec_stats.busy(parts)
-            step = parts.total
-        else:
-            dispatch = cost.host_time(0, shape)
-            step = cost.stage_time(0, shape)
+        dispatch, step = self._price(batch)
         self._run(slot, batch, *self.clock.launch(now, host, dispatch, step))
+
+    def _price(self, batch: Batch) -> tuple[float, float]:
+        """(host dispatch, GPU seconds) of ``batch``'s forward: a speculative decode is the draft passes,
+        the verify and the draft extend, each dispatched."""
+        spec = self.spec if batch.decode else None
+        if spec is None:
+            return self.cost.host_time(0, batch.shape), self.cost.stage_time(0, batch.shape)
+        lens = [r.context_len for r in batch.reqs]
+        parts = spec.iteration.parts(lens)
+        self.spec_stats.busy(parts)
+        return spec.iteration.host_time(lens), parts.total
 
     def _run(self, slot: Slot, batch: Batch, start: float, end: float) -> None:
         """``batch`` on the GPU from ``start`` to ``end``; its tokens go out and its slot is free at the
@@ -394,9 +396,12 @@ class ReplicaModel:
                 self._hand_off(batch)
                 return
             if batch.mixed:  # the running requests decoded in the same forward
-                reqs += batch.mixed
                 self.tokens_decode_total += len(batch.mixed)
                 self.gen_tokens_since_log += len(batch.mixed)
+                if self._accept is not None:  # verified their drafts (vLLM's steps mix them in)
+                    self._emit_accepted(batch.mixed, now)
+                else:
+                    reqs += batch.mixed
         if batch.decode and self._accept is not None:
             self._emit_accepted(reqs, now)
             return
@@ -509,6 +514,7 @@ class ReplicaModel:
                 out.append(tok)
             emitted += n
             self.admission.commit_accepted(req, n - 1)
+            self.spec_stats.kept(n - 1)
             report = obs is not None and req.log_metrics
             if report:  # SGLang observes a chunk of n tokens as n inter-token latencies of interval / n
                 itl = (now - req.last_token_time) / n

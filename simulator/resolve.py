@@ -228,8 +228,9 @@ def resolve(args: argparse.Namespace) -> SimConfig:
         raise FlagError(f"context_length must be >= 2, got {spec.context_length}")
 
     backend = args.attention_backend or _default_attention_backend(spec, hw)
+    vllm_spec = getattr(args, "vllm_speculative", None)  # --speculative-config, read by the vLLM dialect
     try:
-        speculative = resolve_spec(
+        speculative = vllm_spec.params if vllm_spec is not None else resolve_spec(
             args.speculative_algorithm, architecture=spec.architecture, model_path=args.model_path,
             draft_model_path=args.speculative_draft_model_path, num_steps=args.speculative_num_steps,
             topk=args.speculative_eagle_topk, draft_tokens=args.speculative_num_draft_tokens,
@@ -241,7 +242,8 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     if speculative is not None:
         if pp > 1:
             raise FlagError("the simulated engine does not model pipeline parallelism with speculative "
-                            "decoding (SGLang runs it only with SGLANG_ENABLE_PP_SPEC=1 and EAGLE)")
+                            "decoding" + ("" if vllm_spec is not None else
+                                          " (SGLang runs it only with SGLANG_ENABLE_PP_SPEC=1 and EAGLE)"))
         warnings += speculative.warnings
         try:
             draft = load_draft(speculative, spec, hw,
@@ -338,8 +340,11 @@ def resolve(args: argparse.Namespace) -> SimConfig:
     # captured sizes are clipped to the request pool size (SGLang's batches; vLLM clips its, counted in a
     # step's tokens, to its token budget instead: priced so, the served vLLM runs' TTFTs were predicted
     # worse, docs/simulator.md, "Playing vLLM")
-    graph_bs = min(graph_bs, mrr)
+    # (a speculative verify runs k + 1 tokens a request: vLLM's graphs hold that many tokens per request)
+    width = speculative.num_draft_tokens if speculative is not None and not sglang else 1
+    graph_bs = min(graph_bs, mrr * width)
     cost = CostModel(spec, hw, par, graph_bs, disable_graph, params, partition)
+    cost.graph_in_tokens = not sglang  # vLLM captures its graphs by a step's tokens, SGLang by requests
     # vLLM replays what a full graph does not from piecewise graphs, unless --enforce-eager
     # (with cudagraph_mode PIECEWISE, decode steps too: no full graphs, pieces still)
     cost.piecewise = not sglang and getattr(args, "vllm_pieces", not disable_graph)

@@ -144,7 +144,7 @@ class SimConfig:
     def max_req_input_len(self) -> int:
         return min(self.context_len - 1, self.max_total_num_tokens - 1)
 
-    def _speculative_info(self) -> dict:
+    def speculative_info(self) -> dict:
         """The speculative flags as SGLang reports them (null when off), and where the simulated engine's
         acceptance came from."""
         sd = self.speculative
@@ -201,7 +201,7 @@ class SimConfig:
             "disable_cuda_graph": self.disable_cuda_graph,
             "cuda_graph_max_bs_decode": a.cuda_graph_max_bs_decode,
             "cuda_graph_config": {"decode": {"max_bs": self.cuda_graph_max_bs_decode}},
-            **self._speculative_info(),
+            **self.speculative_info(),
             "disaggregation_mode": a.disaggregation_mode,
             "disaggregation_transfer_backend": a.disaggregation_transfer_backend,
             "disaggregation_bootstrap_port": a.disaggregation_bootstrap_port,

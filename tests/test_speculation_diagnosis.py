@@ -68,3 +68,14 @@ def test_a_pipelined_trial_is_not_told_to_speculate(tmp_path: Path) -> None:
     cfg = llama(1)
     cfg.pp.size = 2
     assert "speculation_would_pay" not in diagnosed(cfg, tmp_path)
+
+
+def test_on_vllm_the_suggestion_names_a_draft_depth_and_is_predicted_on_vllm(tmp_path: Path) -> None:
+    # vLLM has no depth of its own to choose: the change carries one, and the prediction plays vLLM
+    cfg = llama(1)
+    cfg.engine.name = "sim-vllm"
+    f = diagnosed(cfg, tmp_path)["speculation_would_pay"]
+    assert f.change == {"spec.algorithm": "eagle3", "spec.num_steps": 3}
+    effect = f.predicted_effect
+    assert effect["verdict"] == "helps", effect
+    assert gain(effect, "throughput") > 0.5

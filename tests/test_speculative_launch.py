@@ -11,8 +11,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from orchestrator.config.schema import ParasweepConf
+from orchestrator.engines.drafts import acceptance_flag
 from orchestrator.engines.sglang_compat import build_args, check_args
-from orchestrator.engines.sglang_compat.speculative import PP_SPEC_SINCE, acceptance_flag
+from orchestrator.engines.sglang_compat.speculative import PP_SPEC_SINCE
 from orchestrator.engines.sglang_compat.versions import RECORDED, ReleaseFacts, parse_version
 from orchestrator.errors import ConfigError
 from vocab.assets import model_dir

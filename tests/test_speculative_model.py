@@ -22,7 +22,7 @@ from simulator.speculative.acceptance import (
     parse_acceptance,
     rate_for_length,
 )
-from simulator.speculative.iteration import _step_shape
+from simulator.speculative.iteration import step_shape
 from simulator.speculative.params import SpecFlagError, auto_params, resolve_spec
 from workloads import LoadPoint, RequestSpec
 
@@ -154,9 +154,9 @@ def test_the_speedup_at_concurrency_one_is_the_accepted_tokens_over_the_iteratio
     p = sd.params
     ctx = [256 + 128]  # mid-way through a 256 + 256 request
     draft = sd.iteration.draft
-    iteration = ((p.num_steps - 1) * draft.stage_time(0, _step_shape(ctx, p.topk))
-                 + spec.cost.stage_time(0, _step_shape(ctx, p.num_draft_tokens))
-                 + draft.stage_time(0, _step_shape(ctx, p.num_draft_tokens))
+    iteration = ((p.num_steps - 1) * draft.stage_time(0, step_shape(ctx, p.topk))
+                 + spec.cost.stage_time(0, step_shape(ctx, p.num_draft_tokens))
+                 + draft.stage_time(0, step_shape(ctx, p.num_draft_tokens))
                  + (4 * (p.num_steps - 1) + 12) * spec.cost.p.kernel_floor_us * 1e-6)
     expected = sd.expected_accept_length * plain.cost.stage_time(0, decode_shape(ctx)) / iteration
     req = RequestSpec(api="generate", input_len=256, output_len=256)

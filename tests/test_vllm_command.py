@@ -5,6 +5,7 @@ by ``scripts/vllm_facts.py``), and the keys vLLM has no flag for refused in one 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +42,9 @@ CONFIGS = {
                                server__extra_args={"max-model-len": 4096, "disable-log-stats": True}),
     "vllm's own": _cfg(vllm__async_scheduling=True, vllm__block_size=32, vllm__scheduling_policy="priority",
                        vllm__long_prefill_token_threshold=2048),
+    "eagle3 drafts": _cfg(spec__algorithm="eagle3", spec__num_steps=3,
+                          model__drafts={"eagle3": "models/eagle3-llama-3.1-8b"}),
+    "n-gram drafts": _cfg(spec__algorithm="ngram", spec__num_steps=4, spec__topk=1, spec__num_draft_tokens=5),
 }
 
 
@@ -94,7 +98,8 @@ def test_the_shared_keys_become_vllms_flags() -> None:
     ("ep__a2a_backend", "deepep", "ep.a2a_backend=deepep"),
     ("ep__eplb", True, "ep.eplb=True"),
     ("server__schedule_policy", "lpm", "server.schedule_policy=lpm"),
-    ("spec__algorithm", "eagle", "spec.algorithm=eagle: invalid (speculative decoding on vLLM"),
+    ("spec__algorithm", "eagle", "spec.num_steps=None: invalid (vLLM's --speculative-config needs "
+                                 "num_speculative_tokens"),
     ("pd__enabled", True, "pd.enabled=True: invalid (a disaggregated vLLM deployment"),
     ("ep__size", 4, "ep.size=4: invalid (vLLM spreads the experts over every GPU of the TP and DP groups"),
 ])
@@ -174,3 +179,54 @@ def test_vllms_own_keys_are_refused_on_another_engine() -> None:
     cfg.engine.name, cfg.dry_run = "vllm", True
     with pytest.raises(ConfigError, match=r"vllm\.scheduling_policy=lpm: invalid; valid: fcfs, priority"):
         validate(cfg)
+
+
+@pytest.mark.parametrize("version", RECORDED)
+def test_speculation_is_one_json_config_of_the_release_s_own_methods(version: str) -> None:
+    argv = vllm_argv(CONFIGS["eagle3 drafts"], "python", 8000, version)
+    conf = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert conf == {"method": "eagle3", "num_speculative_tokens": 3,
+                    "model": str(Path("models/eagle3-llama-3.1-8b").resolve())}
+    assert conf["method"] in release(version).speculative_methods  # read from the wheel
+    ngram = vllm_argv(CONFIGS["n-gram drafts"], "python", 8000, version)
+    assert json.loads(ngram[ngram.index("--speculative-config") + 1]) == {"method": "ngram",
+                                                                         "num_speculative_tokens": 4}
+
+
+@pytest.mark.parametrize(("keys", "words"), [
+    ({"spec__num_steps": 3, "spec__topk": 4}, "spec.topk=4: invalid (vLLM drafts a chain"),
+    ({"spec__num_steps": 3, "spec__num_draft_tokens": 8},
+     "spec.num_draft_tokens=8: invalid (vLLM verifies the drafts and the request's own next token); valid: "
+     "null or spec.num_steps + 1 = 4"),
+    ({"spec__num_steps": 3, "spec__draft_load_format": "auto"}, "spec.draft_load_format=auto: invalid"),
+])
+def test_what_a_chain_cannot_be_is_refused_against_its_key(keys: dict, words: str) -> None:
+    cfg = _cfg(spec__algorithm="eagle3", model__drafts={"eagle3": "models/eagle3-llama-3.1-8b"},
+               model__load_format="dummy", **keys)
+    with pytest.raises(ConfigError) as e:
+        build_args(cfg, 8000)
+    assert str(e.value).startswith(words) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("version", "words"), [
+    ("0.12.0", "with EAGLE/MTP kind of speculative decoding)"),
+    ("0.16.0", "with EAGLE/MTP/Draft Model kind of speculative decoding.)"),
+    ("0.19.0", "with EAGLE/MTP/Draft Model/NGram GPU kind of speculative decoding)"),
+])
+def test_async_scheduling_asked_for_with_n_gram_drafts_is_refused_as_the_release_does(version: str,
+                                                                                     words: str) -> None:
+    cfg = _cfg(spec__algorithm="ngram", spec__num_steps=3, vllm__async_scheduling=True)
+    with pytest.raises(ConfigError) as e:
+        vllm_argv(cfg, "python", 8000, version)
+    assert str(e.value).startswith(f"vllm.async_scheduling=True: invalid (vLLM {version}: Currently, async "
+                                   "scheduling is only supported " + words)
+    vllm_argv(cfg, "python", 8000, "0.34.0")  # 0.34 runs any method asynchronously
+
+
+def test_a_whole_draft_model_needs_vllm_0_15() -> None:
+    cfg = _cfg(spec__algorithm="standalone", spec__num_steps=2, spec__draft_model="models/llama-3.1-8b")
+    with pytest.raises(ConfigError, match=r"^spec.algorithm=standalone: invalid \(vLLM 0.12.0: Draft model "
+                                          r"speculative decoding is not supported yet"):
+        vllm_argv(cfg, "python", 8000, "0.12.0")
+    argv = vllm_argv(cfg, "python", 8000, "0.15.1")
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["method"] == "draft_model"

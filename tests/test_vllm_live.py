@@ -213,3 +213,18 @@ def test_a_vllm_trial_launches_reads_and_stops_the_installed_vllm(tmp_path: Path
     scraped = (trial_dir / "telemetry" / "server_metrics.jsonl").read_text()
     assert "vllm:num_requests_running" in scraped
     assert not _no_leftovers(trial_dir)
+
+
+def test_a_speculative_vllm_trial_reads_its_drafts_acceptance_from_vllm_s_counters(tmp_path: Path) -> None:
+    result = run_cli(["engine=vllm", "spec=ngram", "spec.num_steps=3", "spec.acceptance=2.0",
+                      "engine.time_scale=1", *SMALL], tmp_path, timeout=300, store=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run = _trials(tmp_path)["sim-vllm"]
+    assert run.data.tags[Tag.STATUS] == "ok"  # type: ignore[attr-defined]
+    assert run.data.params["resolved.speculative_num_steps"] == "3"  # type: ignore[attr-defined]
+    trial_dir = Path(run.data.tags[Tag.TRIAL_DIR])  # type: ignore[attr-defined]
+    scraped = (trial_dir / "telemetry" / "server_metrics.jsonl").read_text()
+    assert "vllm:spec_decode_num_drafts_total" in scraped
+    accept = {k: v for k, v in run.data.metrics.items() if k.endswith("/spec_accept_len_mean")}  # type: ignore[attr-defined]
+    # between scrapes, 1 + accepted / drafts: the acceptance model's mean of 2.0 tokens per verify
+    assert accept and all(1.5 < v < 2.5 for v in accept.values()), accept

@@ -65,3 +65,17 @@ def test_the_stats_line_a_trial_would_read_is_in_every_release() -> None:
         assert "GPU KV cache usage: %.1f%%" in formats or "%s KV cache usage: %.1f%%" in formats, version
     assert "%s KV cache usage: %.1f%%" in _record("0.34.0")["log_formats"]
     assert "GPU KV cache usage: %.1f%%" in _record("0.19.0")["log_formats"]
+
+
+def test_every_release_records_its_speculative_methods_counters_and_line() -> None:
+    # what a speculative trial builds and reads: the methods parasweep maps, the four counters, the line
+    for version in RECORDED:
+        data = _record(version)
+        assert {"eagle", "eagle3", "mtp", "ngram", "draft_model"} <= set(data["speculative_methods"]), version
+        assert {"vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                "vllm:spec_decode_num_accepted_tokens",
+                "vllm:spec_decode_num_accepted_tokens_per_pos"} <= set(data["metrics"]), version
+        assert any(f.startswith("SpecDecoding metrics: Mean acceptance length: %.2f") for f in
+                   data["log_formats"]), version
+    assert "medusa" in _record("0.19.0")["speculative_methods"]
+    assert "medusa" not in _record("0.34.0")["speculative_methods"]  # removed in 0.34

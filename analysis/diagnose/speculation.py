@@ -19,6 +19,13 @@ SMALL_BATCH = 8
 COSTLY_VERIFY = 1.5
 # the smallest speculation SGLang runs (one draft step, a chain): what remains when the tree is too dear
 FEWEST_STEPS = {"spec.num_steps": 1, "spec.topk": 1, "spec.num_draft_tokens": 2}
+# vLLM has no draft depth of its own (--speculative-config needs num_speculative_tokens): a suggestion to
+# turn speculation on there names one, the three-token chain SGLang chooses for most models
+VLLM_STEPS = 3
+
+
+def _on_vllm(f: TrialFacts) -> bool:
+    return f.plays == "vllm"
 
 
 def _valid(f: TrialFacts) -> list[str]:
@@ -39,7 +46,8 @@ def speculation_would_pay(f: TrialFacts) -> list[Finding]:
         c = per_replica(f, f.concurrency[label])
         if step is None or c >= SMALL_BATCH or step.step_s > 2 * step.memory_bound_s:
             continue
-        options = [{"spec.algorithm": a} for a in f.spec_drafts]
+        depth = {"spec.num_steps": VLLM_STEPS} if _on_vllm(f) else {}
+        options = [{"spec.algorithm": a, **depth} for a in f.spec_drafts]
         change, alternatives = options[0], options[1:]
         first = next(iter(f.spec_drafts))
         return [Finding(
@@ -84,7 +92,8 @@ def speculation_costs(f: TrialFacts) -> list[Finding]:
             f"{step.spec_step_s * 1e3:.2f} ms ({COST_MODEL}); {tokens:.2f} tokens per request per "
             f"iteration ({source}) make it {gain:.2f}x a plain step's rate",
             suggest("Draft fewer tokens (one step, no tree) so the verify stays near a plain step, or turn "
-                    "speculation off at this load (SGLang's --speculative-adaptive does so from 64 "
-                    "requests).", change),
+                    "speculation off at this load" + ("." if _on_vllm(f) else " (SGLang's "
+                                                      "--speculative-adaptive does so from 64 requests)."),
+                    change),
             point=label, change=change, alternatives=alternatives)]
     return []

@@ -13,8 +13,8 @@ import yaml
 
 from orchestrator.config.schema import ParasweepConf, SimFaultConf
 from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace, sglang_flags
+from orchestrator.engines.drafts import acceptance_flag
 from orchestrator.engines.sglang_compat.command import build_args, check_choices
-from orchestrator.engines.sglang_compat.speculative import acceptance_flag
 from orchestrator.engines.sglang_compat.versions import NEWEST_KNOWN, recorded_flag_set
 from orchestrator.errors import ConfigError
 from orchestrator.redact import redact_mapping, redact_text, secret_values

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.base import FIRST_NODE, NodePlace
+from orchestrator.engines.drafts import acceptance_flag
 from orchestrator.engines.launch_args import args_to_argv
 from orchestrator.engines.sim import SimEngine, fault_flags, simulator_fingerprint
 from orchestrator.engines.vllm import target_release
@@ -70,5 +71,6 @@ class SimVLLMEngine(VLLMReadout, SimEngine):
             cfg.simulator.step_costs,
             "--sim-time-scale",
             f"{cfg.engine.time_scale:g}",
+            *(["--sim-spec-acceptance", acceptance_flag(cfg)] if cfg.spec.algorithm != "none" else []),
             *fault_flags(cfg.engine.sim_faults),
         ]

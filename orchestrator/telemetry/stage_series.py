@@ -35,7 +35,11 @@ GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queue"
 # (by recompute: what SGLang calls a retraction), per engine core
 VLLM_GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "queue",
                "vllm:kv_cache_usage_perc": "token_usage", "vllm:num_preemptions_total": "retracted_total"}
-_COLUMNS = {**GAUGES, **VLLM_GAUGES}
+# vLLM's speculative-decoding counters: drafts (request-verifies) and accepted drafts since start; between
+# two scrapes they give the interval's accept length, 1 + accepted / drafts (vLLM's "Mean acceptance length")
+VLLM_SPEC_COUNTERS = {"vllm:spec_decode_num_drafts_total": "spec_drafts_total",
+                      "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_total"}
+_COLUMNS = {**GAUGES, **VLLM_GAUGES, **VLLM_SPEC_COUNTERS}
 # the rank labels: SGLang's dp_rank/pp_rank/tp_rank; vLLM's engine core index stands for the DP rank
 _RANK_LABELS = {"dp": ("dp_rank", "engine"), "pp": ("pp_rank",), "tp": ("tp_rank",)}
 
@@ -69,6 +73,11 @@ def _from_metrics(metrics: pd.DataFrame | None) -> pd.DataFrame:
     # retraction counter is absent (not 0) in every scrape before the first retraction; every
     # supported release has it, so absent means none yet
     wide["retracted_total"] = wide["retracted_total"].fillna(0.0) if "retracted_total" in wide else 0.0
+    if "spec_drafts_total" in wide and "spec_accepted_total" in wide:
+        wide = wide.sort_values("ts", kind="stable")
+        per_stage = wide.groupby(["dp", "pp", "tp"])
+        drafts = per_stage["spec_drafts_total"].diff()
+        wide["accept_len"] = (1 + per_stage["spec_accepted_total"].diff() / drafts).where(drafts > 0)
     wide["source"], wide["kind"] = "metrics", "gauge"
     for column in STAGE_COLUMNS:
         if column not in wide.columns:

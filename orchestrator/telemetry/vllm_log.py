@@ -10,8 +10,13 @@ as the one that puts the line closest to when the log was read.
   Y%]``; ``%s KV cache usage`` with the device's name in 0.34), every ``VLLM_LOG_STATS_INTERVAL``
   seconds (10): one row each, with the same column names as SGLang's batch lines where they mean the
   same (``running_req``, ``queue_req``, ``token_usage`` as a fraction, ``gen_throughput``).
+- The speculative-decoding line that follows a stats line where anything was drafted (``SpecDecoding
+  metrics: Mean acceptance length: 2.51, ..., Avg Draft acceptance rate: 50.3%``): a row of kind ``spec``
+  for the same engine, with ``accept_len`` (SGLang's name: tokens per request per verify, the target's
+  own included) and ``spec_accept_rate`` (accepted drafts over drafted ones, a fraction).
 - Start-up lines: the KV cache's size in tokens, the concurrency it allows at the longest request,
-  whether async scheduling is on, the step's token budget, the release: the ``resolved.*`` values.
+  whether async scheduling is on, the step's token budget, the release, the speculative method and its
+  draft depth: the ``resolved.*`` values.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ _COLUMNS = {
     "mm cache hit rate": "mm_cache_hit_rate",
     "corrupted": "corrupted_req",
 }
+_SPEC = re.compile(r"SpecDecoding metrics: Mean acceptance length: (?P<len>[\d.]+),.*"
+                   r"Avg Draft acceptance rate: (?P<rate>[\d.]+|nan)%")
 _FRACTIONS = ("token_usage", "prefix_cache_hit_rate", "external_prefix_cache_hit_rate", "mm_cache_hit_rate")
 
 
@@ -103,12 +110,34 @@ def stats_row(line: str, now: float) -> dict[str, Any] | None:
     return row
 
 
+def spec_row(line: str, now: float, engine: int) -> dict[str, Any] | None:
+    """One speculative-decoding line as ``{ts, kind: spec, dp: engine, ..., accept_len,
+    spec_accept_rate}`` (``engine``: that of the stats line before it); None for any other line."""
+    parsed = parse_line(line)
+    if parsed is None:
+        return None
+    stamp, _, message = parsed
+    m = _SPEC.search(message)
+    if not m:
+        return None
+    rate = float(m.group("rate")) / 100 if m.group("rate") != "nan" else float("nan")
+    return {"ts": _epoch(stamp, now), "kind": "spec", "iter": None, "dp": engine, "pp": 0, "tp": 0, "ep": 0,
+            "accept_len": float(m.group("len")), "spec_accept_rate": rate}
+
+
 def vllm_log_frame(path: Path | str) -> pd.DataFrame:
-    """A whole vLLM server log as one row per stats line (columns BASE_COLUMNS, then the fields)."""
+    """A whole vLLM server log as one row per stats line and per speculative-decoding line (columns
+    BASE_COLUMNS, then the fields)."""
     path = Path(path)
     now = path.stat().st_mtime
+    rows: list[dict[str, Any]] = []
+    engine = 0
     with path.open(errors="replace") as f:
-        rows = [r for r in (stats_row(line, now) for line in f) if r is not None]
+        for line in f:
+            row = stats_row(line, now) or spec_row(line, now, engine)
+            if row is not None:
+                engine = row["dp"]
+                rows.append(row)
     frame = pd.DataFrame(rows)
     if frame.empty:
         return pd.DataFrame(columns=BASE_COLUMNS)
@@ -135,6 +164,10 @@ _STARTUP = (
     ),
     (re.compile(r"vLLM API server version (?P<v>\S+)"), "vllm_version", str),
 )
+# the engine's configuration line: speculative_config=SpeculativeConfig(method='eagle3', model='...',
+# num_spec_tokens=3) (its __repr__, every recorded release)
+_SPEC_CONFIG = re.compile(r"speculative_config=SpeculativeConfig\(method='(?P<method>[^']+)', .*?"
+                          r"num_spec_tokens=(?P<k>\d+)\)")
 
 
 def resolved_from_vllm_log(lines: Iterable[str]) -> dict[str, Any]:
@@ -149,4 +182,9 @@ def resolved_from_vllm_log(lines: Iterable[str]) -> dict[str, Any]:
             m = pattern.search(parsed[2])
             if m and key not in out:
                 out[key] = convert(m.group("v").replace(",", ""))
+        m = _SPEC_CONFIG.search(parsed[2])
+        if m and "speculative_num_steps" not in out:  # a chain: k drafts verified with the own token
+            k = int(m.group("k"))
+            out.update(speculative_algorithm=m.group("method"), speculative_num_steps=k,
+                       speculative_eagle_topk=1, speculative_num_draft_tokens=k + 1)
     return out

@@ -73,7 +73,7 @@ def _deployment(cfg: ParasweepConf) -> dict[str, int] | None:
 def _spec_drafts(cfg: ParasweepConf) -> dict[str, str]:
     """The drafts the trial's model could speculate with when it does not, each with the acceptance a
     prediction of it assumes (spec.acceptance as set, on the workload's kind of text)."""
-    from orchestrator.engines.sglang_compat.speculative import acceptance_flag, has_mtp_layers
+    from orchestrator.engines.drafts import acceptance_flag, has_mtp_layers
     from simulator.speculative.acceptance import AcceptanceError, parse_acceptance
 
     if cfg.spec.algorithm != "none":

@@ -32,6 +32,9 @@ class SpecStats:
     total_verifies: int = 0
     total_tokens: int = 0
     calls: int = 0  # verify forwards (sglang:spec_verify_calls_total)
+    # since start, request-verifies that kept at least i + 1 drafts, at index i (vLLM's per-position
+    # acceptance, vllm:spec_decode_num_accepted_tokens_per_pos)
+    accepted_at: list[int] = field(default_factory=list)
     # simulated GPU seconds of the iterations launched, by part (draft passes, verify, draft extend,
     # tree kernels): where speculation spends the GPU (parasweep_sim:spec_busy_seconds)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
@@ -46,6 +49,14 @@ class SpecStats:
         self.total_verifies += requests
         self.total_tokens += tokens
         self.calls += 1
+
+    def kept(self, drafts: int) -> None:
+        """One request-verify kept ``drafts`` drafted tokens (its own token aside)."""
+        grow = drafts - len(self.accepted_at)
+        if grow > 0:
+            self.accepted_at.extend([0] * grow)
+        for i in range(drafts):
+            self.accepted_at[i] += 1
 
     def interval(self) -> float:
         """The interval's accept length, then a new interval (0.0 when nothing was verified)."""

@@ -30,7 +30,7 @@ KERNELS_PER_DRAFT_PASS = 4
 KERNELS_PER_VERIFY = 12
 
 
-def _step_shape(context_lens: list[int] | tuple[int, ...], width: int) -> BatchShape:
+def step_shape(context_lens: list[int] | tuple[int, ...], width: int) -> BatchShape:
     """A decode-mode forward of ``width`` new tokens per request, each request's KV read once and each
     new token attending over its context and the tokens before it in the step."""
     b = len(context_lens)
@@ -64,7 +64,7 @@ class SpecIteration:
         self.target = target
         self.draft = draft  # None: n-gram drafting
         self._floor = target.p.kernel_floor_us * 1e-6
-        self.graph_sizes = cuda_graph_batch_sizes(target.cuda_graph_max_bs)
+        self.graph_sizes = cuda_graph_batch_sizes(target.graph_requests(params.num_draft_tokens))
 
     def padded(self, context_lens: list[int] | tuple[int, ...]) -> list[int]:
         """The batch a CUDA graph replays: padded up to the next captured size (the padding rows are
@@ -77,7 +77,7 @@ class SpecIteration:
         return lens + [lens[-1]] * (size - b)
 
     def verify_shape(self, context_lens: list[int] | tuple[int, ...]) -> BatchShape:
-        return _step_shape(context_lens, self.params.num_draft_tokens)
+        return step_shape(context_lens, self.params.num_draft_tokens)
 
     def parts(self, context_lens: list[int] | tuple[int, ...]) -> IterationParts:
         p = self.params
@@ -86,10 +86,23 @@ class SpecIteration:
         if self.draft is None:
             return IterationParts(0.0, verify, 0.0, KERNELS_PER_VERIFY * self._floor)
         passes = max(p.num_steps - 1, 0)
-        draft = passes * self.draft.stage_time(0, _step_shape(context_lens, p.topk)) if passes else 0.0
-        extend = self.draft.stage_time(0, _step_shape(context_lens, p.num_draft_tokens))
+        draft = passes * self.draft.stage_time(0, step_shape(context_lens, p.topk)) if passes else 0.0
+        extend = self.draft.stage_time(0, step_shape(context_lens, p.num_draft_tokens))
         kernels = (KERNELS_PER_DRAFT_PASS * passes + KERNELS_PER_VERIFY) * self._floor
         return IterationParts(draft, verify, extend, kernels)
+
+    def drafter_parts(self, shape: BatchShape, drafting: list[int]) -> tuple[IterationParts, float]:
+        """vLLM's drafter after a step that computed prompt tokens (``shape``), and its host dispatch: one
+        draft pass over every token the step computed (the "extend"), then ``num_steps - 1`` passes of one
+        token for each of the step's requests (``drafting``: their context lengths). N-gram: nothing."""
+        if self.draft is None:
+            return IterationParts(0.0, 0.0, 0.0, 0.0), 0.0
+        passes = max(self.params.num_steps - 1, 0)
+        extend = self.draft.stage_time(0, shape)
+        draft = passes * self.draft.stage_time(0, step_shape(drafting, 1)) if passes and drafting else 0.0
+        kernels = (KERNELS_PER_DRAFT_PASS * passes + KERNELS_PER_VERIFY) * self._floor
+        host = self.draft.host_time(0, shape) * (1 + passes)
+        return IterationParts(draft, 0.0, extend, kernels), host
 
     def host_time(self, context_lens: list[int] | tuple[int, ...]) -> float:
         """The host's dispatch of the iteration's forwards: a graph replay each (the draft passes are one

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from simulator.cli import add_sim_flags, build_parser
@@ -19,6 +20,7 @@ from simulator.kernel_lanes import VLLM_MOE_BACKENDS
 from simulator.model_spec import ONLINE_FP8
 from simulator.vllm.compilation import CompilationError, read_compilation
 from simulator.vllm.releases import NEWEST, PLAYED, default_caps, played
+from simulator.vllm.speculative import SpecConfigError, async_with_spec, parse_spec_config
 
 if TYPE_CHECKING:
     from simulator.sim_config import SimConfig
@@ -75,6 +77,7 @@ def build_vllm_parser() -> argparse.ArgumentParser:
     a("--enforce-eager", action="store_true")
     a("--max-cudagraph-capture-size", type=int, default=None)
     a("--moe-backend", default="auto")
+    a("--speculative-config", default=None)
     a("--compilation-config", "-cc", default=None)
     a("--optimization-level", "-O", default=None)
     a("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
@@ -159,6 +162,17 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
             f"{total_mib / 1024:.0f} GiB)"
         )
     release = played(v.sim_vllm_release)
+    asynchronous = release.async_scheduling_default if v.async_scheduling is None else v.async_scheduling
+    speculative, spec_warnings = None, []
+    if v.speculative_config is not None:
+        try:
+            speculative = parse_spec_config(v.speculative_config, release.version, v.model_tag,
+                                            _has_mtp_layers(v.model_tag))
+            asynchronous, off = async_with_spec(release.version, speculative.method, v.async_scheduling,
+                                                release.async_scheduling_default)
+        except SpecConfigError as e:
+            raise VLLMFlagError(str(e)) from e
+        spec_warnings = [*speculative.warnings, *([off] if off else [])]
     try:
         compiled = read_compilation(v.compilation_config, v.optimization_level, v.enforce_eager)
     except CompilationError as e:
@@ -185,13 +199,18 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
     n.mem_fraction_static = v.gpu_memory_utilization - reserve / total_mib
     n.page_size = v.block_size or BLOCK_SIZE
     n.disable_radix_cache = v.enable_prefix_caching is False  # on by default in every played release
-    asynchronous = release.async_scheduling_default if v.async_scheduling is None else v.async_scheduling
     n.disable_overlap_schedule = not asynchronous
     n.disable_cuda_graph = not compiled.full_graphs  # no full decode graphs
     # vLLM folds DeepSeek's shared expert into the routed ones only on ROCm (AITER); on CUDA it runs beside
     n.disable_shared_experts_fusion = True
     n.cuda_graph_max_bs_decode = (v.max_cudagraph_capture_size or compiled.max_capture
                                   or min(2 * seqs, MAX_CAPTURE))
+    n.vllm_speculative = speculative
+    if speculative is not None and release.spec_widens_capture:
+        # graphs are captured by a step's tokens, a verify of b requests runs b(k + 1): from 0.15 the
+        # default largest capture grows with it, min(2 x max_num_seqs x (k + 1), 512)
+        n.cuda_graph_max_bs_decode = (v.max_cudagraph_capture_size or compiled.max_capture
+                                      or min(2 * seqs * (speculative.k + 1), MAX_CAPTURE))
     n.random_seed = v.seed if v.seed is not None else 0  # vLLM seeds with 0 where unset
     n.host, n.port = v.host, v.port
     n.enable_metrics = True  # vLLM always serves /metrics
@@ -225,11 +244,21 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
         ["--compilation-config keys that price nothing in the simulated engine: "
          + ", ".join(compiled.ignored)]
         if compiled.ignored else []
-    )
+    ) + spec_warnings
     n.log_stats = not v.disable_log_stats
     n.gpu_memory_utilization = v.gpu_memory_utilization
     n.vllm_argv = sys.argv[1:]
     return n
+
+
+def _has_mtp_layers(model_dir: str) -> bool:
+    """Whether the checkpoint carries next-token prediction layers (``num_nextn_predict_layers``)."""
+    from vocab.model import ModelConfigError, read_config_json
+
+    try:
+        return int(read_config_json(Path(model_dir)).get("num_nextn_predict_layers") or 0) > 0
+    except (ModelConfigError, OSError):
+        return False
 
 
 def _is_moe(model_dir: str) -> bool:

@@ -29,4 +29,5 @@ def played_info(cfg: SimConfig) -> dict[str, Any]:
         "enforce_eager": a.vllm_cudagraph_mode == "NONE",
         "cudagraph_mode": a.vllm_cudagraph_mode,
         "max_model_len": cfg.context_len,
+        **cfg.speculative_info(),
     }

@@ -84,6 +84,8 @@ class VLLMMetrics:
             "vllm:request_success", "Count of successfully processed requests.", ["finished_reason"]
         )
         reg.register(_Gauges(model, replicas))
+        if any(r.spec is not None for r in replicas):  # registered only with a speculative config, as vLLM
+            reg.register(_SpecCounters(model, replicas))
 
     def labels(self, engine: int) -> dict[str, str]:
         return {"model_name": self.model, "engine": str(engine)}
@@ -128,3 +130,35 @@ class _Gauges(Collector):
             queries.add_metric(labels, adm.queried_total)
             hits.add_metric(labels, adm.cached_total)
         yield from (running, waiting, usage, preempted, queries, hits)
+
+
+class _SpecCounters(Collector):
+    """Speculative decoding's counters (``vllm/v1/spec_decode/metrics.py``, ``SpecDecodingProm``), per
+    engine core, since start: drafts (request-verifies), the tokens they proposed, those accepted, and the
+    accepted ones by their position in the draft."""
+
+    def __init__(self, model: str, replicas: list[VLLMReplica]) -> None:
+        self.model = model
+        self.replicas = replicas
+
+    def collect(self) -> Iterator[Metric]:
+        drafts = CounterMetricFamily("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
+                                     labels=LABELS)
+        proposed = CounterMetricFamily("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+                                       labels=LABELS)
+        accepted = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                                       labels=LABELS)
+        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Accepted tokens per draft position.", labels=[*LABELS, "position"])
+        for engine, rep in enumerate(self.replicas):
+            if rep.spec is None:
+                continue
+            st, k = rep.spec_stats, rep.spec.params.num_steps
+            labels = [self.model, str(engine)]
+            drafts.add_metric(labels, st.total_verifies)
+            proposed.add_metric(labels, st.total_verifies * k)
+            accepted.add_metric(labels, st.total_tokens - st.total_verifies)
+            for pos in range(k):
+                kept = st.accepted_at[pos] if pos < len(st.accepted_at) else 0
+                per_pos.add_metric([*labels, str(pos)], kept)
+        yield from (drafts, proposed, accepted, per_pos)

@@ -39,6 +39,13 @@ class PlayedRelease:
         return self._v >= Version("0.15")
 
     @property
+    def spec_widens_capture(self) -> bool:
+        """The default largest CUDA-graph capture counts a verify step's k + 1 tokens per request
+        (``VllmConfig._set_cudagraph_sizes``: min(2 x max_num_seqs x (1 + k), 512) from 0.15; before,
+        min(2 x max_num_seqs, 512) whatever the speculation)."""
+        return self._v >= Version("0.15")
+
+    @property
     def reserve_full_prompt(self) -> bool:
         """``scheduler_reserve_full_isl`` (0.19 on, default True): a waiting request is admitted only when
         its whole prompt fits in the free KV blocks, not only its first chunk."""

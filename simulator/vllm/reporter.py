@@ -14,6 +14,7 @@ from simulator.vllm.scheduler import VLLMReplica
 
 STATS_INTERVAL_S = 10.0  # VLLM_LOG_STATS_INTERVAL's default, in the engine's seconds
 STATS_WHERE = "loggers.py:259"  # where 0.19's LoggingStatLogger.log prints the line
+SPEC_WHERE = "metrics.py:101"  # where 0.19's SpecDecodingLogging.log prints the speculative line
 
 
 class VLLMReporter:
@@ -76,13 +77,17 @@ class _Since:
     prompt: int
     generated: int
     preemptions: int
+    drafts: int = 0
+    accepted: int = 0
+    accepted_at: tuple[int, ...] = ()
 
 
 class StatsLine:
     """Engine ``engine``'s periodic line: throughputs over the interval, requests running and waiting,
     preemptions in the interval (only where there were any), KV cache use and the prefix cache's hit rate
     (since start: vLLM's is over its last 1,000 requests). An interval with no throughput, after one
-    without, is logged at debug level, as vLLM keeps an idle server quiet."""
+    without, is logged at debug level, as vLLM keeps an idle server quiet. With speculative decoding the
+    interval's drafts follow on a line of their own, at the same level (none where nothing was drafted)."""
 
     def __init__(
         self, replica: VLLMReplica, reporter: VLLMReporter, engine: int, release: str, log: LogWriter
@@ -100,7 +105,10 @@ class StatsLine:
         prompt_tput = (rep.prompt_tokens_computed - self.last.prompt) / dt
         gen_tput = (self.reporter.generated - self.last.generated) / dt
         preempted = adm.preemptions - self.last.preemptions
-        self.last = _Since(now, rep.prompt_tokens_computed, self.reporter.generated, adm.preemptions)
+        since = self.last
+        st = rep.spec_stats
+        self.last = _Since(now, rep.prompt_tokens_computed, self.reporter.generated, adm.preemptions,
+                           st.total_verifies, st.total_tokens - st.total_verifies, tuple(st.accepted_at))
         busy = bool(prompt_tput or gen_tput)
         level = "info" if busy or self.last_busy else "debug"
         self.last_busy = busy
@@ -117,3 +125,25 @@ class StatsLine:
             rate = adm.cached_total / adm.queried_total if adm.queried_total else 0.0
             parts.append(f"Prefix cache hit rate: {100 * rate:.1f}%")
         self.log.log(f"Engine {self.engine:03d}: " + ", ".join(parts), STATS_WHERE, level)
+        if rep.spec is not None:
+            self._spec_line(since, dt, level)
+
+    def _spec_line(self, since: _Since, dt: float, level: str) -> None:
+        """vLLM's ``SpecDecodingLogging.log``: the interval's mean acceptance length (1 + accepted per
+        draft), throughputs, totals, the acceptance rate at each draft position and over all drafted
+        tokens."""
+        k = self.replica.spec.params.num_steps  # type: ignore[union-attr]
+        drafts = self.last.drafts - since.drafts
+        if drafts <= 0:
+            return
+        accepted = self.last.accepted - since.accepted
+        proposed = drafts * k
+        now_at, then_at = self.last.accepted_at, since.accepted_at
+        rates = [((now_at[i] if i < len(now_at) else 0) - (then_at[i] if i < len(then_at) else 0)) / drafts
+                 for i in range(k)]
+        self.log.log(
+            f"SpecDecoding metrics: Mean acceptance length: {1 + accepted / drafts:.2f}, "
+            f"Accepted throughput: {accepted / dt:.2f} tokens/s, Drafted throughput: {proposed / dt:.2f} "
+            f"tokens/s, Accepted: {accepted} tokens, Drafted: {proposed} tokens, Per-position acceptance "
+            f"rate: {', '.join(f'{r:.3f}' for r in rates)}, Avg Draft acceptance rate: "
+            f"{100 * accepted / proposed:.1f}%", SPEC_WHERE, level)

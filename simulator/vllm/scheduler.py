@@ -29,6 +29,7 @@ from simulator.costs import decode_shape, prefill_shape
 from simulator.entities import Batch, PrefillItem, Request, Slot
 from simulator.replica import ReplicaModel
 from simulator.sim_config import SimConfig
+from simulator.speculative.iteration import step_shape
 from simulator.timebase import Simulation
 from simulator.vllm.releases import played
 
@@ -49,6 +50,9 @@ class VLLMAdmission(Admission):
             0  # since start: tokens looked up in the prefix cache (vllm:prefix_cache_queries)
         )
         self.step_preemptions = 0  # in the step built last
+        # --speculative-config: a decoding request verifies its k drafts with its own next token, k + 1
+        # tokens of the budget, and holds ``lookahead`` KV slots more while its drafter writes them
+        self.spec = cfg.args.vllm_speculative if cfg.speculative is not None else None
 
     @property
     def num_running(self) -> int:
@@ -107,29 +111,31 @@ class VLLMAdmission(Admission):
         self.step_preemptions = 0
         self.batch_cached = 0
         i = 0
+        verify: dict[int, int] = {}  # a speculative decode's tokens this step (1 + its drafts kept)
         while i < len(running) and budget > 0:
             req = running[i]
-            n = self._chunk(req.context_len - req.prefilled, budget)
+            todo = req.context_len - req.prefilled
+            decoding = todo == 1 and bool(req.output_ids)
+            n = self._chunk(1 + self.spec.k if decoding and self.spec is not None else todo, budget)
             if n <= 0:  # nothing to compute until its last token is out (vLLM skips it: `continue`)
                 i += 1
                 continue
-            while n > self._free(promised):
+            need = n + (self.spec.lookahead if decoding and self.spec is not None else 0)
+            while need > self._free(promised):
                 victim = running[-1]
                 self._preempt(slot, victim)
                 if victim is req:
                     break
             if req not in running:  # it preempted itself: nothing more of the running list fits
                 break
-            if (
-                req.prefilled + n == req.context_len
-                and req.prefilled == req.context_len - 1
-                and req.output_ids
-            ):
+            if decoding:
                 decodes.append(req)
+                verify[id(req)] = n
+                req.prefilled += 1  # the verified drafts' positions are kept as they are accepted
             else:
                 items.append(PrefillItem(req, n, req.prefilled, req.prefilled + n == req.context_len))
-            req.prefilled += n
-            promised += n
+                req.prefilled += n
+            promised += need
             budget -= n
             i += 1
         while self.waiting and budget > 0 and not self.step_preemptions and self.num_running < self.pool_size:
@@ -164,16 +170,26 @@ class VLLMAdmission(Admission):
         if not items and not decodes:
             return None
         if not items:
-            return Batch(decode=True, reqs=decodes, shape=decode_shape([r.context_len for r in decodes]))
+            lens = [r.context_len for r in decodes]
+            shape = decode_shape(lens) if self.spec is None else step_shape(lens, self.spec.k + 1)
+            return Batch(decode=True, reqs=decodes, shape=shape)
         return Batch(
             decode=False,
             reqs=[it.req for it in items],
             items=items,
             mixed=decodes,
             shape=prefill_shape(
-                [(it.tokens, it.prefix) for it in items] + [(1, r.context_len) for r in decodes]
+                [(it.tokens, it.prefix) for it in items]
+                + [(verify.get(id(r), 1), r.context_len) for r in decodes]
             ),
         )
+
+    def commit_accepted(self, req: Request, tokens: int) -> None:
+        """The verify kept ``tokens`` drafts: their KV stays and they count as computed (vLLM takes the
+        rejected ones back off ``num_computed_tokens``)."""
+        super().commit_accepted(req, tokens)
+        if tokens > 0:
+            req.prefilled += tokens
 
 
 class VLLMReplica(ReplicaModel):
@@ -194,6 +210,17 @@ class VLLMReplica(ReplicaModel):
         if batch is not None and self.step_hook is not None:
             self.step_hook(batch.shape.tokens if batch.shape is not None else 0)
         return batch
+
+    def _price(self, batch: Batch) -> tuple[float, float]:
+        """A step that computed prompt tokens runs the drafter too where speculation is on: a pass over
+        every token of the step, then one token per request for each further draft."""
+        dispatch, step = super()._price(batch)
+        if self.spec is None or batch.decode or batch.shape is None:
+            return dispatch, step
+        drafting = [it.req.context_len for it in batch.items] + [r.context_len for r in batch.mixed]
+        parts, host = self.spec.iteration.drafter_parts(batch.shape, drafting)
+        self.spec_stats.busy(parts)
+        return dispatch + host, step + parts.total
 
     def holds(self, req: Request) -> bool:
         return super().holds(req) or self.admission.holds(req)

@@ -165,6 +165,12 @@ def startup_lines(cfg: SimConfig, log: LogWriter) -> None:
         "simulator:1",
     )
     log.info(f"vLLM API server version {a.vllm_release}", "api_server.py:1")
+    spec = a.vllm_speculative
+    spec_repr = (f"SpeculativeConfig(method={spec.method!r}, model={spec.params.draft_model_path!r}, "
+                 f"num_spec_tokens={spec.k})" if spec is not None else "None")
+    # vLLM's engine configuration line, with the fields parasweep reads (the real one lists every config)
+    log.info(f"Initializing a V1 LLM engine (v{a.vllm_release}) with config: model={a.model_path!r}, "
+             f"speculative_config={spec_repr}", "core.py:1")
     log.info(f"Asynchronous scheduling is {'enabled' if a.async_scheduling else 'disabled'}.", "vllm.py:1")
     log.info(
         f"Chunked prefill is enabled with max_num_batched_tokens={cfg.chunked_prefill_size}.",

@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from orchestrator.config.schema import ParasweepConf
+from orchestrator.engines.drafts import acceptance_flag, draft_model
 from orchestrator.engines.sglang_compat.versions import Version, parse_version
 from orchestrator.errors import ConfigError
 from vocab.assets import model_dir
-from vocab.model import ModelConfigError, read_config_json
+from vocab.model import read_config_json
 
 # spec.algorithm -> --speculative-algorithm
 ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "standalone": "STANDALONE",
@@ -30,36 +31,6 @@ _PP_REFUSAL_OLD = ("Pipeline parallelism is not compatible with overlap schedule
 PAGED_TREE_BACKENDS_SINCE: tuple[tuple[Version, tuple[str, ...]], ...] = (
     ((0, 5, 9), ("flashinfer", "fa3")), ((0, 5, 20), ("flashinfer", "fa3", "triton")))
 VALID = ", ".join(["none", *ALGORITHMS])
-
-
-def has_mtp_layers(cfg: ParasweepConf) -> bool:
-    """Whether the model's config.json carries next-token prediction layers (num_nextn_predict_layers)."""
-    try:
-        config = read_config_json(model_dir(cfg.model.path))
-    except ModelConfigError:
-        return False
-    return int(config.get("num_nextn_predict_layers") or 0) > 0
-
-
-def draft_model(cfg: ParasweepConf) -> str | None:
-    """The draft's config folder: spec.draft_model, else the model's own draft for the algorithm
-    (model.drafts); None where SGLang needs none (n-gram, a model's own MTP layers)."""
-    s = cfg.spec
-    if s.draft_model:
-        return s.draft_model
-    if s.algorithm == "ngram":
-        return None
-    if s.algorithm == "mtp":
-        if not has_mtp_layers(cfg):
-            raise ConfigError("spec.algorithm", s.algorithm, "eagle3 with a draft head, or a model with MTP "
-                              "layers", f"{cfg.model.name}'s config.json has no num_nextn_predict_layers")
-        return None
-    drafts = dict(cfg.model.drafts or {})
-    if s.algorithm not in drafts:
-        known = ", ".join(f"{k}: {v}" for k, v in drafts.items()) or "none"
-        raise ConfigError("spec.draft_model", None, f"a draft's config folder for {s.algorithm}",
-                          f"{cfg.model.name} ships no {s.algorithm} draft (model.drafts has {known})")
-    return drafts[s.algorithm]
 
 
 def _extra(cfg: ParasweepConf, name: str) -> object:
@@ -140,25 +111,6 @@ def spec_flags(cfg: ParasweepConf, version: str) -> list[tuple[str, list[str], s
         flags.append(("--speculative-draft-load-format", [s.draft_load_format], "spec.draft_load_format",
                       s.draft_load_format))
     return flags
-
-
-# the kind of text each workload source carries, for spec.acceptance=auto (published accept lengths are
-# per kind of text); token-id sources have no text, and chat, the lowest, stands in for them
-_TRAFFIC = {"sharegpt": "chat", "mooncake": "chat", "azure": "chat"}
-
-
-def acceptance_flag(cfg: ParasweepConf) -> str:
-    """``spec.acceptance`` as the simulator's ``--sim-spec-acceptance``: auto:<kind of text>, a mean accept
-    length, or rates:p1,p2,..."""
-    value = cfg.spec.acceptance
-    if isinstance(value, str) and value.strip() == "auto":
-        return f"auto:{_TRAFFIC.get(cfg.workload.source, 'chat')}"
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return f"{value:g}"
-    if type(value).__name__ == "ListConfig" or isinstance(value, list | tuple):
-        return "rates:" + ",".join(f"{float(v):g}" for v in value)
-    raise ConfigError("spec.acceptance", value, "auto, a mean accept length (e.g. 2.7) or per-position "
-                      "rates (e.g. [0.8, 0.6, 0.5])")
 
 
 def simulated_acceptance_env(cfg: ParasweepConf, engine: str, environ: Mapping[str, str]) -> dict[str, str]:

@@ -7,7 +7,8 @@ batch and token caps (``server.max_running_requests`` is vLLM's ``--max-num-seqs
 ``server.chunked_prefill_size`` its per-step token budget ``--max-num-batched-tokens``), the memory
 fraction (``--gpu-memory-utilization``), prefix caching (``server.radix_cache``), CUDA graphs, the seed,
 the model and how its weights load. What only SGLang has is refused in one line naming the key, and so
-is what is not yet built for vLLM (speculation, disaggregation, a trial across nodes). Every flag is
+is what is not yet built for vLLM (disaggregation, a trial across nodes). Speculative decoding's keys
+become ``--speculative-config`` (``speculative.py``). Every flag is
 built with the key it came from and checked against the release's recorded flags, so a flag the release
 lacks, a value where it takes none or a value outside its choices is refused against the key too.
 """
@@ -18,6 +19,8 @@ import dataclasses
 
 from orchestrator.config.schema import ParasweepConf, trial_nodes
 from orchestrator.engines.launch_args import Arg, args_to_argv, flag_values, plain_value
+from orchestrator.engines.vllm_compat.speculative import FLAG as SPEC_FLAG
+from orchestrator.engines.vllm_compat.speculative import check_spec, spec_args
 from orchestrator.engines.vllm_compat.versions import NEWEST_KNOWN, VLLMRelease, release
 from orchestrator.errors import ConfigError
 from vocab.assets import model_dir
@@ -73,9 +76,6 @@ def refuse_what_vllm_lacks(cfg: ParasweepConf) -> None:
         value = _key(cfg, key)
         if value != unset:
             raise ConfigError(key, value, f"{unset} with engine=vllm", why=why)
-    if cfg.spec.algorithm != "none":
-        raise ConfigError("spec.algorithm", cfg.spec.algorithm, "none with engine=vllm",
-                          why="speculative decoding on vLLM (--speculative-config) is not built yet")
     if cfg.pd.enabled:
         raise ConfigError("pd.enabled", True, "false with engine=vllm",
                           why="a disaggregated vLLM deployment (--kv-transfer-config) is not built yet")
@@ -121,6 +121,7 @@ def build_args(cfg: ParasweepConf, port: int) -> list[Arg]:
     if not s.cuda_graph:
         args.append(Arg("--enforce-eager", [], "server.cuda_graph", False))
     args += _own(cfg)
+    args += spec_args(cfg)
     for name, value in plain_value(s.extra_args).items():
         args.append(_extra(str(name), value))
     return args
@@ -168,6 +169,8 @@ def check_args(args: list[Arg], rel: VLLMRelease) -> list[Arg]:
         if flag.choices and any(v not in flag.choices for v in a.values):
             raise ConfigError(a.key, a.value, ", ".join(flag.choices),
                               why=f"vLLM {rel.version}'s {a.flag} takes one of its choices ({rel.source})")
+        if a.flag == SPEC_FLAG:
+            check_spec(a, args, rel)
     return args
 
 

@@ -27,6 +27,12 @@ _RESOLVED_FROM_INFO = {
     "async_scheduling": "async_scheduling",
     "gpu_memory_utilization": "mem_fraction_static",
     "max_model_len": "context_len",
+    # the simulated engine's speculation as resolved (a live vLLM's is read from its configuration line)
+    "speculative_num_steps": "speculative_num_steps",
+    "speculative_eagle_topk": "speculative_eagle_topk",
+    "speculative_num_draft_tokens": "speculative_num_draft_tokens",
+    "sim_spec_acceptance": "sim_spec_acceptance",
+    "sim_spec_expected_accept_length": "sim_spec_expected_accept_length",
 }
 
 

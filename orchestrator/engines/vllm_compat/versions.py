@@ -33,6 +33,7 @@ class VLLMRelease:
     flags: dict[str, Flag]
     routes: dict[str, tuple[str, ...]]
     metrics: dict[str, str]  # name as registered -> gauge | counter | histogram | ...
+    speculative_methods: tuple[str, ...] = ()  # what --speculative-config's "method" takes
 
     @property
     def source(self) -> str:
@@ -53,4 +54,5 @@ def release(version: str) -> VLLMRelease:
     flags = {name: Flag(name, f["dest"], f["value"], tuple(f.get("choices", ())))
              for name, f in data["flags"].items()}
     return VLLMRelease(data["vllm_version"], data["wheel"], flags,
-                       {p: tuple(m) for p, m in data["routes"].items()}, data["metrics"])
+                       {p: tuple(m) for p, m in data["routes"].items()}, data["metrics"],
+                       tuple(data["speculative_methods"]))
