@@ -243,8 +243,10 @@ async def _run(cfg: SimConfig, log: LogWriter, make: ServerMaker) -> int:
     if server.faults.active():
         log.warning(f"Simulated faults armed: {server.faults.active()}")
     nodes = NodeGroup(cfg.args.nnodes)
-    # SGLang starts one process per node, which meet at rank 0; vLLM's one process reaches them with Ray
-    if cfg.args.nnodes > 1 and cfg.dialect == "sglang" and not await _gather_nodes(nodes, cfg, stop, log):
+    # SGLang starts one process per node, which meet at rank 0, as vLLM's multiprocessing executor does
+    # (--nnodes); vLLM's one process with Ray reaches the other nodes itself
+    meets = cfg.dialect == "sglang" or getattr(cfg.args, "vllm_mp_nodes", False)
+    if cfg.args.nnodes > 1 and meets and not await _gather_nodes(nodes, cfg, stop, log):
         await runner.cleanup()
         return 0 if stop.is_set() else 1  # told to stop while waiting is no failure
     if await hold_readiness(server.faults, cfg.startup_time, stop, log):

@@ -237,3 +237,63 @@ def test_crossing_nodes_costs_what_the_network_costs() -> None:
     # eight GPUs of the two-node profile are one node: the same costs as the one-node profile
     one = llama(8, 1, 1, "h100-sxm-x8")
     assert one.cost.stage_time(0, shape) == pytest.approx(inside.cost.stage_time(0, shape))
+
+
+@pytest.mark.parametrize("version", ["0.11.2", "0.19.0", "0.34.0"])
+def test_one_vllm_argv_per_node_of_its_multiprocessing_executor(version: str) -> None:
+    from orchestrator.engines.vllm_compat.command import vllm_argv
+
+    cfg = kimi(8, 2)
+    cfg.engine.name = "vllm"
+    argvs = [vllm_argv(cfg, "python", 30000, version, NodePlace(rank, "10.0.0.7")) for rank in range(2)]
+    for rank, argv in enumerate(argvs):  # checked against the release's recorded flags as they were built
+        assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == str(rank)
+        assert argv[argv.index("--master-addr") + 1] == "10.0.0.7"  # rank 0's node
+        assert argv[argv.index("--master-port") + 1] == "30001"
+    assert "--headless" not in argvs[0] and "--headless" in argvs[1]  # workers only beyond rank 0
+    cfg.dp.size = 2
+    with pytest.raises(ConfigError, match=r"^dp.size=2: invalid \(parasweep spans nodes with vLLM's TP"):
+        vllm_argv(cfg, "python", 30000, version)
+
+
+def _vllm_node(rank: int, port: int, master_port: int, tmp_path: Path) -> subprocess.Popen[str]:
+    """The simulated engine playing vLLM on node ``rank`` of a TP8xPP2 Kimi trial (the flags parasweep
+    gives a real vLLM there)."""
+    argv = [sys.executable, "-m", "simulator", "serve", str(model_dir("models/kimi-k2")),
+            "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2", "--nnodes", "2",
+            "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(master_port),
+            "--sim-hardware", CLUSTER, "--port", str(port), *(["--headless"] if rank else [])]
+    log = (tmp_path / f"vllm-node{rank}.log").open("w")
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.mark.slow  # engine processes
+def test_the_simulated_vllm_nodes_meet_before_serving_and_fail_together(tmp_path: Path) -> None:
+    from orchestrator.process.server import free_port
+
+    port, master = free_port(), free_port()
+    join = f"127.0.0.1:{master}"
+    head = _vllm_node(0, port, master, tmp_path)
+    procs = [head]
+    node0, node1 = tmp_path / "vllm-node0.log", tmp_path / "vllm-node1.log"
+    try:
+        _wait_for("Waiting for 1 other node(s) to join at " + join, node0, head)
+        assert not _ready(port)
+        follower = _vllm_node(1, free_port(), master, tmp_path)
+        procs.append(follower)
+        _wait_for(f"headless multiproc executor, with head node address {join}", node1, follower)
+        _wait_for("Application startup complete.", node0, head)
+        assert _ready(port)  # both in: rank 0 serves; the headless node serves nothing
+        follower.send_signal(signal.SIGKILL)
+        assert head.wait(timeout=30) == 1
+        assert "node rank 1 of 2 left the process group" in node0.read_text()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    bad = subprocess.run([sys.executable, "-m", "simulator", "serve", str(model_dir("models/kimi-k2")),
+                          "-tp", "8", "-pp", "2", "--nnodes", "2", "--node-rank", "1",
+                          "--sim-hardware", CLUSTER],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "--node-rank > 0 needs --headless" in bad.stderr

@@ -317,3 +317,28 @@ def test_trials_across_two_nodes_run_an_engine_on_each_and_fail_when_one_goes(tm
                           tmp_path / "crashed", timeout=500, env=env)
         out = crashed.stdout + crashed.stderr
         assert "failed #0" in out and "engine exited with code" in out and "engine on node 1" not in out, out
+
+
+@pytest.mark.slow  # two Ray nodes and a trial; in this module: it starts a cluster
+def test_a_vllm_trial_across_two_nodes_runs_its_workers_headless_on_the_second(tmp_path: Path) -> None:
+    import json
+
+    from tests.mlflow_server import MlflowServer
+
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    with MlflowServer(tmp_path / "server") as server, two_node_cluster() as address:
+        result = run_cli(["-m", f"ray.address={address}", f"tracking.uri={server.url}", "engine=sim-vllm",
+                          "parallelism=tp8pp2", *ACROSS_NODES, "workload.requests_per_point=3",
+                          "workload.output_len=24"], tmp_path, timeout=500, env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "1 trial(s), status ok" in result.stdout, result.stdout
+        (trial,) = sorted((tmp_path / "runs" / "multirun").glob("*/*/[0-9]"))
+        argv = json.loads((trial / "server" / "argv.json").read_text())
+        master = argv[argv.index("--master-addr") + 1]
+        assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == "0"
+        assert not master.startswith("127.") and "--headless" not in argv  # rank 0's node serves
+        join = f"{master}:{argv[argv.index('--master-port') + 1]}"
+        assert "All 2 nodes joined the process group" in (trial / "server" / "server.log").read_text()
+        node1 = (trial / "server" / "server-node1.log").read_text()
+        assert f"headless multiproc executor, with head node address {join}" in node1
+        assert _engines_of(join) == []  # nothing left on any node

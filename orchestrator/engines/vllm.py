@@ -58,7 +58,7 @@ class VLLMEngine(VLLMReadout, Engine):
         return target_release(installed_version(self.python(cfg)), cfg.vllm.release)
 
     def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path, node: NodePlace = FIRST_NODE) -> list[str]:
-        return vllm_argv(cfg, self.python(cfg), port, self.target(cfg)[0])
+        return vllm_argv(cfg, self.python(cfg), port, self.target(cfg)[0], node)
 
     def preflight(self, cfg: ParasweepConf) -> list[str]:
         python = self.python(cfg)

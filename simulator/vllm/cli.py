@@ -68,6 +68,12 @@ def build_vllm_parser() -> argparse.ArgumentParser:
     a("--data-parallel-size", "-dp", type=int, default=1)
     a("--enable-expert-parallel", action="store_true")
     a("--distributed-executor-backend", default=None, choices=["ray", "mp", "uni", "external_launcher"])
+    # across nodes with the multiprocessing executor: one process per node, rank 0 serving
+    a("--nnodes", type=int, default=1)
+    a("--node-rank", type=int, default=0)
+    a("--master-addr", default="127.0.0.1")
+    a("--master-port", type=int, default=29501)
+    a("--headless", action="store_true")
     a("--max-num-seqs", type=int, default=None)
     a("--max-num-batched-tokens", type=int, default=None)
     a("--gpu-memory-utilization", type=float, default=GPU_MEMORY_UTILIZATION)
@@ -187,7 +193,17 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
     if v.data_parallel_size > 1:
         _data_parallel(n, v.data_parallel_size, moe_lockstep)
     world = v.tensor_parallel_size * v.pipeline_parallel_size * v.data_parallel_size
-    if world > hw.num_gpus and hw.nodes > 1:
+    n.vllm_mp_nodes = v.nnodes > 1
+    n.vllm_node_rank = v.node_rank
+    if v.nnodes > 1:
+        # vLLM's multiprocessing executor across nodes: the processes meet at rank 0's master address
+        # (simulator/nodes.py), rank 0 models every node; the others run headless, workers only
+        if v.node_rank > 0 and not v.headless:
+            raise VLLMFlagError("--node-rank > 0 needs --headless in the simulated engine: a node other "
+                                "than rank 0 runs vLLM's workers only")
+        n.nnodes = v.nnodes
+        n.dist_init_addr = f"{v.master_addr}:{v.master_port}"
+    elif world > hw.num_gpus and hw.nodes > 1:
         # across nodes vLLM is one server process whose Ray executor places the ranks on the other nodes:
         # the model prices the layout over the nodes it takes; no other process of the engine joins
         n.nnodes = min(-(-world // hw.num_gpus), hw.nodes)
@@ -323,10 +339,19 @@ def resolved(args: argparse.Namespace) -> SimConfig:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        cfg = resolved(parse(argv))
+        cfg = resolved(parse(argv))  # a headless node checks the same flags as rank 0 would
     except VLLMFlagError as e:
         print(f"ValueError: {e}", file=sys.stderr, flush=True)
         return 1
+    a = cfg.args
+    if a.vllm_node_rank > 0:  # workers only: joins rank 0 and stands by (simulator/nodes.py)
+        from simulator.nodes import follow
+        from simulator.vllm.logs import VLLMLogWriter
+
+        VLLMLogWriter().info(f"Launching vLLM (v{a.vllm_release}) headless multiproc executor, with head "
+                             f"node address {a.dist_init_addr} for torch.distributed process group.",
+                             "serve.py:193")
+        return follow(a.dist_init_addr, a.vllm_node_rank, a.nnodes, a.dist_timeout)
     from simulator.vllm.server import serve
 
     return serve(cfg)

@@ -7,8 +7,10 @@ batch and token caps (``server.max_running_requests`` is vLLM's ``--max-num-seqs
 ``server.chunked_prefill_size`` its per-step token budget ``--max-num-batched-tokens``), the memory
 fraction (``--gpu-memory-utilization``), prefix caching (``server.radix_cache``), CUDA graphs, the seed,
 the model and how its weights load. What only SGLang has is refused in one line naming the key, and so
-is what is not yet built for vLLM (disaggregation, a trial across nodes). Speculative decoding's keys
-become ``--speculative-config`` (``speculative.py``). Every flag is
+is what is not yet built for vLLM (disaggregation). Speculative decoding's keys become
+``--speculative-config`` (``speculative.py``); a trial across nodes runs vLLM's multiprocessing executor
+on every node (``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port``; ``--headless`` on all but
+rank 0), as SGLang's one process per node. Every flag is
 built with the key it came from and checked against the release's recorded flags, so a flag the release
 lacks, a value where it takes none or a value outside its choices is refused against the key too.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from orchestrator.config.schema import ParasweepConf, trial_nodes
+from orchestrator.engines.base import FIRST_NODE, NodePlace
 from orchestrator.engines.launch_args import Arg, args_to_argv, flag_values, plain_value
 from orchestrator.engines.vllm_compat.speculative import FLAG as SPEC_FLAG
 from orchestrator.engines.vllm_compat.speculative import check_spec, spec_args
@@ -43,6 +46,9 @@ MANAGED = {
     "long_prefill_token_threshold": "vllm.long_prefill_token_threshold",
     "moe_backend": "vllm.moe_backend",
     "max_num_partial_prefills": "vllm.max_num_partial_prefills",
+    "nnodes": "(the trial's nodes: tp.size x pp.size over hardware.num_gpus)",
+    "node_rank": "(each node's rank, set by parasweep)", "headless": "(every node but rank 0)",
+    "master_addr": "(rank 0's address, set by parasweep)", "master_port": "(next to the server's port)",
     "host": "(127.0.0.1: servers stay on this machine)",
     "port": "(chosen by parasweep: a free port per trial)",
 }
@@ -79,11 +85,10 @@ def refuse_what_vllm_lacks(cfg: ParasweepConf) -> None:
     if cfg.pd.enabled:
         raise ConfigError("pd.enabled", True, "false with engine=vllm",
                           why="a disaggregated vLLM deployment (--kv-transfer-config) is not built yet")
-    if trial_nodes(cfg) > 1:
-        raise ConfigError("tp.size*pp.size*dp.size", cfg.tp.size * cfg.pp.size * cfg.dp.size,
-                          f"at most {cfg.hardware.num_gpus} (one node of {cfg.hardware.name}) with "
-                          "engine=vllm",
-                          why="a vLLM trial across nodes (Ray executor) is not built yet")
+    if trial_nodes(cfg) > 1 and cfg.dp.size > 1:
+        raise ConfigError("dp.size", cfg.dp.size, "1 with a trial across nodes on vLLM",
+                          why="parasweep spans nodes with vLLM's TP and PP ranks (--nnodes); DP ranks "
+                              "across nodes are not built")
     experts = cfg.tp.size * cfg.dp.size
     if cfg.ep.size not in (1, experts):
         raise ConfigError("ep.size", cfg.ep.size, f"1 or tp.size x dp.size = {experts} with engine=vllm",
@@ -91,8 +96,9 @@ def refuse_what_vllm_lacks(cfg: ParasweepConf) -> None:
                               "(--enable-expert-parallel)")
 
 
-def build_args(cfg: ParasweepConf, port: int) -> list[Arg]:
-    """The flags of ``vllm serve`` for this trial (the model is the positional argument before them)."""
+def build_args(cfg: ParasweepConf, port: int, node: NodePlace = FIRST_NODE) -> list[Arg]:
+    """The flags of ``vllm serve`` for this trial on ``node`` (the model is the positional argument
+    before them)."""
     refuse_what_vllm_lacks(cfg)
     m, s = cfg.model, cfg.server
     args = [Arg("--served-model-name", [m.name], "model.name", m.name),
@@ -122,8 +128,26 @@ def build_args(cfg: ParasweepConf, port: int) -> list[Arg]:
         args.append(Arg("--enforce-eager", [], "server.cuda_graph", False))
     args += _own(cfg)
     args += spec_args(cfg)
+    args += _across_nodes(cfg, port, node)
     for name, value in plain_value(s.extra_args).items():
         args.append(_extra(str(name), value))
+    return args
+
+
+def _across_nodes(cfg: ParasweepConf, port: int, node: NodePlace) -> list[Arg]:
+    """A trial across nodes: one ``vllm serve`` per node of vLLM's multiprocessing executor (vLLM's
+    choice where ``--nnodes`` > 1), meeting at rank 0's ``--master-addr``:``--master-port`` (the port
+    next to the server's); every node but rank 0 runs ``--headless`` (workers only, no API server)."""
+    nodes = trial_nodes(cfg)
+    if nodes == 1:
+        return []
+    key = "(tp.size x pp.size over hardware.num_gpus)"
+    args = [Arg("--nnodes", [str(nodes)], key, nodes),
+            Arg("--node-rank", [str(node.rank)], "(the node's rank)", node.rank),
+            Arg("--master-addr", [node.head], "(rank 0's address)", node.head),
+            Arg("--master-port", [str(port + 1)], "(rank 0's address)", port + 1)]
+    if node.rank > 0:
+        args.append(Arg("--headless", [], "(a node other than rank 0)", True))
     return args
 
 
@@ -174,9 +198,10 @@ def check_args(args: list[Arg], rel: VLLMRelease) -> list[Arg]:
     return args
 
 
-def vllm_argv(cfg: ParasweepConf, python: str, port: int, version: str = NEWEST_KNOWN) -> list[str]:
-    """``python -m vllm.entrypoints.cli.main serve MODEL FLAGS...`` for this trial, checked against vLLM
-    ``version``'s recorded flags."""
-    args = check_args(build_args(cfg, port), release(version))
+def vllm_argv(cfg: ParasweepConf, python: str, port: int, version: str = NEWEST_KNOWN,
+              node: NodePlace = FIRST_NODE) -> list[str]:
+    """``python -m vllm.entrypoints.cli.main serve MODEL FLAGS...`` for this trial on ``node``, checked
+    against vLLM ``version``'s recorded flags."""
+    args = check_args(build_args(cfg, port, node), release(version))
     return [python, "-m", MODULE, "serve", str(model_dir(cfg.model.path)),
             *args_to_argv(args)]
