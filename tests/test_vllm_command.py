@@ -157,15 +157,19 @@ def test_the_release_checked_against_is_said() -> None:
 
 def test_vllms_own_keys_become_its_flags_where_the_release_has_them() -> None:
     own = _cfg(vllm__async_scheduling=False, vllm__block_size=32, vllm__scheduling_policy="priority",
-               vllm__max_num_partial_prefills=2)
+               vllm__max_num_partial_prefills=1)
     argv = vllm_argv(own, "python", 8000, "0.19.0")
     assert "--no-async-scheduling" in argv and argv[argv.index("--block-size") + 1] == "32"
     assert argv[argv.index("--scheduling-policy") + 1] == "priority"
-    assert argv[argv.index("--max-num-partial-prefills") + 1] == "2"
+    assert argv[argv.index("--max-num-partial-prefills") + 1] == "1"
     # gone from 0.34 (read from its wheel): refused against the key, naming the release
-    with pytest.raises(ConfigError, match=r"^vllm\.max_num_partial_prefills=2: invalid \(vLLM 0\.34\.0 "
+    with pytest.raises(ConfigError, match=r"^vllm\.max_num_partial_prefills=1: invalid \(vLLM 0\.34\.0 "
                                           r"has no --max-num-partial-prefills"):
-        vllm_argv(_cfg(vllm__max_num_partial_prefills=2), "python", 8000, "0.34.0")
+        vllm_argv(_cfg(vllm__max_num_partial_prefills=1), "python", 8000, "0.34.0")
+    # more than one: every release with the flag refuses it at start-up, in its words
+    with pytest.raises(ConfigError, match=r"^vllm\.max_num_partial_prefills=2: invalid \(vLLM refuses it at "
+                                          r"start-up \(Concurrent Partial Prefill is not supported"):
+        vllm_argv(_cfg(vllm__max_num_partial_prefills=2), "python", 8000, "0.19.0")
 
 
 def test_vllms_own_keys_are_refused_on_another_engine() -> None:

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 # simulator's name for each
 VLLM_KV_CACHE_DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "float16": "bfloat16", "fp8": "fp8_e4m3",
                         "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+# what vLLM says at start-up to --max-num-partial-prefills above 1 (every release that has the flag)
+CONCURRENT_PARTIAL_PREFILL = ("Concurrent Partial Prefill is not supported. We recommend to remove "
+                              "Concurrent Partial Prefill from your config.")
 # vLLM's default --gpu-memory-utilization and --block-size (every played release)
 GPU_MEMORY_UTILIZATION = 0.9
 BLOCK_SIZE = 16
@@ -135,8 +138,8 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
     if v.moe_backend not in VLLM_MOE_BACKENDS:
         raise VLLMFlagError(f"--moe-backend {v.moe_backend} is not modelled by the simulated engine "
                             f"(modelled: {', '.join(VLLM_MOE_BACKENDS)})")
-    if v.max_num_partial_prefills != 1:
-        raise VLLMFlagError("--max-num-partial-prefills > 1 is not modelled by the simulated engine yet")
+    if v.max_num_partial_prefills != 1:  # EngineArgs._check_feature_supported, every release with the flag
+        raise VLLMFlagError(CONCURRENT_PARTIAL_PREFILL)
     try:
         hw = load_hardware(v.sim_hardware)
     except HardwareError as e:

@@ -26,6 +26,7 @@ from orchestrator.engines.vllm_compat.speculative import FLAG as SPEC_FLAG
 from orchestrator.engines.vllm_compat.speculative import check_spec, spec_args
 from orchestrator.engines.vllm_compat.versions import NEWEST_KNOWN, VLLMRelease, release
 from orchestrator.errors import ConfigError
+from simulator.vllm.cli import CONCURRENT_PARTIAL_PREFILL
 from vocab.assets import model_dir
 
 HOST = "127.0.0.1"  # servers are never exposed beyond this machine by default
@@ -85,6 +86,10 @@ def refuse_what_vllm_lacks(cfg: ParasweepConf) -> None:
     if cfg.pd.enabled:
         raise ConfigError("pd.enabled", True, "false with engine=vllm",
                           why="a disaggregated vLLM deployment (--kv-transfer-config) is not built yet")
+    partial = cfg.vllm.max_num_partial_prefills
+    if partial not in (None, 1):
+        raise ConfigError("vllm.max_num_partial_prefills", partial, "1 or null",
+                          why=f"vLLM refuses it at start-up ({CONCURRENT_PARTIAL_PREFILL})")
     if trial_nodes(cfg) > 1 and cfg.dp.size > 1:
         raise ConfigError("dp.size", cfg.dp.size, "1 with a trial across nodes on vLLM",
                           why="parasweep spans nodes with vLLM's TP and PP ranks (--nnodes); DP ranks "
