@@ -189,8 +189,11 @@ def test_vllms_own_keys_are_refused_on_another_engine() -> None:
 def test_speculation_is_one_json_config_of_the_release_s_own_methods(version: str) -> None:
     argv = vllm_argv(CONFIGS["eagle3 drafts"], "python", 8000, version)
     conf = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert conf == {"method": "eagle3", "num_speculative_tokens": 3,
-                    "model": str(Path("models/eagle3-llama-3.1-8b").resolve())}
+    draft = str(Path("models/eagle3-llama-3.1-8b").resolve())
+    assert {k: conf[k] for k in ("method", "num_speculative_tokens", "model")} == {
+        "method": "eagle3", "num_speculative_tokens": 3, "model": draft}
+    # dummy weights (the default): from 0.34 the draft is accepted by the rates the trial assumes
+    assert ("synthetic_acceptance_rates" in conf) is (version == "0.34.0")
     assert conf["method"] in release(version).speculative_methods  # read from the wheel
     ngram = vllm_argv(CONFIGS["n-gram drafts"], "python", 8000, version)
     assert json.loads(ngram[ngram.index("--speculative-config") + 1]) == {"method": "ngram",
@@ -234,3 +237,28 @@ def test_a_whole_draft_model_needs_vllm_0_15() -> None:
         vllm_argv(cfg, "python", 8000, "0.12.0")
     argv = vllm_argv(cfg, "python", 8000, "0.15.1")
     assert json.loads(argv[argv.index("--speculative-config") + 1])["method"] == "draft_model"
+
+
+def test_a_dummy_weight_draft_is_accepted_by_the_assumed_rates_from_0_34() -> None:
+    from orchestrator.engines.vllm import VLLMEngine
+    from simulator.predict import load_config
+
+    cfg = _cfg(spec__algorithm="eagle3", spec__num_steps=3, model__load_format="dummy",
+               model__drafts={"eagle3": "models/eagle3-llama-3.1-8b"})
+    argv = vllm_argv(cfg, "python", 8000, "0.34.0")
+    conf = json.loads(argv[argv.index("--speculative-config") + 1])
+    rates = conf["synthetic_acceptance_rates"]
+    assert conf["rejection_sample_method"] == "synthetic" and len(rates) == 3
+    assert 1 > rates[0] >= rates[1] >= rates[2] > 0  # unconditional: each no likelier than the one before
+    # the simulated engine given the same config accepts by the same rates
+    served = load_config(["serve", "models/llama-3.1-8b", "--sim-hardware", "h100-sxm-x8",
+                          "--sim-vllm-release", "0.34.0", "--speculative-config", json.dumps(conf)])
+    assert served.speculative is not None
+    assert served.speculative.expected_accept_length == pytest.approx(1 + sum(rates), abs=1e-3)
+    older = vllm_argv(cfg, "python", 8000, "0.19.0")  # its default runner does not read it: said so
+    assert "synthetic" not in older[older.index("--speculative-config") + 1]
+    cfg.vllm.release = "0.19.0"
+    notes = VLLMEngine().plan_notes(cfg)
+    assert any("accepts a dummy-weight draft's tokens almost never" in n for n in notes)
+    cfg.model.load_format = "auto"  # real weights: their own acceptance
+    assert "synthetic" not in vllm_argv(cfg, "python", 8000, "0.34.0")[-1]

@@ -176,3 +176,32 @@ def test_n_gram_drafts_turn_async_scheduling_off_where_the_release_does(version:
     # the largest graph, in tokens: 2 x 32 before 0.15, 2 x 32 x (k + 1) from it; a verify is 4 tokens a
     # request, and no graph holds more requests than may run
     assert eagle.cost.graph_requests(4) == (16 if version in ("0.11.2", "0.12.0") else 32)
+
+
+def test_0_34_s_synthetic_acceptance_is_what_the_simulated_engine_accepts_by() -> None:
+    conf = {**EAGLE3, "rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.5}
+    cfg = load_config(_serve(conf, "--sim-vllm-release", "0.34.0", "--sim-spec-acceptance", "1.2"))
+    assert cfg.speculative is not None
+    # vLLM's minimum-variance schedule for 1.5 accepted drafts of 3: [1, 0.5, 0]; it wins over the flag
+    assert cfg.speculative.acceptance.survival(3) == [1.0, 0.5, 0.0]
+    assert cfg.speculative.expected_accept_length == pytest.approx(2.5)
+    before = load_config(_serve(conf, "--sim-vllm-release", "0.19.0", "--sim-spec-acceptance", "1.2"))
+    assert before.speculative.expected_accept_length == pytest.approx(1.2)  # not read before 0.34
+    assert any("not read by this release's default model runner" in w for w in before.warnings)
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    ({"rejection_sample_method": "synthetic"},
+     "rejection_sample_method='synthetic' requires exactly one of synthetic_acceptance_rates or "
+     "synthetic_acceptance_length."),
+    ({"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [0.5, 0.7, 0.2]},
+     "synthetic_acceptance_rates must be non-increasing, got [0.5, 0.7, 0.2]."),
+    ({"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 5},
+     "synthetic_acceptance_length must be in [1, 4], got 5."),
+    ({"synthetic_acceptance_length": 2}, "are only valid with rejection_sample_method='synthetic'."),
+    ({"draft_tensor_parallel_size": 1}, "--speculative-config keys not modelled by the simulated engine: "
+                                        "draft_tensor_parallel_size"),
+])
+def test_a_synthetic_acceptance_vllm_would_refuse_is_refused_in_its_words(extra: dict, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        load_config(_serve({**EAGLE3, **extra}, "--sim-vllm-release", "0.34.0"))

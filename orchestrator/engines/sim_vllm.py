@@ -51,7 +51,7 @@ class SimVLLMEngine(VLLMReadout, SimEngine):
         self, cfg: ParasweepConf, port: int, trial_dir: Path, node: NodePlace = FIRST_NODE
     ) -> list[str]:
         version = played_release(cfg)
-        flags = args_to_argv(check_args(build_args(cfg, port, node), release(version)))
+        flags = args_to_argv(check_args(build_args(cfg, port, node, version), release(version)))
         model = str(model_dir(cfg.model.path))
         if "--hf-overrides" in flags:  # the simulator reads a config.json with the overrides applied
             i = flags.index("--hf-overrides")

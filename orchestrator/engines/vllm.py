@@ -16,6 +16,7 @@ from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.base import FIRST_NODE, Engine, NodePlace
 from orchestrator.engines.vllm_compat.command import vllm_argv
 from orchestrator.engines.vllm_compat.readout import VLLMReadout
+from orchestrator.engines.vllm_compat.speculative import SYNTHETIC_SINCE
 from orchestrator.engines.vllm_compat.versions import NEWEST_KNOWN, RECORDED
 from orchestrator.errors import ConfigError
 
@@ -69,7 +70,15 @@ class VLLMEngine(VLLMReadout, Engine):
         return super().preflight(cfg)
 
     def plan_notes(self, cfg: ParasweepConf) -> list[str]:
-        return [self.target(cfg)[1]]
+        version, why = self.target(cfg)
+        notes = [why]
+        s = cfg.spec
+        if (s.algorithm not in ("none", "ngram") and (s.draft_load_format or cfg.model.load_format) == "dummy"
+                and Version(version) < SYNTHETIC_SINCE):
+            notes.append(f"vLLM {version} accepts a dummy-weight draft's tokens almost never (its synthetic "
+                         f"acceptance comes with {SYNTHETIC_SINCE}): the measured speculation is at an "
+                         "accept length near 1")
+        return notes
 
     def version(self, cfg: ParasweepConf) -> str:
         return f"vllm {self.target(cfg)[0]}"

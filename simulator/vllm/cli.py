@@ -20,7 +20,7 @@ from simulator.kernel_lanes import VLLM_MOE_BACKENDS
 from simulator.model_spec import ONLINE_FP8
 from simulator.vllm.compilation import CompilationError, read_compilation
 from simulator.vllm.releases import NEWEST, PLAYED, default_caps, played
-from simulator.vllm.speculative import SpecConfigError, async_with_spec, parse_spec_config
+from simulator.vllm.speculative import SpecConfigError, async_with_spec, conditional_rates, parse_spec_config
 
 if TYPE_CHECKING:
     from simulator.sim_config import SimConfig
@@ -182,6 +182,9 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
         except SpecConfigError as e:
             raise VLLMFlagError(str(e)) from e
         spec_warnings = [*speculative.warnings, *([off] if off else [])]
+        if speculative.synthetic is not None:  # vLLM's sampler accepts by these rates: they win
+            v.sim_spec_acceptance = "rates:" + ",".join(f"{r:g}" for r in
+                                                        conditional_rates(speculative.synthetic))
     try:
         compiled = read_compilation(v.compilation_config, v.optimization_level, v.enforce_eager)
     except CompilationError as e:

@@ -36,6 +36,11 @@ MTP_ALIASES = ("deepseek_mtp", "mimo_mtp", "glm4_moe_mtp", "ernie_mtp", "qwen3_n
                "nemotron_h_mtp", "qwen3_5_mtp")
 EAGLE_KIND = ("eagle", "eagle3", "mtp")  # vLLM's EagleModelTypes among the modelled methods
 NGRAM_LOOKUP = 5  # prompt_lookup_min and _max where neither is given
+# from 0.34 the rejection sampler can accept by given rates instead of the drafts' own agreement
+SYNTHETIC_SINCE = Version("0.34")
+# the keys the simulated engine reads; any other is refused as not modelled
+KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+        "rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length")
 
 
 class SpecConfigError(ValueError):
@@ -50,6 +55,9 @@ class VLLMSpec:
     method: str  # vLLM's name, after its renaming
     lookahead: int  # KV slots held beyond the step's tokens per drafting request
     warnings: tuple[str, ...] = ()
+    # 0.34's synthetic rejection sampler: the unconditional chance that the first i + 1 drafts are all
+    # accepted, position by position (None: the drafts' own acceptance)
+    synthetic: tuple[float, ...] | None = None
 
     @property
     def k(self) -> int:
@@ -66,6 +74,10 @@ def parse_spec_config(text: str, release: str, model_path: str, has_mtp_layers: 
         raise SpecConfigError("--speculative-config: not a JSON object")
     v = Version(release)
     warnings: list[str] = []
+    unknown = sorted(set(conf) - set(KEYS))
+    if unknown:
+        raise SpecConfigError(f"--speculative-config keys not modelled by the simulated engine: "
+                              f"{', '.join(unknown)} (modelled: {', '.join(KEYS)})")
     method = conf.get("method")
     model = conf.get("model")
     if method in MTP_ALIASES:
@@ -114,7 +126,51 @@ def parse_spec_config(text: str, release: str, model_path: str, has_mtp_layers: 
     asked = METHODS[method]
     params = SpecParams(algorithm="EAGLE" if asked == "NEXTN" else asked, asked=asked, num_steps=k, topk=1,
                         num_draft_tokens=k + 1, draft_model_path=model, warnings=tuple(warnings))
-    return VLLMSpec(params, method, lookahead, tuple(warnings))
+    synthetic = _synthetic(conf, k, v, warnings)
+    return VLLMSpec(params, method, lookahead, tuple(warnings), synthetic)
+
+
+def _synthetic(conf: dict, k: int, v: Version, warnings: list[str]) -> tuple[float, ...] | None:
+    """0.34's ``rejection_sample_method: synthetic``: the per-position rates, given or from a mean length
+    (vLLM's minimum-variance schedule), checked as vLLM checks them. Before 0.34 the default model runner
+    does not read it: the drafts' own acceptance applies (said so)."""
+    method = conf.get("rejection_sample_method")
+    rates, length = conf.get("synthetic_acceptance_rates"), conf.get("synthetic_acceptance_length")
+    if v < SYNTHETIC_SINCE:
+        if method is not None or rates is not None or length is not None:
+            warnings.append("rejection_sample_method and the synthetic acceptance are not read by this "
+                            "release's default model runner: the drafts' own acceptance applies")
+        return None
+    if method != "synthetic":
+        if rates is not None or length is not None:
+            raise SpecConfigError("synthetic_acceptance_rates / synthetic_acceptance_length are only valid "
+                                  "with rejection_sample_method='synthetic'.")
+        return None
+    if (rates is None) == (length is None):
+        raise SpecConfigError("rejection_sample_method='synthetic' requires exactly one of "
+                              "synthetic_acceptance_rates or synthetic_acceptance_length.")
+    if rates is not None:
+        if not isinstance(rates, list) or len(rates) != k:
+            raise SpecConfigError(f"synthetic_acceptance_rates must have length {k}, got {rates}.")
+        if not all(isinstance(r, int | float) and 0.0 <= r <= 1.0 for r in rates):
+            raise SpecConfigError(f"synthetic_acceptance_rates entries must be in [0, 1], got {rates}.")
+        if any(rates[i] > rates[i - 1] for i in range(1, k)):
+            raise SpecConfigError(f"synthetic_acceptance_rates must be non-increasing, got {rates}.")
+        return tuple(float(r) for r in rates)
+    if not isinstance(length, int | float) or not 1.0 <= length <= k + 1:
+        raise SpecConfigError(f"synthetic_acceptance_length must be in [1, {k + 1}], got {length}.")
+    drafts = float(length) - 1  # all-or-nothing positions, the fraction at the first partial one
+    full = int(drafts)
+    return tuple(([1.0] * full + [drafts - full] + [0.0] * k)[:k])
+
+
+def conditional_rates(unconditional: tuple[float, ...]) -> list[float]:
+    """Each position's acceptance given the ones before it (the simulator's acceptance model)."""
+    out, before = [], 1.0
+    for r in unconditional:
+        out.append(r / before if before > 0 else 0.0)
+        before = r
+    return out
 
 
 def async_with_spec(release: str, method: str, asked: bool | None, default: bool) -> tuple[bool, str]:

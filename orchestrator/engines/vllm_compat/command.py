@@ -101,9 +101,10 @@ def refuse_what_vllm_lacks(cfg: ParasweepConf) -> None:
                               "(--enable-expert-parallel)")
 
 
-def build_args(cfg: ParasweepConf, port: int, node: NodePlace = FIRST_NODE) -> list[Arg]:
-    """The flags of ``vllm serve`` for this trial on ``node`` (the model is the positional argument
-    before them)."""
+def build_args(cfg: ParasweepConf, port: int, node: NodePlace = FIRST_NODE,
+               version: str = NEWEST_KNOWN) -> list[Arg]:
+    """The flags of ``vllm serve`` for this trial on ``node``, for vLLM ``version`` (the model is the
+    positional argument before them)."""
     refuse_what_vllm_lacks(cfg)
     m, s = cfg.model, cfg.server
     args = [Arg("--served-model-name", [m.name], "model.name", m.name),
@@ -132,7 +133,7 @@ def build_args(cfg: ParasweepConf, port: int, node: NodePlace = FIRST_NODE) -> l
     if not s.cuda_graph:
         args.append(Arg("--enforce-eager", [], "server.cuda_graph", False))
     args += _own(cfg)
-    args += spec_args(cfg)
+    args += spec_args(cfg, version)
     args += _across_nodes(cfg, port, node)
     for name, value in plain_value(s.extra_args).items():
         args.append(_extra(str(name), value))
@@ -207,6 +208,6 @@ def vllm_argv(cfg: ParasweepConf, python: str, port: int, version: str = NEWEST_
               node: NodePlace = FIRST_NODE) -> list[str]:
     """``python -m vllm.entrypoints.cli.main serve MODEL FLAGS...`` for this trial on ``node``, checked
     against vLLM ``version``'s recorded flags."""
-    args = check_args(build_args(cfg, port, node), release(version))
+    args = check_args(build_args(cfg, port, node, version), release(version))
     return [python, "-m", MODULE, "serve", str(model_dir(cfg.model.path)),
             *args_to_argv(args)]

@@ -16,7 +16,7 @@ import json
 from packaging.version import Version
 
 from orchestrator.config.schema import ParasweepConf
-from orchestrator.engines.drafts import draft_model
+from orchestrator.engines.drafts import acceptance_flag, draft_model
 from orchestrator.engines.launch_args import Arg
 from orchestrator.engines.vllm_compat.versions import VLLMRelease
 from orchestrator.errors import ConfigError
@@ -26,12 +26,13 @@ from vocab.assets import model_dir
 METHODS = {"eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp", "ngram": "ngram", "standalone": "draft_model"}
 FLAG = "--speculative-config"
 DRAFT_MODEL_SINCE = Version("0.15")  # 0.11 and 0.12 refuse a draft model
+SYNTHETIC_SINCE = Version("0.34")  # the default runner's rejection sampler takes given rates from here
 _NO_DRAFT_MODEL = ("Draft model speculative decoding is not supported yet. Please consider using other "
                    "speculative decoding methods such as ngram, medusa, eagle, or mtp.")
 
 
-def spec_args(cfg: ParasweepConf) -> list[Arg]:
-    """The trial's ``--speculative-config``; none where spec.algorithm is none."""
+def spec_args(cfg: ParasweepConf, version: str) -> list[Arg]:
+    """The trial's ``--speculative-config`` for vLLM ``version``; none where spec.algorithm is none."""
     s = cfg.spec
     if s.algorithm == "none":
         return []
@@ -59,7 +60,28 @@ def spec_args(cfg: ParasweepConf) -> list[Arg]:
     draft = draft_model(cfg)
     if draft is not None:
         conf["model"] = str(model_dir(draft))
+    conf.update(synthetic_acceptance(cfg, version))
     return [Arg(FLAG, [json.dumps(conf, sort_keys=True)], "spec.algorithm", s.algorithm)]
+
+
+def synthetic_acceptance(cfg: ParasweepConf, version: str) -> dict[str, object]:
+    """A draft with random weights (``load_format: dummy``) is almost never accepted, so a measured trial
+    would price speculation at an accept length of 1. From 0.34 vLLM's rejection sampler can accept by
+    given per-position rates instead (``rejection_sample_method: synthetic``): the rates the acceptance
+    model gives (``spec.acceptance`` on the workload's text, at the trial's depth), so the measurement
+    prices the step at the acceptance the trial assumes, as ``SGLANG_SIMULATE_ACC_LEN`` does on SGLang.
+    Nothing before 0.34 (its default runner does not read it: the plan says so), with real weights, or
+    for n-gram drafts (no draft model: the prompt's own text decides)."""
+    from simulator.speculative.acceptance import parse_acceptance
+
+    s = cfg.spec
+    dummy = (s.draft_load_format or cfg.model.load_format) == "dummy"
+    if not dummy or s.algorithm == "ngram" or Version(version) < SYNTHETIC_SINCE or s.num_steps is None:
+        return {}
+    kind = "mtp" if s.algorithm == "mtp" else s.algorithm
+    rates = parse_acceptance(acceptance_flag(cfg), kind, s.num_steps).survival(s.num_steps)
+    return {"rejection_sample_method": "synthetic",
+            "synthetic_acceptance_rates": [round(r, 4) for r in rates]}
 
 
 def check_spec(arg: Arg, args: list[Arg], rel: VLLMRelease) -> None:
