@@ -113,6 +113,9 @@ class ReplicaModel:
         self.spec = cfg.speculative
         self.spec_stats = SpecStats()
         self._accept = self.spec.accept_sampler(cfg.random_seed) if self.spec is not None else None
+        # the running requests a prefill batch carries verify their drafts there too (vLLM's steps);
+        # SGLang's mixed chunk gives each its one token
+        self.mixed_verify = False
         # disaggregation: a prefill server hands each prefilled request to its transfer; a decode server
         # takes requests whose KV has arrived into its running batch at its next turn
         self.handoff: Handoff | None = None
@@ -398,7 +401,7 @@ class ReplicaModel:
             if batch.mixed:  # the running requests decoded in the same forward
                 self.tokens_decode_total += len(batch.mixed)
                 self.gen_tokens_since_log += len(batch.mixed)
-                if self._accept is not None:  # verified their drafts (vLLM's steps mix them in)
+                if self._accept is not None and self.mixed_verify:  # verified their drafts
                     self._emit_accepted(batch.mixed, now)
                 else:
                     reqs += batch.mixed

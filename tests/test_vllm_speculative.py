@@ -205,3 +205,10 @@ def test_0_34_s_synthetic_acceptance_is_what_the_simulated_engine_accepts_by() -
 def test_a_synthetic_acceptance_vllm_would_refuse_is_refused_in_its_words(extra: dict, says: str) -> None:
     with pytest.raises(ValueError, match=re.escape(says)):
         load_config(_serve({**EAGLE3, **extra}, "--sim-vllm-release", "0.34.0"))
+
+
+def test_speculation_on_a_moe_model_s_lockstep_dp_ranks_is_refused_as_not_modelled() -> None:
+    argv = ["serve", "models/deepseek-v3", "--sim-hardware", "h200-nvlink-x8", "-tp", "4", "-dp", "2",
+            "--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 2})]
+    with pytest.raises(ValueError, match="with --data-parallel-size > 1 on a MoE model is not modelled"):
+        load_config(argv)

@@ -182,6 +182,9 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
         except SpecConfigError as e:
             raise VLLMFlagError(str(e)) from e
         spec_warnings = [*speculative.warnings, *([off] if off else [])]
+        if moe_lockstep:  # the ranks' lockstep forward prices no drafter
+            raise VLLMFlagError("--speculative-config with --data-parallel-size > 1 on a MoE model is not "
+                                "modelled by the simulated engine")
         if speculative.synthetic is not None:  # vLLM's sampler accepts by these rates: they win
             v.sim_spec_acceptance = "rates:" + ",".join(f"{r:g}" for r in
                                                         conditional_rates(speculative.synthetic))

@@ -198,6 +198,7 @@ class VLLMReplica(ReplicaModel):
     def __init__(self, cfg: SimConfig, sim: Simulation) -> None:
         super().__init__(cfg, sim)
         self.admission: VLLMAdmission = VLLMAdmission(cfg, lambda: sim.now)
+        self.mixed_verify = self.spec is not None  # a step verifies its decodes' drafts beside prompt chunks
         self.prompt_tokens_computed = 0  # since start: prompt tokens computed (recomputed ones too)
         self.step_hook: Callable[[int], None] | None = None  # told each step's tokens (the live server)
 
