@@ -19,13 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from orchestrator.engines.vllm_compat.versions import RECORDED, release
 from orchestrator.telemetry.stage_series import stage_frame
 from orchestrator.telemetry.vllm_log import resolved_from_vllm_log, vllm_log_frame
-from simulator.entities import Batch
 from simulator.predict import VirtualTrial, load_config
 from simulator.vllm.logs import VLLMLogWriter
 from simulator.vllm.metrics import VLLMMetrics
 from simulator.vllm.reporter import StatsLine, VLLMReporter
 from simulator.vllm.scheduler import VLLMReplica
 from simulator.vllm.server import startup_lines
+from tests.test_vllm_sim import _recording
 from vocab.load import LoadPoint, RequestSpec
 
 MODEL = "models/llama-3.1-8b"
@@ -42,21 +42,6 @@ def _run(trial: VirtualTrial, concurrency: int = 8, requests: int = 32, input_le
     return trial.run_point(LoadPoint(concurrency=concurrency, num_requests=requests),
                            RequestSpec(api="completions", input_len=input_len, output_len=output_len,
                                        seed=4)).metrics
-
-
-def _recording(trial: VirtualTrial) -> list[Batch]:
-    rep = trial.replicas[0]
-    built: list[Batch] = []
-    build = rep.admission.build_step  # type: ignore[attr-defined]
-
-    def record(slot, now):  # type: ignore[no-untyped-def]
-        batch = build(slot, now)
-        if batch is not None:
-            built.append(batch)
-        return batch
-
-    rep.admission.build_step = record  # type: ignore[attr-defined]
-    return built
 
 
 def test_a_decode_verifies_its_drafts_out_of_the_step_s_token_budget() -> None:

@@ -73,25 +73,28 @@ def parse_line(line: str) -> tuple[str, str, str] | None:
     return (m.group("stamp"), m.group("level"), m.group("msg")) if m else None
 
 
-def stats_row(line: str, now: float) -> dict[str, Any] | None:
-    """One stats line as ``{ts, kind: stats, iter: None, dp (the engine's index), pp, tp, ep, <fields>}``;
-    None for any other line."""
+def _matching(line: str, pattern: re.Pattern[str]) -> tuple[str, re.Match[str]] | None:
+    """(stamp, match) where ``line`` is a vLLM log line whose message ``pattern`` finds; else None."""
     parsed = parse_line(line)
     if parsed is None:
         return None
-    stamp, _, message = parsed
-    m = _STATS.search(message)
-    if not m:
+    m = pattern.search(parsed[2])
+    return (parsed[0], m) if m else None
+
+
+def _row(stamp: str, now: float, kind: str, engine: int) -> dict[str, Any]:
+    """A row's first columns: the line's time, its kind and the engine core's index (the DP rank)."""
+    return {"ts": _epoch(stamp, now), "kind": kind, "iter": None, "dp": engine, "pp": 0, "tp": 0, "ep": 0}
+
+
+def stats_row(line: str, now: float) -> dict[str, Any] | None:
+    """One stats line as ``{ts, kind: stats, iter: None, dp (the engine's index), pp, tp, ep, <fields>}``;
+    None for any other line."""
+    found = _matching(line, _STATS)
+    if found is None:
         return None
-    row: dict[str, Any] = {
-        "ts": _epoch(stamp, now),
-        "kind": "stats",
-        "iter": None,
-        "dp": int(m.group("engine")),
-        "pp": 0,
-        "tp": 0,
-        "ep": 0,
-    }
+    stamp, m = found
+    row = _row(stamp, now, "stats", int(m.group("engine")))
     for part in m.group("body").split(", "):
         f = _FIELD.match(part.strip())
         if not f:
@@ -113,16 +116,12 @@ def stats_row(line: str, now: float) -> dict[str, Any] | None:
 def spec_row(line: str, now: float, engine: int) -> dict[str, Any] | None:
     """One speculative-decoding line as ``{ts, kind: spec, dp: engine, ..., accept_len,
     spec_accept_rate}`` (``engine``: that of the stats line before it); None for any other line."""
-    parsed = parse_line(line)
-    if parsed is None:
+    found = _matching(line, _SPEC)
+    if found is None:
         return None
-    stamp, _, message = parsed
-    m = _SPEC.search(message)
-    if not m:
-        return None
+    stamp, m = found
     rate = float(m.group("rate")) / 100 if m.group("rate") != "nan" else float("nan")
-    return {"ts": _epoch(stamp, now), "kind": "spec", "iter": None, "dp": engine, "pp": 0, "tp": 0, "ep": 0,
-            "accept_len": float(m.group("len")), "spec_accept_rate": rate}
+    return {**_row(stamp, now, "spec", engine), "accept_len": float(m.group("len")), "spec_accept_rate": rate}
 
 
 def vllm_log_frame(path: Path | str) -> pd.DataFrame:
