@@ -140,14 +140,18 @@ def test_sessions_arriving_at_a_rate_start_on_the_schedule_and_follow_their_answ
     starts, offsets = point.session_starts(), point.session_offsets()
     first = recs[0].scheduled_time
     assert first is not None
-    lag_max_s = result.metrics["client_lag_max_ms"] / 1000.0
+    late = []
     for s in range(len(sessions)):
         head = recs[starts[s]]
         assert head.scheduled_time == pytest.approx(first + offsets[s], abs=1e-6)
-        assert -2e-3 <= head.send_time - head.scheduled_time <= lag_max_s + 5e-3  # type: ignore[operator]
+        late.append(head.send_time - head.scheduled_time)  # type: ignore[operator]
         for i in range(starts[s] + 1, starts[s + 1]):
             assert recs[i].scheduled_time is None  # a follow-up answers the previous turn, not the clock
             assert recs[i].send_time >= recs[i - 1].end_time + 0.02 - 1e-3  # type: ignore[operator]
+    # a head is never sent early, and however busy the machine, the point says how late its latest was
+    # (only the scheduled heads count: a follow-up answers the previous turn)
+    assert min(late) >= -2e-3
+    assert result.metrics["schedule_lag_max_ms"] == pytest.approx(max(late) * 1000.0, abs=1e-6)
     # judged against the sessions' schedule, not every turn's send
     assert result.metrics["scheduled_rate"] == pytest.approx(
         (len(sessions) - 1) / (offsets[-1] - offsets[0]), rel=1e-6)
