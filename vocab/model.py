@@ -97,6 +97,12 @@ def num_routed_experts(cfg: dict[str, Any]) -> int:
     return int(cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
 
 
+def mtp_layers(cfg: dict[str, Any]) -> int:
+    """The next-token prediction layers the checkpoint carries (``num_nextn_predict_layers``; DeepSeek-V3:
+    one), which a model's own speculation (MTP) drafts with."""
+    return int(cfg.get("num_nextn_predict_layers") or 0)
+
+
 def read_model_info(directory: Path) -> ModelInfo:
     raw = read_config_json(directory)
     cfg = language_config(raw)

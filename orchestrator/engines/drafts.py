@@ -8,7 +8,7 @@ from __future__ import annotations
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.errors import ConfigError
 from vocab.assets import model_dir
-from vocab.model import ModelConfigError, read_config_json
+from vocab.model import ModelConfigError, mtp_layers, read_config_json
 
 
 def has_mtp_layers(cfg: ParasweepConf) -> bool:
@@ -17,7 +17,7 @@ def has_mtp_layers(cfg: ParasweepConf) -> bool:
         config = read_config_json(model_dir(cfg.model.path))
     except ModelConfigError:
         return False
-    return int(config.get("num_nextn_predict_layers") or 0) > 0
+    return mtp_layers(config) > 0
 
 
 def draft_model(cfg: ParasweepConf) -> str | None:

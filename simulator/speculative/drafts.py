@@ -17,7 +17,7 @@ import dataclasses
 from pathlib import Path
 
 from simulator.model_spec import ModelSpec, load_model_spec, spec_from_config
-from vocab.model import ModelConfigError, language_config, read_config_json
+from vocab.model import ModelConfigError, language_config, mtp_layers, read_config_json
 
 
 def _fused_input(spec: ModelSpec, params: int) -> ModelSpec:
@@ -31,7 +31,7 @@ def draft_spec(algorithm: str, draft_path: str, target: ModelSpec, context_lengt
     carries its own MTP layers, ``draft_path`` is the target's own folder."""
     cfg = read_config_json(Path(draft_path))
     arch = (language_config(cfg).get("architectures") or ["?"])[0]
-    if draft_path == target.path or (arch == target.architecture and cfg.get("num_nextn_predict_layers")):
+    if draft_path == target.path or (arch == target.architecture and mtp_layers(cfg)):
         return _mtp_spec(cfg, target, context_length)
     spec = load_model_spec(draft_path, context_length)
     if algorithm == "STANDALONE":
@@ -49,7 +49,7 @@ def draft_spec(algorithm: str, draft_path: str, target: ModelSpec, context_lengt
 
 
 def _mtp_spec(cfg: dict, target: ModelSpec, context_length: int) -> ModelSpec:
-    layers = int(cfg.get("num_nextn_predict_layers") or 0)
+    layers = mtp_layers(cfg)
     if layers < 1:
         raise ModelConfigError(f"{target.name} has no MTP layers (num_nextn_predict_layers is "
                                f"{cfg.get('num_nextn_predict_layers')}): give an EAGLE-3 draft instead")

@@ -278,10 +278,10 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
 
 def _has_mtp_layers(model_dir: str) -> bool:
     """Whether the checkpoint carries next-token prediction layers (``num_nextn_predict_layers``)."""
-    from vocab.model import ModelConfigError, read_config_json
+    from vocab.model import ModelConfigError, mtp_layers, read_config_json
 
     try:
-        return int(read_config_json(Path(model_dir)).get("num_nextn_predict_layers") or 0) > 0
+        return mtp_layers(read_config_json(Path(model_dir))) > 0
     except (ModelConfigError, OSError):
         return False
 
