@@ -250,6 +250,10 @@ class Admission:
         request's prompt and output join the tree (SGLang's ``cache_finished_req``: every token whose KV
         was written, not the last one sampled) and stay until evicted; without it, its KV is freed."""
         self.pool_used -= 1
+        self.free_kv(req)
+
+    def free_kv(self, req: Request) -> None:
+        """``req``'s KV and reservation freed (into the cache where there is one), its pool row apart."""
         cache = self.cache
         if cache is not None and req.prompt is not None and not req.aborted and req.cache_node is not None:
             written = np.concatenate((req.prompt, np.asarray(req.output_ids[:-1], dtype=np.int64)))

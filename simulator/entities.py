@@ -44,6 +44,7 @@ class Request:
         "pd",
         "prefilled",
         "prompt",
+        "remote",
         "rid",
         "spec_correct_drafts",
         "spec_verify_ct",
@@ -84,10 +85,32 @@ class Request:
         # running batch but keeps its KV until the transfer completes)
         self.handed_off = False
         self.pd: PDTimes | None = None  # disaggregation: when each part of its first token happened
+        # vLLM's KV connector: this request's KV is read by another server once it finishes (KVHold) or
+        # read from another server instead of computed (KVPull)
+        self.remote: KVHold | KVPull | None = None
 
     @property
     def context_len(self) -> int:
         return self.input_len + len(self.output_ids)
+
+
+@dataclass
+class KVHold:
+    """vLLM's prefill side of a KV transfer (``kv_transfer_params.do_remote_decode``): once the request
+    has finished (one token), its KV stays for the decode server to read; ``held(req)`` is told then."""
+
+    held: Callable[[Request], None]
+
+
+@dataclass
+class KVPull:
+    """vLLM's decode side (``do_remote_prefill``): the prompt's KV is read from the prefill server's blocks
+    instead of computed. Once the scheduler has room for it, ``start(req, tokens)`` begins the read of the
+    ``tokens`` its prefix cache lacks; the scheduler is told when they are in (``state``: waiting, reading,
+    received)."""
+
+    start: Callable[[Request, int], None]
+    state: str = "waiting"
 
 
 @dataclass

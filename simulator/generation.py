@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -37,13 +38,23 @@ def _sse(obj: object) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
+class KVConnector(Protocol):
+    """vLLM's KV connector on the OpenAI endpoints (``simulator/vllm/nixl.py``): it reads a request's
+    ``kv_transfer_params`` and adds its own to a finished request's answer."""
+
+    def accept(self, body: dict[str, Any], request_id: str | None, req: Request) -> None: ...
+
+    def answer(self, req: Request) -> dict[str, Any]: ...
+
+
 class GenerationAPI:
     def __init__(self, cfg: SimConfig, frontend: Frontend, faults: FaultInjector,
-                 epoch: Callable[[float], float]) -> None:
+                 epoch: Callable[[float], float], connector: KVConnector | None = None) -> None:
         self.cfg = cfg
         self.frontend = frontend
         self.epoch = epoch  # simulated time -> epoch seconds of the engine's own clock
         self.faults = faults  # counts arrivals; may crash or freeze the engine (--sim-fault-*)
+        self.connector = connector
 
     def _now(self) -> float:
         """The engine's clock now, as epoch seconds."""
@@ -202,13 +213,19 @@ class GenerationAPI:
                       fault: str | None) -> web.StreamResponse:
         if fault == HTTP_ERROR:
             return openai_error(HTTP_ERROR_MESSAGE, 500, "InternalServerError")
+        if self.connector is not None:
+            for r in reqs:
+                self.connector.accept(body, request.headers.get("X-Request-Id"), r)
         self.frontend.submit(reqs, Bootstrap.of(body))
         model = body.get("model") or self.cfg.served_model_name
         created = int(time.time())
         rid = reqs[0].rid
         if not body.get("stream", False):
             await self.frontend.wait_all(reqs)
-            return json_response(self._openai_full(reqs, rid, created, model, chat))
+            full = self._openai_full(reqs, rid, created, model, chat)
+            if self.connector is not None:  # vLLM's answer carries the connector's parameters at its top
+                full.update(self.connector.answer(reqs[0]))
+            return json_response(full)
         obj_name = "chat.completion.chunk" if chat else "text_completion"
         head = {"id": rid, "object": obj_name, "created": created, "model": model}
         resp = web.StreamResponse(headers=SSE_HEADERS)

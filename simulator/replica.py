@@ -422,6 +422,8 @@ class ReplicaModel:
             report = obs is not None and req.log_metrics
             if req.first_token_time < 0:
                 req.first_token_time = now
+                if req.pd is not None:  # vLLM's decode server computes its first token itself
+                    req.pd.first_token = now
                 if report:
                     obs.on_first_token(req, now)
             elif report:

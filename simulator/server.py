@@ -39,10 +39,17 @@ class Served(Protocol):
 
     app: web.Application
     faults: FaultConf
-    pd: object
     ready: bool
     driver: LiveDriver
     ready_message: str  # logged once it is ready
+
+    def side_ports(self) -> list[int]:
+        """Ports beside the API's that other servers of a disaggregated deployment call (same app)."""
+        ...
+
+    async def close_peers(self) -> None:
+        """Close the sessions it holds to other servers."""
+        ...
 
 
 ServerMaker = Callable[[SimConfig, asyncio.AbstractEventLoop, LogWriter], Served]
@@ -77,6 +84,14 @@ class SimServer:
                                         self.driver.epoch)
         self.ready = False
         self.app = self._make_app()
+
+    def side_ports(self) -> list[int]:
+        """A prefill server's bootstrap port, where its decode servers ask for their KV."""
+        return [self.cfg.args.disaggregation_bootstrap_port] if isinstance(self.pd, LivePrefill) else []
+
+    async def close_peers(self) -> None:
+        if isinstance(self.pd, LiveDecode):
+            await self.pd.close()
 
     def _make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 2**20)
@@ -230,9 +245,8 @@ async def _run(cfg: SimConfig, log: LogWriter, make: ServerMaker) -> int:
     await runner.setup()
     site = web.TCPSite(runner, cfg.args.host, cfg.args.port, reuse_address=True)
     sites = [(site, cfg.args.port)]
-    if isinstance(server.pd, LivePrefill):  # the decode servers' bootstrap calls come here
-        port = cfg.args.disaggregation_bootstrap_port
-        sites.append((web.TCPSite(runner, cfg.args.host, port, reuse_address=True), port))
+    sites += [(web.TCPSite(runner, cfg.args.host, port, reuse_address=True), port)
+              for port in server.side_ports()]
     for one, port in sites:
         try:
             await one.start()
@@ -260,8 +274,7 @@ async def _run(cfg: SimConfig, log: LogWriter, make: ServerMaker) -> int:
     await nodes.close()
     server.ready = False
     server.driver.stop()
-    if isinstance(server.pd, LiveDecode):
-        await server.pd.close()
+    await server.close_peers()
     await runner.shutdown()
     await runner.cleanup()
     return code

@@ -19,6 +19,7 @@ from simulator.cli import add_sim_flags, build_parser
 from simulator.kernel_lanes import VLLM_MOE_BACKENDS
 from simulator.model_spec import ONLINE_FP8
 from simulator.vllm.compilation import CompilationError, read_compilation
+from simulator.vllm.nixl import KVTransferConfigError, parse_kv_transfer_config
 from simulator.vllm.releases import NEWEST, PLAYED, default_caps, played
 from simulator.vllm.speculative import SpecConfigError, async_with_spec, conditional_rates, parse_spec_config
 
@@ -87,6 +88,7 @@ def build_vllm_parser() -> argparse.ArgumentParser:
     a("--max-cudagraph-capture-size", type=int, default=None)
     a("--moe-backend", default="auto")
     a("--speculative-config", default=None)
+    a("--kv-transfer-config", default=None)
     a("--compilation-config", "-cc", default=None)
     a("--optimization-level", "-O", default=None)
     a("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
@@ -188,6 +190,15 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
         if speculative.synthetic is not None:  # vLLM's sampler accepts by these rates: they win
             v.sim_spec_acceptance = "rates:" + ",".join(f"{r:g}" for r in
                                                         conditional_rates(speculative.synthetic))
+    kv_transfer = None
+    if v.kv_transfer_config is not None:
+        try:
+            kv_transfer = parse_kv_transfer_config(v.kv_transfer_config)
+        except KVTransferConfigError as e:
+            raise VLLMFlagError(str(e)) from e
+        if speculative is not None:
+            raise VLLMFlagError("--kv-transfer-config with --speculative-config is not modelled by the "
+                                "simulated engine")
     try:
         compiled = read_compilation(v.compilation_config, v.optimization_level, v.enforce_eager)
     except CompilationError as e:
@@ -231,6 +242,7 @@ def _neutral(v: argparse.Namespace) -> argparse.Namespace:
     n.cuda_graph_max_bs_decode = (v.max_cudagraph_capture_size or compiled.max_capture
                                   or min(2 * seqs, MAX_CAPTURE))
     n.vllm_speculative = speculative
+    n.vllm_kv_transfer = kv_transfer
     if speculative is not None and release.spec_widens_capture:
         # graphs are captured by a step's tokens, a verify of b requests runs b(k + 1): from 0.15 the
         # default largest capture grows with it, min(2 x max_num_seqs x (k + 1), 512)

@@ -5,7 +5,7 @@ and buckets. Latencies are in the engine's own (simulated) seconds. The simulate
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -86,6 +86,12 @@ class VLLMMetrics:
         reg.register(_Gauges(model, replicas))
         if any(r.spec is not None for r in replicas):  # registered only with a speculative config, as vLLM
             reg.register(_SpecCounters(model, replicas))
+        self.nixl: NixlMetrics | None = None
+
+    def with_nixl(self) -> NixlMetrics:
+        """The NIXL connector's series (registered with a ``--kv-transfer-config`` only, as vLLM's)."""
+        self.nixl = NixlMetrics(self.registry, self.labels)
+        return self.nixl
 
     def labels(self, engine: int) -> dict[str, str]:
         return {"model_name": self.model, "engine": str(engine)}
@@ -162,3 +168,27 @@ class _SpecCounters(Collector):
                 kept = st.accepted_at[pos] if pos < len(st.accepted_at) else 0
                 per_pos.add_metric([*labels, str(pos)], kept)
         yield from (drafts, proposed, accepted, per_pos)
+
+
+# NixlPromMetrics (nixl_connector.py, 0.11.2 to 0.19.0; nixl/stats.py in 0.34): each read's duration and
+# bytes (per GPU: each worker reports its own), as the worker that reads observes them
+NIXL_XFER_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0]
+NIXL_BYTES_BUCKETS = [2 ** (10 + i) for i in range(1, 25, 2)]
+
+
+class NixlMetrics:
+    """The KV reads a server made (decode side) and the held KV nobody read in time (prefill side)."""
+
+    def __init__(self, reg: CollectorRegistry, labels: Callable[[int], dict[str, str]]) -> None:
+        self.labels = labels
+        self.xfer_time = Histogram("vllm:nixl_xfer_time_seconds",
+                                   "Histogram of transfer duration for NIXL KV Cache transfers.", LABELS,
+                                   buckets=NIXL_XFER_BUCKETS, registry=reg)
+        self.bytes = Histogram("vllm:nixl_bytes_transferred",
+                               "Histogram of bytes transferred per NIXL KV Cache transfers.", LABELS,
+                               buckets=NIXL_BYTES_BUCKETS, registry=reg)
+        self.failed = Counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.",
+                              LABELS, registry=reg)
+        self.expired = Counter("vllm:nixl_num_kv_expired_reqs",
+                               "Number of requests that had their KV expire. NOTE: This metric is tracked "
+                               "on the P instance.", LABELS, registry=reg)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from simulator.admission import Admission
 from simulator.costs import decode_shape, prefill_shape
-from simulator.entities import Batch, PrefillItem, Request, Slot
+from simulator.entities import Batch, KVHold, KVPull, PrefillItem, Request, Slot
 from simulator.replica import ReplicaModel
 from simulator.sim_config import SimConfig
 from simulator.speculative.iteration import step_shape
@@ -53,6 +53,10 @@ class VLLMAdmission(Admission):
         # --speculative-config: a decoding request verifies its k drafts with its own next token, k + 1
         # tokens of the budget, and holds ``lookahead`` KV slots more while its drafter writes them
         self.spec = cfg.args.vllm_speculative if cfg.speculative is not None else None
+        # --kv-transfer-config: requests whose KV is being read from a prefill server (decode side), and
+        # finished requests whose KV stays until a decode server has read it (prefill side), by id
+        self.reading: list[Request] = []
+        self.held: dict[str, Request] = {}
 
     @property
     def num_running(self) -> int:
@@ -65,18 +69,71 @@ class VLLMAdmission(Admission):
         )
 
     def holds(self, req: Request) -> bool:
-        return any(req in reqs for reqs in self.running.values())
+        return any(req in reqs for reqs in self.running.values()) or req in self.reading
 
     def drop_finished(self, slot: Slot) -> None:
         """Finished and aborted requests leave the slot: their pool row and KV are freed (their prompt and
-        output stay in the prefix cache)."""
+        output stay in the prefix cache). A prefill server's request for a decode server keeps its KV
+        until that server has read it (vLLM's connector delays the blocks' free)."""
         running = self.running.get(slot.index, [])
         for r in [r for r in running if r.finished]:
             running.remove(r)
             if r in slot.reqs:
                 slot.reqs.remove(r)
-            self.release(r)
+            if isinstance(r.remote, KVHold) and not r.aborted:
+                self.pool_used -= 1
+                self.held[r.rid] = r
+                r.remote.held(r)
+            else:
+                self.release(r)
         super().drop_finished(slot)  # anything finished in the slot that was not in running
+
+    def free_read(self, rid: str) -> bool:
+        """A decode server has read held request ``rid``'s KV (or gave up): its blocks are free. False
+        where no such request is held."""
+        req = self.held.pop(rid, None)
+        if req is not None:
+            self.free_kv(req)
+        return req is not None
+
+    def _start_read(self, req: Request, pull: KVPull, promised: int) -> bool:
+        """Decode side: the blocks of ``req``'s prompt its prefix cache lacks, taken now, and their read
+        from the prefill server started (no token of the step's budget: vLLM's WAITING_FOR_REMOTE_KVS).
+        False where the free KV cannot hold them."""
+        cached = self._match(req)
+        need = req.input_len - cached
+        if need > self._free(promised):
+            self._unmatch(req)
+            return False
+        self._make_room(need)
+        req.kv_tokens = need - 1  # the last prompt token is computed again here (below)
+        self.kv_used += req.kv_tokens
+        self.peak_kv_used = max(self.peak_kv_used, self.held_tokens)
+        pull.state = "reading"
+        self.reading.append(req)
+        pull.start(req, need)
+        return True
+
+    def kv_received(self, req: Request) -> None:
+        """``req``'s KV has been read: all of its prompt but the last token counts as computed (vLLM
+        computes that one again for the logits of the first token) and it waits at the head of the queue."""
+        self.reading.remove(req)
+        assert isinstance(req.remote, KVPull)
+        req.remote.state = "received"
+        if req.finished:  # aborted while its KV was on the way
+            self.free_kv(req)
+            return
+        req.prefilled = req.input_len - 1
+        self.waiting.appendleft(req)
+
+    def read_failed(self, req: Request) -> None:
+        """The read of ``req``'s KV failed: vLLM computes the prompt itself (its default load-failure
+        policy), so the request waits again as a plain one, its blocks freed."""
+        self.reading.remove(req)
+        req.remote = None
+        self.free_kv(req)
+        if not req.finished:
+            self.waiting.appendleft(req)
 
     def _preempt(self, slot: Slot, req: Request) -> None:
         """Recompute: ``req``'s KV is freed (what was cached stays in the prefix cache) and it goes back
@@ -87,6 +144,8 @@ class VLLMAdmission(Admission):
         self.release(req)
         req.prefilled = 0
         req.cached = 0
+        if isinstance(req.remote, KVPull):  # its KV was read once: computed here from now on
+            req.remote = None
         self.waiting.appendleft(req)
         self.preemptions += 1
         self.step_preemptions += 1
@@ -143,6 +202,20 @@ class VLLMAdmission(Admission):
             if req.finished:  # aborted while waiting
                 self.waiting.popleft()
                 continue
+            pull = req.remote if isinstance(req.remote, KVPull) else None
+            if pull is not None and pull.state == "waiting":
+                if not self._start_read(req, pull, promised):
+                    break
+                self.waiting.popleft()
+                continue
+            if pull is not None:  # its KV is in: the last prompt token is this step's
+                self.waiting.popleft()
+                self._run_received(req, running, now)
+                items.append(PrefillItem(req, 1, req.prefilled, True))
+                req.prefilled += 1
+                promised += 1
+                budget -= 1
+                continue
             cached = self._match(req)
             todo = req.context_len - cached
             if self.cache is not None:
@@ -183,6 +256,13 @@ class VLLMAdmission(Admission):
                 + [(verify.get(id(r), 1), r.context_len) for r in decodes]
             ),
         )
+
+    def _run_received(self, req: Request, running: list[Request], now: float) -> None:
+        if req.forward_entry < 0:  # a deployment on one clock set it where its prefill began
+            req.forward_entry = now
+        running.append(req)
+        self.pool_used += 1
+        self.peak_pool_used = max(self.peak_pool_used, self.pool_used)
 
     def commit_accepted(self, req: Request, tokens: int) -> None:
         """The verify kept ``tokens`` drafts: their KV stays and they count as computed (vLLM takes the
@@ -225,6 +305,25 @@ class VLLMReplica(ReplicaModel):
 
     def holds(self, req: Request) -> bool:
         return super().holds(req) or self.admission.holds(req)
+
+    # -- --kv-transfer-config: the connector's side of the scheduler (simulator/vllm/nixl.py) -------------
+
+    def remote_kv_in(self, req: Request) -> None:
+        """Decode side: ``req``'s KV has been read; it runs at the next step."""
+        self.admission.kv_received(req)
+        self._wake()
+
+    def remote_kv_failed(self, req: Request) -> None:
+        """Decode side: the read of ``req``'s KV failed; its prompt is computed here."""
+        self.admission.read_failed(req)
+        self._wake()
+
+    def free_read(self, rid: str) -> bool:
+        """Prefill side: held request ``rid``'s KV has been read; its blocks are free for new work."""
+        freed = self.admission.free_read(rid)
+        if freed:
+            self._wake()
+        return freed
 
     def idle(self) -> bool:
         return super().idle() and self.admission.num_running == 0

@@ -28,6 +28,7 @@ from simulator.timebase import LiveDriver, Simulation
 from simulator.vllm.info import played_info
 from simulator.vllm.logs import VLLMLogWriter
 from simulator.vllm.metrics import VLLMMetrics
+from simulator.vllm.nixl import READ_PATH, LiveNixl, side_channel
 from simulator.vllm.reporter import STATS_INTERVAL_S, StatsLine, VLLMReporter
 from simulator.vllm.scheduler import VLLMReplica
 from vocab.telemetry import GpuSource
@@ -50,10 +51,14 @@ class VLLMServer:
             rep.step_hook = reporter.on_step
             self.stats.append(StatsLine(rep, reporter, engine, cfg.args.vllm_release, log))
         self.frontend = Frontend(cfg, self.replicas, self.driver.now, loop)  # type: ignore[arg-type]
-        self.pd = None
+        # --kv-transfer-config: this server's NIXL connector (both roles, per request)
+        self.nixl = (
+            LiveNixl(cfg, self.sim, self.replicas, self.driver.now, loop, log, self.metrics.with_nixl())
+            if cfg.args.vllm_kv_transfer is not None else None)
         self.faults = FaultConf.from_args(cfg.args)
         self.generation = GenerationAPI(
-            cfg, self.frontend, FaultInjector(self.faults, cfg, log, self.freeze_engine), self.driver.epoch
+            cfg, self.frontend, FaultInjector(self.faults, cfg, log, self.freeze_engine), self.driver.epoch,
+            self.nixl,
         )
         self.ready = False
         self.app = self._make_app()
@@ -72,7 +77,17 @@ class VLLMServer:
         r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         r.add_get(GPUS_PATH, self.gpus_handler)
         r.add_get(SIM_INFO_PATH, self.sim_info)
+        if self.nixl is not None:  # served on the side channel's port too
+            r.add_post(READ_PATH, self.nixl.read_handler)
         return app
+
+    def side_ports(self) -> list[int]:
+        """The NIXL side channel, where decode servers read this server's KV."""
+        return [self.nixl.port] if self.nixl is not None else []
+
+    async def close_peers(self) -> None:
+        if self.nixl is not None:
+            await self.nixl.close()
 
     def freeze_engine(self) -> None:
         """A deadlocked engine core: no step runs again; the API server goes on answering."""
@@ -171,6 +186,10 @@ def startup_lines(cfg: SimConfig, log: LogWriter) -> None:
     # vLLM's engine configuration line, with the fields parasweep reads (the real one lists every config)
     log.info(f"Initializing a V1 LLM engine (v{a.vllm_release}) with config: model={a.model_path!r}, "
              f"speculative_config={spec_repr}", "core.py:1")
+    if a.vllm_kv_transfer is not None:  # the engine id is the connector's (LiveNixl), not logged here
+        host, port = side_channel()
+        log.info(f"Creating v1 connector with name: {a.vllm_kv_transfer.connector} (kv_role "
+                 f"{a.vllm_kv_transfer.role}; side channel {host}:{port})", "factory.py:64")
     log.info(f"Asynchronous scheduling is {'enabled' if a.async_scheduling else 'disabled'}.", "vllm.py:1")
     log.info(
         f"Chunked prefill is enabled with max_num_batched_tokens={cfg.chunked_prefill_size}.",
