@@ -685,7 +685,8 @@ def record_emission(req: Request, rec: RequestRecord, now: float, emitted: int) 
         return emitted
     if rec.first_token_time is None:
         rec.first_token_time = now
-        rec.server_queue_s = req.forward_entry - req.arrival  # the model's queue wait
+        # the model's queue wait (a disaggregated request's from its arrival at the router)
+        rec.server_queue_s = req.forward_entry - (req.pd.arrival if req.pd is not None else req.arrival)
         rec.cached_tokens = req.cached
         if req.pd is not None:  # a disaggregated deployment: its TTFT's parts, as a decode server reports
             rec.pd_parts_s = list(req.pd.parts().values())

@@ -26,6 +26,7 @@ from simulator.predict import (
     run_points,
 )
 from simulator.sim_config import SimConfig
+from simulator.vllm.disagg import VLLMDeployment
 from vocab.load import LoadPoint, RequestSpec
 from vocab.records import PointResult, RequestRecord
 from vocab.telemetry import (
@@ -41,7 +42,8 @@ from vocab.telemetry import (
 class VirtualPDTrial(VirtualTrial):
     """A disaggregated deployment on one virtual clock; load points run one after another."""
 
-    def __init__(self, deployment: Deployment) -> None:  # not super's: that builds one engine
+    # not super's __init__: that builds one engine
+    def __init__(self, deployment: Deployment | VLLMDeployment) -> None:
         self.deployment = deployment
         self._submitted: list[Request] = []
         # the client's request seeds come from decode server 0's config, as its stream is the client's
@@ -115,9 +117,12 @@ class PDLayout:
     decode_workers: int
     policy: str = "round_robin"
 
-    def build(self) -> Deployment:
+    def build(self) -> Deployment | VLLMDeployment:
         args = self.decode.args
         prefill = [self.prefill] * self.prefill_workers if self.prefill is not None else []
+        if self.decode.dialect == "vllm":  # vllm-router's sequence and NIXL's reads
+            return VLLMDeployment(prefill, [self.decode] * self.decode_workers, policy=self.policy,
+                                  seed=self.decode.random_seed)
         return Deployment(prefill, [self.decode] * self.decode_workers, policy=self.policy,
                           seed=self.decode.random_seed, reserved_tokens=args.num_reserved_decode_tokens,
                           moves_kv=args.disaggregation_transfer_backend != "fake")

@@ -34,6 +34,8 @@ DP_ROUTERS = ("round_robin", "total_requests", "cache_aware")
 DP_ROUTER_IMPLS = ("auto", "engine", "smg")
 # the router package parasweep launches (pinned: its flags and metric names change between releases)
 ROUTER_PACKAGE = "smg==1.13.0"
+# vLLM's router in PD mode (vllm-project/router): a disaggregated vLLM deployment's front
+VLLM_ROUTER_PACKAGE = "vllm-router==0.1.17"
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "routing-key", "hrrn",
                      "shortest-prefill-first")
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "max_seq_len",

@@ -9,6 +9,7 @@ import importlib.util
 from orchestrator.config.model_info import model_info
 from orchestrator.config.schema import (
     PD_ROLES,
+    VLLM_ENGINES,
     ParasweepConf,
     role_config,
     role_gpus,
@@ -16,7 +17,7 @@ from orchestrator.config.schema import (
     world_size,
 )
 from orchestrator.errors import ConfigError
-from vocab.model import PD_POLICIES, ROUTER_PACKAGE
+from vocab.model import PD_POLICIES, ROUTER_PACKAGE, VLLM_ROUTER_PACKAGE
 
 TRANSFER_BACKENDS = ("mooncake", "nixl", "mooncake_tcp", "fake")
 
@@ -98,7 +99,10 @@ def validate_pd(cfg: ParasweepConf, engine: str) -> None:
     if cfg.spec.algorithm != "none":
         raise ConfigError("spec.algorithm", cfg.spec.algorithm, "none with pd.enabled=true",
                           why="speculative decoding in a disaggregated deployment is not modelled yet")
-    if cfg.workload.api == "completions":
+    vllm = engine in VLLM_ENGINES
+    if vllm:
+        _vllm_keys(cfg)
+    elif cfg.workload.api == "completions":
         raise ConfigError("workload.api", "completions", "generate or chat with pd.enabled=true",
                           why="the router refuses the token-id prompts parasweep sends to /v1/completions")
     live = not (cfg.predict or cfg.dry_run)
@@ -116,7 +120,26 @@ def validate_pd(cfg: ParasweepConf, engine: str) -> None:
                           f"GPUs of hardware {cfg.hardware.name}",
                           why=f"servers of {sizes} GPUs, each within one node and placed in order (prefill "
                               f"first), need {max(placed) + 1} nodes")
-    if live and importlib.util.find_spec("smg") is None:
-        raise ConfigError("pd.enabled", True, f"false, or install the router: pip install {ROUTER_PACKAGE}",
+    module, package = ("vllm_router", VLLM_ROUTER_PACKAGE) if vllm else ("smg", ROUTER_PACKAGE)
+    if live and importlib.util.find_spec(module) is None:
+        raise ConfigError("pd.enabled", True, f"false, or install the router: pip install {package}",
                           why=f"the {engine} trial needs the router package in PD mode, which this Python "
                               "lacks")
+
+
+def _vllm_keys(cfg: ParasweepConf) -> None:
+    """What a disaggregated vLLM deployment takes of ``pd.*``: NIXL, vLLM's own side-channel ports and
+    its scheduler's own admission (SGLang's bootstrap port and decode reserve have no vLLM counterpart)."""
+    pd = cfg.pd
+    if pd.transfer_backend != "nixl":
+        raise ConfigError("pd.transfer_backend", pd.transfer_backend, "nixl with engine=vllm",
+                          why="vLLM's KV connector parasweep launches is NIXL's (NixlConnector); its other "
+                              "connectors are not built")
+    if pd.bootstrap_port is not None:
+        raise ConfigError("pd.bootstrap_port", pd.bootstrap_port, "null with engine=vllm",
+                          why="SGLang's bootstrap server; each vLLM server's NIXL side channel gets a free "
+                              "port of its own")
+    if pd.reserved_decode_tokens is not None:
+        raise ConfigError("pd.reserved_decode_tokens", pd.reserved_decode_tokens, "null with engine=vllm",
+                          why="SGLang's --num-reserved-decode-tokens; vLLM's decode server takes a "
+                              "request's KV when its scheduler has room for the prompt")

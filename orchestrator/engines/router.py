@@ -15,11 +15,21 @@ import dataclasses
 import sys
 from collections.abc import Callable
 
-from orchestrator.config.schema import PD_ROLES, ParasweepConf, role_gpus, worker_config, world_size
+from orchestrator.config.schema import (
+    PD_ROLES,
+    ParasweepConf,
+    bootstrap_ports,
+    plays_vllm,
+    role_gpus,
+    worker_config,
+    world_size,
+)
 from orchestrator.engines.base import HOST
+from orchestrator.engines.vllm_compat.disagg import side_channel_env
 from simulator.router import BALANCE_ABS, BALANCE_REL, CACHE_THRESHOLD
 
 ROUTER_MODULE = "smg.launch_router"
+VLLM_ROUTER_MODULE = "vllm_router.launch_router"  # vllm-router's launcher (the package's `vllm-router`)
 
 
 def replica_config(cfg: ParasweepConf) -> ParasweepConf:
@@ -78,7 +88,8 @@ class PDServer:
     argv: list[str]
     port: int
     gpus: str
-    bootstrap_port: int | None  # prefill servers: where decode servers fetch their KV from
+    bootstrap_port: int | None  # SGLang's prefill servers: where decode servers fetch their KV from
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # vLLM's: its NIXL side channel
 
     @property
     def name(self) -> str:
@@ -95,22 +106,29 @@ class PDLaunch:
 
 
 def pd_launch(cfg: ParasweepConf, server_argv: Callable[[ParasweepConf, int], list[str]],
-              ports: list[int], bootstrap_ports: list[int], router_port: int, prometheus_port: int,
+              ports: list[int], side_port: Callable[[int], int], router_port: int, prometheus_port: int,
               visible: str | None, python: str = sys.executable) -> PDLaunch:
     """Each server's command (``server_argv(its config, its port)``) on its slice of ``visible`` (the
-    GPUs in placement order: prefill servers first), one port each and a bootstrap port per prefill
-    server, and the router in PD mode on ``router_port``."""
+    GPUs in placement order: prefill servers first), one port each, and the router in PD mode on
+    ``router_port``. The servers call each other on ports of their own, the k-th from ``side_port(k)``
+    where nothing sets it: SGLang's prefill servers' bootstrap ports (``pd.bootstrap_port`` and up where
+    set), every vLLM server's NIXL side channel."""
+    vllm = plays_vllm(cfg)
+    boots = [] if vllm else bootstrap_ports(cfg, side_port)
     servers, first = [], 0
     for role in PD_ROLES:
         per_server = role_gpus(cfg, role)
         for i in range(getattr(cfg.pd, role).workers):
-            boot = bootstrap_ports[i] if role == "prefill" else None
+            boot = boots[i] if role == "prefill" and not vllm else None
             one = worker_config(cfg, role, i, boot)
             port = ports[len(servers)]
             gpus = _gpu_slice(visible, first, per_server)
-            servers.append(PDServer(role, i, server_argv(one, port), port, gpus, boot))
+            env = side_channel_env(side_port(len(servers))) if vllm else {}
+            servers.append(PDServer(role, i, server_argv(one, port), port, gpus, boot, env))
             first += per_server
-    return PDLaunch(servers, pd_router_argv(cfg, router_port, prometheus_port, servers, python))
+    router = (vllm_pd_router_argv(cfg, router_port, prometheus_port, servers, python) if vllm
+              else pd_router_argv(cfg, router_port, prometheus_port, servers, python))
+    return PDLaunch(servers, router)
 
 
 def _gpu_slice(visible: str | None, first: int, count: int) -> str:
@@ -132,6 +150,19 @@ def pd_router_argv(cfg: ParasweepConf, port: int, prometheus_port: int, servers:
     return [python, "-m", ROUTER_MODULE, "--host", HOST, "--port", str(port), *mode,
             "--policy", cfg.pd.policy, "--prometheus-host", HOST, "--prometheus-port", str(prometheus_port),
             "--log-level", "warn"]
+
+
+def vllm_pd_router_argv(cfg: ParasweepConf, port: int, prometheus_port: int, servers: list[PDServer],
+                        python: str = sys.executable) -> list[str]:
+    """vllm-router in PD mode (``--vllm-pd-disaggregation``, NIXL): each prefill and decode server, the
+    pairing policy, its Prometheus listener on a port of its own. It checks the servers' health every
+    second while it starts (its default, 30 s, would add up to 30 s to every trial's start)."""
+    urls = [(s.role, f"http://{HOST}:{s.port}") for s in servers]
+    roles = [x for role, url in urls for x in (f"--{role}", url)]
+    return [python, "-m", VLLM_ROUTER_MODULE, "--vllm-pd-disaggregation", *roles, "--kv-connector", "nixl",
+            "--policy", cfg.pd.policy, "--host", HOST, "--port", str(port), "--prometheus-host", HOST,
+            "--prometheus-port", str(prometheus_port), "--worker-startup-check-interval", "1",
+            "--log-level", "warning"]
 
 
 def worker_urls(argv: list[str]) -> list[str]:

@@ -73,4 +73,5 @@ class SimVLLMEngine(VLLMReadout, SimEngine):
             f"{cfg.engine.time_scale:g}",
             *(["--sim-spec-acceptance", acceptance_flag(cfg)] if cfg.spec.algorithm != "none" else []),
             *fault_flags(cfg.engine.sim_faults),
+            *(["--sim-pd-node", str(cfg.pd.node)] if cfg.pd.role and cfg.pd.node else []),
         ]

@@ -280,14 +280,13 @@ def _disaggregated_command(cfg: ParasweepConf, prefix: list[str],
     bootstrap ports from ``pd.bootstrap_port`` or SGLang's default up), the router in PD mode in front
     on 30000. Across nodes each server is marked with its node, its GPUs numbered within it; the
     router's URLs then need the nodes' addresses instead of 127.0.0.1."""
-    from orchestrator.config.schema import bootstrap_ports, server_nodes
+    from orchestrator.config.schema import server_nodes
     from orchestrator.engines.router import pd_launch
     from orchestrator.engines.sglang_compat.disagg import DEFAULT_BOOTSTRAP_PORT
 
     count = cfg.pd.prefill.workers + cfg.pd.decode.workers
-    boots = bootstrap_ports(cfg, lambda i: DEFAULT_BOOTSTRAP_PORT + i)
-    launch = pd_launch(cfg, server, [30001 + i for i in range(count)], boots, 30000, 29000, None,
-                       python="python")
+    launch = pd_launch(cfg, server, [30001 + i for i in range(count)], lambda i: DEFAULT_BOOTSTRAP_PORT + i,
+                       30000, 29000, None, python="python")
     nodes = server_nodes(cfg)
     across = len(set(nodes)) > 1
     used: collections.Counter[int] = collections.Counter()
@@ -296,7 +295,8 @@ def _disaggregated_command(cfg: ParasweepConf, prefix: list[str],
         width = len(one.gpus.split(","))
         gpus = ",".join(str(used[node] + g) for g in range(width))
         used[node] += width
-        command = shlex.join([f"CUDA_VISIBLE_DEVICES={gpus}", *prefix, *one.argv])
+        env = [f"{k}={v}" for k, v in one.env.items()]
+        command = shlex.join([f"CUDA_VISIBLE_DEVICES={gpus}", *env, *prefix, *one.argv])
         commands.append(f"[node {node}] {command}" if across else command)
     return " & ".join([*commands, shlex.join(launch.router)])
 

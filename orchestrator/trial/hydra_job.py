@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from orchestrator.config.schema import ParasweepConf, bootstrap_ports, router_process, trial_nodes
+from orchestrator.config.schema import ParasweepConf, router_process, trial_nodes
 from orchestrator.config.validate import typed_config
 from orchestrator.engines.base import NodePlace
 from orchestrator.engines.router import pd_launch, routed_launch
@@ -70,9 +70,9 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
                 return redact_argv(plan.engine.argv(one, server_port, identity.trial_dir))
 
             n = cfg.pd.prefill.workers + cfg.pd.decode.workers
-            boots = bootstrap_ports(cfg, lambda i: DEFAULT_BOOTSTRAP_PORT + i)
-            lines = pd_plan_lines(plan, pd_launch(cfg, server, [free_port() for _ in range(n)], boots, port,
-                                                  free_port(), None))
+            launch = pd_launch(cfg, server, [free_port() for _ in range(n)],
+                               lambda i: DEFAULT_BOOTSTRAP_PORT + i, port, free_port(), None)
+            lines = pd_plan_lines(plan, launch)
         elif router_process(cfg, engine_name):  # one server per DP replica, the router in front
             def replica(one: ParasweepConf, replica_port: int) -> list[str]:
                 return redact_argv(plan.engine.argv(one, replica_port, identity.trial_dir))

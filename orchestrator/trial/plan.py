@@ -112,6 +112,8 @@ def pd_plan_lines(plan: TrialPlan, launch: PDLaunch) -> list[str]:
     lines += [f"router argv: {json.dumps(launch.router)}",
               "server GPUs (positions in the trial's CUDA_VISIBLE_DEVICES): "
               + ", ".join(f"{s.name} → {s.gpus}" for s in launch.servers)]
+    lines += [f"env[{s.name}]: " + " ".join(f"{k}={v}" for k, v in s.env.items()) for s in launch.servers
+              if s.env]
     return [*lines, *plan.engine.plan_notes(role_config(cfg, "decode"))]
 
 

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.config.schema import (
-    bootstrap_ports,
     gpus_per_node,
     plays_vllm,
     role_config,
@@ -301,10 +300,9 @@ class LiveSession:
         cfg, trial_dir = self.plan.cfg, self.plan.identity.trial_dir
         n = cfg.pd.prefill.workers + cfg.pd.decode.workers
         ports = [free_port() for _ in range(n)]
-        boots = bootstrap_ports(cfg, lambda _: free_port())
         port, prometheus_port = free_port(), free_port()
-        launch = pd_launch(cfg, lambda one, p: self.plan.engine.argv(one, p, trial_dir), ports, boots, port,
-                           prometheus_port, self.env.get("CUDA_VISIBLE_DEVICES"))
+        launch = pd_launch(cfg, lambda one, p: self.plan.engine.argv(one, p, trial_dir), ports,
+                           lambda _: free_port(), port, prometheus_port, self.env.get("CUDA_VISIBLE_DEVICES"))
         speaker = next(s for s in launch.servers if s.role == "decode" and s.index == 0)
         self.argv, self.router_argv = speaker.argv, launch.router
         self._router_metrics_url = f"http://{HOST}:{prometheus_port}/metrics"
@@ -314,7 +312,7 @@ class LiveSession:
                                   self.paths.worker_metrics_jsonl(s.role, s.index))
                                  for s in launch.servers if s is not speaker]
         self._group = ReplicaGroup(self.paths, cfg.engine.stop_grace_s)
-        workers = [Worker(s.name, s.argv, s.port, {**self.env, "CUDA_VISIBLE_DEVICES": s.gpus},
+        workers = [Worker(s.name, s.argv, s.port, {**self.env, **s.env, "CUDA_VISIBLE_DEVICES": s.gpus},
                           self.paths.worker_log(s.role, s.index)) for s in launch.servers]
         self._group.start_workers(workers, cfg.engine.startup_timeout_s)
         return self._group.start_router(self.router_argv, port, cfg.engine.startup_timeout_s)

@@ -125,7 +125,8 @@ class HeldKV:
         self.readers: dict[str, Callable[[], bool]] = {}  # reads waiting for their request to finish
         self.link = Link(sim)  # this server's GPU links, which its transfers queue on
 
-    def hold(self, key: str) -> KVHold:
+    def hold(self, key: str, then: Callable[[Request], None] | None = None) -> KVHold:
+        """What a request to be read under ``key`` carries; ``then(req)`` once it has finished here."""
         self.pending.add(key)
 
         def held(req: Request) -> None:
@@ -135,6 +136,8 @@ class HeldKV:
             reader = self.readers.pop(key, None)
             if reader is not None:
                 reader()
+            if then is not None:
+                then(req)
 
         return KVHold(held)
 

@@ -22,6 +22,7 @@ import dataclasses
 from orchestrator.config.schema import ParasweepConf, trial_nodes
 from orchestrator.engines.base import FIRST_NODE, NodePlace
 from orchestrator.engines.launch_args import Arg, args_to_argv, flag_values, plain_value
+from orchestrator.engines.vllm_compat.disagg import kv_transfer_args
 from orchestrator.engines.vllm_compat.speculative import FLAG as SPEC_FLAG
 from orchestrator.engines.vllm_compat.speculative import check_spec, spec_args
 from orchestrator.engines.vllm_compat.versions import NEWEST_KNOWN, VLLMRelease, release
@@ -51,6 +52,7 @@ MANAGED = {
     "node_rank": "(each node's rank, set by parasweep)", "headless": "(every node but rank 0)",
     "master_addr": "(rank 0's address, set by parasweep)", "master_port": "(next to the server's port)",
     "host": "(127.0.0.1: servers stay on this machine)",
+    "kv_transfer_config": "pd.enabled and pd.transfer_backend",
     "port": "(chosen by parasweep: a free port per trial)",
 }
 # (key, its value when unset, why vLLM takes none of it): SGLang's own knobs
@@ -83,9 +85,6 @@ def refuse_what_vllm_lacks(cfg: ParasweepConf) -> None:
         value = _key(cfg, key)
         if value != unset:
             raise ConfigError(key, value, f"{unset} with engine=vllm", why=why)
-    if cfg.pd.enabled:
-        raise ConfigError("pd.enabled", True, "false with engine=vllm",
-                          why="a disaggregated vLLM deployment (--kv-transfer-config) is not built yet")
     partial = cfg.vllm.max_num_partial_prefills
     if partial not in (None, 1):
         raise ConfigError("vllm.max_num_partial_prefills", partial, "1 or null",
@@ -134,6 +133,7 @@ def build_args(cfg: ParasweepConf, port: int, node: NodePlace = FIRST_NODE,
         args.append(Arg("--enforce-eager", [], "server.cuda_graph", False))
     args += _own(cfg)
     args += spec_args(cfg, version)
+    args += kv_transfer_args(cfg, version)
     args += _across_nodes(cfg, port, node)
     for name, value in plain_value(s.extra_args).items():
         args.append(_extra(str(name), value))
