@@ -27,6 +27,10 @@ parsed (``ast``) straight from the zip. What it extracts:
   "GPU KV cache usage: %.1f%%", ...), the speculative-decoding line ("SpecDecoding metrics: ..."), and
   the start-up facts (the KV cache's size in tokens, the concurrency it allows).
 - ``speculative_methods``: the ``method`` values ``--speculative-config`` accepts (``SpeculativeConfig``).
+- ``kv_transfer``: what ``--kv-transfer-config`` and the NIXL connector take and give: the ``kv_role``
+  values (``KVTransferConfig``), the keys of the ``kv_transfer_params`` a prefill server answers with
+  (``request_finished`` of the connector's scheduler side; the pull mode's from 0.34), and the defaults of
+  ``VLLM_NIXL_SIDE_CHANNEL_PORT`` and ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT`` (``envs.py``).
 
 Each file names the wheel and its SHA-256; the output is sorted, so the same wheel gives the same bytes.
 The files land in ``orchestrator/engines/vllm_compat/releases/`` (docs/vllm-adapter.md).
@@ -594,6 +598,32 @@ def read_speculative_methods(src: Sources) -> list[str]:
     return sorted(values)
 
 
+def read_kv_transfer(src: Sources) -> dict[str, object]:
+    """``--kv-transfer-config``'s roles, the NIXL connector's answer keys and its environment defaults."""
+    classes, _, aliases = _classes_and_aliases(src)
+    annotation = classes.get("KVTransferConfig", {}).get("kv_role")
+    roles = sorted({str(v) for part in (_parts(annotation, aliases) if annotation is not None else [])
+                    if isinstance(part, tuple) for v in part[1]})
+    base = "vllm/distributed/kv_transfer/kv_connector/v1/"
+    where = [n for n in (base + "nixl/pull_scheduler.py", base + "nixl_connector.py") if n in src.text][:1]
+    keys: list[str] = []
+    for name in where:
+        for fn in ast.walk(src.tree(name)):
+            if isinstance(fn, ast.FunctionDef) and fn.name == "request_finished":
+                for call in ast.walk(fn):
+                    if isinstance(call, ast.Call) and _name(call.func) == "dict":
+                        names = [k.arg for k in call.keywords if k.arg]
+                        if "remote_engine_id" in names:
+                            keys = names
+    env = src.text.get("vllm/envs.py", "")
+    defaults = {}
+    for var in ("VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_NIXL_ABORT_REQUEST_TIMEOUT"):
+        found = re.search(rf'os\.getenv\(\s*"{var}",\s*"(\d+)"', env)
+        if found:
+            defaults[var] = int(found.group(1))
+    return {"kv_roles": roles, "nixl_params": keys, "env_defaults": defaults}
+
+
 # ---------------------------------------------------------------------------------------------- driver
 
 
@@ -613,6 +643,7 @@ def facts(wheel_path: Path) -> dict:
         "metrics": read_metrics(src),
         "log_formats": read_log_formats(src),
         "speculative_methods": read_speculative_methods(src),
+        "kv_transfer": read_kv_transfer(src),
     }
 
 

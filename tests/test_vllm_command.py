@@ -100,7 +100,6 @@ def test_the_shared_keys_become_vllms_flags() -> None:
     ("server__schedule_policy", "lpm", "server.schedule_policy=lpm"),
     ("spec__algorithm", "eagle", "spec.num_steps=None: invalid (vLLM's --speculative-config needs "
                                  "num_speculative_tokens"),
-    ("pd__enabled", True, "pd.enabled=True: invalid (a disaggregated vLLM deployment"),
     ("ep__size", 4, "ep.size=4: invalid (vLLM spreads the experts over every GPU of the TP and DP groups"),
 ])
 def test_keys_vllm_has_no_flag_for_are_refused_in_one_line(key: str, value: object, words: str) -> None:

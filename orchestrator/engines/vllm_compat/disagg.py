@@ -17,6 +17,8 @@ from packaging.version import Version
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.base import HOST
 from orchestrator.engines.launch_args import Arg
+from orchestrator.engines.vllm_compat.versions import release
+from orchestrator.errors import ConfigError
 
 FLAG = "--kv-transfer-config"
 CONNECTOR = "NixlConnector"
@@ -34,8 +36,12 @@ def kv_transfer_args(cfg: ParasweepConf, version: str) -> list[Arg]:
     """``--kv-transfer-config`` for one server of a disaggregated deployment; none for any other server."""
     if not cfg.pd.enabled or not cfg.pd.role:
         return []
-    value = json.dumps({"kv_connector": CONNECTOR, "kv_role": kv_role(cfg.pd.role, version)},
-                       separators=(",", ":"))
+    role = kv_role(cfg.pd.role, version)
+    if role not in release(version).kv_roles:  # every recorded release has all three; a new one may not
+        raise ConfigError("pd.enabled", True, f"false on vLLM {version}",
+                          why=f"vLLM {version}'s kv_role takes {', '.join(release(version).kv_roles)}, "
+                              f"not {role}")
+    value = json.dumps({"kv_connector": CONNECTOR, "kv_role": role}, separators=(",", ":"))
     return [Arg(FLAG, [value], "pd.transfer_backend", cfg.pd.transfer_backend)]
 
 

@@ -34,6 +34,8 @@ class VLLMRelease:
     routes: dict[str, tuple[str, ...]]
     metrics: dict[str, str]  # name as registered -> gauge | counter | histogram | ...
     speculative_methods: tuple[str, ...] = ()  # what --speculative-config's "method" takes
+    kv_roles: tuple[str, ...] = ()  # what --kv-transfer-config's "kv_role" takes
+    nixl_params: tuple[str, ...] = ()  # the kv_transfer_params a NIXL prefill server answers with
 
     @property
     def source(self) -> str:
@@ -55,4 +57,5 @@ def release(version: str) -> VLLMRelease:
              for name, f in data["flags"].items()}
     return VLLMRelease(data["vllm_version"], data["wheel"], flags,
                        {p: tuple(m) for p, m in data["routes"].items()}, data["metrics"],
-                       tuple(data["speculative_methods"]))
+                       tuple(data["speculative_methods"]), tuple(data["kv_transfer"]["kv_roles"]),
+                       tuple(data["kv_transfer"]["nixl_params"]))

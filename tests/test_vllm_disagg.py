@@ -1,0 +1,271 @@
+"""A disaggregated vLLM deployment: the launch per release (from each release's wheel as recorded), the
+simulated engine's NIXL connector in its scheduler, on one clock (predictions) and through the real
+vllm-router in front of live simulated servers (the slow tier)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.config.disagg import validate_pd
+from orchestrator.config.schema import ParasweepConf, worker_config
+from orchestrator.engines.router import pd_launch
+from orchestrator.engines.vllm_compat.command import build_args, vllm_argv
+from orchestrator.engines.vllm_compat.versions import RECORDED, release
+from orchestrator.errors import ConfigError
+from orchestrator.process.server import group_alive
+from simulator.entities import Request
+from simulator.predict import load_config
+from simulator.predict_disagg import load_layout
+from simulator.vllm.cli import VLLMFlagError, parse
+from simulator.vllm.disagg import VLLMDeployment
+from simulator.vllm.nixl import transfer_params
+from tests.conftest import HANG_GUARD_S, NO_DRAWING, ROOT, run_cli
+from vocab.hardware import load_hardware
+
+MODEL = "qwen3-8b"
+KV = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+
+
+def _cfg(engine: str = "vllm", **pd: object) -> ParasweepConf:
+    cfg = ParasweepConf()
+    cfg.engine.name = engine
+    cfg.model.name, cfg.model.path = MODEL, f"models/{MODEL}"
+    cfg.hardware = load_hardware("h100-sxm-x8")
+    cfg.tp.size = 1
+    cfg.pd.enabled, cfg.pd.transfer_backend = True, "nixl"
+    for key, value in pd.items():
+        setattr(cfg.pd, key, value)
+    return cfg
+
+
+@pytest.mark.parametrize("version", RECORDED)
+def test_each_server_s_kv_transfer_config_is_one_its_release_takes(version: str) -> None:
+    cfg = _cfg()
+    for role in ("prefill", "decode"):
+        argv = vllm_argv(worker_config(cfg, role, 0), "python", 8000, version)
+        config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+        assert config["kv_connector"] == "NixlConnector"
+        assert config["kv_role"] in release(version).kv_roles
+        # kv_both up to 0.19; 0.34 deprecates it for a role per server
+        split = {"prefill": "kv_producer", "decode": "kv_consumer"}
+        expected = "kv_both" if version != "0.34.0" else split[role]
+        assert config["kv_role"] == expected
+
+
+def test_a_deployment_s_servers_each_get_a_side_channel_and_vllm_router_names_them_by_role() -> None:
+    cfg = _cfg(prefill=_role(2), decode=_role(1))
+    launch = pd_launch(cfg, lambda one, port: [str(port), one.pd.role], [101, 102, 103], lambda i: 7000 + i,
+                       200, 201, None)
+    assert [(s.name, s.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) for s in launch.servers] == [
+        ("prefill server 0", "7000"), ("prefill server 1", "7001"), ("decode server 0", "7002")]
+    assert all(s.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1" and s.bootstrap_port is None
+               for s in launch.servers)
+    router = launch.router
+    assert router[2] == "vllm_router.launch_router" and "--vllm-pd-disaggregation" in router
+    pairs = [(router[i], router[i + 1]) for i, a in enumerate(router) if a in ("--prefill", "--decode")]
+    assert pairs == [("--prefill", "http://127.0.0.1:101"), ("--prefill", "http://127.0.0.1:102"),
+                     ("--decode", "http://127.0.0.1:103")]
+
+
+def _role(workers: int) -> object:
+    from orchestrator.config.schema import PDRoleConf
+
+    return PDRoleConf(workers=workers)
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("transfer_backend", "mooncake", "pd.transfer_backend=mooncake: invalid (vLLM's KV connector"),
+    ("bootstrap_port", 9000, "pd.bootstrap_port=9000: invalid (SGLang's bootstrap server"),
+    ("reserved_decode_tokens", 256, "pd.reserved_decode_tokens=256: invalid (SGLang's"),
+])
+def test_sglang_s_own_pd_keys_are_refused_on_vllm_in_one_line(key: str, value: object, words: str) -> None:
+    cfg = _cfg(**{key: value})
+    cfg.dry_run = True
+    with pytest.raises(ConfigError) as e:
+        validate_pd(cfg, "sim-vllm")
+    assert str(e.value).startswith(words) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_kv_transfer_config_in_extra_args_is_refused_with_the_key_that_sets_it() -> None:
+    cfg = _cfg()
+    cfg.pd.enabled = False
+    cfg.server.extra_args = {"kv-transfer-config": KV}
+    with pytest.raises(ConfigError) as e:
+        build_args(cfg, 8000)
+    assert "set it with pd.enabled and pd.transfer_backend" in str(e.value)
+
+
+@pytest.mark.parametrize(("config", "words"), [
+    ('{"kv_connector":"NixlConnector"}', "Please specify kv_role when kv_connector is set"),
+    ('{"kv_connector":"NixlConnector","kv_role":"kv_sender"}', "Unsupported kv_role: kv_sender"),
+    ('{"kv_connector":"MooncakeConnector","kv_role":"kv_both"}', "is not modelled by the simulated engine"),
+])
+def test_the_simulated_engine_refuses_a_kv_transfer_config_in_vllm_s_words(config: str, words: str) -> None:
+    with pytest.raises(VLLMFlagError, match=words):
+        parse(["serve", str(ROOT / "models" / MODEL), "--sim-hardware", "h100-sxm-x8", "--kv-transfer-config",
+               config], exit_on_error=False)
+
+
+@pytest.mark.parametrize("version", RECORDED)
+def test_a_prefill_server_answers_with_the_keys_its_release_writes(version: str) -> None:
+    req = Request("r", 100, 1, 0)
+    params = transfer_params(version, req, "key", "engine", "127.0.0.1", 5600, 2, 1, 16, 0.0)
+    assert tuple(params) == release(version).nixl_params  # the keys and their order, as the wheel writes
+    blocks = params["remote_block_ids"]
+    flat = blocks[0] if version >= "0.18" else blocks  # one list per KV-cache group from 0.18
+    assert len(flat) == 7  # 100 tokens in blocks of 16
+
+
+# -- the connector in vLLM's scheduler, on one clock ------------------------------------------------------
+
+
+def _argv(*extra: str, release_: str = "0.18.0") -> list[str]:
+    return ["serve", str(ROOT / "models" / MODEL), "--sim-hardware", "h100-sxm-x8", "--load-format", "dummy",
+            "--sim-vllm-release", release_, "--kv-transfer-config", KV, *extra]
+
+
+def _deployment(*extra: str) -> VLLMDeployment:
+    layout = load_layout(_argv(*extra), _argv(*extra), 1, 1)
+    dep = layout.build()
+    assert isinstance(dep, VLLMDeployment)
+    return dep
+
+
+def _request(rid: str, n_in: int, n_out: int, seed: int = 1) -> tuple[Request, np.ndarray]:
+    prompt = np.random.default_rng(seed).integers(0, 30000, n_in)
+    return Request(rid, n_in, n_out, seed, stream=True, prompt=prompt), prompt
+
+
+def test_one_request_s_ttft_is_the_prefill_the_read_and_one_decode_step() -> None:
+    dep = _deployment()
+    req, prompt = _request("a", 2048, 8)
+    dep.submit(req, prompt)
+    dep.sim.run_until(600.0)
+    assert req.finished and len(req.output_ids) == 8
+    pd = req.pd
+    assert pd is not None and pd.prefill_start >= 0
+    prefill, decode = dep.prefills[0].replica, dep.decodes[0].replica
+    # the decode server computed only the last prompt token: one step, the rest of the prompt was read
+    assert decode.prompt_tokens_computed == 1 and prefill.prompt_tokens_computed == 2048
+    per_token = dep.per_token[0][0]
+    assert pd.transfer_bytes == pytest.approx(2048 * per_token)  # nothing in the decode server's cache
+    path = dep.paths[0][0]
+    assert pd.transferred - pd.prefill_end == pytest.approx(dep.hop + 2048 * per_token / path.bandwidth
+                                                            + path.latency, rel=0.05, abs=2e-4)
+    assert pd.first_token > pd.transferred
+    # the prefill server let go of the request's blocks once they were read
+    assert prefill.admission.held == {} and prefill.admission.kv_used == 0
+
+
+def test_a_prefill_server_keeps_a_finished_request_s_kv_until_it_has_been_read() -> None:
+    dep = _deployment()
+    req, prompt = _request("a", 4096, 4)
+    dep.submit(req, prompt)
+    prefill = dep.prefills[0].replica
+    used_while_held: list[int] = []
+
+    def watch() -> None:
+        if prefill.admission.held:
+            used_while_held.append(prefill.admission.held_tokens)
+        if not req.finished:
+            dep.sim.schedule(dep.sim.now + 1e-4, watch)
+
+    dep.sim.schedule(0.0, watch)
+    dep.sim.run_until(600.0)
+    assert used_while_held and max(used_while_held) >= 4096 - 16  # the prompt's blocks, held
+    assert prefill.admission.held_tokens == 0
+
+
+def test_a_decode_server_short_of_kv_reads_a_request_only_once_the_blocks_are_free() -> None:
+    # a decode server whose KV holds about one prompt: the second request's read waits for the first
+    dep = _deployment("--max-model-len", "8192")
+    decode = dep.decodes[0].replica
+    decode.admission.kv_capacity = 6000
+    first, p1 = _request("a", 4000, 64, 1)
+    second, p2 = _request("b", 4000, 4, 2)
+    dep.submit(first, p1)
+    dep.submit(second, p2)
+    dep.sim.run_until(600.0)
+    assert first.finished and second.finished
+    assert second.pd is not None and first.pd is not None
+    assert second.pd.transferred > first.finish_time  # read after the first request's blocks were freed
+
+
+def test_a_vllm_deployment_is_predicted_with_the_connector_s_flow() -> None:
+    from simulator.predict_disagg import predict_pd_trial
+    from vocab.load import LoadPoint, RequestSpec
+
+    spec = RequestSpec(api="completions", input_len=1024, output_len=64)
+    (point,) = predict_pd_trial(_argv(), _argv(), 1, 1, [LoadPoint(num_requests=16, concurrency=1)], spec)
+    m = point.metrics
+    assert m["pd_ttft_bootstrap_ms"] == 0.0  # no bootstrap on vLLM
+    parts = sum(m[f"pd_ttft_{p}_ms"] for p in ("prefill_queue", "prefill", "transfer", "decode_first"))
+    assert parts == pytest.approx(m["ttft_mean_ms"], rel=0.05)
+    per_token = load_config(_argv()).cost.stages[0].kv_bytes_per_token
+    assert m["pd_transfer_mb_per_gpu"] == pytest.approx(1024 * per_token / 1e6, rel=0.05)
+
+
+# -- live: the real vllm-router in front of simulated vLLM servers ----------------------------------------
+
+VLLM_PD_TRIAL = ["engine=vllm", "pd=1p1d", "pd.transfer_backend=nixl", f"model={MODEL}",
+                 "hardware=h100-sxm-x8", "parallelism=tp1", *NO_DRAWING]
+
+
+@pytest.mark.slow
+def test_a_disaggregated_vllm_trial_reads_every_request_s_kv_through_vllm_router(tmp_path: Path) -> None:
+    result = run_cli([*VLLM_PD_TRIAL, "workload=tiny", "workload.concurrency=[2]", "workload.output_len=32"],
+                     tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (trial,) = [p.parent for p in tmp_path.glob("runs/outputs/**/records")]
+    records = [json.loads(line) for line in (trial / "records" / "requests.jsonl").read_text().splitlines()]
+    assert records and all(r["error"] is None and r["output_tokens"] == 32 for r in records)
+    server = trial / "server"
+    router = json.loads((server / "router_argv.json").read_text())
+    assert "--vllm-pd-disaggregation" in router
+    assert "Creating v1 connector with name: NixlConnector" in (server / "server-prefill0.log").read_text()
+    # every request's KV was read by the decode server (none computed again there), as its series say
+    last = (trial / "telemetry" / "server_metrics.jsonl").read_text().splitlines()[-1]
+    reads = re.search(r'vllm:nixl_xfer_time_seconds_count\{[^}]*\} ([0-9.]+)', last)
+    prompts = re.search(r'vllm:prompt_tokens_total\{[^}]*\} ([0-9.]+)', last)
+    assert reads is not None and prompts is not None, last[:2000]
+    assert float(reads.group(1)) == len(records)  # one read per request the client sent
+
+
+@pytest.mark.slow
+def test_a_killed_prefill_server_fails_the_vllm_trial_in_one_line_and_nothing_is_left(
+        tmp_path: Path) -> None:
+    args = [*VLLM_PD_TRIAL, "workload.input_len=256", "workload.output_len=256", "workload.concurrency=[2]",
+            "workload.requests_per_concurrency=200", "workload.warmup_requests=0", "workload.ci_target=null"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        pgid = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            logs = list(tmp_path.glob("runs/outputs/**/server/server.log"))
+            if logs and "Avg generation throughput" in logs[0].read_text():
+                pgid = int((logs[0].parent / "server-prefill0.pgid").read_text())
+                break
+            time.sleep(0.2)
+        assert pgid is not None, "the trial never decoded"
+        os.killpg(pgid, signal.SIGKILL)
+        proc.communicate(timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    (error,) = tmp_path.glob("runs/outputs/**/error.txt")
+    first = error.read_text().splitlines()[0]
+    assert re.match(r"prefill server 0's engine exited with code -9 .*during point c2", first), first
+    pgids = sorted((error.parent / "server").glob("*.pgid"))
+    assert len(pgids) == 3 and not any(group_alive(int(p.read_text())) for p in pgids)
