@@ -23,9 +23,18 @@ parts per request; the simulated engine sends them too, so the two can be held a
 
   A request is counted in each histogram when its stage ends, so a window's parts come from slightly
   different requests near its edges.
+
+  On vLLM (vllm-router sends a request to its prefill server, then to its decode server, which reads the
+  KV over NIXL) there is no bootstrap, and the parts come from each role's own request timings:
+  ``prefill_queue`` and ``prefill`` from the prefill servers' ``vllm:request_queue_time_seconds`` and
+  ``vllm:request_prefill_time_seconds`` (first scheduled to first token), ``transfer`` from the decode
+  servers' queue time (its arrival to its first step: the wait for KV room and the read; the router's hop
+  between the two is in no histogram) and ``decode_first`` from their prefill time (the step that
+  computes the last prompt token).
 * ``pd_transfer_mb_per_gpu``: the KV a request moved per GPU (MB), the mean of the prefill servers'
   ``sglang:kv_transfer_total_mb`` over the window (a histogram from SGLang 0.5.10 on, in MiB despite its
-  name; the requests of SGLang's warm-up and health probes are not in it), as predictions give it.
+  name; the requests of SGLang's warm-up and health probes are not in it), as predictions give it; on
+  vLLM the decode servers' ``vllm:nixl_bytes_transferred`` (bytes per GPU, each read).
 * ``pd_prefill_util_pct`` / ``pd_decode_util_pct``: the mean GPU utilisation of each role's GPUs (the
   trial's GPUs in placement order, prefill servers' first), as predictions give them.
 """
@@ -53,23 +62,41 @@ STAGES = {"bootstrap": ("prefill", PER_STAGE, "prefill_bootstrap"),
           "decode_first": ("decode", PER_STAGE, "decode_waiting")}
 
 
-def stage_parts(scrapes: Mapping[str, Sequence[pd.DataFrame | None]], start: float, end: float
-                ) -> dict[str, float]:
+# vLLM's servers (vllm-router sends each request to the prefill server, then to the decode server, which
+# reads the KV over NIXL): no bootstrap; each server's own queue and first-scheduled-to-first-token times
+VLLM_QUEUE = "vllm:request_queue_time_seconds"
+VLLM_PREFILL = "vllm:request_prefill_time_seconds"
+VLLM_STAGES = {"prefill_queue": ("prefill", VLLM_QUEUE, None),
+               "prefill": ("prefill", VLLM_PREFILL, None),
+               "transfer": ("decode", VLLM_QUEUE, None),
+               "decode_first": ("decode", VLLM_PREFILL, None)}
+NIXL_BYTES = "vllm:nixl_bytes_transferred"
+
+
+def stage_parts(scrapes: Mapping[str, Sequence[pd.DataFrame | None]], start: float, end: float,
+                vllm: bool = False) -> dict[str, float]:
     """Each part's mean over [start, end] (module docstring), from every server's scrapes by role
     (``{"prefill": [...], "decode": [...]}``); a part no server counted is left out."""
     out: dict[str, float] = {}
+    stages = VLLM_STAGES if vllm else STAGES
     for part in PD_TTFT_PARTS:
-        role, name, stage = STAGES[part]
+        if part not in stages:
+            continue
+        role, name, stage = stages[part]
         mean = histogram_mean(scrapes.get(role, []), name, start, end, **({"stage": stage} if stage else {}))
         if mean is not None:
             out[pd_stage_part(part)] = 1000.0 * mean
     return out
 
 
-def transfer_size(prefill: Sequence[pd.DataFrame | None], start: float, end: float) -> dict[str, float]:
-    """The mean KV a request moved per GPU over [start, end] (MB), from the prefill servers' scrapes;
-    {} where none counted a transfer."""
-    mean = histogram_mean(prefill, KV_TRANSFER_MB, start, end)
+def transfer_size(scrapes: Mapping[str, Sequence[pd.DataFrame | None]], start: float, end: float,
+                  vllm: bool = False) -> dict[str, float]:
+    """The mean KV a request moved per GPU over [start, end] (MB), from the prefill servers' scrapes (the
+    decode servers' on vLLM, whose reads count the bytes); {} where none counted a transfer."""
+    if vllm:
+        mean = histogram_mean(scrapes.get("decode", []), NIXL_BYTES, start, end)
+        return {PD_TRANSFER_MB: mean / 1e6} if mean is not None else {}
+    mean = histogram_mean(scrapes.get("prefill", []), KV_TRANSFER_MB, start, end)
     return {PD_TRANSFER_MB: mean * MIB / 1e6} if mean is not None else {}
 
 

@@ -57,8 +57,7 @@ def _served(path: str | None, backend: str = "sglang") -> tuple[list[Served], li
         return ([Served(**{k: v for k, v in r.items() if k in keep}) for r in data.get("compared", [])],
                 [Served(**{k: v for k, v in r.items() if k in keep}) for r in disagg])
     rows, _ = read_silicon(default_csv(), backend)
-    # the disaggregated rows replayed are SGLang's (vLLM's are not yet)
-    disagg_rows = read_disagg(default_csv())[0] if backend == "sglang" else []
+    disagg_rows = read_disagg(default_csv(), backend)[0]
     return predict_all(rows)[0], predict_all(disagg_rows)[0]
 
 

@@ -239,6 +239,22 @@ def test_a_disaggregated_vllm_trial_reads_every_request_s_kv_through_vllm_router
     prompts = re.search(r'vllm:prompt_tokens_total\{[^}]*\} ([0-9.]+)', last)
     assert reads is not None and prompts is not None, last[:2000]
     assert float(reads.group(1)) == len(records)  # one read per request the client sent
+    # the TTFT's parts from each role's own histograms (no bootstrap on vLLM), the KV moved per request
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    (run,) = [r for r in client.search_runs([client.get_experiment_by_name("parasweep").experiment_id])
+              if r.data.tags.get("parasweep.kind") == "trial"]
+    metrics = run.data.metrics
+    stage = {p: metrics.get(f"c2/pd_stage_{p}_ms") for p in ("prefill_queue", "prefill", "transfer",
+                                                             "decode_first")}
+    assert all(v is not None and v >= 0 for v in stage.values()) and stage["prefill"] > 0, stage
+    assert "c2/pd_stage_bootstrap_ms" not in metrics
+    assert sum(stage.values()) <= metrics["c2/ttft_mean_ms"] + 1e-6  # the router's hops on top
+    spec = json.loads((ROOT / "models" / MODEL / "config.json").read_text())
+    per_token = spec["num_hidden_layers"] * spec["num_key_value_heads"] * spec["head_dim"] * 2 * 2
+    prompt = sum(r["input_tokens"] for r in records) / len(records)
+    assert metrics["c2/pd_transfer_mb_per_gpu"] == pytest.approx(prompt * per_token / 1e6, rel=0.01)
 
 
 @pytest.mark.slow
@@ -269,3 +285,38 @@ def test_a_killed_prefill_server_fails_the_vllm_trial_in_one_line_and_nothing_is
     assert re.match(r"prefill server 0's engine exited with code -9 .*during point c2", first), first
     pgids = sorted((error.parent / "server").glob("*.pgid"))
     assert len(pgids) == 3 and not any(group_alive(int(p.read_text())) for p in pgids)
+
+
+# -- aiconfigurator-core's disaggregated vLLM rows, replayed ---------------------------------------------
+
+
+def test_the_served_disaggregated_vllm_rows_map_to_each_role_s_vllm_layout(tmp_path: Path) -> None:
+    from orchestrator.fidelity.replay import plan
+    from orchestrator.fidelity.silicon import Unreplayable, default_csv
+    from orchestrator.fidelity.silicon_disagg import read_disagg
+    from orchestrator.fidelity.silicon_vllm import to_vllm_disagg_entry
+
+    rows, cleaning = read_disagg(default_csv(), "vllm")
+    assert cleaning.rows == 17 and len(rows) == 17
+    by_id = {r.id: r for r in rows}
+    # Qwen3-32B, H100: eight TP1 prefill servers and two TP4 decode servers, a decode batch of 224 each
+    (dense,) = [r for r in rows if r.id.startswith("qwen3_32b_")]
+    shape = (dense.prefill.workers, dense.prefill.gpus, dense.decode.workers, dense.decode.gpus)
+    assert shape == (8, 1, 2, 4) and dense.concurrency == 224 * 2
+    entry, _ = to_vllm_disagg_entry(dense)
+    assert entry.nodes == 2 and entry.parasweep["engine"] == "vllm"
+    p = plan(entry, tmp_path)
+    assert p.roles is not None and (p.roles.prefill_workers, p.roles.decode_workers) == (8, 2)
+    for argv, tp in ((p.roles.prefill_argv, "1"), (p.roles.decode_argv, "4")):
+        assert argv[argv.index("--tensor-parallel-size") + 1] == tp
+        assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector"] == "NixlConnector"
+    # Qwen3-235B's prefill servers: four DP ranks of TP1 each, the experts sharded over them (no EP given)
+    moe = next(r for r in rows if r.id.startswith("qwen3_235b") and r.decode.attention == 8)
+    p = plan(to_vllm_disagg_entry(moe)[0], tmp_path)
+    assert p.roles is not None
+    argv = p.roles.prefill_argv
+    assert argv[argv.index("--data-parallel-size") + 1] == "4" and "--enable-expert-parallel" not in argv
+    # Kimi-K2.5 on GB200 racks: no hardware profile
+    kimi = by_id["kimik2_5_gb200_vllm_fp4_disagg_1024x1024_c256_cfg697"]
+    with pytest.raises(Unreplayable, match="gb200"):
+        to_vllm_disagg_entry(kimi)

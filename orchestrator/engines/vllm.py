@@ -1,8 +1,8 @@
 """vLLM (``vllm serve``) on the GPUs a trial is given: its command line, built from the shared keys and
 checked against the vLLM release it will run (the one ``engine.python`` has installed, else
 ``vllm.release`` or the newest recorded), so a flag that release lacks is refused before anything
-launches. Launching the real vLLM is not built yet: on GPUs ``engine=vllm`` runs with ``dry_run=true``
-only; where there are none the simulated engine plays it (``sim_vllm.py``; docs/vllm-adapter.md)."""
+launches. On GPUs the trial runs ``engine.python -m vllm.entrypoints.cli.main serve``; where there are
+none the simulated engine plays it (``sim_vllm.py``; docs/vllm-adapter.md)."""
 
 from __future__ import annotations
 

@@ -148,9 +148,9 @@ class RoleCells:
 
 def estimate_disagg(model_path: str, system: str, isl: float, osl: float, prefill: RoleCells,
                     decode: RoleCells, gemm_quant: str | float | None, moe_quant: str | float | None,
-                    backend_version: str | None) -> AicEstimate:
-    """AIConfigurator's TTFT and TPOT (ms) for one disaggregated SGLang row of ``silicon_sample.csv``
-    (module doc). Never raises."""
+                    backend_version: str | None, backend: str = BACKEND) -> AicEstimate:
+    """AIConfigurator's TTFT and TPOT (ms) for one disaggregated row of ``silicon_sample.csv`` served by
+    ``backend`` (module doc). Never raises."""
     try:
         sizes = (_size(isl), _size(osl), prefill.sizes(), decode.sizes())
     except (TypeError, ValueError) as exc:
@@ -158,23 +158,23 @@ def estimate_disagg(model_path: str, system: str, isl: float, osl: float, prefil
     if sizes[0] is None or sizes[1] is None:
         return AicEstimate(None, None, why_none="the row gives no input or output length")
     return _estimate_disagg(model_path, system, *sizes, _text(gemm_quant), _text(moe_quant),
-                            _text(backend_version))
+                            _text(backend_version), backend)
 
 
 @functools.cache
 def _estimate_disagg(model_path: str, system: str, isl: int, osl: int, prefill: tuple, decode: tuple,
-                     gemm_quant: str | None, moe_quant: str | None, backend_version: str | None
-                     ) -> AicEstimate:
+                     gemm_quant: str | None, moe_quant: str | None, backend_version: str | None,
+                     backend: str = BACKEND) -> AicEstimate:
     try:
-        version, database = _database(system, backend_version)
+        version, database = _database(system, backend_version, backend)
     except Exception as exc:
         return AicEstimate(None, None, why_none=_reason(exc))
     try:
         checkpoint = _checkpoint(model_path)
         ttft = _run_static(checkpoint, system, database, isl, osl, *prefill, gemm_quant, moe_quant,
-                           context=True)["ttft"] * TTFT_AUTOSCALE
+                           context=True, backend=backend)["ttft"] * TTFT_AUTOSCALE
         tpot = _run_static(checkpoint, system, database, isl, osl, *decode, gemm_quant, moe_quant,
-                           context=False)["tpot"]
+                           context=False, backend=backend)["tpot"]
     except Exception as exc:
         return AicEstimate(None, None, why_none=_reason(exc), version=version)
     return AicEstimate(float(ttft), float(tpot), version=version)
@@ -253,7 +253,7 @@ def _model(checkpoint: str, system: str, database: PerfDatabase, tp: int, pp: in
 
 def _run_static(checkpoint: str, system: str, database: PerfDatabase, isl: int, osl: int, batch_size: int,
                 tp: int, pp: int, attention_dp: int, moe_tp: int | None, moe_ep: int | None,
-                gemm_quant: str | None, moe_quant: str | None, context: bool) -> dict:
+                gemm_quant: str | None, moe_quant: str | None, context: bool, backend: str = BACKEND) -> dict:
     """One role's static pass (context-only for prefill, generation-only for decode) with the upper
     package's latency correction for that role: the core's result row."""
     from aiconfigurator_core.sdk.backends.factory import get_backend
@@ -261,7 +261,7 @@ def _run_static(checkpoint: str, system: str, database: PerfDatabase, isl: int, 
 
     model = _model(checkpoint, system, database, tp, pp, attention_dp, moe_tp, moe_ep, gemm_quant, moe_quant,
                    context=context)
-    summary = get_backend(BACKEND).run_static(
+    summary = get_backend(backend).run_static(
         model, database, RuntimeConfig(isl=isl, osl=osl, batch_size=batch_size),
         "static_ctx" if context else "static_gen",
         latency_correction_scale=PREFILL_CORRECTION if context else DECODE_CORRECTION)

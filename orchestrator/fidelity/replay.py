@@ -39,6 +39,8 @@ from workloads.bench_serving import (
 # Benchmark tools whose sending the replay follows (lower-cased prefixes of ``workload.tool``)
 SGLANG_BENCH = "sglang.bench_serving"
 VLLM_BENCH = ("vllm bench",)
+# every server of a disaggregated vLLM run: NIXL's connector, the role the request's (vllm-router's)
+NIXL_BOTH = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
 # vLLM's older benchmarks/benchmark_serving.py (InferenceX's client is a fork of it) draws random lengths
 # one-sided from ratio x L to L, as SGLang's tool does; aiperf sends fixed lengths
 ONE_SIDED_BENCH = ("benchmark_serving",)
@@ -251,15 +253,54 @@ def _vllm_plan(entry: Entry, model_dir: Path, profile: Path, calibration: str | 
                notes: list[str]) -> Plan:
     """A vLLM entry's plan: its launch as the simulated engine playing vLLM takes it, its requests as for
     any entry."""
-    argv, launch_notes = vllm_argv(entry, model_dir, profile, calibration)
-    notes += launch_notes
     spec = load_model_spec(str(model_dir))
     requests, cap = _requests(entry, model_dir, spec, notes)
     _fits_context(requests, entry.server_args.get("max_model_len"), spec)
+    if entry.disaggregation is not None:
+        return _vllm_disaggregated(entry, model_dir, profile, calibration, requests, cap, notes, spec.is_moe)
+    argv, launch_notes = vllm_argv(entry, model_dir, profile, calibration)
+    notes += launch_notes
     p = entry.parallelism
     family = "pp" if p.pp > 1 else "moe" if spec.is_moe else "dense"
     return Plan(argv=argv, env={}, requests=requests, max_concurrency=cap, family=family,
                 layout="EP" if p.ep > 1 else "TP", hardware=profile.stem, notes=notes)
+
+
+def _vllm_disaggregated(entry: Entry, model_dir: Path, profile: Path, calibration: str | None,
+                        requests: list[BenchRequest], cap: int | None, notes: list[str], moe: bool) -> Plan:
+    """A disaggregated vLLM run's plan: each role's ``vllm serve`` (its DP ranks of TP ``tp / attention``,
+    the experts spread where ``ep`` > 1) with NIXL's connector, every server within one node, prefill
+    servers first."""
+    d = entry.disaggregation
+    assert d is not None
+    _place(entry, [d.prefill.tp] * d.prefill.workers + [d.decode.tp] * d.decode.workers, profile)
+
+    def role_argv(role: Role) -> list[str]:
+        dp = role.attention
+        one = entry.model_copy(update={
+            "parallelism": entry.parallelism.model_copy(update={"tp": role.tp // dp, "dp": dp,
+                                                                "ep": role.tp if role.ep > 1 else 1}),
+            "server_args": {**entry.server_args, **role.server_args}})
+        argv, launch_notes = vllm_argv(one, model_dir, profile, calibration)
+        notes.extend(n for n in launch_notes if n not in notes)
+        return [*argv, "--kv-transfer-config", NIXL_BOTH]
+
+    roles = Roles(role_argv(d.prefill), role_argv(d.decode), d.prefill.workers, d.decode.workers)
+    layout = DISAGGREGATED + (" DP" if max(d.prefill.attention, d.decode.attention) > 1 else "")
+    return Plan(argv=roles.decode_argv, env={}, requests=requests, max_concurrency=cap,
+                family="moe" if moe else "dense", layout=layout, hardware=profile.stem, notes=notes,
+                roles=roles)
+
+
+def _place(entry: Entry, servers: list[int], profile: Path) -> None:
+    """NotModelled where a server is wider than a node of ``profile`` or the servers, placed in order,
+    need more nodes than the run published."""
+    per_node = load_hardware(str(profile)).num_gpus
+    if max(servers) > per_node:
+        raise NotModelled(f"a server of {max(servers)} GPUs is wider than a node of {per_node}")
+    nodes = place_servers(servers, per_node)[-1] + 1
+    if nodes > entry.nodes:
+        raise NotModelled(f"its servers take {nodes} nodes of {per_node} GPUs; {entry.nodes} published")
 
 
 def _disaggregated(entry: Entry, base: list[str], requests: list[BenchRequest], cap: int | None,
@@ -268,13 +309,7 @@ def _disaggregated(entry: Entry, base: list[str], requests: list[BenchRequest], 
     ``server_args``), every server within one node of the profile, prefill servers first."""
     d = entry.disaggregation
     assert d is not None
-    per_node = load_hardware(str(profile)).num_gpus
-    servers = [d.prefill.tp] * d.prefill.workers + [d.decode.tp] * d.decode.workers
-    if max(servers) > per_node:
-        raise NotModelled(f"a server of {max(servers)} GPUs is wider than a node of {per_node}")
-    nodes = place_servers(servers, per_node)[-1] + 1
-    if nodes > entry.nodes:
-        raise NotModelled(f"its servers take {nodes} nodes of {per_node} GPUs; {entry.nodes} published")
+    _place(entry, [d.prefill.tp] * d.prefill.workers + [d.decode.tp] * d.decode.workers, profile)
 
     def role_argv(name: str, role: Role) -> list[str]:
         ranks = ["--attn-dp-size", str(role.attention)] if role.attention > 1 else []

@@ -25,7 +25,7 @@ from orchestrator.fidelity.catalog import NotModelled
 from orchestrator.fidelity.silicon import COLD, SLOWER, SiliconRow, Unreplayable, to_entry
 from orchestrator.fidelity.silicon_disagg import DisaggRow
 from orchestrator.fidelity.silicon_disagg import to_entry as disagg_entry
-from orchestrator.fidelity.silicon_vllm import to_vllm_entry
+from orchestrator.fidelity.silicon_vllm import to_vllm_disagg_entry, to_vllm_entry
 
 METRICS = ("ttft_ms", "tpot_ms")
 
@@ -88,8 +88,10 @@ def predict_row(row: SiliconRow, with_aic: bool = True, params: dict[str, float]
     from orchestrator.fidelity.replay import predict
 
     try:
-        entry, notes = (disagg_entry(row) if isinstance(row, DisaggRow)
-                        else to_vllm_entry(row) if row.backend == "vllm" else to_entry(row))
+        if isinstance(row, DisaggRow):
+            entry, notes = to_vllm_disagg_entry(row) if row.backend == "vllm" else disagg_entry(row)
+        else:
+            entry, notes = to_vllm_entry(row) if row.backend == "vllm" else to_entry(row)
         with tempfile.TemporaryDirectory(prefix="parasweep-terms-") as tmp:
             if params:
                 entry.parasweep["calibration"] = str(calibration_file(Path(tmp), entry.parasweep["hardware"],
@@ -134,7 +136,7 @@ def aic_estimate(row: SiliconRow):  # -> aic.AicEstimate
                                                           "attention_dp_size", "moe_tp_size", "moe_ep_size")))
 
         return estimate_disagg(row.model, row.system, row.isl, row.osl, cells("prefill"), cells("decode"),
-                               c["gemm_quant_mode"], c["moe_quant_mode"], row.version or None)
+                               c["gemm_quant_mode"], c["moe_quant_mode"], row.version or None, row.backend)
     return estimate_agg(row.model, row.system, row.isl, row.osl, c["batch_size"], c["tp_size"], c["pp_size"],
                         c["attention_dp_size"], c["moe_tp_size"], c["moe_ep_size"], c["gemm_quant_mode"],
                         c["moe_quant_mode"], row.version or None, row.backend)

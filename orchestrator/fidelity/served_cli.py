@@ -85,8 +85,7 @@ def run_silicon(path: str | None, only: list[str], workers: int | None, with_aic
     try:
         file = Path(path) if path else default_csv()
         rows, cleaning = read_silicon(file, backend)
-        # vLLM's disaggregated rows are not replayed yet (the simulated engine plays no vLLM KV transfer)
-        disagg, disagg_cleaning = read_disagg(file) if backend == "sglang" else ([], None)
+        disagg, disagg_cleaning = read_disagg(file, backend)
     except UserError as e:
         print(f"fidelity: {e}", file=sys.stderr)
         return 2
@@ -107,7 +106,7 @@ def run_silicon(path: str | None, only: list[str], workers: int | None, with_aic
         if rows:
             print()
         print("Disaggregated runs (prefill and decode servers apart; each role launched as its recipe says, "
-              "SGLang's defaults where none is published)")
+              f"{engine}'s defaults where none is published)")
         out["disaggregated"] = _section(disagg, disagg_cleaning.lines(), "disaggregated", workers, with_aic)
         print("(no constant of the simulated engine was chosen on a disaggregated row: each error above is "
               "out of sample)")

@@ -149,7 +149,7 @@ class Cleaning:
     def lines(self) -> list[str]:
         engine = {"sglang": "SGLang", "vllm": "vLLM"}[self.backend]
         return [f"{self.backend_rows} {engine} rows: {self.disaggregated} disaggregated "
-                + ("(replayed apart, below)" if self.backend == "sglang" else "(not replayed for vLLM yet)"),
+                "(replayed apart, below)",
                 f"{len(self.mislabelled)} GB200 'aggregated' rows at TP{MISLABELLED_TP} dropped: multi-node "
                 "disaggregated runs from an older export schema",
                 f"{self.relabelled} rows storing TP x EP in tp_size given their real layout "

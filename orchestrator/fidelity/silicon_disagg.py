@@ -153,33 +153,36 @@ class DisaggRow(SiliconRow):
 
 @dataclass
 class DisaggCleaning:
-    """What the reader did to the file's disaggregated SGLang rows, counted."""
+    """What the reader did to the file's disaggregated rows of one engine, counted."""
 
     rows: int = 0
     without_topology: int = 0  # no worker counts: neither the servers nor the batch are known
     duplicates: int = 0
     distinct: int = 0
     notes: list[str] = field(default_factory=list)
+    backend: str = "sglang"
 
     def lines(self) -> list[str]:
-        return [f"{self.rows} disaggregated SGLang rows: {self.without_topology} without worker counts "
+        engine = {"sglang": "SGLang", "vllm": "vLLM"}[self.backend]
+        return [f"{self.rows} disaggregated {engine} rows: {self.without_topology} without worker counts "
                 "(their servers and batch are not given; AIConfigurator cannot estimate them either)",
                 f"{self.duplicates} rows repeating another export of the same measurement folded into it",
                 f"{self.distinct} distinct disaggregated measurements with their topology"]
 
 
-def read_disagg(path: str | Path) -> tuple[list[DisaggRow], DisaggCleaning]:
-    """The distinct disaggregated SGLang measurements of the CSV at ``path`` that carry their topology."""
+def read_disagg(path: str | Path, backend: str = "sglang") -> tuple[list[DisaggRow], DisaggCleaning]:
+    """The distinct disaggregated measurements of ``backend`` (sglang or vllm) in the CSV at ``path`` that
+    carry their topology."""
     needed = {f"{role}_{k}" for role in ("prefill", "decode")
               for k in ("num_workers", "tp_size", "attention_dp_size", "moe_ep_size", "batch_size")}
     df = read_csv(Path(path), needed | {"id", "silicon_data_source", "backend", "mode", "model_path",
                                         "system", "isl", "osl", "silicon_ttft_ms", "silicon_tpot_ms"})
-    clean = DisaggCleaning()
-    df = df[(df["backend"] == "sglang") & (df["mode"] == "disagg")]
+    clean = DisaggCleaning(backend=backend)
+    df = df[(df["backend"] == backend) & (df["mode"] == "disagg")]
     clean.rows = len(df)
     kept: dict[tuple, DisaggRow] = {}
     for rec in df.to_dict("records"):
-        row = _row(rec)
+        row = _row(rec, backend)
         if row is None:
             clean.without_topology += 1
             continue
@@ -204,7 +207,7 @@ def _role(rec: dict, role: str) -> RoleShape | None:
     return RoleShape(workers=workers, gpus=tp * adp, attention=adp, ep=ep or 1)
 
 
-def _row(rec: dict) -> DisaggRow | None:
+def _row(rec: dict, backend: str) -> DisaggRow | None:
     prefill, decode = _role(rec, "prefill"), _role(rec, "decode")
     batch = int_cell(rec.get("decode_batch_size"))
     if prefill is None or decode is None or not batch:
@@ -224,7 +227,7 @@ def _row(rec: dict) -> DisaggRow | None:
         # the decode batch is one rank's: the client's streams fill every rank of every decode server
         concurrency=batch * decode.workers * decode.attention, tp=decode.gpus, ep=decode.ep, columns=columns,
         ttft_ms=float(rec["silicon_ttft_ms"]), tpot_ms=float(rec["silicon_tpot_ms"]),
-        prefill=prefill, decode=decode, config_id=int(m.group(1)) if m else None)
+        prefill=prefill, decode=decode, config_id=int(m.group(1)) if m else None, backend=backend)
 
 
 def launch(row: DisaggRow) -> tuple[dict[str, object], dict[str, object], list[str]]:

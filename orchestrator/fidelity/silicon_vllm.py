@@ -20,6 +20,8 @@ from orchestrator.fidelity.silicon import (
     measured_on,
     model_for,
 )
+from orchestrator.fidelity.silicon_disagg import DisaggRow, RoleShape
+from vocab.hardware import load_hardware, place_servers
 
 # (pattern on the CSV's model_path, why the simulated engine does not price it)
 UNMODELLED = (
@@ -188,4 +190,44 @@ def to_vllm_entry(row: SiliconRow) -> tuple[Entry, list[str]]:
             "parasweep": {"model": folder, "hardware": SYSTEMS[row.system], "engine": "vllm"},
         }
     )
+    return entry, [*notes, *client_notes]
+
+
+def to_vllm_disagg_entry(row: DisaggRow) -> tuple[Entry, list[str]]:
+    """A disaggregated vLLM ``row`` as a replayable entry (each role's servers: ``tp`` every GPU of a
+    server, ``attention`` its DP ranks) and what its mapping assumes; raises :class:`Unreplayable`."""
+    folder, quant, model_note = model_for(row, MODELS, UNMODELLED)
+    if row.system not in SYSTEMS:
+        raise Unreplayable(f"GPU system {row.system}: {NO_PROFILE}")
+    per_node = load_hardware(SYSTEMS[row.system]).num_gpus
+    servers = [row.prefill.gpus] * row.prefill.workers + [row.decode.gpus] * row.decode.workers
+    if max(servers) > per_node:
+        raise Unreplayable(f"a server of {max(servers)} GPUs is wider than a node of {per_node}")
+    notes = [n for n in (model_note,) if n]
+    notes.append("launch not published (AIConfigurator's runs of Dynamo's vLLM runtime): vLLM's defaults "
+                 "for each role's layout, KV over NIXL, each request prefilled first then read by its "
+                 "decode server (vllm-router's order)")
+    for name, role in (("prefill", row.prefill), ("decode", row.decode)):
+        if role.attention > 1:
+            notes.append(f"{name}: {role.attention} DP ranks of TP{role.gpus // role.attention} "
+                         "(--data-parallel-size), the experts "
+                         + ("spread (--enable-expert-parallel)" if role.ep > 1 else "sharded over them"))
+    ranks = row.decode.workers * row.decode.attention
+    notes.append(f"{row.concurrency} streams = decode batch {row.concurrency // ranks} x "
+                 f"{row.decode.workers} decode server(s) x {row.decode.attention} rank(s)")
+    workload, client_notes = client_workload(row)
+
+    def role(shape: RoleShape) -> dict[str, object]:
+        return {"workers": shape.workers, "tp": shape.gpus, "ep": shape.ep, "attention": shape.attention}
+
+    entry = Entry.model_validate({
+        "id": row.id, "source_url": f"{PREDICTED_SOURCE}: {row.source}", "model": row.model,
+        "gpu": GPU_NAMES[row.system], "gpu_count": row.gpus,
+        "nodes": place_servers(servers, per_node)[-1] + 1,
+        "vllm_version": row.version or "0.19.0", "server_args": {"quantization": quant} if quant else {},
+        "disaggregation": {"transfer_backend": "nixl", "prefill": role(row.prefill),
+                           "decode": role(row.decode)},
+        "workload": workload,
+        "measured": {"mean_ttft_ms": row.ttft_ms, "mean_tpot_ms": row.tpot_ms},
+        "parasweep": {"model": folder, "hardware": SYSTEMS[row.system], "engine": "vllm"}})
     return entry, [*notes, *client_notes]

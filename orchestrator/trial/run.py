@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config.schema import PD_ROLES, role_gpus, world_size
+from orchestrator.config.schema import PD_ROLES, plays_vllm, role_gpus, world_size
 from orchestrator.config.traffic import traffic_note
 from orchestrator.environment import engine_version, joined_placement, placement
 from orchestrator.errors import EngineFailure, EngineStartError
@@ -253,8 +253,8 @@ def _finish(plan: TrialPlan, recorder: TrialRecorder, session: EngineSession, re
             if urls:  # DP replicas behind the router package: how it spread them, what each cache found
                 extra.update(routing_summary(router, replicas, urls, start, end))
             if cfg.pd.enabled:  # the TTFT's parts from the servers' histograms, each role's GPUs' busy share
-                extra.update(stage_parts(by_role, start, end))
-                extra.update(transfer_size(by_role["prefill"], start, end))
+                extra.update(stage_parts(by_role, start, end, plays_vllm(cfg)))
+                extra.update(transfer_size(by_role, start, end, plays_vllm(cfg)))
                 extra.update(role_busy(extra, role_gpus(cfg, "prefill") * cfg.pd.prefill.workers,
                                        world_size(cfg)))
             if extra:

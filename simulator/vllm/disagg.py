@@ -57,7 +57,8 @@ class VLLMDeployment:
         self.decode_cores = [self._cores(c) for c in decode]
         self.prefills = [core for cores in self.prefill_cores for core in cores]
         self.decodes = [core for cores in self.decode_cores for core in cores]
-        self.held = [HeldKV(self.sim, [c.replica for c in cores]) for cores in self.prefill_cores]
+        self.held = [HeldKV(self.sim, [c.replica for c in cores], timeout_s=None)
+                     for cores in self.prefill_cores]
         self.links = [Link(self.sim) for _ in decode]  # each decode server's GPU links
         n_p = len(prefill)
         self.paths: list[list[Path]] = [[path_between(p, nodes[i] == nodes[n_p + j])

@@ -65,6 +65,11 @@ class VLLMMetrics:
             "Histogram of time spent in WAITING phase for request.",
             REQUEST_LATENCY_BUCKETS,
         )
+        self.prefill_time = hist(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
         self.prompt_len = hist(
             "vllm:request_prompt_tokens", "Number of prefill tokens processed.", length_buckets(max_model_len)
         )

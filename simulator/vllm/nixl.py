@@ -114,10 +114,12 @@ def transfer_params(release: str, req: Request, key: str, engine_id: str, host: 
 
 class HeldKV:
     """A server's finished requests whose KV waits for a decode server's read, by the key the decode side
-    knows them by; freed when read or after the abort timeout. A read that comes before its request has
-    finished here (the router sends the decode request once the prefill's answer is out) waits for it."""
+    knows them by; freed when read, or after the abort timeout (None: none, every request being read, as
+    on one clock). A read that comes before its request has finished here (the router sends the decode
+    request once the prefill's answer is out) waits for it."""
 
-    def __init__(self, sim: Simulation, replicas: list[VLLMReplica], timeout_s: float = ABORT_TIMEOUT_S,
+    def __init__(self, sim: Simulation, replicas: list[VLLMReplica],
+                 timeout_s: float | None = ABORT_TIMEOUT_S,
                  on_expired: Callable[[], None] | None = None) -> None:
         self.sim, self.replicas, self.timeout_s, self.on_expired = sim, replicas, timeout_s, on_expired
         self.by_key: dict[str, Request] = {}
@@ -132,7 +134,8 @@ class HeldKV:
         def held(req: Request) -> None:
             self.pending.discard(key)
             self.by_key[key] = req
-            self.sim.schedule(self.sim.now + self.timeout_s, self._expire, key, req)
+            if self.timeout_s is not None:
+                self.sim.schedule(self.sim.now + self.timeout_s, self._expire, key, req)
             reader = self.readers.pop(key, None)
             if reader is not None:
                 reader()
@@ -219,7 +222,7 @@ class LiveNixl:
         if key is None or not isinstance(req.remote, KVHold):
             return {}
         cfg = self.cfg
-        expiry = time.time() + self.held.timeout_s
+        expiry = time.time() + ABORT_TIMEOUT_S
         return {"kv_transfer_params": transfer_params(cfg.args.vllm_release, req, key, self.engine_id,
                                                       self.host, self.port, cfg.rank_tp, cfg.pp,
                                                       cfg.page_size, expiry)}

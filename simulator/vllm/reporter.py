@@ -42,6 +42,8 @@ class VLLMReporter:
     def on_finish(self, req: Request, now: float) -> None:
         m = self.metrics
         m.e2e.labels(**self.labels).observe(now - req.arrival)
+        if req.forward_entry >= 0 and req.first_token_time >= 0:  # first scheduled to first token, as vLLM
+            m.prefill_time.labels(**self.labels).observe(req.first_token_time - req.forward_entry)
         m.prompt_len.labels(**self.labels).observe(req.input_len)
         m.gen_len.labels(**self.labels).observe(len(req.output_ids))
         m.success.labels(**self.labels, finished_reason="length").inc()
