@@ -155,8 +155,10 @@ def test_one_request_s_ttft_is_the_prefill_the_read_and_one_decode_step() -> Non
     pd = req.pd
     assert pd is not None and pd.prefill_start >= 0
     prefill, decode = dep.prefills[0].replica, dep.decodes[0].replica
-    # the decode server computed only the last prompt token: one step, the rest of the prompt was read
-    assert decode.prompt_tokens_computed == 1 and prefill.prompt_tokens_computed == 2048
+    # the decode server computed no prompt chunk: the read brought the prompt, its last token went with
+    # the decode steps (one query token each), and eight steps made the eight tokens
+    assert decode.prompt_tokens_computed == 0 and prefill.prompt_tokens_computed == 2048
+    assert decode.decode_steps == 8 and decode.prefill_steps == 0
     per_token = dep.per_token[0][0]
     assert pd.transfer_bytes == pytest.approx(2048 * per_token)  # nothing in the decode server's cache
     path = dep.paths[0][0]

@@ -108,6 +108,8 @@ class VLLMAdmission(Admission):
         self._make_room(need)
         req.kv_tokens = need - 1  # the last prompt token is computed again here (below)
         self.kv_used += req.kv_tokens
+        req.kv_reserved = need
+        self.kv_committed += need
         self.peak_kv_used = max(self.peak_kv_used, self.held_tokens)
         pull.state = "reading"
         self.reading.append(req)
@@ -208,10 +210,12 @@ class VLLMAdmission(Admission):
                     break
                 self.waiting.popleft()
                 continue
-            if pull is not None:  # its KV is in: the last prompt token is this step's
-                self.waiting.popleft()
+            if pull is not None:  # its KV is in: this step computes its last prompt token, one query token
+                self.waiting.popleft()  # as a decode's (a step of such tokens alone replays a full graph)
                 self._run_received(req, running, now)
-                items.append(PrefillItem(req, 1, req.prefilled, True))
+                if req not in slot.reqs:
+                    slot.reqs.append(req)
+                decodes.append(req)
                 req.prefilled += 1
                 promised += 1
                 budget -= 1
