@@ -78,6 +78,34 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 120, env: dict[str, str
                           text=True, timeout=max(timeout, HANG_GUARD_S), env=full_env, check=False)
 
 
+def kill_server_mid_point(args: list[str], cwd: Path, ready: str, pgid_file: str) -> tuple[int, Path]:
+    """``python run.py ARGS`` in ``cwd``, one of its servers killed (SIGKILL to the process group that
+    ``server/<pgid_file>`` names) once the speaking server's log (``server/server.log``) shows ``ready``;
+    the run's exit code and its ``error.txt``."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        pgid = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            logs = list(cwd.glob("runs/outputs/**/server/server.log"))
+            if logs and ready in logs[0].read_text():
+                pgid = int((logs[0].parent / pgid_file).read_text())
+                break
+            time.sleep(0.2)
+        assert pgid is not None, f"the trial's log never showed {ready!r}"
+        os.killpg(pgid, signal.SIGKILL)
+        proc.communicate(timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    (error,) = cwd.glob("runs/outputs/**/error.txt")
+    return proc.returncode, error
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path

@@ -8,9 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -23,7 +20,7 @@ from orchestrator.engines.sim import SimEngine
 from orchestrator.engines.virtual import virtual_trials
 from orchestrator.process.replicas import ReplicaGroup, Worker
 from orchestrator.process.server import free_port, group_alive
-from tests.conftest import HANG_GUARD_S, NO_DRAWING, ROOT, run_cli
+from tests.conftest import NO_DRAWING, ROOT, kill_server_mid_point, run_cli
 from vocab.hardware import load_hardware
 from vocab.load import LoadPoint, RequestSpec
 
@@ -113,9 +110,10 @@ def test_one_request_at_a_time_its_ttft_is_the_predicted_parts(tmp_path: Path) -
     predicted = virtual_trials(cfg, tmp_path / "predict")().run_point(
         LoadPoint(concurrency=1, num_requests=2), spec).metrics
     sim = SimEngine()
-    ports, boots = [free_port(), free_port()], [free_port()]
+    ports = [free_port(), free_port()]
     port, prometheus = free_port(), free_port()
-    launch = pd_launch(cfg, lambda one, p: sim.argv(one, p, tmp_path), ports, boots, port, prometheus, None)
+    launch = pd_launch(cfg, lambda one, p: sim.argv(one, p, tmp_path), ports, lambda _: free_port(), port,
+                       prometheus, None)
     group = ReplicaGroup(_Logs(tmp_path), stop_grace_s=5.0)
     try:
         group.start_workers([Worker(s.name, s.argv, s.port, dict(os.environ), tmp_path / f"{s.role}.log")
@@ -156,25 +154,8 @@ def test_one_request_at_a_time_its_ttft_is_the_predicted_parts(tmp_path: Path) -
 def test_a_killed_decode_server_fails_the_trial_in_one_line_and_nothing_is_left(tmp_path: Path) -> None:
     args = [*PD_TRIAL, "workload.input_len=256", "workload.output_len=256", "workload.concurrency=[2]",
             "workload.requests_per_concurrency=200", "workload.warmup_requests=0", "workload.ci_target=null"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + HANG_GUARD_S
-        decode_pgid = None
-        while time.monotonic() < deadline and proc.poll() is None:
-            logs = list(tmp_path.glob("runs/outputs/**/server/server.log"))
-            if logs and "Decode batch" in logs[0].read_text():
-                decode_pgid = int((logs[0].parent / "server.pgid").read_text())
-                break
-            time.sleep(0.2)
-        assert decode_pgid is not None, "the trial never decoded"
-        os.killpg(decode_pgid, signal.SIGKILL)
-        proc.communicate(timeout=HANG_GUARD_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
-    (error,) = tmp_path.glob("runs/outputs/**/error.txt")
+    code, error = kill_server_mid_point(args, tmp_path, "Decode batch", "server.pgid")
+    assert code != 0
     first = error.read_text().splitlines()[0]
     assert re.match(r"decode server 0's engine exited with code -9 .*during point c2", first), first
     server = error.parent / "server"

@@ -5,12 +5,7 @@ vllm-router in front of live simulated servers (the slow tier)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +24,7 @@ from simulator.predict_disagg import load_layout
 from simulator.vllm.cli import VLLMFlagError, parse
 from simulator.vllm.disagg import VLLMDeployment
 from simulator.vllm.nixl import transfer_params
-from tests.conftest import HANG_GUARD_S, NO_DRAWING, ROOT, run_cli
+from tests.conftest import NO_DRAWING, ROOT, kill_server_mid_point, run_cli
 from vocab.hardware import load_hardware
 
 MODEL = "qwen3-8b"
@@ -264,25 +259,9 @@ def test_a_killed_prefill_server_fails_the_vllm_trial_in_one_line_and_nothing_is
         tmp_path: Path) -> None:
     args = [*VLLM_PD_TRIAL, "workload.input_len=256", "workload.output_len=256", "workload.concurrency=[2]",
             "workload.requests_per_concurrency=200", "workload.warmup_requests=0", "workload.ci_target=null"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + HANG_GUARD_S
-        pgid = None
-        while time.monotonic() < deadline and proc.poll() is None:
-            logs = list(tmp_path.glob("runs/outputs/**/server/server.log"))
-            if logs and "Avg generation throughput" in logs[0].read_text():
-                pgid = int((logs[0].parent / "server-prefill0.pgid").read_text())
-                break
-            time.sleep(0.2)
-        assert pgid is not None, "the trial never decoded"
-        os.killpg(pgid, signal.SIGKILL)
-        proc.communicate(timeout=HANG_GUARD_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
-    (error,) = tmp_path.glob("runs/outputs/**/error.txt")
+    # decode server 0 speaks for the engine: its stats line says the point is running
+    code, error = kill_server_mid_point(args, tmp_path, "Avg generation throughput", "server-prefill0.pgid")
+    assert code != 0
     first = error.read_text().splitlines()[0]
     assert re.match(r"prefill server 0's engine exited with code -9 .*during point c2", first), first
     pgids = sorted((error.parent / "server").glob("*.pgid"))

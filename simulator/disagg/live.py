@@ -36,6 +36,7 @@ from aiohttp import web
 
 from simulator.disagg.decode_role import DecodeRole
 from simulator.disagg.kv_transfer import KVSide, Link, Path, bytes_per_token, path_between
+from simulator.disagg.peer import PeerClient
 from simulator.disagg.prefill_role import PrefillRole, Transfer
 from simulator.entities import PDTimes, Request
 from simulator.logs import LogWriter
@@ -137,8 +138,7 @@ class LiveDecode:
         self._dealt = 0
         self.kv = dataclasses.asdict(KVSide.of(cfg))
         self.peer = f"{cfg.args.host}:{cfg.args.port}"
-        self._session: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self.client = PeerClient(loop)
 
     def submit(self, req: Request, bootstrap: Bootstrap | None) -> None:
         role = self.roles[self._dealt % len(self.roles)]  # the ranks in turn
@@ -152,19 +152,13 @@ class LiveDecode:
                           lambda r: self._fetch_soon(role, r, str(bootstrap.host), port, room))
 
     def _fetch_soon(self, role: DecodeRole, req: Request, host: str, port: int, room: int) -> None:
-        task = self.loop.create_task(self._fetch(role, req, host, port, room, self.sim.now))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.client.spawn(self._fetch(role, req, host, port, room, self.sim.now))
 
     async def _fetch(self, role: DecodeRole, req: Request, host: str, port: int, room: int,
                      preallocated: float) -> None:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         body = {"room": room, "node": self.cfg.args.sim_pd_node, "peer": self.peer, "kv": self.kv}
         try:
-            async with self._session.post(f"http://{host}:{port}{TRANSFER_PATH}", json=body) as resp:
-                resp.raise_for_status()
-                data = await resp.json(loads=orjson.loads)
+            data = await self.client.post(f"http://{host}:{port}{TRANSFER_PATH}", body)
         except (aiohttp.ClientError, OSError, ValueError) as e:
             self.log.error(f"Decode transfer failed for request rank=0 req.rid={req.rid} "
                            f"req.bootstrap_room={room} with exception {e}")
@@ -177,10 +171,7 @@ class LiveDecode:
         self.sim.schedule(now, role.kv_arrived, req, int(data["first_token"]), times)
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        if self._session is not None:
-            await self._session.close()
+        await self.client.close()
 
 
 def live_role(cfg: SimConfig, sim: Simulation, replicas: list[ReplicaModel], now: Callable[[], float],

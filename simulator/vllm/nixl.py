@@ -41,6 +41,7 @@ from aiohttp import web
 from packaging.version import Version
 
 from simulator.disagg.kv_transfer import KVSide, Link, Path, bytes_per_token, path_between, send
+from simulator.disagg.peer import PeerClient
 from simulator.entities import KVHold, KVPull, Request
 from simulator.logs import LogWriter
 from simulator.sim_config import SimConfig
@@ -192,8 +193,7 @@ class LiveNixl:
         self.peer = f"{cfg.args.host}:{cfg.args.port}"
         self.receivers: dict[str, Link] = {}  # each decode server's link, as this server's reads use it
         self._keys: dict[str, str] = {}  # a held request's rid -> the key the decode side reads it by
-        self._session: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self.client = PeerClient(loop)
 
     # -- requests in and answers out --------------------------------------------------------------------
 
@@ -257,24 +257,18 @@ class LiveNixl:
     # -- reading from other servers ---------------------------------------------------------------------
 
     def _read_soon(self, req: Request, tokens: int, key: str, host: str, port: int) -> None:
-        task = self.loop.create_task(self._read(req, tokens, key, host, port))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.client.spawn(self._read(req, tokens, key, host, port))
 
     def _replica_of(self, req: Request) -> VLLMReplica:
         return next(r for r in self.replicas if req in r.admission.reading)
 
     async def _read(self, req: Request, tokens: int, key: str, host: str, port: int) -> None:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         body = {"key": key, "tokens": tokens, "node": self.cfg.args.sim_pd_node, "peer": self.peer,
                 "kv": self.kv}
         replica = self._replica_of(req)
         labels = self.metrics.labels(self.replicas.index(replica))
         try:
-            async with self._session.post(f"http://{host}:{port}{READ_PATH}", json=body) as resp:
-                resp.raise_for_status()
-                read = await resp.json(loads=orjson.loads)
+            read = await self.client.post(f"http://{host}:{port}{READ_PATH}", body)
         except (aiohttp.ClientError, OSError, ValueError) as e:
             self.log.error(f"NIXL transfer of request {key} from {host}:{port} failed ({e}); its prompt is "
                            "computed locally", "nixl_connector.py:1")
@@ -286,7 +280,4 @@ class LiveNixl:
         self.sim.schedule(self.now(), replica.remote_kv_in, req)
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        if self._session is not None:
-            await self._session.close()
+        await self.client.close()
