@@ -3,7 +3,8 @@
 Every server of the deployment runs vLLM's NIXL connector (``--kv-transfer-config``); vllm-router decides
 per request which server prefills and which decodes, so the role is the request's, not the server's.
 Up to 0.19 both roles run ``kv_role: kv_both``; 0.34 deprecates it for ``kv_producer`` (prefill) and
-``kv_consumer`` (decode). Each server's NIXL side channel, where the decode servers read its KV, is
+``kv_consumer`` (decode). Every recorded release takes all three (its choices are read from its wheel, and
+a test holds these to them). Each server's NIXL side channel, where the decode servers read its KV, is
 ``VLLM_NIXL_SIDE_CHANNEL_HOST:PORT``: a free port per server, since two vLLM servers on one host would
 otherwise both take the default 5600 (docs/vllm-adapter.md, "Disaggregation").
 """
@@ -17,8 +18,6 @@ from packaging.version import Version
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.base import HOST
 from orchestrator.engines.launch_args import Arg
-from orchestrator.engines.vllm_compat.versions import release
-from orchestrator.errors import ConfigError
 
 FLAG = "--kv-transfer-config"
 CONNECTOR = "NixlConnector"
@@ -36,12 +35,8 @@ def kv_transfer_args(cfg: ParasweepConf, version: str) -> list[Arg]:
     """``--kv-transfer-config`` for one server of a disaggregated deployment; none for any other server."""
     if not cfg.pd.enabled or not cfg.pd.role:
         return []
-    role = kv_role(cfg.pd.role, version)
-    if role not in release(version).kv_roles:  # every recorded release has all three; a new one may not
-        raise ConfigError("pd.enabled", True, f"false on vLLM {version}",
-                          why=f"vLLM {version}'s kv_role takes {', '.join(release(version).kv_roles)}, "
-                              f"not {role}")
-    value = json.dumps({"kv_connector": CONNECTOR, "kv_role": role}, separators=(",", ":"))
+    value = json.dumps({"kv_connector": CONNECTOR, "kv_role": kv_role(cfg.pd.role, version)},
+                       separators=(",", ":"))
     return [Arg(FLAG, [value], "pd.transfer_backend", cfg.pd.transfer_backend)]
 
 
