@@ -78,6 +78,22 @@ def _role(workers: int) -> object:
     return PDRoleConf(workers=workers)
 
 
+def test_the_layouts_tried_around_an_aggregated_vllm_trial_include_nixl_deployments() -> None:
+    from orchestrator.prediction.neighbourhood import layouts
+
+    cfg = _cfg()
+    cfg.pd.enabled, cfg.pd.transfer_backend = False, "mooncake"  # the schema's default, SGLang's
+    cfg.tp.size = 2
+    disaggregated = [c for c in layouts(cfg) if c.get("pd.enabled")]
+    assert disaggregated and all(c["pd.transfer_backend"] == "nixl" for c in disaggregated)
+    for change in disaggregated:  # each one a valid vLLM deployment
+        one = _cfg(transfer_backend=change["pd.transfer_backend"])
+        one.pd.prefill.workers = change["pd.prefill.workers"]
+        one.pd.decode.workers = change["pd.decode.workers"]
+        one.dry_run = True
+        validate_pd(one, "sim-vllm")
+
+
 @pytest.mark.parametrize(("key", "value", "words"), [
     ("transfer_backend", "mooncake", "pd.transfer_backend=mooncake: invalid (vLLM's KV connector"),
     ("bootstrap_port", 9000, "pd.bootstrap_port=9000: invalid (SGLang's bootstrap server"),

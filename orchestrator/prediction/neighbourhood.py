@@ -107,6 +107,8 @@ def _disaggregated(cfg: ParasweepConf, gpus: int) -> list[dict[str, Any]]:
                     prefill, servers - prefill):  # the trial's own deployment
                 continue
             change: dict[str, Any] = {"pd.enabled": True} if not pd.enabled else {}
+            if plays_vllm(cfg) and pd.transfer_backend != "nixl":  # vLLM's one connector parasweep runs
+                change["pd.transfer_backend"] = "nixl"
             change.update({"pd.prefill.workers": prefill, "pd.decode.workers": servers - prefill})
             # experts over the TP group where the trial spreads them
             _role_layout(cfg, change, {"tp": tp, "pp": 1, "dp": 1, "ep": tp if cfg.ep.size > 1 else 1})
