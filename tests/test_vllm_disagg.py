@@ -258,6 +258,8 @@ def test_a_disaggregated_vllm_trial_reads_every_request_s_kv_through_vllm_router
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     (run,) = [r for r in client.search_runs([client.get_experiment_by_name("parasweep").experiment_id])
               if r.data.tags.get("parasweep.kind") == "trial"]
+    assert ("Disaggregated: 1 prefill server of tp=1 pp=1 ep=1 dp=1, 1 decode server of tp=1 pp=1 ep=1 dp=1; "
+            "KV over nixl, vllm-router in PD mode in front") in run.data.tags["mlflow.note.content"]
     metrics = run.data.metrics
     stage = {p: metrics.get(f"c2/pd_stage_{p}_ms") for p in ("prefill_queue", "prefill", "transfer",
                                                              "decode_first")}

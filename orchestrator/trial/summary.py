@@ -132,6 +132,7 @@ def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResu
              *([f"Ran on host {where['host']}, Ray node {where['ray_node_id']}; "
                 f"GPUs: {where['gpu_uuids']}", ""] if where else []),
              *([f"DP: {_routing(plan)}", ""] if c.dp.size > 1 else []),
+             *([f"Disaggregated: {_deployment(c)}", ""] if c.pd.enabled else []),
              f"GPU telemetry: {gpu_source.describe()} ({gpu_note})", "",
              f"Step costs of the simulator's numbers and predictions: {step_costs_label(c)}", "",
              *([f"Traffic: {traffic_note(c)}", ""] if c.workload.source != "random" else [])]
@@ -151,6 +152,19 @@ def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResu
         lines += ["", "Findings (diagnosis.json):"]
         lines += [f"- **{f['severity']}** {f['title']}: {f['suggestion'].splitlines()[0]}" for f in findings]
     return lines
+
+
+def _deployment(cfg: ParasweepConf) -> str:
+    """A disaggregated trial's servers, each role's layout, how its KV moves and what stands in front."""
+    def role(name: str) -> str:
+        one = role_config(cfg, name)
+        n = getattr(cfg.pd, name).workers
+        return (f"{n} {name} server{'s' if n != 1 else ''} of tp={one.tp.size} pp={one.pp.size} "
+                f"ep={one.ep.size} dp={one.dp.size}")
+
+    router = "vllm-router" if plays_vllm(cfg) else "the smg router"
+    return (f"{role('prefill')}, {role('decode')}; KV over {cfg.pd.transfer_backend}, {router} in PD mode "
+            "in front")
 
 
 def _routing(plan: TrialPlan) -> str:
