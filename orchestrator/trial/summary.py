@@ -132,7 +132,7 @@ def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResu
              *([f"Ran on host {where['host']}, Ray node {where['ray_node_id']}; "
                 f"GPUs: {where['gpu_uuids']}", ""] if where else []),
              *([f"DP: {_routing(plan)}", ""] if c.dp.size > 1 else []),
-             *([f"Disaggregated: {_deployment(c)}", ""] if c.pd.enabled else []),
+             *([f"Disaggregated: {_servers_line(c)}", ""] if c.pd.enabled else []),
              f"GPU telemetry: {gpu_source.describe()} ({gpu_note})", "",
              f"Step costs of the simulator's numbers and predictions: {step_costs_label(c)}", "",
              *([f"Traffic: {traffic_note(c)}", ""] if c.workload.source != "random" else [])]
@@ -154,7 +154,7 @@ def describe_trial(plan: TrialPlan, status: TrialStatus, results: list[PointResu
     return lines
 
 
-def _deployment(cfg: ParasweepConf) -> str:
+def _servers_line(cfg: ParasweepConf) -> str:
     """A disaggregated trial's servers, each role's layout, how its KV moves and what stands in front."""
     def role(name: str) -> str:
         one = role_config(cfg, name)
