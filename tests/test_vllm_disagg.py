@@ -120,6 +120,7 @@ def test_a_kv_transfer_config_in_extra_args_is_refused_with_the_key_that_sets_it
     ('{"kv_connector":"NixlConnector"}', "Please specify kv_role when kv_connector is set"),
     ('{"kv_connector":"NixlConnector","kv_role":"kv_sender"}', "Unsupported kv_role: kv_sender"),
     ('{"kv_connector":"MooncakeConnector","kv_role":"kv_both"}', "is not modelled by the simulated engine"),
+    ('["NixlConnector"]', "--kv-transfer-config .*: not a JSON object"),
 ])
 def test_the_simulated_engine_refuses_a_kv_transfer_config_in_vllm_s_words(config: str, words: str) -> None:
     with pytest.raises(VLLMFlagError, match=words):

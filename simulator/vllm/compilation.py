@@ -18,8 +18,9 @@ nothing here (a start-up warning), as the simulated engine models no kernel they
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+
+from simulator.vllm.flag_json import json_object
 
 MODES = ("NONE", "PIECEWISE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 LEVELS = ("0", "1", "2", "3")
@@ -93,13 +94,7 @@ def read_compilation(config: str | None, level: str | None, enforce_eager: bool)
 def _parsed(config: str | None) -> dict:
     if config is None:
         return {}
-    try:
-        cfg = json.loads(config)
-    except json.JSONDecodeError as e:
-        raise CompilationError(f"--compilation-config {config!r}: not JSON ({e.msg})") from e
-    if not isinstance(cfg, dict):
-        raise CompilationError(f"--compilation-config {config!r}: a JSON object")
-    return cfg
+    return json_object("--compilation-config", config, CompilationError)
 
 
 def _size(value: object, key: str) -> int:

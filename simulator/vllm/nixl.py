@@ -46,6 +46,7 @@ from simulator.entities import KVHold, KVPull, Request
 from simulator.logs import LogWriter
 from simulator.sim_config import SimConfig
 from simulator.timebase import Simulation
+from simulator.vllm.flag_json import json_object
 from simulator.vllm.metrics import NixlMetrics
 from simulator.vllm.scheduler import VLLMReplica
 
@@ -69,12 +70,7 @@ class KVTransferConf:
 def parse_kv_transfer_config(text: str) -> KVTransferConf:
     """``--kv-transfer-config``'s JSON: vLLM's own checks (``KVTransferConfig.__post_init__``), then the
     one connector the simulated engine plays."""
-    try:
-        raw = orjson.loads(text)
-    except orjson.JSONDecodeError as e:
-        raise KVTransferConfigError(f"--kv-transfer-config is not JSON: {e}") from e
-    if not isinstance(raw, dict):
-        raise KVTransferConfigError("--kv-transfer-config must be a JSON object")
+    raw = json_object("--kv-transfer-config", text, KVTransferConfigError)
     connector, role = raw.get("kv_connector"), raw.get("kv_role")
     if role is not None and role not in KV_ROLES:
         raise KVTransferConfigError(f"Unsupported kv_role: {role}. Supported roles are {list(KV_ROLES)}")

@@ -20,12 +20,12 @@ modelled, with vLLM's own words where it refuses (docs/vllm-adapter.md, "Specula
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from packaging.version import Version
 
 from simulator.speculative.params import SpecParams
+from simulator.vllm.flag_json import json_object
 
 # vLLM method -> the simulator's algorithm (SGLang's spelling: NEXTN is a model's MTP layers)
 METHODS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "ngram": "NGRAM",
@@ -66,12 +66,7 @@ class VLLMSpec:
 
 def parse_spec_config(text: str, release: str, model_path: str, has_mtp_layers: bool) -> VLLMSpec:
     """``--speculative-config`` (a JSON object) as ``release`` reads it for the target at ``model_path``."""
-    try:
-        conf = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SpecConfigError(f"--speculative-config: not a JSON object ({e.msg})") from None
-    if not isinstance(conf, dict):
-        raise SpecConfigError("--speculative-config: not a JSON object")
+    conf = json_object("--speculative-config", text, SpecConfigError)
     v = Version(release)
     warnings: list[str] = []
     unknown = sorted(set(conf) - set(KEYS))
