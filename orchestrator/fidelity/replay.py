@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.engines.vllm_compat.disagg import kv_transfer_config
 from orchestrator.fidelity.catalog import NotModelled, across_nodes, hardware_profile, model_folder
 from orchestrator.fidelity.corpus import DISAGGREGATED, Entry, Role
 from orchestrator.fidelity.releases import release_defaults
@@ -39,8 +40,6 @@ from workloads.bench_serving import (
 # Benchmark tools whose sending the replay follows (lower-cased prefixes of ``workload.tool``)
 SGLANG_BENCH = "sglang.bench_serving"
 VLLM_BENCH = ("vllm bench",)
-# every server of a disaggregated vLLM run: NIXL's connector, the role the request's (vllm-router's)
-NIXL_BOTH = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
 # vLLM's older benchmarks/benchmark_serving.py (InferenceX's client is a fork of it) draws random lengths
 # one-sided from ratio x L to L, as SGLang's tool does; aiperf sends fixed lengths
 ONE_SIDED_BENCH = ("benchmark_serving",)
@@ -275,7 +274,7 @@ def _vllm_disaggregated(entry: Entry, model_dir: Path, profile: Path, calibratio
     assert d is not None
     _place(entry, [d.prefill.tp] * d.prefill.workers + [d.decode.tp] * d.decode.workers, profile)
 
-    def role_argv(role: Role) -> list[str]:
+    def role_argv(name: str, role: Role) -> list[str]:
         dp = role.attention
         one = entry.model_copy(update={
             "parallelism": entry.parallelism.model_copy(update={"tp": role.tp // dp, "dp": dp,
@@ -283,9 +282,11 @@ def _vllm_disaggregated(entry: Entry, model_dir: Path, profile: Path, calibratio
             "server_args": {**entry.server_args, **role.server_args}})
         argv, launch_notes = vllm_argv(one, model_dir, profile, calibration)
         notes.extend(n for n in launch_notes if n not in notes)
-        return [*argv, "--kv-transfer-config", NIXL_BOTH]
+        played = argv[argv.index("--sim-vllm-release") + 1]  # NIXL's connector as that release runs it
+        return [*argv, "--kv-transfer-config", kv_transfer_config(name, played)]
 
-    roles = Roles(role_argv(d.prefill), role_argv(d.decode), d.prefill.workers, d.decode.workers)
+    roles = Roles(role_argv("prefill", d.prefill), role_argv("decode", d.decode), d.prefill.workers,
+                  d.decode.workers)
     layout = DISAGGREGATED + (" DP" if max(d.prefill.attention, d.decode.attention) > 1 else "")
     return Plan(argv=roles.decode_argv, env={}, requests=requests, max_concurrency=cap,
                 family="moe" if moe else "dense", layout=layout, hardware=profile.stem, notes=notes,

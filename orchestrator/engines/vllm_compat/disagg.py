@@ -31,13 +31,17 @@ def kv_role(role: str, version: str) -> str:
     return "kv_producer" if role == "prefill" else "kv_consumer"
 
 
+def kv_transfer_config(role: str, version: str) -> str:
+    """``--kv-transfer-config``'s value for a server of ``role`` on vLLM ``version``."""
+    return json.dumps({"kv_connector": CONNECTOR, "kv_role": kv_role(role, version)}, separators=(",", ":"))
+
+
 def kv_transfer_args(cfg: ParasweepConf, version: str) -> list[Arg]:
     """``--kv-transfer-config`` for one server of a disaggregated deployment; none for any other server."""
     if not cfg.pd.enabled or not cfg.pd.role:
         return []
-    value = json.dumps({"kv_connector": CONNECTOR, "kv_role": kv_role(cfg.pd.role, version)},
-                       separators=(",", ":"))
-    return [Arg(FLAG, [value], "pd.transfer_backend", cfg.pd.transfer_backend)]
+    return [Arg(FLAG, [kv_transfer_config(cfg.pd.role, version)], "pd.transfer_backend",
+                cfg.pd.transfer_backend)]
 
 
 def side_channel_env(port: int) -> dict[str, str]:
