@@ -246,6 +246,20 @@ def launch(row: DisaggRow) -> tuple[dict[str, object], dict[str, object], list[s
     return {**BOTH, **recipe.prefill}, {**BOTH, **recipe.decode}, notes
 
 
+def placed(row: DisaggRow) -> tuple[int, str]:
+    """(the nodes ``row``'s servers take on its GPU's profile, placed in order, prefill servers first; how
+    its client's streams follow from its decode batch). :class:`Unreplayable` where a server is wider than a
+    node."""
+    per_node = load_hardware(SYSTEMS[row.system]).num_gpus
+    servers = [row.prefill.gpus] * row.prefill.workers + [row.decode.gpus] * row.decode.workers
+    if max(servers) > per_node:
+        raise Unreplayable(f"a server of {max(servers)} GPUs is wider than a node of {per_node}")
+    ranks = row.decode.workers * row.decode.attention
+    return place_servers(servers, per_node)[-1] + 1, (
+        f"{row.concurrency} streams = decode batch {row.concurrency // ranks} x {row.decode.workers} decode "
+        f"server(s) x {row.decode.attention} rank(s)")
+
+
 def to_entry(row: DisaggRow) -> tuple[Entry, list[str]]:
     """``row`` as a replayable entry (the corpus format with its ``disaggregation`` block) and what its
     mapping assumes; raises :class:`Unreplayable`."""
@@ -254,15 +268,9 @@ def to_entry(row: DisaggRow) -> tuple[Entry, list[str]]:
         raise Unreplayable(f"GPU system {row.system}: {NO_PROFILE}")
     prefill_args, decode_args, notes = launch(row)
     both: dict[str, object] = {"quantization": quant} if quant else {}
-    per_node = load_hardware(SYSTEMS[row.system]).num_gpus
-    servers = [row.prefill.gpus] * row.prefill.workers + [row.decode.gpus] * row.decode.workers
-    if max(servers) > per_node:
-        raise Unreplayable(f"a server of {max(servers)} GPUs is wider than a node of {per_node}")
-    nodes = place_servers(servers, per_node)[-1] + 1
+    nodes, streams = placed(row)
     notes = [n for n in (model_note, *notes) if n]
-    ranks = row.decode.workers * row.decode.attention
-    notes.append(f"{row.concurrency} streams = decode batch {row.concurrency // ranks} x "
-                 f"{row.decode.workers} decode server(s) x {row.decode.attention} rank(s)")
+    notes.append(streams)
     workload, client_notes = client_workload(row)
     notes += client_notes
     entry = Entry.model_validate({

@@ -20,8 +20,7 @@ from orchestrator.fidelity.silicon import (
     measured_on,
     model_for,
 )
-from orchestrator.fidelity.silicon_disagg import DisaggRow, RoleShape
-from vocab.hardware import load_hardware, place_servers
+from orchestrator.fidelity.silicon_disagg import DisaggRow, RoleShape, placed
 
 # (pattern on the CSV's model_path, why the simulated engine does not price it)
 UNMODELLED = (
@@ -199,10 +198,7 @@ def to_vllm_disagg_entry(row: DisaggRow) -> tuple[Entry, list[str]]:
     folder, quant, model_note = model_for(row, MODELS, UNMODELLED)
     if row.system not in SYSTEMS:
         raise Unreplayable(f"GPU system {row.system}: {NO_PROFILE}")
-    per_node = load_hardware(SYSTEMS[row.system]).num_gpus
-    servers = [row.prefill.gpus] * row.prefill.workers + [row.decode.gpus] * row.decode.workers
-    if max(servers) > per_node:
-        raise Unreplayable(f"a server of {max(servers)} GPUs is wider than a node of {per_node}")
+    nodes, streams = placed(row)
     notes = [n for n in (model_note,) if n]
     notes.append("launch not published (AIConfigurator's runs of Dynamo's vLLM runtime): vLLM's defaults "
                  "for each role's layout, KV over NIXL, each request prefilled first then read by its "
@@ -212,9 +208,7 @@ def to_vllm_disagg_entry(row: DisaggRow) -> tuple[Entry, list[str]]:
             notes.append(f"{name}: {role.attention} DP ranks of TP{role.gpus // role.attention} "
                          "(--data-parallel-size), the experts "
                          + ("spread (--enable-expert-parallel)" if role.ep > 1 else "sharded over them"))
-    ranks = row.decode.workers * row.decode.attention
-    notes.append(f"{row.concurrency} streams = decode batch {row.concurrency // ranks} x "
-                 f"{row.decode.workers} decode server(s) x {row.decode.attention} rank(s)")
+    notes.append(streams)
     workload, client_notes = client_workload(row)
 
     def role(shape: RoleShape) -> dict[str, object]:
@@ -222,8 +216,7 @@ def to_vllm_disagg_entry(row: DisaggRow) -> tuple[Entry, list[str]]:
 
     entry = Entry.model_validate({
         "id": row.id, "source_url": f"{PREDICTED_SOURCE}: {row.source}", "model": row.model,
-        "gpu": GPU_NAMES[row.system], "gpu_count": row.gpus,
-        "nodes": place_servers(servers, per_node)[-1] + 1,
+        "gpu": GPU_NAMES[row.system], "gpu_count": row.gpus, "nodes": nodes,
         "vllm_version": row.version or "0.19.0", "server_args": {"quantization": quant} if quant else {},
         "disaggregation": {"transfer_backend": "nixl", "prefill": role(row.prefill),
                            "decode": role(row.decode)},
