@@ -35,6 +35,9 @@ def trial_cfg(tmp_path: Path, pp: int, calibrated: bool) -> ParasweepConf:
     cfg.workload.concurrency = [1, 8]
     cfg.workload.input_len, cfg.workload.output_len = 128, 32
     cfg.workload.requests_per_concurrency, cfg.workload.warmup_requests = 2, 1
+    # each round of the fit predicts every point again as the trial ran it: 10 s of the engine's
+    # virtual time rather than the default 60 (a fit evaluates dozens of rounds)
+    cfg.workload.predicted.budget_s = 10.0
     cfg.tracking.uri = sqlite_store(tmp_path / "mlflow.db")
     if calibrated:
         cfg.calibration.name, cfg.calibration.hardware = "perturbed", "h100-sxm-x8"

@@ -121,10 +121,14 @@ def test_a_sharegpt_sweep_measures_what_it_predicts(tmp_path: Path) -> None:
 
 
 def test_a_mooncake_replay_measures_what_it_predicts(tmp_path: Path) -> None:
+    # An open loop sends on the trace's clock: a send a busy machine delays arrives late on the engine's
+    # clock too, and at the default 4x a stall of a wall second is four of the engine's, enough to move
+    # the throughput of a short window by more than the tolerance (a loaded 2-core CI machine did:
+    # 933 against 989 predicted). Played in real time, the same stall costs a quarter as much.
     measured, predicted, traffic, _ = _measured_against_predicted(
-        tmp_path, ["tp.size=4", "workload=mooncake", "workload.trace_window_s=30"])
+        tmp_path, ["tp.size=4", "workload=mooncake", "workload.trace_window_s=20", "engine.time_scale=1"])
     assert measured == pytest.approx(predicted, rel=0.05)
-    assert "mooncake trace" in traffic and "0-30 s of it" in traffic
+    assert "mooncake trace" in traffic and "0-20 s of it" in traffic
     assert np.isfinite(measured)
 
 

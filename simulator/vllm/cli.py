@@ -19,7 +19,7 @@ from simulator.cli import add_sim_flags, build_parser
 from simulator.kernel_lanes import VLLM_MOE_BACKENDS
 from simulator.model_spec import ONLINE_FP8
 from simulator.vllm.compilation import CompilationError, read_compilation
-from simulator.vllm.nixl import KVTransferConfigError, parse_kv_transfer_config
+from simulator.vllm.kv_transfer_flag import KVTransferConfigError, parse_kv_transfer_config
 from simulator.vllm.releases import NEWEST, PLAYED, default_caps, played
 from simulator.vllm.speculative import SpecConfigError, async_with_spec, conditional_rates, parse_spec_config
 

@@ -28,7 +28,8 @@ from simulator.timebase import LiveDriver, Simulation
 from simulator.vllm.info import played_info
 from simulator.vllm.logs import VLLMLogWriter
 from simulator.vllm.metrics import VLLMMetrics
-from simulator.vllm.nixl import READ_PATH, LiveNixl, side_channel
+from simulator.vllm.nixl import READ_PATH, side_channel
+from simulator.vllm.nixl_live import LiveNixl
 from simulator.vllm.reporter import STATS_INTERVAL_S, StatsLine, VLLMReporter
 from simulator.vllm.scheduler import VLLMReplica
 from vocab.telemetry import GpuSource

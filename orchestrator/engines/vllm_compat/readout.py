@@ -10,13 +10,12 @@ from __future__ import annotations
 import contextlib
 import urllib.error
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from orchestrator.process.server import flush_prefix_cache, http_get_json
-from orchestrator.telemetry.vllm_log import resolved_from_vllm_log, vllm_log_frame
 from simulator.gpus import SIM_INFO_PATH
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # vLLM's own words for what parasweep names as SGLang does (resolved.* keys)
 _RESOLVED_FROM_INFO = {
@@ -37,7 +36,9 @@ _RESOLVED_FROM_INFO = {
 
 
 class VLLMReadout:
-    """The reading side of an engine adapter, for vLLM (mixed into ``VLLMEngine`` and ``SimVLLMEngine``)."""
+    """The reading side of an engine adapter, for vLLM (mixed into ``VLLMEngine`` and ``SimVLLMEngine``).
+    Its readers are imported where used, as the SGLang adapter's: a config check loads this class, and
+    the log parsers would load pandas (a quarter second) into every command line's start."""
 
     batch_log = False  # a stats line every 10 s: /metrics' gauges are the scheduler series
 
@@ -46,6 +47,8 @@ class VLLMReadout:
         return {"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1"}
 
     def server_info(self, url: str) -> dict[str, Any]:
+        from orchestrator.process.server import http_get_json
+
         info: dict[str, Any] = {"engine": "vllm", "version": http_get_json(url + "/version").get("version")}
         models = http_get_json(url + "/v1/models").get("data") or [{}]
         info["served_model_name"] = models[0].get("id")
@@ -55,6 +58,8 @@ class VLLMReadout:
         return info
 
     def resolved(self, info: dict[str, Any], log_text: str) -> dict[str, Any]:
+        from orchestrator.telemetry.vllm_log import resolved_from_vllm_log
+
         resolved = resolved_from_vllm_log(log_text.splitlines())
         for key, name in _RESOLVED_FROM_INFO.items():
             if info.get(key) is not None:
@@ -62,7 +67,11 @@ class VLLMReadout:
         return resolved
 
     def flush_cache(self, url: str) -> bool:
+        from orchestrator.process.server import flush_prefix_cache
+
         return flush_prefix_cache(url, path="/reset_prefix_cache")
 
     def log_frame(self, path: Path) -> pd.DataFrame:
+        from orchestrator.telemetry.vllm_log import vllm_log_frame
+
         return vllm_log_frame(path)
