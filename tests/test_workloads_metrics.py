@@ -335,3 +335,17 @@ def test_a_p99_interval_needs_samples_beyond_its_upper_rank() -> None:
     big = rng.exponential(size=2000)
     lo, hi = quantile_interval(big, 0.99)
     assert lo < np.percentile(big, 99) < hi < big.max()
+
+
+def test_the_quantiles_ranks_are_scipy_stats_binomial_quantiles() -> None:
+    # the ranks come from scipy.special's binomial functions (scipy.stats is slow to import): they must
+    # be scipy.stats.binom.ppf's, the distribution's own quantile, wherever an interval is drawn
+    from scipy.stats import binom
+
+    from workloads.window import _binomial_quantile
+
+    sizes = [*range(1, 600), 999, 1000, 1801, 4000, 40_000, 123_457]
+    for n in sizes:
+        for q in (0.5, 0.9, 0.99):
+            for p in (0.025, 0.975):
+                assert _binomial_quantile(p, n, q) == int(binom.ppf(p, n, q)), (p, n, q)

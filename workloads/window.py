@@ -265,15 +265,25 @@ def quantile_interval(values: np.ndarray, q: float) -> tuple[float, float]:
     a Binomial(n, q) count with 95 % probability. (NaN, NaN) when the upper rank lies beyond the
     largest sample (for the p99, fewer than about 400 samples): the interval is open above, so the
     percentile's noise is not known, and no difference is called real on it."""
-    from scipy.stats import binom  # imported late: scipy is large
-
     arr = np.sort(values)
     n = len(arr)
-    lo = int(binom.ppf(0.025, n, q))
-    hi = int(binom.ppf(0.975, n, q)) + 1
+    lo = _binomial_quantile(0.025, n, q)
+    hi = _binomial_quantile(0.975, n, q) + 1
     if hi > n:
         return NAN, NAN
     return float(arr[max(0, lo - 1)]), float(arr[hi - 1])
+
+
+def _binomial_quantile(p: float, n: int, q: float) -> int:
+    """The smallest k with P(Binomial(n, q) <= k) >= p: ``scipy.stats.binom.ppf``'s answer (the same on
+    every n to 3,000 and q from 0.25 to 0.999 tried), from ``scipy.special``'s binomial functions, the
+    same inverse scipy.stats starts from. Importing scipy.stats costs about 0.65 s of CPU, in every
+    process that summarizes a point (each trial, each Ray worker); scipy.special about 0.2 s."""
+    from scipy.special import bdtr, bdtrik  # imported late: scipy is large
+
+    k = math.ceil(bdtrik(p, n, q))
+    below = max(k - 1, 0)
+    return below if bdtr(below, n, q) >= p else k
 
 
 def relative_half_width(value: float, lo: float, hi: float) -> float:
