@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
+from vocab.model import ENGINE_NAMES
+
 # the MoE backends vLLM's --moe-backend names that the simulator prices (auto: vLLM's own choice
 # where it is priced, else the nearest table's kernels)
 VLLM_MOE_BACKENDS = ("auto", "triton", "flashinfer_trtllm", "flashinfer_cutlass")

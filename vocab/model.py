@@ -36,6 +36,8 @@ DP_ROUTER_IMPLS = ("auto", "engine", "smg")
 ROUTER_PACKAGE = "smg==1.13.0"
 # vLLM's router in PD mode (vllm-project/router): a disaggregated vLLM deployment's front
 VLLM_ROUTER_PACKAGE = "vllm-router==0.1.17"
+# each engine parasweep launches, as its project spells it (in tables, notes and findings)
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "routing-key", "hrrn",
                      "shortest-prefill-first")
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "max_seq_len",

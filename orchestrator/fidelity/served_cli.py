@@ -23,6 +23,7 @@ from orchestrator.fidelity.silicon import (
 )
 from orchestrator.fidelity.silicon_disagg import read_disagg
 from orchestrator.fidelity.silicon_vllm import UNMODELLED as VLLM_UNMODELLED
+from vocab.model import ENGINE_NAMES
 
 ARCHITECTURES_NOT_MODELLED = {why for _, why in (*UNMODELLED, *VLLM_UNMODELLED)}
 
@@ -93,7 +94,7 @@ def run_silicon(path: str | None, only: list[str], workers: int | None, with_aic
     if not rows and not disagg:
         print(f"fidelity: --only {' '.join(only)}: no row of {file} matches", file=sys.stderr)
         return 2
-    engine = {"sglang": "SGLang", "vllm": "vLLM"}[backend]
+    engine = ENGINE_NAMES[backend]
     print(f"fidelity: replaying {len(rows) + len(disagg)} served {engine} run(s) of {file} on the simulated "
           f"engine{' playing vLLM' if backend == 'vllm' else ''} (predictions in virtual time, not "
           "measurements)"

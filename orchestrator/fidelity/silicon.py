@@ -33,6 +33,7 @@ import pandas as pd
 
 from orchestrator.errors import UserError
 from orchestrator.fidelity.corpus import Entry
+from vocab.model import ENGINE_NAMES
 
 # InferenceX's client: vLLM's older benchmarks/benchmark_serving.py, closed loop of C streams
 INFERENCEX_TOOL = "benchmark_serving (InferenceX)"
@@ -147,7 +148,7 @@ class Cleaning:
     backend: str = "sglang"
 
     def lines(self) -> list[str]:
-        engine = {"sglang": "SGLang", "vllm": "vLLM"}[self.backend]
+        engine = ENGINE_NAMES[self.backend]
         return [f"{self.backend_rows} {engine} rows: {self.disaggregated} disaggregated "
                 "(replayed apart, below)",
                 f"{len(self.mislabelled)} GB200 'aggregated' rows at TP{MISLABELLED_TP} dropped: multi-node "

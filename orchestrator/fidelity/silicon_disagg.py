@@ -38,6 +38,7 @@ from orchestrator.fidelity.silicon import (
     text_cell,
 )
 from vocab.hardware import load_hardware, place_servers
+from vocab.model import ENGINE_NAMES
 
 SRT_SLURM = "https://github.com/NVIDIA/srt-slurm/blob"
 # what every DeepSeek recipe of srt-slurm sets on both roles: the prompts share no prefix; KV over NIXL
@@ -163,7 +164,7 @@ class DisaggCleaning:
     backend: str = "sglang"
 
     def lines(self) -> list[str]:
-        engine = {"sglang": "SGLang", "vllm": "vLLM"}[self.backend]
+        engine = ENGINE_NAMES[self.backend]
         return [f"{self.rows} disaggregated {engine} rows: {self.without_topology} without worker counts "
                 "(their servers and batch are not given; AIConfigurator cannot estimate them either)",
                 f"{self.duplicates} rows repeating another export of the same measurement folded into it",
