@@ -120,11 +120,15 @@ def test_the_load_generator_times_a_time_scaled_engine_on_its_own_clock(tmp_path
     # How closely the sends followed the schedule, and how much the client added, is the client's pace
     # on this machine, each of its wall milliseconds four on the engine's clock: beside two CPU burners
     # the first send came 35 wall ms late (the rate read 21.5) and a starved client read 2.3 s of e2e
-    # against the engine's 0.26. Judged where the client says it kept up (its loop lag and its sends'
-    # lateness under the 20 ms line, in engine ms: the point is valid): a sender sleeping in wall
-    # seconds would read 5 a second, one timing on the engine's clock twice over 4x the e2e
+    # against the engine's 0.26. Judged where the client says it kept up (the point is valid: its rate,
+    # its sends' lateness and its loop lag within their lines): a sender sleeping in wall seconds would
+    # read 5 a second, one timing on the engine's clock twice over 4x the e2e. Where it did not keep
+    # up, it must say so in its own pace's terms (a CI run read loop lag 18 ms and sends 19 ms late,
+    # both under the 20 ms line, and still the rate over 40 requests missed by more than its tolerance)
     if out["valid"] == 1.0:
         assert out["achieved_rate"] == pytest.approx(20.0, rel=0.05)
         assert out["e2e_mean_ms"] < 2 * engine_e2e_ms, (out["e2e_mean_ms"], engine_e2e_ms)
     else:
-        assert out["schedule_lag_p99_ms"] > 20 or out["client_lag_p99_ms"] > 20, out
+        reasons = out["invalid_reasons"]
+        pace = ("req/s vs", "sends were late", "event-loop lag")
+        assert reasons and all(any(p in r for p in pace) for r in reasons), reasons
