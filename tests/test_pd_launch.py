@@ -97,8 +97,8 @@ def test_what_a_disaggregated_trial_cannot_run_is_refused_in_one_line() -> None:
 
 def test_each_server_gets_its_role_and_the_prefill_servers_their_bootstrap_ports() -> None:
     cfg = _cfg(2, 1, tp=2)
-    launch = pd_launch(cfg, lambda one, port: _argv(one), [101, 102, 103], lambda i: 9100 + i, 200, 201,
-                       "3,4,5,6,7,0")
+    launch = pd_launch(cfg, lambda one, port: _argv(one), [101, 102, 103], lambda offset, _: 9100 + offset,
+                       200, 201, "3,4,5,6,7,0")
     assert [(s.name, s.gpus, s.bootstrap_port) for s in launch.servers] == [
         ("prefill server 0", "3,4", 9100), ("prefill server 1", "5,6", 9101),
         ("decode server 0", "7,0", None)]

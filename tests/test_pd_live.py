@@ -19,7 +19,7 @@ from orchestrator.engines.router import pd_launch
 from orchestrator.engines.sim import SimEngine
 from orchestrator.engines.virtual import virtual_trials
 from orchestrator.process.replicas import ReplicaGroup, Worker
-from orchestrator.process.server import free_port, group_alive
+from orchestrator.process.server import free_port, free_port_block, group_alive
 from tests.conftest import NO_DRAWING, ROOT, kill_server_mid_point, run_cli
 from vocab.hardware import load_hardware
 from vocab.load import LoadPoint, RequestSpec
@@ -112,8 +112,9 @@ def test_one_request_at_a_time_its_ttft_is_the_predicted_parts(tmp_path: Path) -
     sim = SimEngine()
     ports = [free_port(), free_port()]
     port, prometheus = free_port(), free_port()
-    launch = pd_launch(cfg, lambda one, p: sim.argv(one, p, tmp_path), ports, lambda _: free_port(), port,
-                       prometheus, None)
+    taken = {*ports, port, prometheus}
+    launch = pd_launch(cfg, lambda one, p: sim.argv(one, p, tmp_path), ports,
+                       lambda _, width: free_port_block(width, taken), port, prometheus, None)
     group = ReplicaGroup(_Logs(tmp_path), stop_grace_s=5.0)
     try:
         group.start_workers([Worker(s.name, s.argv, s.port, dict(os.environ), tmp_path / f"{s.role}.log")

@@ -17,7 +17,7 @@ from orchestrator.engines.router import pd_launch
 from orchestrator.engines.vllm_compat.command import build_args, vllm_argv
 from orchestrator.engines.vllm_compat.versions import RECORDED, release
 from orchestrator.errors import ConfigError
-from orchestrator.process.server import group_alive
+from orchestrator.process.server import free_port_block, group_alive
 from simulator.entities import Request
 from simulator.predict import load_config
 from simulator.predict_disagg import load_layout
@@ -59,8 +59,8 @@ def test_each_server_s_kv_transfer_config_is_one_its_release_takes(version: str)
 
 def test_a_deployment_s_servers_each_get_a_side_channel_and_vllm_router_names_them_by_role() -> None:
     cfg = _cfg(prefill=_role(2), decode=_role(1))
-    launch = pd_launch(cfg, lambda one, port: [str(port), one.pd.role], [101, 102, 103], lambda i: 7000 + i,
-                       200, 201, None)
+    launch = pd_launch(cfg, lambda one, port: [str(port), one.pd.role], [101, 102, 103],
+                       lambda offset, _: 7000 + offset, 200, 201, None)
     assert [(s.name, s.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) for s in launch.servers] == [
         ("prefill server 0", "7000"), ("prefill server 1", "7001"), ("decode server 0", "7002")]
     assert all(s.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1" and s.bootstrap_port is None
@@ -70,6 +70,29 @@ def test_a_deployment_s_servers_each_get_a_side_channel_and_vllm_router_names_th
     pairs = [(router[i], router[i + 1]) for i, a in enumerate(router) if a in ("--prefill", "--decode")]
     assert pairs == [("--prefill", "http://127.0.0.1:101"), ("--prefill", "http://127.0.0.1:102"),
                      ("--decode", "http://127.0.0.1:103")]
+
+
+def test_a_server_with_ranks_gets_a_side_channel_port_for_each_of_its_gpus() -> None:
+    # vLLM's ranks of one server listen from its side channel's port up, offset by their DP rank (times
+    # the TP size, plus the TP rank, in some releases): a block of one port per GPU of the server holds
+    # either rule, and the next server's block starts after it
+    from orchestrator.config.schema import PDRoleConf
+
+    cfg = _cfg(prefill=PDRoleConf(workers=1, tp=2, dp=2), decode=PDRoleConf(workers=2, tp=2))
+    cfg.dry_run = True
+    validate_pd(cfg, "vllm")
+    launch = pd_launch(cfg, lambda one, port: [str(port)], [101, 102, 103], lambda offset, _: 7000 + offset,
+                       200, 201, None)
+    assert [(s.gpus, s.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) for s in launch.servers] == [
+        ("0,1,2,3", "7000"), ("4,5", "7004"), ("6,7", "7006")]
+    # a trial's blocks: each free when handed out, none overlapping another or a port given before
+    taken = {101, 102, 103}
+    launch = pd_launch(cfg, lambda one, port: [str(port)], [101, 102, 103],
+                       lambda _, width: free_port_block(width, taken), 200, 201, None)
+    blocks = [range(int(s.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]), int(s.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) + n)
+              for s, n in zip(launch.servers, (4, 2, 2), strict=True)]
+    ports = [p for block in blocks for p in block]
+    assert len(set(ports)) == 8 and taken == {101, 102, 103, *ports}
 
 
 def _role(workers: int) -> object:

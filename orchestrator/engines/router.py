@@ -106,15 +106,18 @@ class PDLaunch:
 
 
 def pd_launch(cfg: ParasweepConf, server_argv: Callable[[ParasweepConf, int], list[str]],
-              ports: list[int], side_port: Callable[[int], int], router_port: int, prometheus_port: int,
+              ports: list[int], side_ports: Callable[[int, int], int], router_port: int, prometheus_port: int,
               visible: str | None, python: str = sys.executable) -> PDLaunch:
     """Each server's command (``server_argv(its config, its port)``) on its slice of ``visible`` (the
     GPUs in placement order: prefill servers first), one port each, and the router in PD mode on
-    ``router_port``. The servers call each other on ports of their own, the k-th from ``side_port(k)``
-    where nothing sets it: SGLang's prefill servers' bootstrap ports (``pd.bootstrap_port`` and up where
-    set), every vLLM server's NIXL side channel."""
+    ``router_port``. The servers call each other on ports of their own where nothing sets them: SGLang's
+    prefill servers' bootstrap ports (``pd.bootstrap_port`` and up where set), every vLLM server's NIXL
+    side channel. ``side_ports(offset, width)`` gives the first of ``width`` consecutive ports for a
+    server, ``offset`` the count its servers before it took (a free block for a trial, a fixed base plus
+    ``offset`` for a printed command). A vLLM server takes one per GPU: its ranks listen from its side
+    channel's port up (by DP rank, or DP rank times TP size plus TP rank, as the release has it)."""
     vllm = plays_vllm(cfg)
-    boots = [] if vllm else bootstrap_ports(cfg, side_port)
+    boots = [] if vllm else bootstrap_ports(cfg, lambda i: side_ports(i, 1))
     servers, first = [], 0
     for role in PD_ROLES:
         per_server = role_gpus(cfg, role)
@@ -123,7 +126,7 @@ def pd_launch(cfg: ParasweepConf, server_argv: Callable[[ParasweepConf, int], li
             one = worker_config(cfg, role, i, boot)
             port = ports[len(servers)]
             gpus = _gpu_slice(visible, first, per_server)
-            env = side_channel_env(side_port(len(servers))) if vllm else {}
+            env = side_channel_env(side_ports(first, per_server)) if vllm else {}
             servers.append(PDServer(role, i, server_argv(one, port), port, gpus, boot, env))
             first += per_server
     router = (vllm_pd_router_argv(cfg, router_port, prometheus_port, servers, python) if vllm

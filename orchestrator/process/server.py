@@ -31,6 +31,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_block(width: int, taken: set[int], host: str = "127.0.0.1", tries: int = 64) -> int:
+    """The first of ``width`` consecutive ports free on ``host`` and not in ``taken`` (those handed out
+    already), which it joins (a server whose ranks each listen on a port of their own from one it is
+    given up). Like ``free_port``'s, they are free when asked: nothing holds them after."""
+    for _ in range(tries):
+        base = free_port(host)
+        block = range(base, base + width)
+        if block[-1] <= 65535 and not taken.intersection(block) \
+                and all(_bindable(host, p) for p in block[1:]):
+            taken.update(block)
+            return base
+    raise RuntimeError(f"found no {width} consecutive free ports on {host} in {tries} tries")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def log_tail(path: Path, lines: int = 20) -> str:
     try:
         with path.open(errors="replace") as f:

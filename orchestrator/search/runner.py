@@ -285,8 +285,8 @@ def _disaggregated_command(cfg: ParasweepConf, prefix: list[str],
     from orchestrator.engines.sglang_compat.disagg import DEFAULT_BOOTSTRAP_PORT
 
     count = cfg.pd.prefill.workers + cfg.pd.decode.workers
-    launch = pd_launch(cfg, server, [30001 + i for i in range(count)], lambda i: DEFAULT_BOOTSTRAP_PORT + i,
-                       30000, 29000, None, python="python")
+    launch = pd_launch(cfg, server, [30001 + i for i in range(count)],
+                       lambda offset, _: DEFAULT_BOOTSTRAP_PORT + offset, 30000, 29000, None, python="python")
     nodes = server_nodes(cfg)
     across = len(set(nodes)) > 1
     used: collections.Counter[int] = collections.Counter()

@@ -71,7 +71,7 @@ def run_trial(raw_cfg: DictConfig) -> dict[str, Any]:
 
             n = cfg.pd.prefill.workers + cfg.pd.decode.workers
             launch = pd_launch(cfg, server, [free_port() for _ in range(n)],
-                               lambda i: DEFAULT_BOOTSTRAP_PORT + i, port, free_port(), None)
+                               lambda offset, _: DEFAULT_BOOTSTRAP_PORT + offset, port, free_port(), None)
             lines = pd_plan_lines(plan, launch)
         elif router_process(cfg, engine_name):  # one server per DP replica, the router in front
             def replica(one: ParasweepConf, replica_port: int) -> list[str]:

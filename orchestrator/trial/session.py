@@ -48,6 +48,7 @@ from orchestrator.process.server import (
     exit_reason,
     failed_scheduler,
     free_port,
+    free_port_block,
     log_tail,
 )
 from orchestrator.telemetry.gpu_sources import GpuTelemetry, start_gpu_telemetry
@@ -301,8 +302,10 @@ class LiveSession:
         n = cfg.pd.prefill.workers + cfg.pd.decode.workers
         ports = [free_port() for _ in range(n)]
         port, prometheus_port = free_port(), free_port()
+        taken = {*ports, port, prometheus_port}
         launch = pd_launch(cfg, lambda one, p: self.plan.engine.argv(one, p, trial_dir), ports,
-                           lambda _: free_port(), port, prometheus_port, self.env.get("CUDA_VISIBLE_DEVICES"))
+                           lambda _, width: free_port_block(width, taken), port, prometheus_port,
+                           self.env.get("CUDA_VISIBLE_DEVICES"))
         speaker = next(s for s in launch.servers if s.role == "decode" and s.index == 0)
         self.argv, self.router_argv = speaker.argv, launch.router
         self._router_metrics_url = f"http://{HOST}:{prometheus_port}/metrics"
