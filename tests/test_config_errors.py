@@ -40,6 +40,13 @@ CASES = [
     (["engine=trtllm"], ["engine=trtllm", "unknown engine", "sglang", "sim", "vllm"]),
     (["engine=vllm", "ray.num_gpus=8"],
      ["engine.python=", "vLLM is not installed there", 'pip install -e ".[vllm]"']),
+    # what the simulated engine playing vLLM does not model: refused before a trial, on the key that set it
+    (["engine=vllm", "vllm.scheduling_policy=priority"],
+     ["vllm.scheduling_policy=priority", "not modelled", "simulated engine playing vLLM"]),
+    (["engine=vllm", "model=qwen3-30b-a3b", "parallelism=tp1", "pp.size=2", "dp.size=2"],
+     ["dp.size=2", "--pipeline-parallel-size > 1 on a MoE model is not modelled"]),
+    (["engine=vllm", "model=qwen3-8b", "parallelism=tp1", "pd.enabled=true", "pd.transfer_backend=nixl",
+      "pd.prefill.dp=2"], ["pd.prefill.dp=2", "not modelled yet", "1 on the simulated engine"]),
     (["parallelism=tp1", "tp.size=3"], ["tp.size=3", "64 attention heads", "[1, 2, 4, 8, 16, 32, 64]"]),
     (["workload.input_len=300000"], ["workload.input_len+workload.output_len=300032", "at most 262144"]),
     (["workload.concurrency=8"], ["workload.concurrency", "a list, e.g. [8]"]),

@@ -18,6 +18,7 @@ from orchestrator.config.schema import (
 )
 from orchestrator.errors import ConfigError
 from vocab.model import PD_POLICIES, ROUTER_PACKAGE, VLLM_ROUTER_PACKAGE
+from vocab.status import simulated
 
 TRANSFER_BACKENDS = ("mooncake", "nixl", "mooncake_tcp", "fake")
 
@@ -93,7 +94,7 @@ def validate_pd(cfg: ParasweepConf, engine: str) -> None:
                               "role is the server's own")
     for role in PD_ROLES:
         one = role_config(cfg, role)
-        if one.dp.size > 1 and (engine == "sim" or cfg.predict):
+        if one.dp.size > 1 and (simulated(engine) or cfg.predict):
             raise ConfigError(f"pd.{role}.dp", one.dp.size, "1 on the simulated engine and in predictions",
                               why="data parallelism inside a prefill or decode server is not modelled yet")
     if cfg.spec.algorithm != "none":

@@ -5,7 +5,10 @@ else the newest recorded), then the simulator's own. Read back as a vLLM server 
 from __future__ import annotations
 
 import argparse
+import re
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from orchestrator.config.schema import ParasweepConf
 from orchestrator.engines.base import FIRST_NODE, NodePlace
@@ -16,7 +19,20 @@ from orchestrator.engines.vllm import target_release
 from orchestrator.engines.vllm_compat.command import build_args, check_args
 from orchestrator.engines.vllm_compat.readout import VLLMReadout
 from orchestrator.engines.vllm_compat.versions import release
+from orchestrator.errors import ConfigError
+from orchestrator.redact import redact_mapping
 from vocab.assets import model_dir
+
+
+def _setting_of(cfg: ParasweepConf, message: str) -> tuple[str, Any]:
+    """The config key and value behind the first of ``message``'s flags that parasweep sets (else
+    ``server.extra_args``, where every other flag comes from)."""
+    version = played_release(cfg)
+    by_flag = {a.flag: a for a in build_args(cfg, 30000, FIRST_NODE, version) if a.key}
+    for flag in re.findall(r"--[a-z0-9][a-z0-9-]*", message):
+        if flag in by_flag:
+            return by_flag[flag].key, by_flag[flag].value
+    return "server.extra_args", redact_mapping(dict(cfg.server.extra_args))
 
 
 def played_release(cfg: ParasweepConf) -> str:
@@ -37,10 +53,29 @@ class SimVLLMEngine(VLLMReadout, SimEngine):
         ]
 
     def preflight(self, cfg: ParasweepConf) -> list[str]:
-        """The command line through the simulator's vLLM parser, so a flag it does not model (from
-        server.extra_args) stops the sweep before anything launches."""
+        """The command line through the simulator's vLLM parser, so a flag it does not know (from
+        server.extra_args), or a setting or combination it does not model, stops the sweep before
+        anything launches."""
         self.parse_flags(cfg)
+        self._check_modelled(cfg)
         return self.plan_notes(cfg)
+
+    def _check_modelled(self, cfg: ParasweepConf) -> None:
+        """The simulator's translation of the flags (what a trial's engine does as it starts): what it
+        refuses as not modelled is a one-line ConfigError on the key that set the flag named first,
+        not a trial that fails at its start. What it refuses for the hardware's sake (the memory a
+        layout needs) is left to the trial, as the real engine's start-up would be."""
+        from simulator.vllm.cli import VLLMFlagError, parse
+
+        with tempfile.TemporaryDirectory(prefix="parasweep-preflight-") as tmp:
+            self.prepare(cfg, Path(tmp))
+            flags = self.simulator_flags(cfg, 30000, Path(tmp))
+            try:
+                parse(flags, exit_on_error=False)
+            except VLLMFlagError as e:
+                key, value = _setting_of(cfg, str(e))
+                raise ConfigError(key, value, "a setting the simulated engine playing vLLM models",
+                                  why=str(e)) from None
 
     def flag_parser(self) -> tuple[argparse.ArgumentParser, str]:
         from simulator.vllm.cli import build_vllm_parser
