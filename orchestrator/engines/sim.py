@@ -99,6 +99,13 @@ class SimEngine(Engine):
     def model_copy(trial_dir: Path) -> Path:
         return Engine.files_dir(trial_dir) / "model"
 
+    def prepared_flags(self, cfg: ParasweepConf, workdir: Path) -> list[str]:
+        """The simulator's flags for ``cfg`` with the files they name (hardware, calibration, model
+        overrides) written under ``workdir``: what a prediction parses, and a preflight checks. Their port
+        is never listened on."""
+        self.prepare(cfg, workdir)
+        return self.simulator_flags(cfg, 30000, workdir)
+
     def argv(self, cfg: ParasweepConf, port: int, trial_dir: Path, node: NodePlace = FIRST_NODE) -> list[str]:
         # across nodes, rank 0 models every node; the other ranks join it and stand by (simulator/nodes.py)
         return [self.python(cfg), "-m", "simulator", *self.simulator_flags(cfg, port, trial_dir, node)]

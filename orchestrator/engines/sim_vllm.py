@@ -20,7 +20,7 @@ from orchestrator.engines.vllm_compat.command import build_args, check_args
 from orchestrator.engines.vllm_compat.readout import VLLMReadout
 from orchestrator.engines.vllm_compat.versions import release
 from orchestrator.errors import ConfigError
-from orchestrator.redact import redact_mapping
+from orchestrator.redact import redact_mapping, redact_text, secret_values
 from vocab.assets import model_dir
 
 
@@ -68,14 +68,14 @@ class SimVLLMEngine(VLLMReadout, SimEngine):
         from simulator.vllm.cli import VLLMFlagError, parse
 
         with tempfile.TemporaryDirectory(prefix="parasweep-preflight-") as tmp:
-            self.prepare(cfg, Path(tmp))
-            flags = self.simulator_flags(cfg, 30000, Path(tmp))
             try:
-                parse(flags, exit_on_error=False)
+                parse(self.prepared_flags(cfg, Path(tmp)), exit_on_error=False)
             except VLLMFlagError as e:
                 key, value = _setting_of(cfg, str(e))
-                raise ConfigError(key, value, "a setting the simulated engine playing vLLM models",
-                                  why=str(e)) from None
+                secrets = secret_values(dict(cfg.server.extra_args))
+                raise ConfigError(key, redact_text(str(value), secrets),
+                                  "a setting the simulated engine playing vLLM models",
+                                  why=redact_text(str(e), secrets)) from None
 
     def flag_parser(self) -> tuple[argparse.ArgumentParser, str]:
         from simulator.vllm.cli import build_vllm_parser

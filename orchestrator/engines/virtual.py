@@ -20,9 +20,7 @@ if TYPE_CHECKING:
 def prediction_argv(cfg: ParasweepConf, workdir: Path) -> list[str]:
     """The simulator's flags for ``cfg``, its files (hardware, calibration, model overrides) written
     under ``workdir``: what a prediction in virtual time parses. Its port is never listened on."""
-    sim = SimVLLMEngine() if plays_vllm(cfg) else SimEngine()
-    sim.prepare(cfg, workdir)
-    return sim.simulator_flags(cfg, 30000, workdir)
+    return (SimVLLMEngine() if plays_vllm(cfg) else SimEngine()).prepared_flags(cfg, workdir)
 
 
 def virtual_trials(cfg: ParasweepConf, workdir: Path) -> Callable[[], VirtualTrial]:
